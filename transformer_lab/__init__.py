@@ -1,0 +1,3 @@
+"""tlab: a command-line experiment runner for Transformer components."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,3 @@
+from transformer_lab.cli import app
+
+app()

@@ -1,0 +1,34 @@
+"""``tlab smoke``: steps 1-2 of the validation routine."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from transformer_lab.commands.common import (
+    Activation,
+    Arch,
+    Multirun,
+    Norm,
+    Out,
+    Overrides,
+    Pe,
+    launch,
+)
+
+
+def smoke(
+    overrides: Overrides = None,
+    pe: Pe = None,
+    norm: Norm = None,
+    activation: Activation = None,
+    arch: Arch = None,
+    steps: Annotated[int | None, typer.Option(help="Smoke-training steps (default 10).")] = None,
+    multirun: Multirun = False,
+    out: Out = None,
+) -> None:
+    """Tiny config forward/backward check, then <= 10-step smoke training on fixed batches."""
+    options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
+               "routine.steps": steps}
+    launch("smoke", options, overrides, multirun, out)

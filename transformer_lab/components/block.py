@@ -1,0 +1,140 @@
+"""Transformer blocks: where the normalisation sits around the two sublayers.
+
+With f = attention or FFN, s = residual-branch scale, N = the chosen norm layer:
+    post     (Vaswani et al. 2017):          x = N(x + s * f(x))
+    pre      (Xiong et al. 2020, 2002.04745): x = x + s * f(N(x))          (+ a final norm)
+    sandwich (Ding et al. 2021, CogView):     x = x + s * N_out(f(N_in(x))) (+ a final norm)
+    deepnorm (Wang et al. 2022, 2203.00555):  x = N(alpha * x + f(x)), alpha = (2L)^(1/4),
+              and the FFN, V and output projections initialised with gain beta = (8L)^(-1/4)
+              (the encoder-only / decoder-only constants of the paper, L = number of layers).
+
+Each block maps (B, T, D) -> (B, T, D). ``needs_final_norm`` tells the model whether to add a
+norm after the last block.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
+
+NormFactory = Callable[[int], nn.Module]
+
+
+class TransformerBlock(nn.Module):
+    """Holds the sublayers, two norms, residual dropout and scale; subclasses fix the wiring."""
+
+    needs_final_norm = False
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: MultiHeadAttention,
+        feedforward: nn.Module,
+        make_norm: NormFactory,
+        residual_scale: float = 1.0,
+        residual_dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.attention = attention
+        self.feedforward = feedforward
+        self.norm1 = make_norm(d_model)
+        self.norm2 = make_norm(d_model)
+        self.residual_scale = residual_scale
+        self.dropout = nn.Dropout(residual_dropout)
+
+    def branch_attention(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return self.residual_scale * self.dropout(self.attention(x, inputs))
+
+    def branch_feedforward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.residual_scale * self.dropout(self.feedforward(x))
+
+
+class PostNormBlock(TransformerBlock):
+    """Original Transformer: ``x = N(x + s * f(x))`` after each sublayer."""
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = self.norm1(x + self.branch_attention(x, inputs))
+        return self.norm2(x + self.branch_feedforward(x))
+
+
+class PreNormBlock(TransformerBlock):
+    """Pre-LN: ``x = x + s * f(N(x))``; the model adds a final norm."""
+
+    needs_final_norm = True
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + self.branch_attention(self.norm1(x), inputs)
+        return x + self.branch_feedforward(self.norm2(x))
+
+
+class SandwichNormBlock(TransformerBlock):
+    """Sandwich-LN: a norm before and after each sublayer, ``x = x + s * N_out(f(N_in(x)))``."""
+
+    needs_final_norm = True
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: MultiHeadAttention,
+        feedforward: nn.Module,
+        make_norm: NormFactory,
+        residual_scale: float = 1.0,
+        residual_dropout: float = 0.0,
+    ) -> None:
+        super().__init__(
+            d_model, attention, feedforward, make_norm, residual_scale, residual_dropout
+        )
+        self.norm1_out = make_norm(d_model)
+        self.norm2_out = make_norm(d_model)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + self.residual_scale * self.dropout(
+            self.norm1_out(self.attention(self.norm1(x), inputs))
+        )
+        return x + self.residual_scale * self.dropout(
+            self.norm2_out(self.feedforward(self.norm2(x)))
+        )
+
+
+class DeepNormBlock(TransformerBlock):
+    """DeepNorm: post-LN with the residual up-weighted by alpha and sublayers down-scaled by beta.
+
+    ``alpha``/``beta`` default to the paper's values for an encoder-only or decoder-only stack of
+    ``n_layers``; ``residual_scale`` is not used (alpha plays that role).
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: MultiHeadAttention,
+        feedforward: nn.Module,
+        make_norm: NormFactory,
+        n_layers: int,
+        alpha: float | None = None,
+        beta: float | None = None,
+        residual_scale: float = 1.0,
+        residual_dropout: float = 0.0,
+    ) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, 1.0, residual_dropout)
+        self.alpha = alpha if alpha is not None else (2 * n_layers) ** 0.25
+        self.beta = beta if beta is not None else (8 * n_layers) ** -0.25
+        self._scale_init(self.beta)
+
+    @torch.no_grad()
+    def _scale_init(self, beta: float) -> None:
+        """Multiply the V slice of the fused QKV weight, the output projection and every FFN
+        weight matrix by beta (the paper scales their Xavier init by beta; Q and K keep gain 1)."""
+        d_model = self.attention.out_proj.weight.shape[0]
+        self.attention.qkv_proj.weight[2 * d_model :].mul_(beta)
+        self.attention.out_proj.weight.mul_(beta)
+        for module in self.feedforward.modules():
+            if isinstance(module, nn.Linear):
+                module.weight.mul_(beta)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = self.norm1(self.alpha * x + self.dropout(self.attention(x, inputs)))
+        return self.norm2(self.alpha * x + self.dropout(self.feedforward(x)))

@@ -1,0 +1,113 @@
+"""ALiBi: attention with linear biases (Press et al., 2021)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
+
+
+def alibi_slopes(n_heads: int) -> torch.Tensor:
+    """Per-head ALiBi slopes (Press et al., 2021, arXiv:2108.12409).
+
+    For ``n`` a power of two: the geometric sequence ``start^1, ..., start^n`` with
+    ``start = 2^(-8/n)`` (8 heads: 1/2, 1/4, ..., 1/256). Otherwise, with ``p`` the largest
+    power of two below ``n``: the ``p`` slopes of ``p`` heads, then every other slope of the
+    ``2p`` set, ``slopes(2p)[0::2][: n - p]`` (as ``get_slopes`` in the authors' repository).
+
+    Returns:
+        Tensor of shape ``(n_heads,)``, float32, decreasing within each part.
+    """
+    if n_heads < 1:
+        raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
+
+    def power_of_two_slopes(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (i + 1) for i in range(n)]
+
+    if math.log2(n_heads).is_integer():
+        slopes = power_of_two_slopes(n_heads)
+    else:
+        p = 2 ** math.floor(math.log2(n_heads))
+        slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+class ALiBiPositionalBias(nn.Module):
+    """ALiBi attention-logit bias (``kind = "bias"``): no embedding, a distance penalty.
+
+    ``softmax(q_i . k_j / sqrt(d) + bias[h, i, j])`` with a fixed per-head slope ``m_h`` from
+    :func:`alibi_slopes` (Press, Smith & Lewis, 2021, "Train Short, Test Long", arXiv:2108.12409).
+
+    * ``causal=True`` (decoder, as in the paper): ``bias[h, i, j] = -m_h * max(i - j, 0)``.
+      Keys in the future (``j > i``) get 0; the model's causal mask removes them anyway.
+      ``symmetric`` is ignored in this form.
+    * ``causal=False, symmetric="abs"`` (encoder): ``bias[h, i, j] = -m_h * |i - j|``. A
+      symmetric bias cannot tell left from right: an encoder whose only position signal is this
+      bias is still equivariant to reversing the sequence, so it cannot learn to reverse one.
+    * ``causal=False, symmetric="split"`` (encoder, "bidirectional ALiBi"): the first
+      ``n_heads // 2`` heads look left, ``-m_h * (i - j)`` for ``j <= i`` and ``-inf`` for
+      ``j > i``; the other heads look right, ``-m_h * (j - i)`` for ``j >= i`` and ``-inf`` for
+      ``j < i``. Each group gets the slopes ``alibi_slopes(group size)``. The two directions
+      make the bias asymmetric, so the model can tell left from right. Every row keeps its
+      diagonal, so no row is fully masked by the bias itself. Needs ``n_heads >= 2``.
+
+    Query ``i`` is at position ``i`` and key ``j`` at ``j`` (both from 0). The full-size bias is
+    cached as a buffer and sliced for smaller sizes.
+
+    Shapes:
+        ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32.
+    """
+
+    kind = "bias"
+
+    def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs") -> None:
+        super().__init__()
+        if n_heads < 1:
+            raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
+        if symmetric not in ALIBI_SYMMETRIC:
+            raise ValueError(f"symmetric={symmetric!r} is not valid; choose 'abs' or 'split'")
+        if not causal and symmetric == "split" and n_heads < 2:
+            raise ValueError(
+                f"n_heads={n_heads} is not valid for symmetric='split' (one left-looking and "
+                f"one right-looking group); use n_heads >= 2 or symmetric='abs'"
+            )
+        self.n_heads = n_heads
+        self.causal = causal
+        self.symmetric = symmetric
+        if not causal and symmetric == "split":
+            n_left = n_heads // 2
+            slopes = torch.cat([alibi_slopes(n_left), alibi_slopes(n_heads - n_left)])
+        else:
+            slopes = alibi_slopes(n_heads)
+        self.register_buffer("slopes", slopes, persistent=False)  # (H,)
+        self.register_buffer("cached", torch.empty(n_heads, 0, 0), persistent=False)
+
+    def _build(self, size: int) -> torch.Tensor:
+        device = self.slopes.device
+        i = torch.arange(size, device=device)[:, None]  # (L, 1) query positions
+        j = torch.arange(size, device=device)[None, :]  # (1, L) key positions
+        slopes = self.slopes.float()[:, None, None]  # (H, 1, 1)
+        if self.causal:
+            dist = (i - j).clamp(min=0).float()  # (L, L)
+            return -slopes * dist  # (H, L, L)
+        dist = (i - j).abs().float()  # (L, L)
+        bias = -slopes * dist  # (H, L, L)
+        if self.symmetric == "split":
+            n_left = self.n_heads // 2
+            neg_inf = torch.tensor(float("-inf"), device=device)
+            bias[:n_left] = torch.where(j > i, neg_inf, bias[:n_left])  # left-looking heads
+            bias[n_left:] = torch.where(j < i, neg_inf, bias[n_left:])  # right-looking heads
+        return bias
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        size = max(q_len, k_len)
+        if size > self.cached.shape[-1] or self.cached.dtype != torch.float32:
+            self.cached = self._build(max(size, self.cached.shape[-1]))
+        return self.cached[:, :q_len, :k_len]  # (H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return f"n_heads={self.n_heads}, causal={self.causal}, symmetric={self.symmetric!r}"

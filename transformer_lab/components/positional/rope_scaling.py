@@ -1,0 +1,136 @@
+"""RoPE inverse frequencies, with the usual context-extension scalings.
+
+The formulas follow Hugging Face ``transformers.modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``)
+so that numbers can be compared one to one.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ROPE_SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "dynamic", "yarn")
+
+
+def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
+    """``theta_i = base^(-2i/dim)`` for ``i = 0 .. dim/2 - 1``: shape ``(dim // 2,)``, float32."""
+    exponents = torch.arange(0, dim, 2, dtype=torch.int64).float() / dim  # (dim/2,)
+    return 1.0 / (base**exponents)
+
+
+def _yarn_correction_dim(num_rotations: float, dim: int, base: float, max_len: int) -> float:
+    """The (fractional) dimension index whose wavelength makes ``num_rotations`` turns over
+    ``max_len`` positions: solves ``max_len / (2 pi base^(2d/dim)) = num_rotations`` for ``d``."""
+    return (dim * math.log(max_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+
+def _yarn_correction_range(
+    beta_fast: float, beta_slow: float, dim: int, base: float, max_len: int
+) -> tuple[int, int]:
+    """Dimension range ``[low, high]`` over which YaRN ramps from extrapolation to interpolation."""
+    low = math.floor(_yarn_correction_dim(beta_fast, dim, base, max_len))
+    high = math.ceil(_yarn_correction_dim(beta_slow, dim, base, max_len))
+    return max(low, 0), min(high, dim - 1)
+
+
+def _linear_ramp(low: float, high: float, n: int) -> torch.Tensor:
+    """0 up to index ``low``, 1 from index ``high``, linear in between: shape ``(n,)``."""
+    if low == high:
+        high += 0.001  # avoid a division by zero, as HF does
+    ramp = (torch.arange(n, dtype=torch.float32) - low) / (high - low)  # (n,)
+    return ramp.clamp(0.0, 1.0)
+
+
+def rope_inverse_frequencies(
+    head_dim: int,
+    base: float = 10000.0,
+    *,
+    scaling: str = "none",
+    factor: float = 1.0,
+    original_max_len: int | None = None,
+    seq_len: int | None = None,
+    beta_fast: float = 32.0,
+    beta_slow: float = 1.0,
+) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies ``theta_i`` for RoPE and the attention (cos/sin) scale.
+
+    Rotation angle of pair ``i`` at position ``m`` is ``m * theta_i``. The scalings:
+
+    * ``none``: ``theta_i = base^(-2i/d)`` (Su et al., 2021, RoFormer, arXiv:2104.09864).
+    * ``linear``: position interpolation, ``theta_i / factor`` (Chen et al., 2023,
+      arXiv:2306.15595): positions up to ``factor * L`` are squeezed into the trained range.
+    * ``ntk``: NTK-aware scaling (bloc97, 2023): a larger base
+      ``base' = base * factor^(d / (d - 2))`` that leaves the fastest pair unchanged and slows
+      the slowest pair by ``factor``.
+    * ``dynamic``: dynamic NTK (emozilla, 2023; HF ``_compute_dynamic_ntk_parameters``):
+      unchanged while ``seq_len <= original_max_len``; beyond it
+      ``base' = base * (factor * seq_len / original_max_len - (factor - 1))^(d / (d - 2))``.
+    * ``yarn``: YaRN (Peng et al., 2023, arXiv:2309.00071; HF ``_compute_yarn_parameters``):
+      per pair, a linear ramp between extrapolation (``theta_i``: pairs making more than
+      ``beta_fast`` turns over ``original_max_len``) and interpolation (``theta_i / factor``:
+      pairs making fewer than ``beta_slow`` turns); attention scale ``0.1 ln(factor) + 1``
+      (1 when ``factor <= 1``), applied by multiplying cos and sin (so q and k) by it, as HF does.
+
+    Args:
+        head_dim: rotated dimension ``d`` (even); for partial rotary, the rotated part only.
+        base: RoPE base (10000; LLaMA 3 uses 500000).
+        scaling: one of ``none, linear, ntk, dynamic, yarn``.
+        factor: context extension factor (> 0).
+        original_max_len: trained context length; required by ``dynamic`` and ``yarn``.
+        seq_len: current sequence length (``dynamic`` only).
+        beta_fast, beta_slow: YaRN's rotation-count bounds (32 and 1 in the paper).
+
+    Returns:
+        ``(inv_freq, attention_scale)``: ``inv_freq`` has shape ``(head_dim // 2,)``, float32.
+    """
+    if scaling not in ROPE_SCALINGS:
+        valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
+        raise ValueError(f"scaling={scaling!r} is not valid; choose one of {valid}")
+    if head_dim < 2 or head_dim % 2 != 0:
+        raise ValueError(f"head_dim={head_dim} is not valid for RoPE; it must be even and >= 2")
+    if base <= 1:
+        raise ValueError(f"base={base} is not valid for RoPE; it must be > 1")
+    if factor <= 0:
+        raise ValueError(f"factor={factor} is not valid; the RoPE scaling factor must be > 0")
+    d = head_dim
+    if scaling in ("ntk", "dynamic") and d == 2:
+        raise ValueError(
+            f"head_dim={head_dim} is not valid for scaling={scaling!r}: the NTK exponent "
+            f"d/(d-2) needs a rotated dimension of at least 4"
+        )
+    if scaling in ("dynamic", "yarn") and (original_max_len is None or original_max_len < 1):
+        raise ValueError(
+            f"original_max_len={original_max_len} is not valid for scaling={scaling!r}; "
+            f"give the trained context length (a positive integer)"
+        )
+
+    if scaling == "none":
+        return _default_inv_freq(d, base), 1.0
+
+    if scaling == "linear":
+        return _default_inv_freq(d, base) / factor, 1.0
+
+    if scaling == "ntk":
+        new_base = base * factor ** (d / (d - 2))
+        return _default_inv_freq(d, new_base), 1.0
+
+    if scaling == "dynamic":
+        assert original_max_len is not None
+        if seq_len is None or seq_len <= original_max_len:
+            return _default_inv_freq(d, base), 1.0
+        new_base = base * ((factor * seq_len / original_max_len) - (factor - 1)) ** (d / (d - 2))
+        return _default_inv_freq(d, new_base), 1.0
+
+    # yarn
+    assert original_max_len is not None
+    attention_scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+    inv_freq_extrapolation = _default_inv_freq(d, base)  # (d/2,)
+    inv_freq_interpolation = inv_freq_extrapolation / factor  # (d/2,)
+    low, high = _yarn_correction_range(beta_fast, beta_slow, d, base, original_max_len)
+    extrapolation_weight = 1.0 - _linear_ramp(low, high, d // 2)  # (d/2,) 1 = keep theta_i
+    inv_freq = (
+        inv_freq_interpolation * (1.0 - extrapolation_weight)
+        + inv_freq_extrapolation * extrapolation_weight
+    )
+    return inv_freq, attention_scale

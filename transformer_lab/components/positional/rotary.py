@@ -1,0 +1,245 @@
+"""Rotary position embedding (RoPE), both pairings, partial rotary and context scaling."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from .rope_scaling import ROPE_SCALINGS, rope_inverse_frequencies
+
+ROTARY_STYLES: tuple[str, ...] = ("half", "interleaved")
+
+
+def _check_style(style: str) -> None:
+    if style not in ROTARY_STYLES:
+        raise ValueError(f"style={style!r} is not valid; choose 'half' or 'interleaved'")
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, inv_freq: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``cos(m * theta_i)`` and ``sin(m * theta_i)`` in float32.
+
+    Shapes: positions ``(T,)``, inv_freq ``(d/2,)`` -> cos, sin ``(T, d/2)``.
+    """
+    angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, d/2)
+    return torch.cos(angles), torch.sin(angles)
+
+
+def rotate_with_cos_sin(
+    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half"
+) -> torch.Tensor:
+    """Rotate each pair of dimensions of ``x`` by the angle whose cos/sin are given.
+
+    The rotation of pair ``i`` at position ``m`` is the 2-D rotation
+    ``(a, b) -> (a cos - b sin, a sin + b cos)`` with angle ``m * theta_i``. Which dimensions
+    form pair ``i`` is the ``style``:
+
+    * ``half`` (GPT-NeoX, HF LLaMA ``rotate_half``): pair ``i`` is ``(x[i], x[i + d/2])``;
+      equivalently ``x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin)``.
+    * ``interleaved`` (RoFormer, Meta LLaMA complex form): pair ``i`` is ``(x[2i], x[2i+1])``,
+      i.e. ``x`` viewed as ``d/2`` complex numbers multiplied by ``exp(j m theta_i)``.
+
+    The two styles agree up to a fixed permutation of dimensions
+    (``half(x[..., perm]) == interleaved(x)[..., perm]`` with
+    ``perm = cat(arange(0, d, 2), arange(1, d, 2))``), but mixing them up between training
+    and inference, or between q and k, silently breaks the relative-position property.
+
+    Computed in float32; returned in ``x``'s dtype.
+
+    Shapes: x ``(..., T, d)``, cos and sin ``(T, d/2)`` -> ``(..., T, d)``.
+    """
+    _check_style(style)
+    d = x.shape[-1]
+    half = d // 2
+    xf = x.to(torch.float32)
+    cos = cos.to(torch.float32)
+    sin = sin.to(torch.float32)
+    if style == "half":
+        x1, x2 = xf[..., :half], xf[..., half:]  # (..., T, d/2) each
+        out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (..., T, d)
+    else:
+        x_even, x_odd = xf[..., 0::2], xf[..., 1::2]  # (..., T, d/2) each
+        out_even = x_even * cos - x_odd * sin
+        out_odd = x_even * sin + x_odd * cos
+        out = torch.stack([out_even, out_odd], dim=-1)  # (..., T, d/2, 2)
+        out = out.flatten(-2)  # (..., T, d)
+    return out.to(x.dtype)
+
+
+def apply_rotary(
+    x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0, style: str = "half"
+) -> torch.Tensor:
+    """Rotary position embedding (Su et al., 2021, RoFormer, arXiv:2104.09864), no scaling.
+
+    ``RoPE(x, m)``: pair ``i`` of ``x`` is rotated by angle ``m * theta_i`` with
+    ``theta_i = base^(-2i/d)``. Since rotations compose,
+    ``RoPE(q, m) . RoPE(k, n) = q^T R(n - m) k`` depends on ``n - m`` only.
+    See :func:`rotate_with_cos_sin` for the ``half`` / ``interleaved`` pairings.
+
+    Args:
+        x: ``(..., T, d)`` with ``d`` even.
+        positions: ``(T,)``, integer or float.
+        base: RoPE base.
+        style: ``"half"`` or ``"interleaved"``.
+
+    Returns:
+        ``(..., T, d)``, same dtype as ``x`` (computed in float32).
+    """
+    _check_style(style)
+    d = x.shape[-1]
+    if d % 2 != 0:
+        raise ValueError(f"head_dim={d} is not valid for RoPE; the rotated dimension must be even")
+    if positions.ndim != 1 or positions.shape[0] != x.shape[-2]:
+        raise ValueError(
+            f"positions has shape {tuple(positions.shape)}; expected ({x.shape[-2]},) "
+            f"to match x of shape {tuple(x.shape)}"
+        )
+    inv_freq, _ = rope_inverse_frequencies(d, base)  # (d/2,)
+    cos, sin = rotary_cos_sin(positions, inv_freq.to(x.device))  # (T, d/2) each
+    return rotate_with_cos_sin(x, cos, sin, style)
+
+
+class RotaryPositionalEncoding(nn.Module):
+    """RoPE applied to queries and keys inside attention (``kind = "rotary"``).
+
+    ``q_m <- R(m) q_m`` and ``k_n <- R(n) k_n`` with ``R(m)`` a block-diagonal rotation by
+    angles ``m * theta_i``, so ``q_m . k_n`` depends only on ``n - m`` (Su et al., 2021,
+    "RoFormer", arXiv:2104.09864).
+
+    * ``style``: ``half`` (GPT-NeoX / HF LLaMA) or ``interleaved`` (RoFormer / Meta).
+    * ``rotary_fraction``: rotate only the first ``rot = int(head_dim * rotary_fraction)`` dims
+      (GPT-NeoX ``rotary_pct``), pass the rest through; ``theta_i = base^(-2i/rot)``.
+    * ``scaling`` / ``factor`` / ``original_max_len``: context extension, see
+      :func:`rope_inverse_frequencies` (``none, linear, ntk, dynamic, yarn``). For ``yarn``,
+      cos and sin are multiplied by ``attention_scale = 0.1 ln(factor) + 1`` as in HF
+      transformers, so each logit ``q . k`` is multiplied by ``attention_scale^2`` (the paper's
+      ``1/t``). For ``dynamic``, the frequencies are recomputed whenever the sequence length
+      (largest position + 1) goes past ``original_max_len``, and restored below it.
+
+    cos/sin tables are cached (non-persistent buffers, float32) and grown when a larger
+    position arrives.
+
+    Shapes:
+        q ``(B, H, T, head_dim)``, k ``(B, H_kv, T, head_dim)``, positions ``(T,)``
+        -> rotated q, k of the same shapes and dtypes.
+    """
+
+    kind = "rotary"
+
+    def __init__(
+        self,
+        head_dim: int,
+        base: float = 10000.0,
+        style: str = "half",
+        rotary_fraction: float = 1.0,
+        scaling: str = "none",
+        factor: float = 1.0,
+        original_max_len: int | None = None,
+    ) -> None:
+        super().__init__()
+        _check_style(style)
+        if scaling not in ROPE_SCALINGS:
+            valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
+            raise ValueError(f"scaling={scaling!r} is not valid; choose one of {valid}")
+        if not 0.0 < rotary_fraction <= 1.0:
+            raise ValueError(
+                f"rotary_fraction={rotary_fraction} is not valid; it must be in (0, 1]"
+            )
+        rot = int(head_dim * rotary_fraction)
+        if rot <= 0 or rot % 2 != 0:
+            raise ValueError(
+                f"rotary dimension rot=int(head_dim * rotary_fraction)=int({head_dim} * "
+                f"{rotary_fraction})={rot} is not valid; it must be even and > 0 "
+                f"(choose head_dim and rotary_fraction so that rot is a positive even number)"
+            )
+        self.head_dim = head_dim
+        self.rot = rot
+        self.base = float(base)
+        self.style = style
+        self.rotary_fraction = rotary_fraction
+        self.scaling = scaling
+        self.factor = float(factor)
+        self.original_max_len = original_max_len
+
+        inv_freq, attention_scale = self._frequencies(seq_len=None)  # validates the arguments
+        self._inv_freq = inv_freq  # (rot/2,) float32, CPU; kept out of state_dict and .to()
+        self.attention_scale = attention_scale
+        self._dynamic_len = original_max_len  # sequence length the frequencies were made for
+        self.register_buffer("cos_cached", torch.empty(0, rot // 2), persistent=False)
+        self.register_buffer("sin_cached", torch.empty(0, rot // 2), persistent=False)
+
+    def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
+        return rope_inverse_frequencies(
+            self.rot,
+            self.base,
+            scaling=self.scaling,
+            factor=self.factor,
+            original_max_len=self.original_max_len,
+            seq_len=seq_len,
+        )
+
+    @property
+    def inv_freq(self) -> torch.Tensor:
+        """Current inverse frequencies ``(rot // 2,)``, float32."""
+        return self._inv_freq
+
+    def _update_dynamic(self, seq_len: int) -> None:
+        assert self.original_max_len is not None
+        effective = max(seq_len, self.original_max_len)
+        if effective != self._dynamic_len:
+            self._inv_freq, _ = self._frequencies(seq_len=effective)
+            self._dynamic_len = effective
+            self.cos_cached = self.cos_cached[:0]  # invalidate the tables
+            self.sin_cached = self.sin_cached[:0]
+
+    def _build_cache(self, length: int) -> None:
+        device = self.cos_cached.device
+        positions = torch.arange(length, device=device)  # (L,)
+        cos, sin = rotary_cos_sin(positions, self._inv_freq.to(device))  # (L, rot/2)
+        self.cos_cached = cos * self.attention_scale
+        self.sin_cached = sin * self.attention_scale
+
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors."""
+        if positions.is_floating_point() or (positions.numel() and int(positions.min()) < 0):
+            cos, sin = rotary_cos_sin(positions, self._inv_freq.to(positions.device))
+            return cos * self.attention_scale, sin * self.attention_scale
+        needed = int(positions.max()) + 1 if positions.numel() else 0
+        stale = self.cos_cached.dtype != torch.float32  # e.g. after model.to(bfloat16)
+        if needed > self.cos_cached.shape[0] or stale:
+            self._build_cache(max(needed, self.cos_cached.shape[0]))
+        positions = positions.to(self.cos_cached.device)
+        return self.cos_cached[positions], self.sin_cached[positions]  # (T, rot/2) each
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.head_dim:
+            raise ValueError(
+                f"RoPE was built for head_dim={self.head_dim} but got a tensor of shape "
+                f"{tuple(x.shape)}"
+            )
+        if self.rot == self.head_dim:
+            return rotate_with_cos_sin(x, cos, sin, self.style)  # (B, H, T, Dh)
+        x_rot, x_pass = x[..., : self.rot], x[..., self.rot :]  # (B, H, T, rot), (.., Dh-rot)
+        x_rot = rotate_with_cos_sin(x_rot, cos, sin, self.style)
+        return torch.cat([x_rot, x_pass], dim=-1)  # (B, H, T, Dh)
+
+    def forward(
+        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if positions.ndim != 1 or positions.shape[0] != q.shape[-2]:
+            raise ValueError(
+                f"positions has shape {tuple(positions.shape)}; expected ({q.shape[-2]},) "
+                f"to match q of shape {tuple(q.shape)}"
+            )
+        if self.scaling == "dynamic" and positions.numel():
+            self._update_dynamic(int(positions.max()) + 1)
+        cos, sin = self.cos_sin(positions)  # (T, rot/2) each
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
+
+    def extra_repr(self) -> str:
+        return (
+            f"head_dim={self.head_dim}, rot={self.rot}, base={self.base}, style={self.style!r}, "
+            f"scaling={self.scaling!r}, factor={self.factor}, "
+            f"original_max_len={self.original_max_len}"
+        )

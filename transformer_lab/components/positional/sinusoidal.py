@@ -1,0 +1,84 @@
+"""Fixed sinusoidal positional encoding (Vaswani et al., 2017)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """The sinusoidal position table of Vaswani et al. (2017), arXiv:1706.03762.
+
+    ``PE[pos, 2i] = sin(pos * w_i)`` and ``PE[pos, 2i + 1] = cos(pos * w_i)`` with
+    ``w_i = base^(-2i / d_model)``, computed in log space as ``exp(2i * -ln(base) / d_model)``.
+    Low dimensions oscillate fast (``w_0 = 1``), high dimensions slowly. For an odd ``d_model``
+    the sine part has ``ceil(d_model / 2)`` dimensions and the cosine part ``floor(d_model / 2)``.
+
+    Because each (sin, cos) pair is a point on a circle turning with ``pos``,
+    ``PE[pos + k] = M_k @ PE[pos]`` for a block-rotation matrix ``M_k`` independent of ``pos``.
+
+    Args:
+        max_len: number of positions (rows).
+        d_model: embedding width (columns).
+        base: wavelength base (10000 in the paper).
+
+    Returns:
+        Tensor of shape ``(max_len, d_model)``, float32.
+    """
+    if max_len < 0:
+        raise ValueError(f"max_len={max_len} is not valid; it must be >= 0")
+    if d_model < 1:
+        raise ValueError(f"d_model={d_model} is not valid; it must be >= 1")
+    if base <= 0:
+        raise ValueError(f"base={base} is not valid; it must be > 0")
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+    freqs = torch.exp(
+        torch.arange(0, d_model, 2, dtype=torch.float32) * (-math.log(base) / d_model)
+    )  # (ceil(d/2),)
+    angles = position * freqs[None, :]  # (L, ceil(d/2))
+    table = torch.zeros(max_len, d_model)  # (L, d)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table
+
+
+class SinusoidalPositionalEncoding(nn.Module):
+    """Fixed sinusoidal PE, added to the token embeddings (``kind = "additive"``).
+
+    ``PE[pos, 2i] = sin(pos / base^(2i/d))``, ``PE[pos, 2i+1] = cos(pos / base^(2i/d))``
+    (Vaswani et al., 2017, "Attention Is All You Need", arXiv:1706.03762). Entries are in
+    [-1, 1], so with token embeddings initialised at std 0.02 the PE dominates unless the
+    embeddings are scaled by ``sqrt(d_model)``.
+
+    The table has no learned parameters and no maximum length: ``max_len`` is only the size
+    precomputed at construction; a longer request extends the table.
+
+    Shapes:
+        positions ``(T,)`` long -> ``(T, d_model)`` float.
+    """
+
+    kind = "additive"
+
+    def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
+        super().__init__()
+        if max_len < 1:
+            raise ValueError(f"max_len={max_len} is not valid; it must be >= 1")
+        self.d_model = d_model
+        self.base = float(base)
+        self.register_buffer("table", sinusoidal_table(max_len, d_model, base), persistent=False)
+
+    def _extend(self, length: int) -> None:
+        table = sinusoidal_table(length, self.d_model, self.base)  # (length, d)
+        self.table = table.to(device=self.table.device, dtype=self.table.dtype)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if positions.numel() > 0:
+            needed = int(positions.max()) + 1
+            if needed > self.table.shape[0]:
+                self._extend(needed)
+        return self.table[positions]  # (T, d_model)
+
+    def extra_repr(self) -> str:
+        return f"d_model={self.d_model}, base={self.base}"

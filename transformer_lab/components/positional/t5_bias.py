@@ -1,0 +1,121 @@
+"""T5 relative position bias (Raffel et al., 2019)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+
+def t5_relative_bucket(
+    relative_position: torch.Tensor,
+    bidirectional: bool = True,
+    num_buckets: int = 32,
+    max_distance: int = 128,
+) -> torch.Tensor:
+    """Bucket index of each relative position, as in T5 (Raffel et al., 2019, arXiv:1910.10683).
+
+    ``relative_position = key_pos - query_pos``. With ``bidirectional``, half of the buckets are
+    for keys to the right (``> 0``) and half for the rest; otherwise only keys to the left count
+    (positive offsets all fall in bucket 0). Within a direction of ``n`` buckets, distances below
+    ``n // 2`` get one bucket each; larger distances share log-spaced buckets up to
+    ``max_distance``, beyond which everything goes to the last bucket. Same algorithm (and float32
+    arithmetic) as Mesh TensorFlow's and HF's ``_relative_position_bucket``.
+
+    Shapes:
+        any integer tensor -> ``LongTensor`` of the same shape, values in ``[0, num_buckets)``.
+    """
+    if num_buckets < (4 if bidirectional else 2):
+        raise ValueError(
+            f"num_buckets={num_buckets} is not valid; it must be >= "
+            f"{4 if bidirectional else 2} (bidirectional={bidirectional})"
+        )
+    relative_position = relative_position.long()
+    buckets = torch.zeros_like(relative_position)
+    if bidirectional:
+        num_buckets //= 2
+        buckets = buckets + (relative_position > 0).long() * num_buckets
+        distance = relative_position.abs()
+    else:
+        distance = -torch.clamp(relative_position, max=0)  # keys to the left, >= 0
+    max_exact = num_buckets // 2
+    if max_distance <= max_exact:
+        raise ValueError(
+            f"max_distance={max_distance} is not valid; it must be > {max_exact} "
+            f"(half the buckets of one direction)"
+        )
+    is_small = distance < max_exact
+    # log(0) only occurs where is_small is true; clamp to keep the discarded branch finite.
+    distance_large = distance.clamp(min=max_exact).float()
+    log_ratio = torch.log(distance_large / max_exact) / math.log(max_distance / max_exact)
+    bucket_large = max_exact + (log_ratio * (num_buckets - max_exact)).long()
+    bucket_large = bucket_large.clamp(max=num_buckets - 1)
+    return buckets + torch.where(is_small, distance, bucket_large)
+
+
+class T5RelativeBias(nn.Module):
+    """Learned bucketed relative-position bias of T5 (``kind = "bias"``).
+
+    ``bias[h, i, j] = E[bucket(j - i), h]`` with ``E`` a learned ``(num_buckets, n_heads)``
+    table, added to the attention logits of every layer (Raffel et al., 2019, "Exploring the
+    Limits of Transfer Learning with a Unified Text-to-Text Transformer", arXiv:1910.10683;
+    buckets from :func:`t5_relative_bucket`). Use ``bidirectional=True`` for encoders (left and
+    right have separate buckets) and ``False`` for causal decoders. ``E`` starts as
+    ``N(0, 0.02^2)``.
+
+    Query ``i`` is at position ``i`` and key ``j`` at ``j``. The bucket index matrix is cached
+    (non-persistent buffer) and sliced; the bias values are recomputed each call since they are
+    learned.
+
+    Shapes:
+        ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``.
+    """
+
+    kind = "bias"
+
+    def __init__(
+        self,
+        n_heads: int,
+        num_buckets: int = 32,
+        max_distance: int = 128,
+        bidirectional: bool = True,
+    ) -> None:
+        super().__init__()
+        if n_heads < 1:
+            raise ValueError(f"n_heads={n_heads} is not valid; it must be >= 1")
+        # Validates num_buckets / max_distance with a clear message.
+        zero = torch.zeros(1, dtype=torch.long)
+        t5_relative_bucket(zero, bidirectional, num_buckets, max_distance)
+        self.n_heads = n_heads
+        self.num_buckets = num_buckets
+        self.max_distance = max_distance
+        self.bidirectional = bidirectional
+        self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
+        self.register_buffer("buckets", torch.empty(0, 0, dtype=torch.long), persistent=False)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.relative_attention_bias.weight, mean=0.0, std=0.02)
+
+    def _bucket_matrix(self, q_len: int, k_len: int) -> torch.Tensor:
+        size = max(q_len, k_len)
+        if size > self.buckets.shape[-1]:
+            device = self.buckets.device
+            query = torch.arange(size, device=device)[:, None]  # (L, 1)
+            key = torch.arange(size, device=device)[None, :]  # (1, L)
+            self.buckets = t5_relative_bucket(
+                key - query, self.bidirectional, self.num_buckets, self.max_distance
+            )  # (L, L)
+        return self.buckets[:q_len, :k_len]  # (Tq, Tk)
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        buckets = self._bucket_matrix(q_len, k_len)  # (Tq, Tk)
+        values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
+        return values.permute(2, 0, 1)  # (H, Tq, Tk)
+
+    def extra_repr(self) -> str:
+        return (
+            f"n_heads={self.n_heads}, num_buckets={self.num_buckets}, "
+            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
+        )

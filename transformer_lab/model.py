@@ -1,0 +1,202 @@
+"""Assemble a Transformer from a composed Hydra config.
+
+    tokens (B, T) -> token embedding * embed_scale (+ pe_scale * PE if additive) -> dropout
+                  -> n_layers blocks (attention with rotary/bias hooks, FFN, norms)
+                  -> final norm (pre/sandwich) -> output head -> logits (B, T, vocab)
+
+Which positional encoding, FFN, block wiring and norm layer are used is decided by the config
+groups ``pe``, ``activation``, ``norm`` and ``norm_layer`` through their ``_target_``: there is no
+if/elif over component names here.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any
+
+import torch
+from hydra._internal.utils import _locate
+from hydra.utils import instantiate
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
+from transformer_lab.components.block import TransformerBlock
+from transformer_lab.components.positional import check_positional_module
+from transformer_lab.errors import ConfigError
+
+_HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")
+
+
+def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
+    """The node of config group ``group`` as a plain dict with interpolations resolved."""
+    return OmegaConf.to_container(cfg[group], resolve=True)
+
+
+def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
+    """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
+
+    Flat specs are built directly (``_target_(**spec, **kwargs)``, or a partial with
+    ``_partial_``); anything richer goes through ``hydra.utils.instantiate``. Any failure
+    (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
+    """
+    spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
+    name = spec.pop("name", spec.get("_target_"))
+    try:
+        nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
+        if nested or any(key in spec for key in _HYDRA_KEYS):
+            return instantiate(spec, **kwargs)
+        target = _locate(spec.pop("_target_"))
+        partial = spec.pop("_partial_", False)
+        return functools.partial(target, **spec, **kwargs) if partial else target(**spec, **kwargs)
+    except Exception as exc:
+        while exc.__cause__ is not None:
+            exc = exc.__cause__
+        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise ConfigError(f"{group}={name}: {message}") from exc
+
+
+def embedding_scale(setting: str | float, d_model: int) -> float:
+    """``"sqrt"`` -> sqrt(d_model) (Vaswani et al. sec. 3.4), ``"none"`` -> 1, or a number."""
+    if setting == "sqrt":
+        return math.sqrt(d_model)
+    if setting in ("none", None):
+        return 1.0
+    try:
+        return float(setting)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"model.embed_scale={setting!r} is not valid; use 'sqrt', 'none' or a number"
+        ) from None
+
+
+class TransformerModel(nn.Module):
+    """Token embedding, positional encoding, a stack of blocks and an output head."""
+
+    def __init__(
+        self,
+        vocab_size: int,
+        d_model: int,
+        positional: nn.Module,
+        blocks: list[TransformerBlock],
+        final_norm: nn.Module | None,
+        causal: bool,
+        embed_scale: float = 1.0,
+        pe_scale: float = 1.0,
+        embed_dropout: float = 0.0,
+        init_std: float = 0.02,
+    ) -> None:
+        super().__init__()
+        self.token_embedding = nn.Embedding(vocab_size, d_model)
+        self.positional = positional
+        self.embed_dropout = nn.Dropout(embed_dropout)
+        self.blocks = nn.ModuleList(blocks)
+        self.final_norm = final_norm if final_norm is not None else nn.Identity()
+        self.lm_head = nn.Linear(d_model, vocab_size, bias=False)
+        self.causal = causal
+        self.embed_scale = embed_scale
+        self.pe_scale = pe_scale
+        nn.init.normal_(self.token_embedding.weight, mean=0.0, std=init_std)
+        nn.init.normal_(self.lm_head.weight, mean=0.0, std=init_std)
+        self._causal_masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+
+    @property
+    def pe_kind(self) -> str:
+        return self.positional.kind
+
+    def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Scaled token embeddings plus the additive PE: (B, T) -> (B, T, D)."""
+        x = self.token_embedding(tokens) * self.embed_scale  # (B, T, D)
+        if self.pe_kind == "additive":
+            x = x + self.pe_scale * self.positional(positions)  # (T, D) broadcast over B
+        return self.embed_dropout(x)
+
+    def attention_mask(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
+        """Additive mask shared by every layer: PE bias (H, T, T) plus the causal -inf mask."""
+        if self.pe_kind != "bias":
+            return None
+        mask = self.positional(seq_len, seq_len)  # (H, T, T)
+        if self.causal:
+            mask = mask + self._causal_mask(seq_len, device)
+        return mask
+
+    def _causal_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        key = (seq_len, device)
+        if key not in self._causal_masks:
+            future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
+            self._causal_masks[key] = torch.zeros(seq_len, seq_len, device=device).masked_fill(
+                future, float("-inf")
+            )
+        return self._causal_masks[key]
+
+    def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
+        """tokens (B, T) -> logits (B, T, vocab). With ``need_weights`` each attention module
+        keeps its probabilities (B, H, T, T) in ``last_weights`` (see ``attention_maps``)."""
+        seq_len = tokens.shape[1]
+        positions = torch.arange(seq_len, device=tokens.device)  # (T,)
+        x = self.embed(tokens, positions)  # (B, T, D)
+        mask = self.attention_mask(seq_len, tokens.device)
+        inputs = AttentionInputs(
+            positions=positions,
+            rotary=self.positional if self.pe_kind == "rotary" else None,
+            mask=mask,
+            is_causal=self.causal and mask is None,
+            need_weights=need_weights,
+        )
+        for block in self.blocks:
+            x = block(x, inputs)
+        return self.lm_head(self.final_norm(x))  # (B, T, vocab)
+
+    def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
+        """Attention probabilities of every layer for ``tokens``: a list of (B, H, T, T)."""
+        self.forward(tokens, need_weights=True)
+        return [block.attention.last_weights for block in self.blocks]
+
+    @torch.no_grad()
+    def generate(self, prefix: torch.Tensor, n_new: int) -> torch.Tensor:
+        """Greedy decoding (causal models): prefix (B, P) -> the n_new next tokens (B, n_new)."""
+        tokens = prefix
+        for _ in range(n_new):
+            next_token = self.forward(tokens)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
+            tokens = torch.cat([tokens, next_token], dim=1)
+        return tokens[:, prefix.shape[1] :]
+
+
+def build_model(cfg: DictConfig) -> TransformerModel:
+    """Build the model described by ``cfg`` (groups model, pe, norm, norm_layer, activation, arch).
+
+    The caller seeds torch beforehand; initialisation is N(0, model.init_std) for every weight
+    matrix and embedding, zero biases, ones for norm gains.
+    """
+    m = cfg.model
+    positional = instantiate_component(cfg, "pe")
+    try:
+        check_positional_module(positional)
+    except TypeError as exc:
+        raise ConfigError(f"pe={cfg.pe.get('name')}: {exc}") from exc
+    make_norm = instantiate_component(cfg, "norm_layer")  # a partial: d_model -> norm module
+    feedforward_spec = resolve_component(cfg, "activation")
+    block_spec = resolve_component(cfg, "norm")
+    blocks = []
+    for _ in range(m.n_layers):
+        attention = MultiHeadAttention(
+            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention, init_std=m.init_std
+        )
+        feedforward = instantiate_component(feedforward_spec, "activation")
+        block = instantiate_component(block_spec, "norm", attention=attention,
+                                      feedforward=feedforward, make_norm=make_norm)
+        blocks.append(block)
+    final_norm = make_norm(m.d_model) if blocks and blocks[0].needs_final_norm else None
+    return TransformerModel(
+        vocab_size=m.vocab_size,
+        d_model=m.d_model,
+        positional=positional,
+        blocks=blocks,
+        final_norm=final_norm,
+        causal=cfg.arch.causal,
+        embed_scale=embedding_scale(m.embed_scale, m.d_model),
+        pe_scale=m.pe_scale,
+        embed_dropout=m.dropout.embedding,
+        init_std=m.init_std,
+    )

@@ -1,0 +1,137 @@
+"""``tlab smoke``: steps 1 and 2 of the seed's validation routine.
+
+Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
+and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
+finite gradient and the parameter count equals the formula (``parameter_count``).
+Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
+PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
+it checks the seed's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
+and parameters whose gradient is all zeros.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from omegaconf import DictConfig
+
+from transformer_lab.config import build_task
+from transformer_lab.console import console
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.parameter_count import parameter_breakdown
+from transformer_lab.results import RunDirectory
+from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
+from transformer_lab.tasks import Batch
+from transformer_lab.train import Trainer, count_parameters, sequence_loss
+
+PE_SWAMP_RATIO = 5.0  # PE norm this many times the embedding norm swamps the tokens
+
+
+def pe_to_embedding_ratio(model: TransformerModel, batch: Batch) -> float | None:
+    """Mean per-position norm of (pe_scale * PE) over that of (embed_scale * token embedding)."""
+    if model.pe_kind != "additive":
+        return None
+    positions = torch.arange(batch.inputs.shape[1])
+    with torch.no_grad():
+        pe = model.pe_scale * model.positional(positions)  # (T, D)
+        tokens = model.embed_scale * model.token_embedding(batch.inputs)  # (B, T, D)
+    return (pe.norm(dim=-1).mean() / tokens.norm(dim=-1).mean().clamp_min(1e-12)).item()
+
+
+def forward_backward_check(cfg: DictConfig, model: TransformerModel,
+                           batch: Batch) -> list[CheckRow]:
+    """Step 1 checks on one batch."""
+    clock = Stopwatch()
+    rows: list[CheckRow] = []
+    logits = model(batch.inputs)
+    expected = (*batch.inputs.shape, cfg.model.vocab_size)
+    rows.append(CheckRow(1, "output_shape", status(tuple(logits.shape) == expected),
+                         detail=f"{tuple(logits.shape)} (expected {expected})"))
+    loss = sequence_loss(logits, batch.targets)
+    rows.append(CheckRow(1, "loss_finite", status(bool(torch.isfinite(loss))), "loss",
+                         loss.item(), "finite"))
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    missing = [n for n, p in model.named_parameters() if p.requires_grad and p.grad is None]
+    bad = [n for n, p in model.named_parameters()
+           if p.grad is not None and not torch.isfinite(p.grad).all()]
+    rows.append(CheckRow(1, "gradients_finite", status(not missing and not bad),
+                         "params_without_grad", float(len(missing) + len(bad)), 0,
+                         detail=", ".join(missing + bad)[:200] or "every parameter"))
+    params = count_parameters(model)
+    formula = parameter_breakdown(cfg)["total"]
+    rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
+                         "params", float(params), formula,
+                         detail="custom component: no formula" if formula is None
+                         else f"model {params:,} vs formula {formula:,}"))
+    for row in rows:
+        row.wall_s = clock.lap() / len(rows)
+    return rows
+
+
+def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float) -> str:
+    """The seed's suspects when the smoke loss does not fall."""
+    hints = []
+    lr = float(cfg.train.lr)
+    if drop < 0:
+        hints.append(f"loss rose: train.lr={lr:g} may be too high")
+    elif lr < 1e-3:
+        hints.append(f"train.lr={lr:g} may be too low for {cfg.routine.steps} steps")
+    ratio = pe_to_embedding_ratio(model, batch)
+    if ratio is not None and ratio > PE_SWAMP_RATIO:
+        hints.append(f"PE norm is {ratio:.1f}x the token-embedding norm (PE swamps the tokens): "
+                     "set model.embed_scale=sqrt or lower model.pe_scale")
+    model.zero_grad(set_to_none=True)
+    sequence_loss(model(batch.inputs), batch.targets).backward()
+    dead = [n for n, p in model.named_parameters() if p.grad is not None and not p.grad.any()]
+    if dead:
+        hints.append(f"zero gradients in {len(dead)} tensors: {', '.join(dead[:4])}")
+    return "; ".join(hints) or "no obvious cause: check the component's forward pass"
+
+
+def smoke_training(cfg: DictConfig, model: TransformerModel, task, run: RunDirectory,
+                   batches: list[Batch]) -> tuple[CheckRow, float, float]:
+    """Step 2: train on fixed batches; returns the check row, loss before and after."""
+    clock = Stopwatch()
+    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, cfg.seed, run.metrics)
+    before = _fixed_loss(trainer, batches)
+    with console.status(f"smoke training: {cfg.routine.steps} steps"):
+        trainer.fit(int(cfg.routine.steps), batches=batches)
+    after = _fixed_loss(trainer, batches)
+    drop = (before - after) / before if before > 0 else 0.0
+    ok = math.isfinite(after) and drop >= cfg.routine.min_drop
+    detail = f"loss {before:.4f} -> {after:.4f} in {trainer.step_count} steps"
+    if not ok:
+        detail += f"; {diagnose(cfg, model, batches[0], drop)}"
+    return (CheckRow(2, "smoke_loss_falls", status(ok), "relative_drop", drop,
+                     cfg.routine.min_drop, clock.lap(), detail), before, after)
+
+
+def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
+    losses = [trainer.evaluate(b, exact_match=False)["loss"] for b in batches]
+    return sum(losses) / len(losses)
+
+
+def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    clock = Stopwatch()
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg)
+    model = build_model(cfg)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    batches = [task.train_batch(cfg.routine.batch_size, generator)
+               for _ in range(cfg.routine.n_batches)]
+    rows = forward_backward_check(cfg, model, batches[0])
+    smoke_row, _, after = smoke_training(cfg, model, task, run, batches)
+    rows.append(smoke_row)
+    run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
+    console.print(check_table(rows, f"tlab smoke - {run.path}"))
+    passed = all(r.passed for r in rows)
+    failed = [r.check for r in rows if not r.passed]
+    return RoutineOutcome(
+        passed=passed,
+        summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
+                 "final_loss": after, "wall_s": clock.lap()},
+        message="" if passed else f"failed: {', '.join(failed)}",
+    )

@@ -1,0 +1,94 @@
+"""Next-token language modelling: a synthetic corpus made offline, or the user's text file.
+
+Both need ``arch=decoder`` (causal): an encoder would see the token it has to predict.
+
+Synthetic corpus: a sparse random Markov chain of order 1 over ``vocab_size`` tokens (each token
+has ``branching`` possible successors with Zipf-like probabilities), sampled as ``n_chains``
+independent chains of ``chain_len`` tokens with a NumPy generator seeded by ``data_seed``: the
+same seed gives the same corpus on every machine. The last ``eval_fraction`` of the chains is
+held out. The best achievable loss is the chain's entropy rate, reported as ``entropy_rate``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from transformer_lab.tasks.base import Batch, Task
+
+
+class LanguageModelTask(Task):
+    """Random windows of ``seq_len + 1`` tokens from train/held-out token streams."""
+
+    def __init__(self, train: torch.Tensor, held_out: torch.Tensor, seq_len: int,
+                 vocab_size: int, eval_size: int, data_seed: int) -> None:
+        if seq_len < 2:
+            raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
+        for name, stream in (("training", train), ("held-out", held_out)):
+            if len(stream) <= seq_len + 1:
+                raise ValueError(
+                    f"the {name} text has {len(stream)} tokens, fewer than task.seq_len+2="
+                    f"{seq_len + 2}; use a shorter task.seq_len or more text"
+                )
+        self.train_tokens = train
+        self.held_out_tokens = held_out
+        self.seq_len = seq_len
+        self.model_seq_len = seq_len
+        self.vocab_size = vocab_size
+        self._eval = self._windows(held_out, eval_size, torch.Generator().manual_seed(data_seed))
+
+    def _windows(self, stream: torch.Tensor, n: int, generator: torch.Generator) -> Batch:
+        starts = torch.randint(0, len(stream) - self.seq_len - 1, (n,), generator=generator)
+        index = starts[:, None] + torch.arange(self.seq_len + 1)  # (n, T+1)
+        window = stream[index]
+        return Batch(window[:, :-1], window[:, 1:])
+
+    def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
+        return self._windows(self.train_tokens, batch_size, generator)
+
+    def eval_batch(self) -> Batch:
+        return self._eval
+
+
+class SyntheticLanguageTask(LanguageModelTask):
+    """Offline synthetic language: a seeded sparse Markov chain (see module docstring)."""
+
+    def __init__(self, seq_len: int = 32, vocab_size: int = 64, branching: int = 4,
+                 n_chains: int = 256, chain_len: int = 512, eval_fraction: float = 0.1,
+                 eval_size: int = 256, data_seed: int = 1234) -> None:
+        if not 1 <= branching <= vocab_size:
+            raise ValueError(f"task.branching={branching} must be in 1..vocab_size={vocab_size}")
+        rng = np.random.default_rng(data_seed)
+        successors = np.stack([rng.choice(vocab_size, branching, replace=False)
+                               for _ in range(vocab_size)])  # (V, branching)
+        probs = 1.0 / np.arange(1, branching + 1)
+        probs /= probs.sum()
+        self.entropy_rate = float(-(probs * np.log(probs)).sum())
+        chains = np.empty((n_chains, chain_len), dtype=np.int64)
+        chains[:, 0] = rng.integers(0, vocab_size, n_chains)
+        for t in range(1, chain_len):  # all chains advance together
+            choice = rng.choice(branching, size=n_chains, p=probs)
+            chains[:, t] = successors[chains[:, t - 1], choice]
+        n_eval = max(1, int(round(n_chains * eval_fraction)))
+        stream = torch.from_numpy(chains)
+        super().__init__(stream[:-n_eval].reshape(-1), stream[-n_eval:].reshape(-1),
+                         seq_len, vocab_size, eval_size, data_seed)
+
+
+class TextTask(LanguageModelTask):
+    """Character-level LM on a UTF-8 text file; the vocabulary is the file's characters."""
+
+    def __init__(self, path: str, seq_len: int = 64, eval_fraction: float = 0.1,
+                 eval_size: int = 256, data_seed: int = 1234) -> None:
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise ValueError(f"task.path='{path}' is not a readable file")
+        text = file.read_text(encoding="utf-8")
+        self.chars = sorted(set(text))
+        index = {c: i for i, c in enumerate(self.chars)}
+        tokens = torch.tensor([index[c] for c in text], dtype=torch.int64)
+        split = int(len(tokens) * (1 - eval_fraction))
+        super().__init__(tokens[:split], tokens[split:], seq_len, len(self.chars),
+                         eval_size, data_seed)

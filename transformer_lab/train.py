@@ -1,0 +1,171 @@
+"""The training loop: AdamW, gradient clipping, a schedule from ``schedules.SCHEDULES``,
+periodic held-out evaluation, and metrics rows written as it goes.
+
+Deterministic on CPU: the caller seeds torch before building the model; batches are drawn from
+a ``torch.Generator`` seeded with ``seed``, so the same config gives the same numbers.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from omegaconf import DictConfig
+from torch import nn
+
+from transformer_lab.errors import Diverged
+from transformer_lab.results import CsvLog
+from transformer_lab.schedules import SCHEDULES
+from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
+
+
+def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T)."""
+    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+
+
+def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
+    scored = targets != IGNORE_INDEX
+    return (logits.argmax(dim=-1) == targets)[scored].float().mean().item()
+
+
+def count_parameters(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+@dataclass
+class TrainResult:
+    steps: int = 0
+    final_loss: float = math.nan  # last held-out loss (training loss if never evaluated)
+    final_train_loss: float = math.nan
+    best_exact_match: float | None = None
+    solved_step: int | None = None  # first step whose held-out exact match reached the target
+    wall_s: float = 0.0
+    tokens_per_s: float = 0.0
+    train_losses: list[float] = field(default_factory=list)  # one per logged step
+    grad_norms: list[float] = field(default_factory=list)
+
+
+class Trainer:
+    """Owns the optimiser and the step counter for one model on one task."""
+
+    def __init__(self, model: nn.Module, task: Task, train: DictConfig, d_model: int,
+                 seed: int, metrics: CsvLog | None = None) -> None:
+        if train.schedule not in SCHEDULES:
+            raise ValueError(f"train.schedule='{train.schedule}' is not known; valid: "
+                             f"{', '.join(SCHEDULES)}")
+        self.model = model
+        self.task = task
+        self.cfg = train
+        self.d_model = d_model
+        self.metrics = metrics
+        self.device = torch.device(train.device)
+        self.generator = torch.Generator().manual_seed(seed)
+        self.schedule = SCHEDULES[train.schedule]
+        decay = [p for p in model.parameters() if p.dim() >= 2]
+        no_decay = [p for p in model.parameters() if p.dim() < 2]
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": float(train.weight_decay)},
+             {"params": no_decay, "weight_decay": 0.0}],
+            lr=self.schedule(1, train, d_model), betas=tuple(train.betas), foreach=True,
+        )
+        self.autocast = (
+            torch.autocast(self.device.type, dtype=torch.bfloat16)
+            if train.precision == "bf16" else nullcontext()
+        )
+        self.step_count = 0
+        self.started = time.perf_counter()
+
+    def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
+        self.step_count += 1
+        lr = self.schedule(self.step_count, self.cfg, self.d_model)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.model.train()
+        with self.autocast:
+            loss = sequence_loss(self.model(batch.inputs), batch.targets)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        clip = self.cfg.grad_clip if self.cfg.grad_clip else math.inf
+        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
+        self.optimizer.step()
+        return loss.detach(), grad_norm, lr
+
+    @torch.no_grad()
+    def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
+        """Loss, token accuracy and (where the task has it) exact match on ``batch``
+        (default: the task's held-out batch)."""
+        batch = (batch or self.task.eval_batch()).to(self.device)
+        self.model.eval()
+        with self.autocast:
+            logits = self.model(batch.inputs)
+        result = {"loss": sequence_loss(logits.float(), batch.targets).item(),
+                  "accuracy": token_accuracy(logits, batch.targets)}
+        match = self.task.exact_match(self.model, batch) if exact_match else None
+        result["exact_match"] = math.nan if match is None else match
+        self.model.train()
+        return result
+
+    def log(self, row: dict) -> None:
+        row["elapsed_s"] = time.perf_counter() - self.started
+        if self.metrics is not None:
+            self.metrics.write(row)
+
+    def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
+            target_exact_match: float | None = None,
+            on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+        """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
+
+        Every ``train.log_every`` steps a ``train`` row is logged (loss, lr, grad norm,
+        tokens/s) and the loss is checked: NaN/inf raises ``Diverged`` after the row is written.
+        Every ``train.eval_every`` steps (and at the end) a ``val`` row is logged; with
+        ``target_exact_match`` training stops at the first evaluation that reaches it.
+        """
+        result = TrainResult()
+        log_every, eval_every = max(1, self.cfg.log_every), self.cfg.eval_every
+        tokens_since, total_tokens, clock = 0, 0, time.perf_counter()
+        for i in range(steps):
+            if batches is not None:
+                batch = batches[i % len(batches)]
+            else:
+                batch = self.task.train_batch(self.cfg.batch_size, self.generator)
+            batch = batch.to(self.device)
+            loss, grad_norm, lr = self.train_step(batch)
+            tokens_since += batch.inputs.numel()
+            total_tokens += batch.inputs.numel()
+            step = self.step_count
+            last = i == steps - 1
+            if step % log_every == 0 or last:
+                loss_value, norm_value = loss.item(), grad_norm.item()
+                now = time.perf_counter()
+                result.train_losses.append(loss_value)
+                result.grad_norms.append(norm_value)
+                self.log({"step": step, "split": "train", "loss": loss_value, "lr": lr,
+                          "grad_norm": norm_value,
+                          "tokens_per_s": tokens_since / max(now - clock, 1e-9)})
+                tokens_since, clock = 0, now
+                result.final_train_loss = loss_value
+                if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
+                    raise Diverged(f"loss became {loss_value} at step {step} (lr={lr:.3g})")
+                if on_step is not None:
+                    on_step(step, loss_value)
+            if (eval_every and step % eval_every == 0) or last:
+                evaluation = self.evaluate()
+                self.log({"step": step, "split": "val", **evaluation, "lr": lr})
+                result.final_loss = evaluation["loss"]
+                match = evaluation["exact_match"]
+                if not math.isnan(match):
+                    result.best_exact_match = max(result.best_exact_match or 0.0, match)
+                    if target_exact_match is not None and match >= target_exact_match:
+                        result.solved_step = step
+                        break
+        result.steps = self.step_count
+        result.wall_s = time.perf_counter() - self.started
+        result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)
+        return result
