@@ -250,6 +250,29 @@ def test_rope_frequencies_each_scaling(d: int, base: float) -> None:
         assert scale == pytest.approx(0.1 * math.log(4.0) + 1.0)
 
 
+@pytest.mark.parametrize("d, base", [(16, 10000.0), (64, 10000.0), (128, 500000.0)])
+@pytest.mark.parametrize("orig, s", [(16, 2.0), (2048, 8.0), (8192, 4.0)])
+def test_yarn_paper_conditions_on_rotations(d: int, base: float, orig: int, s: float) -> None:
+    """Peng et al. 2023, sec. 3.2: with r_i = L / lambda_i (turns of pair i over the original
+    length L, lambda_i = 2 pi / theta_i), pairs with r > beta = 32 keep theta_i, pairs with
+    r < alpha = 1 get theta_i / s, the rest lie in between, less interpolated as r grows."""
+    inv, scale = rope_inverse_frequencies(d, base, scaling="yarn", factor=s, original_max_len=orig)
+    assert scale == pytest.approx(0.1 * math.log(s) + 1.0)
+    previous_keep = 1.0
+    for i, theta in enumerate(_rope_angles(d, base)):
+        turns = orig / (2 * math.pi / theta)
+        got = inv[i].item()
+        if turns > 32.0:
+            assert got == pytest.approx(theta, rel=1e-6), (i, turns)
+        elif turns < 1.0:
+            assert got == pytest.approx(theta / s, rel=1e-6), (i, turns)
+        else:
+            assert theta / s * (1 - 1e-6) <= got <= theta * (1 + 1e-6), (i, turns)
+        keep = (got - theta / s) / (theta - theta / s)  # 1: extrapolated, 0: interpolated
+        assert keep <= previous_keep + 1e-5
+        previous_keep = keep
+
+
 def test_yarn_keeps_fast_pairs_and_interpolates_slow_pairs() -> None:
     plain = torch.tensor(_rope_angles(64, 10000.0))
     inv, _ = rope_inverse_frequencies(64, scaling="yarn", factor=4.0, original_max_len=2048)
@@ -275,47 +298,63 @@ def test_rope_frequencies_bad_arguments() -> None:
         rope_inverse_frequencies(7)
 
 
-def test_rope_frequencies_match_huggingface() -> None:
-    rope_utils = pytest.importorskip(
-        "transformers.modeling_rope_utils", reason="transformers is not installed"
-    )
-    from transformers import PretrainedConfig
+def _hf_rotary_embedding(d: int, base: float, orig: int, rope: dict):
+    """Hugging Face's LLaMA rotary module for ``rope`` (``rope_type`` + its parameters)."""
+    transformers = pytest.importorskip("transformers", reason="transformers is not installed")
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    d, base, orig = 64, 10000.0, 512
+    sizes = {"hidden_size": d * 4, "num_attention_heads": 4, "max_position_embeddings": orig}
+    if int(transformers.__version__.split(".")[0]) >= 5:  # one rope_parameters dict
+        config = LlamaConfig(**sizes, rope_parameters={**rope, "rope_theta": base,
+                                                       "original_max_position_embeddings": orig})
+    else:  # 4.x: rope_theta + rope_scaling; the original length is max_position_embeddings
+        scaling = None if rope["rope_type"] == "default" else rope
+        config = LlamaConfig(**sizes, rope_theta=base, rope_scaling=scaling)
+    return LlamaRotaryEmbedding(config=config)
 
-    def config(rope_scaling):
-        return PretrainedConfig(
-            hidden_size=d * 4,
-            num_attention_heads=4,
-            rope_theta=base,
-            max_position_embeddings=orig,
-            rope_scaling=rope_scaling,
-        )
 
-    cases = [
-        ("default", None, {}, None),
-        ("linear", {"rope_type": "linear", "factor": 4.0}, {"factor": 4.0}, None),
-        ("dynamic", {"rope_type": "dynamic", "factor": 2.0}, {"factor": 2.0}, 2000),
-        ("yarn", {"rope_type": "yarn", "factor": 4.0}, {"factor": 4.0}, None),
-    ]
-    for name, scaling_cfg, kwargs, seq_len in cases:
-        fn = rope_utils.ROPE_INIT_FUNCTIONS.get(name)
-        if fn is None:
-            continue
-        try:
-            hf_inv, hf_scale = fn(config(scaling_cfg), torch.device("cpu"), seq_len=seq_len)
-        except (TypeError, KeyError, AttributeError) as err:  # API moved between versions
-            pytest.skip(f"this transformers version has another RoPE API: {err}")
-        ours, scale = rope_inverse_frequencies(
-            d,
-            base,
-            scaling="none" if name == "default" else name,
-            original_max_len=orig,
-            seq_len=seq_len,
-            **kwargs,
-        )
-        assert torch.allclose(ours, hf_inv.float(), rtol=1e-5), name
-        assert scale == pytest.approx(hf_scale), name
+# (our RotaryPositionalEncoding settings, HF rope parameters, sequence length)
+HF_ROPE_CASES = {
+    "none": ({}, {"rope_type": "default"}, 40),
+    "base_500000": ({"base": 500000.0}, {"rope_type": "default"}, 40),
+    "linear": ({"scaling": "linear", "factor": 4.0}, {"rope_type": "linear", "factor": 4.0}, 40),
+    # static NTK == HF dynamic NTK with factor 1 at L' = s * L: base * (L'/L)^(d/(d-2))
+    "ntk": ({"scaling": "ntk", "factor": 4.0}, {"rope_type": "dynamic", "factor": 1.0}, 4 * 512),
+    "dynamic_short": ({"scaling": "dynamic", "factor": 2.0},
+                      {"rope_type": "dynamic", "factor": 2.0}, 300),
+    "dynamic_long": ({"scaling": "dynamic", "factor": 2.0},
+                     {"rope_type": "dynamic", "factor": 2.0}, 2000),
+    "yarn": ({"scaling": "yarn", "factor": 4.0}, {"rope_type": "yarn", "factor": 4.0}, 40),
+    "yarn_16": ({"scaling": "yarn", "factor": 16.0}, {"rope_type": "yarn", "factor": 16.0}, 40),
+}
+
+
+@pytest.mark.parametrize("case", list(HF_ROPE_CASES))
+def test_rope_scalings_match_huggingface(case: str) -> None:
+    """Inverse frequencies, attention scale and rotated q/k equal HF LLaMA's rotary module."""
+    ours_kwargs, hf_rope, seq_len = HF_ROPE_CASES[case]
+    ours_kwargs = dict(ours_kwargs)
+    d, orig = 64, 512
+    base = ours_kwargs.pop("base", 10000.0)
+    hf = _hf_rotary_embedding(d, base, orig, hf_rope)
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 4, seq_len, d, generator=g).unbind(0)  # (1, H, T, d) each
+    positions = torch.arange(seq_len)
+    hf_cos, hf_sin = hf(q, positions[None])  # (1, T, d): cat(freqs, freqs), times the scale
+    hf_q, hf_k = apply_rotary_pos_emb(q, k, hf_cos, hf_sin)
+
+    pe = RotaryPositionalEncoding(head_dim=d, base=base, style="half", original_max_len=orig,
+                                  **ours_kwargs)
+    our_q, our_k = pe(q, k, positions)
+    assert torch.allclose(pe.inv_freq, hf.inv_freq.float(), rtol=1e-5), case
+    assert pe.attention_scale == pytest.approx(hf.attention_scaling), case
+    assert torch.allclose(our_q, hf_q, atol=1e-4) and torch.allclose(our_k, hf_k, atol=1e-4)
+    if case != "none":  # the scaling really changed something (except dynamic below L)
+        plain = rope_inverse_frequencies(d, 10000.0)[0]
+        assert torch.allclose(pe.inv_freq, plain) == (case == "dynamic_short"), case
 
 
 # --------------------------------------------------------------------------------------------

@@ -71,6 +71,14 @@ def rope_inverse_frequencies(
       ``beta_fast`` turns over ``original_max_len``) and interpolation (``theta_i / factor``:
       pairs making fewer than ``beta_slow`` turns); attention scale ``0.1 ln(factor) + 1``
       (1 when ``factor <= 1``), applied by multiplying cos and sin (so q and k) by it, as HF does.
+      The number of turns of pair ``i`` is the paper's ``r_i = L / lambda_i`` with wavelength
+      ``lambda_i = 2 pi / theta_i``. Between the two bounds the paper writes the ramp
+      ``gamma = (r - beta_slow) / (beta_fast - beta_slow)`` linear in ``r``; like the authors'
+      code (jquesnelle/yarn) and HF, the ramp here is linear in the pair index between the
+      pairs where ``r = beta_fast`` (rounded down) and ``r = beta_slow`` (rounded up). Both agree
+      outside the ramp: ``r > beta_fast`` keeps ``theta_i``, ``r < beta_slow`` gives
+      ``theta_i / factor``.
+    * a plain larger base (10000 -> 500000, LLaMA 3) is no scaling: ``base=500000``.
 
     Args:
         head_dim: rotated dimension ``d`` (even); for partial rotary, the rotated part only.

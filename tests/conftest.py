@@ -1,0 +1,65 @@
+"""Shared test helpers: compose configs and run the CLI in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lab.config import compose
+from transformer_lab.console import console, err_console
+
+# Tiny models run fastest on one thread, and the suite shares small machines.
+torch.set_num_threads(1)
+
+
+@pytest.fixture
+def cfg_for():
+    """``cfg_for("pe=rope", ...)`` -> a composed config (experiment=smoke unless overridden)."""
+
+    def make(*overrides: str):
+        return compose(["experiment=smoke", *overrides])
+
+    return make
+
+
+@pytest.fixture
+def tlab(capsys):
+    """Run ``transformer_lab.run.main(args)`` in-process; returns (exit code, stdout, stderr)."""
+    from transformer_lab.run import main
+
+    def call(*args: str | Path) -> tuple[int, str, str]:
+        code = main([str(a) for a in args])
+        captured = capsys.readouterr()
+        return code, captured.out, captured.err
+
+    return call
+
+
+@pytest.fixture(autouse=True)
+def _wide_console(monkeypatch):
+    """Rich wraps at the terminal width; make captured output predictable."""
+    monkeypatch.setattr(console, "_width", 200, raising=False)
+    monkeypatch.setattr(err_console, "_width", 200, raising=False)
+
+
+@pytest.fixture(scope="session")
+def smoke_sweep(tmp_path_factory) -> Path:
+    """A real 4-job sweep (basic launcher, default layout under out_root): pe=none,rope x
+    seed=0,1 of experiment=smoke. Shared by test_sweeps and test_report; do not modify it (copy
+    it first). Torch runs one thread: tiny jobs on a loaded 2-core machine are faster so."""
+    import torch
+
+    from transformer_lab.run import main
+
+    root = tmp_path_factory.mktemp("smoke_sweep")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(["-m", "experiment=smoke", "pe=none,rope", "seed=0,1", f"out_root={root}"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    (sweep_dir,) = (root / "multirun" / "smoke").iterdir()
+    return sweep_dir

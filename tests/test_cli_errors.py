@@ -1,0 +1,77 @@
+"""Bad input: one or two lines naming the bad value and the valid ones, exit code 2, no
+traceback, and nothing of an earlier run touched."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["pe=rotary"], "unknown pe 'rotary'; valid: alibi, learned, none, rope"),
+        (["norm=middle"], "unknown norm 'middle'; valid: deepnorm, post, pre, sandwich"),
+        (["activation=mish"], "unknown activation 'mish'; valid: geglu, gelu"),
+        (["arch=seq2seq"], "unknown arch 'seq2seq'; valid: decoder, encoder"),
+        (["model.d_model=10", "model.n_heads=3"],
+         "model.d_model=10 is not divisible by model.n_heads=3"),
+        (["pe=rope", "model.d_model=12", "model.n_heads=2", "pe.rotary_fraction=0.5"],
+         "rot=int(head_dim * rotary_fraction)=int(6 * 0.5)=3"),
+        (["pe=learned", "model.max_len=3"], "pe=learned"),
+        (["model.d_model=0"], "model.d_model=0 is not valid; it must be a positive number"),
+        (["model.n_layers=-1"], "model.n_layers=-1 is not valid"),
+        (["train.steps=0"], "train.steps=0 is not valid"),
+        (["routine.steps=0"], "routine.steps=0 is not valid"),
+        (["model.d_modle=16"], "d_modle"),
+        (["pe="], "unknown pe ''"),
+        (["model.d_model==3"], "malformed override 'model.d_model==3'"),
+        (["train.schedule=linear"], "train.schedule='linear' is not known; valid: constant, noam"),
+        (["task=lm"], "task=lm is next-token prediction and needs arch=decoder"),
+        (["task=text", "arch=decoder", "task.path=/no/such/file.txt"],
+         "task.path='/no/such/file.txt' is not a readable file"),
+        (["hydra/launcher=nonesuch"], "hydra/launcher=nonesuch is not available"),
+    ],
+)
+def test_bad_input_exits_2_with_a_short_message(tlab, tmp_path, args, expected):
+    out = tmp_path / "run"
+    code, stdout, stderr = tlab("experiment=smoke", *args, f"hydra.run.dir={out}")
+    assert code == 2
+    assert expected in stderr
+    assert "Traceback" not in stderr + stdout
+    assert len(stderr.strip().splitlines()) <= 2
+    assert not out.exists()  # nothing written for an invalid configuration
+
+
+def test_learned_pe_longer_than_max_len_names_both_lengths(tlab, tmp_path):
+    code, _, stderr = tlab("experiment=smoke", "pe=learned", "model.max_len=3", "task.seq_len=5",
+                           f"hydra.run.dir={tmp_path / 'r'}")
+    assert code == 2 and "max_len=3" in stderr and "5" in stderr
+
+
+def test_out_directory_holding_a_run_is_refused_and_untouched(tlab, tmp_path):
+    out = tmp_path / "run"
+    assert tlab("experiment=smoke", f"hydra.run.dir={out}")[0] == 0
+    before = {p.name: p.stat().st_mtime_ns for p in out.iterdir()}
+    code, _, stderr = tlab("experiment=smoke", "pe=alibi", f"hydra.run.dir={out}")
+    assert code == 2 and "already holds a run" in stderr
+    assert {p.name: p.stat().st_mtime_ns for p in out.iterdir()} == before
+
+
+def test_cli_option_errors_from_typer(tmp_path):
+    import subprocess
+
+    result = subprocess.run(["tlab", "smoke", "--steps", "many"], capture_output=True, text=True,
+                            timeout=60)
+    assert result.returncode == 2
+    assert "--steps" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_default_run_dirs_never_collide(tlab, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for _ in range(2):
+        assert tlab("experiment=smoke", "out_root=outs")[0] == 0
+    runs = list((tmp_path / "outs" / "smoke").iterdir())
+    assert len(runs) == 2
+    assert os.path.commonpath(runs) == str(tmp_path / "outs" / "smoke")

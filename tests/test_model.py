@@ -1,0 +1,113 @@
+"""The assembled model: shapes, parameter formulas, and what positional information does."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+
+from transformer_lab.config import build_task, group_choices
+from transformer_lab.model import build_model
+from transformer_lab.parameter_count import parameter_breakdown
+
+PES = group_choices("pe")
+NORMS = group_choices("norm")
+NORM_LAYERS = group_choices("norm_layer")
+ACTIVATIONS = group_choices("activation")
+
+
+@pytest.mark.parametrize("norm, norm_layer", list(itertools.product(NORMS, NORM_LAYERS)))
+@pytest.mark.parametrize("pe", PES)
+def test_parameter_count_equals_formula(cfg_for, pe, norm, norm_layer):
+    cfg = cfg_for(f"pe={pe}", f"norm={norm}", f"norm_layer={norm_layer}", "model=small",
+                  "activation=swiglu", "model.gated_match_params=true", "model.ffn_bias=false")
+    build_task(cfg)
+    model = build_model(cfg)
+    assert parameter_breakdown(cfg)["total"] == sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("activation", ACTIVATIONS)
+def test_parameter_count_per_activation(cfg_for, activation):
+    cfg = cfg_for(f"activation={activation}", "model.attn_bias=false")
+    build_task(cfg)
+    model = build_model(cfg)
+    parts = parameter_breakdown(cfg)
+    assert parts["total"] == sum(p.numel() for p in model.parameters())
+    ffn = model.blocks[0].feedforward
+    assert parts["feedforward"] == sum(p.numel() for p in ffn.parameters())
+
+
+def _encoder(cfg_for, pe: str):
+    cfg = cfg_for(f"pe={pe}", "model.d_model=16", "model.n_heads=2", "model.n_layers=2",
+                  "arch=encoder", "norm=pre", "model.init_std=0.3")  # visible attention
+    build_task(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    if pe == "t5":  # learned biases start near zero: make them visible for the test
+        torch.nn.init.normal_(model.positional.relative_attention_bias.weight, std=1.0)
+    return model
+
+
+def test_nope_encoder_is_permutation_equivariant(cfg_for):
+    model = _encoder(cfg_for, "none")
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    with torch.no_grad():
+        torch.testing.assert_close(model(tokens[:, perm]), model(tokens)[:, perm])
+
+
+@pytest.mark.parametrize("pe", [p for p in PES if p != "none"])
+def test_every_positional_encoding_breaks_permutation_equivariance(cfg_for, pe):
+    model = _encoder(cfg_for, pe)
+    tokens = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    perm = torch.tensor([3, 0, 5, 1, 4, 2])
+    with torch.no_grad():
+        difference = (model(tokens[:, perm]) - model(tokens)[:, perm]).abs().max()
+    assert difference > 1e-4, f"{pe}: output just permutes, position is ignored"
+
+
+def test_seed_example_nope_cannot_tell_who_hit_whom(cfg_for):
+    """'我打你' vs '你打我': without a PE the per-token outputs are the same, only permuted."""
+    model = _encoder(cfg_for, "none")
+    wo, da, ni = 1, 2, 3
+    with torch.no_grad():
+        a = model(torch.tensor([[wo, da, ni]]))
+        b = model(torch.tensor([[ni, da, wo]]))
+    torch.testing.assert_close(a[0, 0], b[0, 2])  # '我' gets the same vector in both sentences
+    rope = _encoder(cfg_for, "rope")
+    with torch.no_grad():
+        a, b = rope(torch.tensor([[wo, da, ni]])), rope(torch.tensor([[ni, da, wo]]))
+    assert (a[0, 0] - b[0, 2]).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("pe", PES)
+def test_decoder_is_causal_for_every_pe(cfg_for, pe):
+    cfg = cfg_for(f"pe={pe}", "arch=decoder", "model.d_model=16", "model.n_layers=2")
+    build_task(cfg)
+    torch.manual_seed(0)
+    model = build_model(cfg).eval()
+    a = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    b = a.clone()
+    b[0, 4:] = torch.tensor([7, 8])
+    with torch.no_grad():
+        torch.testing.assert_close(model(a)[:, :4], model(b)[:, :4])
+
+
+def test_attention_maps_shapes(cfg_for):
+    cfg = cfg_for("pe=alibi", "model.n_layers=2")
+    build_task(cfg)
+    model = build_model(cfg)
+    maps = model.attention_maps(torch.tensor([[1, 2, 3, 4]]))
+    assert [m.shape for m in maps] == [(1, 2, 4, 4)] * 2
+
+
+def test_embedding_scale_and_pe_scale(cfg_for):
+    cfg = cfg_for("pe=sinusoidal", "model.embed_scale=none", "model.pe_scale=0.5")
+    build_task(cfg)
+    model = build_model(cfg)
+    tokens = torch.tensor([[1, 2, 3, 4]])
+    expected = model.token_embedding(tokens) + 0.5 * model.positional(torch.arange(4))
+    torch.testing.assert_close(model.embed(tokens, torch.arange(4)), expected)
+    cfg.model.embed_scale = "sqrt"
+    assert build_model(cfg).embed_scale == pytest.approx(8**0.5)

@@ -1,0 +1,112 @@
+"""`tlab smoke` (steps 1-2): every component combination passes; failures are diagnosed;
+the run directory has the promised files; same seed -> same numbers; NaN -> diverged."""
+
+from __future__ import annotations
+
+import itertools
+import json
+
+import pandas as pd
+import pytest
+
+from transformer_lab.config import compose, group_choices, validate_config
+from transformer_lab.console import console
+from transformer_lab.results import METRIC_COLUMNS, SUMMARY_COLUMNS, RunDirectory
+from transformer_lab.routines.checks import CHECK_COLUMNS
+from transformer_lab.routines.smoke import run_smoke
+
+GRID = {g: group_choices(g) for g in ("pe", "norm", "activation", "arch")}
+
+
+def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
+    """448 combinations on the default tiny config. Group nodes are composed once per choice
+    and swapped into one base config (composing 448 times would dominate the test's time)."""
+    monkeypatch.setattr(console, "quiet", True)
+    nodes = {g: {c: compose(["experiment=smoke", f"{g}={c}"])[g] for c in cs}
+             for g, cs in GRID.items()}
+    base = compose(["experiment=smoke"])
+    failures = []
+    for i, combo in enumerate(itertools.product(*GRID.values())):
+        cfg = base.copy()
+        for group, choice in zip(GRID, combo, strict=True):
+            cfg[group] = nodes[group][choice]
+        validate_config(cfg)
+        outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg))
+        if not outcome.passed:
+            failures.append((combo, outcome.message))
+    assert i + 1 == 7 * 4 * 8 * 2
+    assert not failures
+
+
+def test_smoke_cli_writes_run_files(tlab, tmp_path):
+    out = tmp_path / "run"
+    code, stdout, _ = tlab("experiment=smoke", "pe=rope", f"hydra.run.dir={out}")
+    assert code == 0, stdout
+    for name in ("config.yaml", "run.json", "metrics.csv", "summary.csv", "smoke.csv"):
+        assert (out / name).is_file(), name
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert list(metrics.columns[: len(METRIC_COLUMNS)]) == METRIC_COLUMNS
+    assert len(metrics[metrics.split == "train"]) == 10
+    summary = pd.read_csv(out / "summary.csv")
+    assert set(SUMMARY_COLUMNS) <= set(summary.columns)
+    assert summary.loc[0, "status"] == "passed" and summary.loc[0, "pe"] == "rope"
+    checks = pd.read_csv(out / "smoke.csv")
+    assert list(checks.columns) == CHECK_COLUMNS and (checks.status == "PASS").all()
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "passed" and info["seed"] == 0 and info["versions"]["torch"]
+    assert "vocab_size: 10" in (out / "config.yaml").read_text()
+
+
+def test_same_seed_gives_identical_metrics(tlab, tmp_path):
+    losses = []
+    for name in ("a", "b"):
+        out = tmp_path / name
+        code, _, _ = tlab("experiment=smoke", "pe=alibi", "seed=3", f"hydra.run.dir={out}")
+        assert code == 0
+        losses.append(pd.read_csv(tmp_path / name / "metrics.csv")["loss"].tolist())
+    assert losses[0] == losses[1]
+    code, _, _ = tlab("experiment=smoke", "pe=alibi", "seed=4", f"hydra.run.dir={tmp_path / 'c'}")
+    assert pd.read_csv(tmp_path / "c" / "metrics.csv")["loss"].tolist() != losses[0]
+
+
+def test_smoke_fails_with_a_diagnosis_when_the_lr_is_zero(tlab, tmp_path):
+    code, stdout, _ = tlab("experiment=smoke", "train.lr=1e-9", f"hydra.run.dir={tmp_path / 'r'}")
+    assert code == 1
+    checks = pd.read_csv(tmp_path / "r" / "smoke.csv")
+    row = checks[checks.check == "smoke_loss_falls"].iloc[0]
+    assert row.status == "FAIL" and "train.lr=1e-09 may be too low" in row.detail
+
+
+def test_smoke_diagnoses_pe_swamping_the_embeddings(tlab, tmp_path):
+    out = tmp_path / "swamp"
+    code, _, _ = tlab("experiment=smoke", "pe=sinusoidal", "model.embed_scale=none",
+                      "model.pe_scale=20", "train.lr=1e-3", f"hydra.run.dir={out}")
+    assert code == 1
+    detail = pd.read_csv(out / "smoke.csv").set_index("check").loc["smoke_loss_falls", "detail"]
+    assert "PE swamps the tokens" in detail
+
+
+def test_nan_loss_stops_the_run_as_diverged(tlab, tmp_path):
+    out = tmp_path / "nan"
+    code, _, err = tlab("experiment=smoke", "train.lr=1e30", "train.grad_clip=null",
+                        f"hydra.run.dir={out}")
+    assert code == 1
+    assert "diverged" in err
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "diverged"
+    metrics = pd.read_csv(out / "metrics.csv")
+    assert len(metrics) >= 1  # rows up to the divergence are kept
+    assert pd.read_csv(out / "summary.csv").loc[0, "status"] == "diverged"
+
+
+@pytest.mark.parametrize("pe", ["rope", "learned"])
+def test_tlab_smoke_console_script(pe, tmp_path):
+    """The installed `tlab` entry point, as a user runs it."""
+    import subprocess
+
+    out = tmp_path / pe
+    result = subprocess.run(["tlab", "smoke", "--pe", pe, "--out", str(out)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "smoke_loss_falls" in result.stdout
+    assert (out / "summary.csv").is_file()
