@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from pathlib import Path
 
 import pytest
@@ -10,7 +12,9 @@ import torch
 from transformer_lab.config import compose
 from transformer_lab.console import console, err_console
 
-# Tiny models run fastest on one thread, and the suite shares small machines.
+# Tiny models run fastest on one thread, and the suite shares small machines; subprocesses
+# (the `tlab` console-script tests) inherit the variable.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(1)
 
 

@@ -4,7 +4,15 @@ from __future__ import annotations
 
 import typer
 
-from transformer_lab.commands import listing, run, smoke
+from transformer_lab.commands import extrapolate, listing, run, smoke
+from transformer_lab.commands import report as report_command
+from transformer_lab.commands.budget import budget as budget_command
+from transformer_lab.commands.check import check as check_command
+from transformer_lab.commands.common import pass_hydra_flags
+from transformer_lab.commands.compare_activations import compare_activations
+from transformer_lab.commands.plot_pe import plot_pe as plot_pe_command
+from transformer_lab.commands.reverse_task import reverse_task
+from transformer_lab.commands.validate import validate
 
 app = typer.Typer(
     name="tlab",
@@ -18,6 +26,15 @@ app = typer.Typer(
 app.command("smoke")(smoke.smoke)
 app.command("run", context_settings=run.CONTEXT)(run.run)
 app.command("list")(listing.list_choices)
+app.command("report")(report_command.report)
+app.command("extrapolate")(extrapolate.extrapolate)
+app.command("budget")(budget_command)
+app.command("check")(check_command)
+app.command("plot-pe")(plot_pe_command)
+app.command("reverse-task")(reverse_task)
+app.command("compare-activations")(compare_activations)
+app.command("validate")(validate)
+pass_hydra_flags(app)  # after every app.command: --cfg job, --info ... on each command
 
 
 if __name__ == "__main__":

@@ -67,7 +67,9 @@ def validate_config(cfg: DictConfig) -> Any:
     """
     _positive(cfg, ["model.d_model", "model.n_heads", "model.n_layers", "model.d_ff",
                     "model.max_len", "train.steps", "train.batch_size", "train.lr",
-                    "routine.steps", "routine.batch_size", "routine.n_batches"])
+                    "routine.steps", "routine.batch_size", "routine.n_batches",
+                    "routine.seq_len", "routine.vocab_size", "routine.max_len",
+                    "routine.measure_batch", "routine.train_steps"])
     m = cfg.model
     if m.d_model % m.n_heads:
         raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
@@ -82,6 +84,9 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_device(cfg.train.device)
     task = build_task(cfg)
     _check_model(cfg, task.model_seq_len)
+    from transformer_lab.routines import check_routine
+
+    check_routine(cfg, task)  # the routine's own settings (e.g. extrapolate's lengths)
     return task
 
 
@@ -107,3 +112,6 @@ def _check_model(cfg: DictConfig, seq_len: int) -> None:
         except ValueError as exc:
             raise ConfigError(f"pe={cfg.pe.get('name')}: {exc} (the task needs {seq_len} "
                               "positions)") from exc
+    from transformer_lab.components.protocol import check_protocols
+
+    check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)

@@ -100,6 +100,7 @@ class TransformerModel(nn.Module):
         nn.init.normal_(self.token_embedding.weight, mean=0.0, std=init_std)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=init_std)
         self._causal_masks: dict[tuple[int, torch.device], torch.Tensor] = {}
+        self._position_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @property
     def pe_kind(self) -> str:
@@ -107,10 +108,15 @@ class TransformerModel(nn.Module):
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """Scaled token embeddings plus the additive PE: (B, T) -> (B, T, D)."""
-        x = self.token_embedding(tokens) * self.embed_scale  # (B, T, D)
+        x = self.token_embedding(tokens)  # (B, T, D)
+        if self.embed_scale != 1.0:
+            x = x * self.embed_scale
         if self.pe_kind == "additive":
-            x = x + self.pe_scale * self.positional(positions)  # (T, D) broadcast over B
-        return self.embed_dropout(x)
+            pe = self.positional(positions)  # (T, D) broadcast over B
+            x = x + (pe if self.pe_scale == 1.0 else self.pe_scale * pe)
+        if self.training and self.embed_dropout.p > 0.0:
+            x = self.embed_dropout(x)
+        return x
 
     def attention_mask(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
         """Additive mask shared by every layer: PE bias (H, T, T) plus the causal -inf mask."""
@@ -120,6 +126,15 @@ class TransformerModel(nn.Module):
         if self.causal:
             mask = mask + self._causal_mask(seq_len, device)
         return mask
+
+    def _positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
+        """``arange(seq_len)`` on ``device``, cached (one allocation per length, not per step)."""
+        if torch.is_inference_mode_enabled():  # an inference tensor must not be cached
+            return torch.arange(seq_len, device=device)
+        key = (seq_len, device)
+        if key not in self._position_cache:
+            self._position_cache[key] = torch.arange(seq_len, device=device)
+        return self._position_cache[key]
 
     def _causal_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
         key = (seq_len, device)
@@ -134,7 +149,7 @@ class TransformerModel(nn.Module):
         """tokens (B, T) -> logits (B, T, vocab). With ``need_weights`` each attention module
         keeps its probabilities (B, H, T, T) in ``last_weights`` (see ``attention_maps``)."""
         seq_len = tokens.shape[1]
-        positions = torch.arange(seq_len, device=tokens.device)  # (T,)
+        positions = self._positions(seq_len, tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
         mask = self.attention_mask(seq_len, tokens.device)
         inputs = AttentionInputs(

@@ -82,3 +82,108 @@ def parameter_breakdown(cfg: DictConfig) -> dict[str, int | None]:
     known = [v for v in parts.values() if v is not None]
     parts["total"] = sum(known) if len(known) == len(parts) else None
     return parts
+
+
+# --------------------------------------------------------------------------------------------
+# Per-projection counts, activation memory and FLOPs (used by ``tlab budget``).
+
+DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
+
+
+def attention_projection_params(d_model: int, bias: bool) -> dict[str, int]:
+    """Q, K, V and O: each ``D * D`` weights (+ ``D`` bias). Their sum is ``attention_params``;
+    for D = 768 without bias that is 4 * 768^2 = 2,359,296 (the seed's figure)."""
+    each = d_model * d_model + (d_model if bias else 0)
+    return {"q": each, "k": each, "v": each, "o": each}
+
+
+def ffn_hidden_size(cfg: DictConfig) -> int | None:
+    """Width of the FFN hidden activation: ``d_ff`` (gated: ``gated_hidden_size``)."""
+    a = cfg.activation
+    target = a.get("_target_")
+    if target == f"{_PKG}.feedforward.FeedForward":
+        return int(a.d_ff)
+    if target == f"{_PKG}.feedforward.GatedFeedForward":
+        return gated_hidden_size(int(a.d_ff), bool(a.match_params))
+    return None
+
+
+def norm_params_per_layer(cfg: DictConfig) -> tuple[int | None, int | None]:
+    """(parameters of the norms inside one block, parameters of the final norm)."""
+    per_norm = _NORM_PARAMS.get(cfg.norm_layer.get("_target_"))
+    placement = _NORMS_PER_BLOCK.get(cfg.norm.get("_target_"))
+    if per_norm is None or placement is None:
+        return None, None
+    in_blocks, final = placement
+    return per_norm * cfg.model.d_model * in_blocks, per_norm * cfg.model.d_model * final
+
+
+def matmul_weight_params(cfg: DictConfig) -> int | None:
+    """N of the ``6N`` rule: weights that multiply activations (attention Q/K/V/O, FFN
+    matrices, output head). Embedding tables are lookups and biases / norm gains are
+    element-wise, so they are left out. None for an unknown FFN."""
+    m = cfg.model
+    hidden = ffn_hidden_size(cfg)
+    if hidden is None:
+        return None
+    n_ffn_matrices = 3 if cfg.activation.get("_target_", "").endswith("GatedFeedForward") else 2
+    per_layer = 4 * m.d_model * m.d_model + n_ffn_matrices * m.d_model * hidden
+    return m.n_layers * per_layer + m.d_model * m.vocab_size
+
+
+def training_flops_per_token(cfg: DictConfig, seq_len: int) -> dict[str, int | None]:
+    """Forward + backward FLOPs per token (Kaplan et al. 2020, arXiv 2001.08361, sec. 2.1;
+    attention term as in Chowdhery et al. 2022, PaLM, arXiv 2204.02311, app. B):
+
+        weights    6 N                  (2 N forward, 4 N backward; N = ``matmul_weight_params``)
+        attention  12 * L * T * D       (Q K^T and A V: 2 * 2 * T * D forward per layer and
+                                         token, times 3 for forward + backward; no discount
+                                         for a causal mask)
+    """
+    n = matmul_weight_params(cfg)
+    m = cfg.model
+    attention = 12 * m.n_layers * seq_len * m.d_model
+    return {"weights": None if n is None else 6 * n, "attention": attention,
+            "total": None if n is None else 6 * n + attention}
+
+
+def ffn_activation_bytes(batch: int, seq_len: int, d_ff: int, bytes_per_element: int) -> int:
+    """The FFN hidden activation of one layer, ``B * T * d_ff * bytes``: at B 8, T 512,
+    d_ff 3072, fp32 that is 50,331,648 bytes = 48 MiB (the seed's figure)."""
+    return batch * seq_len * d_ff * bytes_per_element
+
+
+def attention_scores_bytes(batch: int, seq_len: int, n_heads: int,
+                           bytes_per_element: int) -> int:
+    """One layer's attention probabilities if materialised, ``B * H * T^2 * bytes``."""
+    return batch * n_heads * seq_len * seq_len * bytes_per_element
+
+
+def layer_activation_terms(cfg: DictConfig, batch: int, seq_len: int,
+                           bytes_per_element: int) -> dict[str, int] | None:
+    """Activation memory autograd keeps for one block, by formula (B, T, D, H = FFN hidden):
+
+        norm inputs        n_norms * B T D        (2 per block; 4 for sandwich)
+        linear inputs      B T (3 D + H)          (QKV, output projection, FFN up, FFN down)
+        attention          B T D (4 + 2 rotary)   (q, k, v and the output; rotary q, k are new
+                                                  tensors; fused SDPA keeps no T x T matrix)
+        FFN hidden         B T H (1, gated 3)     (the activation's input; gated: also the
+                                                  activation's output and the up projection)
+
+    all times ``bytes_per_element``, fp32 norm statistics left out. It is an estimate: the
+    measurement counts tensors that share storage once. None for an unknown norm or FFN.
+    """
+    hidden = ffn_hidden_size(cfg)
+    placement = _NORMS_PER_BLOCK.get(cfg.norm.get("_target_"))
+    if hidden is None or placement is None:
+        return None
+    d = cfg.model.d_model
+    tokens = batch * seq_len * bytes_per_element
+    rotary = 2 if cfg.pe.get("_target_", "").endswith("RotaryPositionalEncoding") else 0
+    gated = cfg.activation.get("_target_", "").endswith("GatedFeedForward")
+    return {
+        "norm_inputs": placement[0] * tokens * d,
+        "linear_inputs": tokens * (3 * d + hidden),
+        "attention_qkv_out": tokens * d * (4 + rotary),
+        "ffn_hidden": tokens * hidden * (3 if gated else 1),
+    }

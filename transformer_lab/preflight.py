@@ -5,6 +5,7 @@ overrides, invalid sizes, and an output directory that already holds a run all b
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 from transformer_lab.config import CONFIG_DIR, compose, group_choices, validate_config
@@ -16,9 +17,20 @@ _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}
 _SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--help",
                "-h", "--hydra-help", "--shell-completion", "-sc", "--experimental-rerun"}
+# Every flag Hydra's command line knows (anything else starting with '-' is a typo).
+HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
+               "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc",
+               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+               "--experimental-rerun", "--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
-                   "slurm": "submitit", "ray": "ray"}
+                   "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
+# Launchers that submit to a scheduler need its command on PATH (submitit looks for srun).
+LAUNCHER_COMMANDS = {"submitit_slurm": "srun", "slurm": "srun"}
+# The module each extra installs (a preset in configs/hydra/launcher needs its plugin too).
+EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
+                 "submitit": "hydra_plugins.hydra_submitit_launcher",
+                 "ray": "hydra_plugins.hydra_ray_launcher"}
 
 
 def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
@@ -50,10 +62,21 @@ def _parse(overrides: list[str]) -> list:
         try:
             parsed.extend(parser.parse_overrides([text]))
         except OverrideParseException as exc:
-            detail = str(exc).strip().splitlines()[-1]
-            raise ConfigError(f"malformed override '{text}': {detail}; expected key=value, "
-                              "e.g. pe=rope or model.d_model=16") from None
+            raise ConfigError(_parse_error(text, str(exc))) from None
     return parsed
+
+
+def _parse_error(text: str, message: str) -> str:
+    """One line for a Hydra grammar error (its own text has a URL and the token list)."""
+    lines = [line for line in message.strip().splitlines()
+             if not line.startswith(("See https://", "Error parsing override"))]
+    detail = (lines[0] if lines else message).split(" expecting {")[0]
+    if "empty choice" in detail:
+        return f"the sweep '{text}' has no values"
+    if text.rstrip().endswith(",") or ",," in text:
+        detail = "a sweep value is missing next to ','"
+    return (f"malformed override '{text}': {detail}; expected key=value or a sweep key=a,b, "
+            "e.g. pe=rope or seed=0,1,2")
 
 
 def _values(override) -> list[str]:
@@ -62,15 +85,21 @@ def _values(override) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
-def _check_group_choice(group: str, values: list[str]) -> None:
+def _check_group_choice(group: str, values: list[str], running: bool = True) -> None:
     if group.startswith("hydra/"):
         available = group_choices_hydra(group.split("/", 1)[1])
         for value in values:
-            if value not in available:
-                extra = LAUNCHER_EXTRAS.get(value)
-                hint = f"; install it with: pip install 'transformer_lab[{extra}]'" if extra else ""
+            extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
+            if value not in available or (extra and not _installed(EXTRA_MODULES[extra])):
+                hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
+                        else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
                 raise ConfigError(f"{group}={value} is not available (installed: "
                                   f"{', '.join(available) or 'none'}){hint}")
+            command = LAUNCHER_COMMANDS.get(value) if group == "hydra/launcher" else None
+            if running and command and shutil.which(command) is None:
+                raise ConfigError(f"{group}={value} submits to SLURM but '{command}' is not on "
+                                  "PATH: run it on the cluster's login node (to try the sweep "
+                                  "here use hydra/launcher=submitit_local)")
         return
     choices = group_choices(group)
     if not choices:
@@ -78,6 +107,15 @@ def _check_group_choice(group: str, values: list[str]) -> None:
     for value in values:
         if value not in choices and value != "null":
             raise ConfigError(f"unknown {group} '{value}'; valid: {', '.join(choices)}")
+
+
+def _installed(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def group_choices_hydra(kind: str) -> list[str]:
@@ -98,11 +136,23 @@ def check_output_dir(path: Path, sweep: bool) -> None:
         raise ConfigError(f"'{path}' already holds a sweep's runs; choose another directory")
 
 
-def preflight(args: list[str]) -> None:
-    """Raise ``ConfigError`` for arguments that cannot make a valid run."""
+def preflight(args: list[str], resume: bool = False) -> None:
+    """Raise ``ConfigError`` for arguments that cannot make a valid run.
+
+    ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
+    hold runs."""
     flags, overrides = split_arguments(args)
     if any(flag in _SKIP_FLAGS for flag in flags):
         return  # a user config dir or help: let Hydra handle it
+    unknown = [f for f in flags if f.split("=", 1)[0] not in HYDRA_FLAGS and f.startswith("-")]
+    if unknown:
+        raise ConfigError(f"unknown option '{unknown[0]}'; Hydra's flags are --multirun/-m, "
+                          "--cfg job|hydra|all, --info [topic], --resolve, --package; a "
+                          "command's own options are listed by --help")
+    printing = [f for f in flags if f in ("--cfg", "-c", "--info", "-i")]
+    if printing and any(f in ("-m", "--multirun") for f in flags):
+        raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
+                          "see the first job's config (sweep values are then single values)")
     parsed = _parse(overrides)
     first_values = []
     for override in parsed:
@@ -110,13 +160,13 @@ def preflight(args: list[str]) -> None:
         values = _values(override)
         if override.is_sweep_override() and not values:
             raise ConfigError(f"the sweep '{override.input_line}' has no values")
-        if key in ("hydra.run.dir", "hydra.sweep.dir"):
+        if key == "hydra.run.dir" or (key == "hydra.sweep.dir" and not resume):
             check_output_dir(Path(values[0]), sweep=key == "hydra.sweep.dir")
         if override.is_delete():
             first_values.append(override.input_line)
             continue
         if "." not in key and ("/" in key or key in group_choices_top()):
-            _check_group_choice(key, values)
+            _check_group_choice(key, values, running=not printing)
         if override.is_sweep_override():
             head = override.input_line.split("=", 1)[0]
             first_values.append(f"{head}={values[0]}")
@@ -128,9 +178,35 @@ def preflight(args: list[str]) -> None:
         raise
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise ConfigError(f"invalid override: {message}") from None
+        raise ConfigError(_unknown_key_message(message, first_values)
+                          or f"invalid override: {message}") from None
     validate_config(cfg)
 
 
 def group_choices_top() -> set[str]:
     return {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+
+
+def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
+    """"Could not override 'model.foo'" -> the keys that ``model`` does have."""
+    import re
+
+    from omegaconf import DictConfig, OmegaConf
+
+    match = re.match(r"Could not override '([^']+)'", message)
+    if not match:
+        return None
+    key = match.group(1)
+    parent, _, leaf = key.rpartition(".")
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        cfg = compose(rest, return_hydra_config=key.startswith("hydra"))
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+    except Exception:
+        return None
+    if not isinstance(node, DictConfig):
+        return None
+    keys = ", ".join(str(k) for k in node)
+    where = parent or "the top level"
+    return (f"unknown key '{key}' ('{leaf}' is not in {where}; its keys: {keys}); "
+            f"to add a new key write +{key}=...")

@@ -22,24 +22,38 @@ JOB_EXIT_CODES: list[int] = []
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
 def hydra_app(cfg: DictConfig) -> int:
+    from hydra.types import RunMode
+
     from transformer_lab.runner import execute
 
-    code = execute(cfg, Path(HydraConfig.get().runtime.output_dir))
+    if HydraConfig.get().mode == RunMode.MULTIRUN:
+        from transformer_lab.sweeps import run_sweep_job
+
+        code = run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
+    else:
+        code = execute(cfg, Path(HydraConfig.get().runtime.output_dir))
     JOB_EXIT_CODES.append(code)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the Hydra app with them, return the worst job exit code."""
+    from transformer_lab import sweeps
     from transformer_lab.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        preflight(args)
+        args, resume_dir = sweeps.pop_resume(args)
+        if resume_dir is not None:
+            args = sweeps.resume_arguments(resume_dir, args)
+        preflight(args, resume=resume_dir is not None)
     except ConfigError as exc:
         print_error(str(exc))
         return EXIT_USAGE
+    if resume_dir is not None:
+        sweeps.keep_multirun_yaml(resume_dir)
     JOB_EXIT_CODES.clear()
+    sweeps.STARTED_SWEEPS.clear()
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else "tlab", *args]
     try:
@@ -51,7 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     finally:
         sys.argv = saved_argv
-    return max(JOB_EXIT_CODES, default=0)
+    # Jobs may have run in other processes (joblib, submitit): read their recorded statuses.
+    codes = list(JOB_EXIT_CODES)
+    for sweep_dir in sweeps.STARTED_SWEEPS:
+        sweeps.print_sweep_summary(sweep_dir)
+        codes.append(sweeps.sweep_exit_code(sweep_dir))
+    return max(codes, default=0)
 
 
 if __name__ == "__main__":

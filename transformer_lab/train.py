@@ -12,10 +12,11 @@ import time
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.errors import Diverged
@@ -36,6 +37,48 @@ def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def clip_gradients(params: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:
+    """``clip_grad_norm_`` without its per-call grouping: the same numbers, fewer Python steps.
+
+    total = ||(||g_1||, ..., ||g_n||)||_2; if max_norm is finite every g_i is multiplied by
+    min(1, max_norm / (total + 1e-6)). Returns the norm before clipping as a 0-d tensor (no
+    host sync).
+    """
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        return torch.zeros(())
+    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # ()
+    if math.isfinite(max_norm):
+        torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp_(max=1.0))
+    return total
+
+
+def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float],
+               device: torch.device) -> torch.optim.AdamW:
+    """AdamW with the fused kernel (one kernel for all tensors) where the device has it,
+    else the ``foreach`` implementation. Same update rule, Loshchilov & Hutter 2019."""
+    try:
+        return torch.optim.AdamW(param_groups, lr=lr, betas=betas, fused=True)
+    except (RuntimeError, ValueError):  # fused not supported for this device or dtype
+        return torch.optim.AdamW(param_groups, lr=lr, betas=betas, foreach=True)
+
+
+class PlainConfig(SimpleNamespace):
+    """A read-only snapshot of a config node with plain attributes: reading a DictConfig value
+    costs microseconds, too much for a per-step schedule call on a tiny model."""
+
+    def __init__(self, node: DictConfig | dict) -> None:
+        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) \
+            else dict(node)
+        super().__init__(**values)
+
+    def get(self, key: str, default: object = None) -> object:
+        return getattr(self, key, default)
+
+    def __getitem__(self, key: str) -> object:
+        return getattr(self, key)
 
 
 @dataclass
@@ -65,15 +108,20 @@ class Trainer:
         self.d_model = d_model
         self.metrics = metrics
         self.device = torch.device(train.device)
+        model.to(self.device)  # in place (same Parameter objects); a no-op on CPU
         self.generator = torch.Generator().manual_seed(seed)
         self.schedule = SCHEDULES[train.schedule]
-        decay = [p for p in model.parameters() if p.dim() >= 2]
-        no_decay = [p for p in model.parameters() if p.dim() < 2]
-        self.optimizer = torch.optim.AdamW(
-            [{"params": decay, "weight_decay": float(train.weight_decay)},
-             {"params": no_decay, "weight_decay": 0.0}],
-            lr=self.schedule(1, train, d_model), betas=tuple(train.betas), foreach=True,
-        )
+        self._train = PlainConfig(train)  # hot-path copy of the train settings
+        self._params = [p for p in model.parameters() if p.requires_grad]
+        decay = [p for p in self._params if p.dim() >= 2]
+        no_decay = [p for p in self._params if p.dim() < 2]
+        groups = ([{"params": decay, "weight_decay": float(train.weight_decay)},
+                   {"params": no_decay, "weight_decay": 0.0}]
+                  if float(train.weight_decay) else [{"params": self._params,
+                                                      "weight_decay": 0.0}])
+        self._lr = self.schedule(1, self._train, d_model)
+        self.optimizer = make_adamw(groups, self._lr, tuple(train.betas), self.device)
+        self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
             if train.precision == "bf16" else nullcontext()
@@ -84,16 +132,19 @@ class Trainer:
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
-        lr = self.schedule(self.step_count, self.cfg, self.d_model)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
-        self.model.train()
+        lr = self.schedule(self.step_count, self._train, self.d_model)
+        if lr != self._lr:  # constant schedules skip the param-group loop
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self._lr = lr
+        if not self.model.training:
+            self.model.train()
         with self.autocast:
             loss = sequence_loss(self.model(batch.inputs), batch.targets)
-        self.optimizer.zero_grad(set_to_none=True)
+        for param in self._params:  # zero_grad(set_to_none=True) without its hooks
+            param.grad = None
         loss.backward()
-        clip = self.cfg.grad_clip if self.cfg.grad_clip else math.inf
-        grad_norm = nn.utils.clip_grad_norm_(self.model.parameters(), clip, foreach=True)
+        grad_norm = clip_gradients(self._params, self._grad_clip)
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
 
@@ -134,7 +185,7 @@ class Trainer:
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:
-                batch = self.task.train_batch(self.cfg.batch_size, self.generator)
+                batch = self.task.train_batch(self._train.batch_size, self.generator)
             batch = batch.to(self.device)
             loss, grad_norm, lr = self.train_step(batch)
             tokens_since += batch.inputs.numel()

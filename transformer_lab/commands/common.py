@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import sys
+from inspect import signature
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -16,11 +19,28 @@ Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Run a Hydra sw
                                         "comma-separated values in the overrides.")]
 Out = Annotated[Path | None, typer.Option("--out", help="Run directory (sweep directory with "
                                           "-m); it must not already hold a run.")]
+Resume = Annotated[Path | None, typer.Option(
+    "--resume", help="Re-run the sweep in this directory: jobs that passed are skipped, missing "
+    "or failed ones run again (a failed attempt is renamed <job>.failed-<n>, never deleted).",
+    show_default=False)]
 Pe = Annotated[str | None, typer.Option("--pe", help="Positional encoding (tlab list).")]
 Norm = Annotated[str | None, typer.Option("--norm", help="Norm placement: post, pre, sandwich, "
                                           "deepnorm.")]
 Activation = Annotated[str | None, typer.Option("--activation", help="FFN activation (tlab list).")]
 Arch = Annotated[str | None, typer.Option("--arch", help="encoder or decoder.")]
+ConfigDir = Annotated[Path | None, typer.Option(
+    "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) searched "
+    "before tlab's; choose from it as usual (pe=my_pe).", show_default=False)]
+
+
+def pass_hydra_flags(app: typer.Typer) -> None:
+    """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
+    ``--info``, ...): Click hands an option it does not know to the overrides argument, and
+    ``preflight`` refuses one that is not Hydra's. Call after all commands are registered."""
+    for info in app.registered_commands:
+        if info.callback is not None and "overrides" in signature(info.callback).parameters:
+            info.context_settings = {"ignore_unknown_options": True,
+                                     **(info.context_settings or {})}
 
 
 def overrides_from(options: dict[str, object]) -> list[str]:
@@ -29,13 +49,23 @@ def overrides_from(options: dict[str, object]) -> list[str]:
 
 
 def launch(experiment: str, options: dict[str, object], overrides: list[str] | None,
-           multirun: bool = False, out: Path | None = None) -> NoReturn:
-    """Run ``experiment`` through the Hydra app and exit with its code."""
+           multirun: bool = False, out: Path | None = None,
+           resume: Path | None = None, config_dir: Path | None = None) -> NoReturn:
+    """Run ``experiment`` through the Hydra app and exit with its code.
+
+    ``resume``: an earlier sweep directory to complete (``--resume``; implies ``-m``)."""
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+        multirun = True
     if out is not None:
         args.append(f"hydra.{'sweep' if multirun else 'run'}.dir={out}")
     if multirun:
         args.insert(0, "--multirun")
+    if config_dir is not None:  # Hydra flags go before the overrides
+        args[:0] = ["--config-dir", str(config_dir)]
+    if os.getcwd() not in sys.path:  # a user's own components: _target_=my_module.MyPE
+        sys.path.insert(0, os.getcwd())
     from transformer_lab.run import main
 
     raise typer.Exit(main(args))

@@ -14,6 +14,7 @@ from transformer_lab.commands.common import (
     Out,
     Overrides,
     Pe,
+    Resume,
     launch,
 )
 
@@ -25,10 +26,14 @@ def smoke(
     activation: Activation = None,
     arch: Arch = None,
     steps: Annotated[int | None, typer.Option(help="Smoke-training steps (default 10).")] = None,
+    seeds: Annotated[int | None, typer.Option(
+        "--seeds", min=1, help="Train seeds seed..seed+N-1 as one vectorised model (default 1).",
+        show_default=False)] = None,
     multirun: Multirun = False,
     out: Out = None,
+    resume: Resume = None,
 ) -> None:
     """Tiny config forward/backward check, then <= 10-step smoke training on fixed batches."""
     options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
-               "routine.steps": steps}
-    launch("smoke", options, overrides, multirun, out)
+               "routine.steps": steps, "routine.seeds": seeds}
+    launch("smoke", options, overrides, multirun, out, resume)

@@ -46,11 +46,19 @@ class TransformerBlock(nn.Module):
         self.residual_scale = residual_scale
         self.dropout = nn.Dropout(residual_dropout)
 
+    def scale_and_drop(self, y: torch.Tensor, scale: float | None = None) -> torch.Tensor:
+        """``scale * dropout(y)``, skipping the no-op cases (p = 0 or eval; scale 1) so a tiny
+        model does not pay two extra ops (and their backward nodes) per sublayer."""
+        if self.training and self.dropout.p > 0.0:
+            y = self.dropout(y)
+        scale = self.residual_scale if scale is None else scale
+        return y if scale == 1.0 else scale * y
+
     def branch_attention(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return self.residual_scale * self.dropout(self.attention(x, inputs))
+        return self.scale_and_drop(self.attention(x, inputs))
 
     def branch_feedforward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.residual_scale * self.dropout(self.feedforward(x))
+        return self.scale_and_drop(self.feedforward(x))
 
 
 class PostNormBlock(TransformerBlock):
@@ -92,12 +100,8 @@ class SandwichNormBlock(TransformerBlock):
         self.norm2_out = make_norm(d_model)
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        x = x + self.residual_scale * self.dropout(
-            self.norm1_out(self.attention(self.norm1(x), inputs))
-        )
-        return x + self.residual_scale * self.dropout(
-            self.norm2_out(self.feedforward(self.norm2(x)))
-        )
+        x = x + self.scale_and_drop(self.norm1_out(self.attention(self.norm1(x), inputs)))
+        return x + self.scale_and_drop(self.norm2_out(self.feedforward(self.norm2(x))))
 
 
 class DeepNormBlock(TransformerBlock):
@@ -136,5 +140,5 @@ class DeepNormBlock(TransformerBlock):
                 module.weight.mul_(beta)
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        x = self.norm1(self.alpha * x + self.dropout(self.attention(x, inputs)))
-        return self.norm2(self.alpha * x + self.dropout(self.feedforward(x)))
+        x = self.norm1(self.alpha * x + self.scale_and_drop(self.attention(x, inputs), 1.0))
+        return self.norm2(self.alpha * x + self.scale_and_drop(self.feedforward(x), 1.0))

@@ -16,6 +16,13 @@ from transformer_lab.errors import ConfigError
 
 ROUTINES: dict[str, str] = {
     "smoke": "transformer_lab.routines.smoke:run_smoke",
+    "budget": "transformer_lab.routines.budget:run_budget",
+    "check": "transformer_lab.routines.check:run_check",
+    "plot_pe": "transformer_lab.routines.plot_pe:run_plot_pe",
+    "extrapolate": "transformer_lab.routines.extrapolate:run_extrapolate",
+    "reverse": "transformer_lab.routines.reverse:run_reverse",
+    "compare_activations": "transformer_lab.routines.compare:run_compare",
+    "validate": "transformer_lab.routines.validate:run_validate",
 }
 
 
@@ -31,3 +38,17 @@ def get_routine(name: str) -> Callable[..., RoutineOutcome]:
         raise ConfigError(f"routine.name='{name}' is not known; valid: {', '.join(ROUTINES)}")
     module, function = ROUTINES[name].split(":")
     return getattr(import_module(module), function)
+
+
+def check_routine(cfg: Any, task: Any) -> None:
+    """The routine's own pre-flight checks: its module may define ``check_config(cfg, task)``,
+    which raises ``ConfigError`` for bad routine settings (called by ``validate_config``, so bad
+    input stops with exit 2 before anything is written)."""
+    from omegaconf import OmegaConf
+
+    name = OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
+    if name not in ROUTINES:
+        return  # get_routine reports it
+    check = getattr(import_module(ROUTINES[name].split(":")[0]), "check_config", None)
+    if check is not None:
+        check(cfg, task)

@@ -109,6 +109,52 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, run: RunDirec
                      cfg.routine.min_drop, clock.lap(), detail), before, after)
 
 
+def smoke_training_seeds(cfg: DictConfig, model: TransformerModel, task,
+                         run: RunDirectory) -> tuple[list[CheckRow], float]:
+    """Step 2 for seeds ``seed .. seed + routine.seeds - 1`` trained as one vectorised model
+    (``multiseed.fit_seeds``): each seed has the initial weights and fixed batches of its own
+    single run. One check row per seed; metrics rows carry a ``seed`` column. Returns the rows
+    and the mean loss after training."""
+    from transformer_lab.multiseed import SeedTaggedLog, build_seeded_models, fit_seeds
+
+    clock = Stopwatch()
+    seeds = [int(cfg.seed) + i for i in range(int(cfg.routine.seeds))]
+    models = [model, *build_seeded_models(cfg, seeds[1:])]
+    batches = {}
+    for seed in seeds:
+        generator = torch.Generator().manual_seed(seed)
+        batches[seed] = [task.train_batch(cfg.routine.batch_size, generator)
+                         for _ in range(cfg.routine.n_batches)]
+    evaluators = {s: Trainer(m, task, cfg.train, cfg.model.d_model, s)
+                  for s, m in zip(seeds, models, strict=True)}
+    before = {s: _fixed_loss(evaluators[s], batches[s]) for s in seeds}
+    with console.status(f"smoke training: {len(seeds)} seeds x {cfg.routine.steps} steps"):
+        fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
+                  batches=batches, metrics={s: SeedTaggedLog(run.metrics, s) for s in seeds})
+    wall = clock.lap() / len(seeds)
+    rows, afters = [], []
+    for seed, trained in zip(seeds, models, strict=True):
+        after = _fixed_loss(evaluators[seed], batches[seed])
+        afters.append(after)
+        drop = (before[seed] - after) / before[seed] if before[seed] > 0 else 0.0
+        ok = math.isfinite(after) and drop >= cfg.routine.min_drop
+        detail = f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}"
+        if not ok:
+            detail += f"; {diagnose(cfg, trained, batches[seed][0], drop)}"
+        rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]", status(ok), "relative_drop",
+                             drop, cfg.routine.min_drop, wall, detail))
+    return rows, sum(afters) / len(afters)
+
+
+def check_config(cfg: DictConfig, task) -> None:
+    """``routine.seeds`` must be a positive integer."""
+    from transformer_lab.errors import ConfigError
+
+    seeds = cfg.routine.get("seeds", 1)
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise ConfigError(f"routine.seeds={seeds} is not valid; it must be an integer >= 1")
+
+
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
     losses = [trainer.evaluate(b, exact_match=False)["loss"] for b in batches]
     return sum(losses) / len(losses)
@@ -123,8 +169,12 @@ def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     batches = [task.train_batch(cfg.routine.batch_size, generator)
                for _ in range(cfg.routine.n_batches)]
     rows = forward_backward_check(cfg, model, batches[0])
-    smoke_row, _, after = smoke_training(cfg, model, task, run, batches)
-    rows.append(smoke_row)
+    if int(cfg.routine.get("seeds", 1)) > 1:
+        seed_rows, after = smoke_training_seeds(cfg, model, task, run)
+        rows += seed_rows
+    else:
+        smoke_row, _, after = smoke_training(cfg, model, task, run, batches)
+        rows.append(smoke_row)
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     console.print(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)

@@ -1,0 +1,1 @@
+"""Performance harness: ``python -m benchmarks.run`` (see run.py)."""

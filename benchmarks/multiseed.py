@@ -1,0 +1,94 @@
+"""Wall time of N seeds trained as one vectorised model against one seed alone.
+
+    python -m benchmarks.multiseed [--size small] [--seeds 4] [--steps 30] [--repeats 3]
+                                   [--threads N] [--out benchmarks/multiseed.csv]
+
+Both arms train the benchmark's network (``peers.SIZES``, tlab's model, reverse task, fresh
+batches from each seed's generator, no evaluation until the end) for ``--steps`` steps:
+``one_seed`` is ``Trainer.fit`` for seed 0, ``vectorised`` is ``multiseed.fit_seeds`` for seeds
+0..N-1, ``sequential`` is N ``Trainer.fit`` runs one after another. The arms alternate,
+``--repeats`` times; the median wall time of each is reported with ``ratio_vs_one_seed``
+(target: <= 1.6 for N = 4 at ``small``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import dataclasses
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from benchmarks.peers import SIZES, tlab_overrides
+
+OUT = Path(__file__).resolve().parent / "multiseed.csv"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.multiseed", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--size", default="small", choices=list(SIZES))
+    parser.add_argument("--seeds", type=int, default=4)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--seq-len", type=int, default=None, help="override the size's T")
+    parser.add_argument("--batch", type=int, default=None, help="override the size's B")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformer_lab.config import build_task, compose
+    from transformer_lab.model import build_model
+    from transformer_lab.multiseed import fit_seeds
+    from transformer_lab.train import Trainer
+
+    size = dataclasses.replace(SIZES[args.size], seq_len=args.seq_len or SIZES[args.size].seq_len,
+                               batch=args.batch or SIZES[args.size].batch)
+    cfg = compose([*tlab_overrides(size, "cpu", "fp32"), "train.log_every=10",
+                   "train.eval_every=0", "task.eval_size=64"])
+    task = build_task(cfg)
+    seeds = list(range(args.seeds))
+
+    def single(seed: int) -> None:
+        torch.manual_seed(seed)
+        Trainer(build_model(cfg), task, cfg.train, size.d_model, seed).fit(args.steps)
+
+    arms = {
+        "one_seed": lambda: single(0),
+        "vectorised": lambda: fit_seeds(cfg, seeds, args.steps, task=task),
+        "sequential": lambda: [single(s) for s in seeds],
+    }
+    for run in arms.values():  # warm-up (first-call allocations, lazy imports)
+        run()
+    walls: dict[str, list[float]] = {name: [] for name in arms}
+    for _ in range(args.repeats):
+        for name, run in arms.items():
+            start = time.perf_counter()
+            run()
+            walls[name].append(time.perf_counter() - start)
+    one = statistics.median(walls["one_seed"])
+    rows = [{"size": size.name, "seq_len": size.seq_len, "batch": size.batch, "arm": name,
+             "seeds": 1 if name == "one_seed" else args.seeds,
+             "steps": args.steps, "wall_s": round(statistics.median(w), 4),
+             "wall_s_min": round(min(w), 4),
+             "ratio_vs_one_seed": round(statistics.median(w) / one, 3),
+             "threads": torch.get_num_threads()} for name, w in walls.items()]
+    for row in rows:
+        print(f"{row['arm']:<12} seeds={row['seeds']:<3} wall {row['wall_s']:8.3f} s "
+              f"(min {row['wall_s_min']:.3f})  x one seed: {row['ratio_vs_one_seed']:.2f}")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    with args.out.open("w", newline="") as file:
+        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

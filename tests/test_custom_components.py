@@ -1,0 +1,141 @@
+"""Bring your own component: the examples in examples/my_components.py through tlab validate.
+
+Correct components pass; each broken one is caught by the step that should catch it, with a
+message that points at positions (PEs) or at the protocol (exit code 2 before any file).
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import torch
+
+from transformer_lab.components.protocol import check_protocols
+from transformer_lab.errors import ConfigError
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIG_DIR = REPO / "examples" / "configs"
+FAST = ["routine.compare.routine.steps=30", "task.eval_size=128"]
+
+
+@pytest.fixture(autouse=True)
+def _examples_importable(monkeypatch):
+    """``_target_: examples.my_components.X`` resolves from the repository root (``tlab`` adds
+    the working directory to the import path the same way)."""
+    monkeypatch.syspath_prepend(str(REPO))
+
+
+def read_csv(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def validate(tlab, out, *overrides):
+    return tlab("--config-dir", CONFIG_DIR, "experiment=validate", *overrides, *FAST,
+                f"hydra.run.dir={out}")
+
+
+def test_correct_custom_pe_ffn_and_norm_pass(tlab, tmp_path):
+    out = tmp_path / "ok"
+    code, stdout, _ = validate(tlab, out, "pe=my_sinusoidal", "activation=my_ffn",
+                               "norm_layer=my_rmsnorm")
+    assert code == 0, stdout
+    rows = read_csv(out / "validation.csv")
+    assert all(r["status"] in ("PASS", "SKIP") for r in rows)
+    param_count = next(r for r in rows if r["check"] == "param_count")
+    assert param_count["status"] == "SKIP"  # no formula for a user's own FFN
+    chosen = read_csv(out / "reverse.csv")[0]
+    assert chosen["pe"] == "MySinusoidalPE" and chosen["solved"] == "True"
+
+
+def test_position_blind_pe_fails_at_step_3(tlab, tmp_path):
+    out = tmp_path / "blind"
+    code, stdout, _ = validate(tlab, out, "pe=position_blind", "routine.max_steps=60")
+    assert code == 1
+    rows = read_csv(out / "validation.csv")
+    assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))
+    (failed,) = [r for r in rows if r["status"] == "FAIL"]
+    assert (failed["step"], failed["check"]) == ("3", "reverse_exact_match")
+    assert "no better than no PE" in failed["detail"] and "positions" in failed["detail"]
+    assert "step 3 failed" in stdout
+
+
+def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):
+    out = tmp_path / "mismatch"
+    code, _, _ = validate(tlab, out, "pe=mismatched_rope", "routine.max_steps=40",
+                          "routine.control=false")
+    assert code == 1
+    rows = read_csv(out / "validation.csv")
+    check = next(r for r in rows if r["check"] == "rotary_relative")
+    assert check["status"] == "FAIL" and check["step"] == "3"
+    assert "positions" in check["detail"] and "pairing" in check["detail"]
+    assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))
+
+
+def test_correct_custom_rope_passes_the_relative_check(cfg_for):
+    from transformer_lab.routines.reverse import rotary_relative_check
+
+    cfg = cfg_for("experiment=reverse", "pe=rope")
+    cfg.pe = {"name": "my_rope", "_target_": "examples.my_components.MyRoPE", "head_dim": 8}
+    assert rotary_relative_check(cfg).status == "PASS"
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["activation=wrong_shape_ffn"], "an FFN must map (B, T, d_model) -> (B, T, d_model)"),
+    (["pe._target_=examples.my_components.NoSuchPE"], "NoSuchPE"),
+    (["pe._target_=no_such_package.MyPE"], "no_such_package"),
+])
+def test_components_that_do_not_plug_in_exit_2(tlab, tmp_path, overrides, message):
+    out = tmp_path / "bad"
+    code, _, err = validate(tlab, out, *overrides)
+    assert code == 2
+    assert message in " ".join(err.split())
+    assert "Traceback" not in err
+
+
+def _model(cfg):
+    from transformer_lab.config import build_task
+    from transformer_lab.model import build_model
+
+    task = build_task(cfg)
+    return build_model(cfg), task.model_seq_len
+
+
+def test_protocol_checks_name_the_component(cfg_for):
+    from torch import nn
+
+    cfg = cfg_for("experiment=reverse", "pe=sinusoidal")
+    model, seq_len = _model(cfg)
+    check_protocols(cfg, model, seq_len)  # the built-in components follow it
+
+    class FlatAdditive(nn.Module):
+        kind = "additive"
+
+        def forward(self, positions):
+            return torch.zeros(len(positions))  # (T,) instead of (T, d_model)
+
+    model.positional = FlatAdditive()
+    with pytest.raises(ConfigError, match=r"FlatAdditive.*\(T, d_model\)"):
+        check_protocols(cfg, model, seq_len)
+
+    class OneTensorRotary(nn.Module):
+        kind = "rotary"
+
+        def forward(self, q, k, positions):
+            return q
+
+    model.positional = OneTensorRotary()
+    with pytest.raises(ConfigError, match=r"OneTensorRotary.*\(q, k\)"):
+        check_protocols(cfg, model, seq_len)
+
+    class WrongBias(nn.Module):
+        kind = "bias"
+
+        def forward(self, q_len, k_len):
+            return torch.zeros(q_len, k_len)
+
+    model.positional = WrongBias()
+    with pytest.raises(ConfigError, match=r"WrongBias.*\(n_heads, T, T\)"):
+        check_protocols(cfg, model, seq_len)

@@ -1,0 +1,93 @@
+"""Multi-seed training in one vectorised model gives each seed the numbers of its own run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_lab.config import build_task, compose
+from transformer_lab.model import build_model
+from transformer_lab.multiseed import fit_seeds, vectorisable
+from transformer_lab.train import Trainer
+
+SEEDS = [0, 1, 2]
+
+
+def separate_run(cfg, seed: int, steps: int, batches=None, target=None):
+    task = build_task(cfg)
+    torch.manual_seed(seed)
+    model = build_model(cfg)
+    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed)
+    return trainer.fit(steps, batches=batches, target_exact_match=target), model
+
+
+def config(*overrides: str):
+    return compose(["experiment=smoke", "train.log_every=1", "train.eval_every=5",
+                    "train.batch_size=16", "train.lr=1e-2", *overrides])
+
+
+@pytest.mark.parametrize("overrides", [
+    ("pe=rope", "norm=pre", "activation=gelu"),
+    ("pe=learned", "norm=post", "activation=swiglu", "train.schedule=warmup_cosine",
+     "train.warmup=3", "train.weight_decay=0.1"),
+    ("pe=alibi", "arch=decoder", "norm=sandwich", "train.grad_clip=0.05"),
+])
+def test_vectorised_seeds_match_separate_runs(overrides):
+    cfg = config(*overrides)
+    assert vectorisable(cfg) is None
+    steps = 12
+    batched = fit_seeds(cfg, SEEDS, steps)
+    for seed, result in zip(SEEDS, batched, strict=True):
+        alone, _ = separate_run(config(*overrides), seed, steps)
+        assert len(result.train_losses) == len(alone.train_losses) == steps
+        assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5, rel=1e-5)
+        assert result.grad_norms == pytest.approx(alone.grad_norms, abs=1e-5, rel=1e-4)
+        assert result.final_loss == pytest.approx(alone.final_loss, abs=1e-5, rel=1e-5)
+        assert result.best_exact_match == alone.best_exact_match
+    # different seeds really are different models
+    assert batched[0].train_losses[0] != batched[1].train_losses[0]
+
+
+def test_fixed_batches_and_metrics_per_seed(tmp_path):
+    from transformer_lab.results import METRIC_COLUMNS, CsvLog
+
+    cfg = config("pe=sinusoidal")
+    task = build_task(cfg)
+    batches = {s: [task.train_batch(8, torch.Generator().manual_seed(100 + s))] for s in SEEDS}
+    logs = {s: CsvLog(tmp_path / f"metrics_{s}.csv", METRIC_COLUMNS) for s in SEEDS}
+    results = fit_seeds(cfg, SEEDS, 6, task=task, batches=batches, metrics=logs)
+    for seed, result in zip(SEEDS, results, strict=True):
+        alone, _ = separate_run(cfg, seed, 6, batches=batches[seed])
+        assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5)
+        rows = (tmp_path / f"metrics_{seed}.csv").read_text().splitlines()
+        assert rows[0].startswith("step,split,loss")
+        assert sum(",train," in r for r in rows) == 6
+
+
+def test_solved_seed_stops_like_a_separate_run():
+    cfg = config("pe=rope", "train.eval_every=2")
+    target = 0.0  # every evaluation reaches it: each seed stops at its first evaluation
+    results = fit_seeds(cfg, SEEDS, 10, target_exact_match=target)
+    for seed, result in zip(SEEDS, results, strict=True):
+        alone, model = separate_run(cfg, seed, 10, target=target)
+        assert result.solved_step == alone.solved_step == 2
+        assert result.steps == alone.steps == 2
+        assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5)
+
+
+def test_stateful_components_fall_back_to_sequential_runs():
+    cfg = config("norm_layer=batchnorm", "norm=post")
+    assert "batchnorm" in vectorisable(cfg)
+    results = fit_seeds(cfg, [0, 1], 4)
+    alone, _ = separate_run(config("norm_layer=batchnorm", "norm=post"), 1, 4)
+    assert results[1].train_losses == alone.train_losses  # the same code path: exact
+    dropout = config("model.dropout.ffn=0.1")
+    assert "dropout" in vectorisable(dropout)
+
+
+def test_bad_seed_lists_are_refused():
+    cfg = config()
+    with pytest.raises(ValueError, match="at least one seed"):
+        fit_seeds(cfg, [], 3)
+    with pytest.raises(ValueError, match="repeat"):
+        fit_seeds(cfg, [1, 1], 3)

@@ -1,0 +1,163 @@
+"""tlab reverse-task: reverse.csv and summary.csv, PASS for PEs that can reverse, FAIL for the
+NoPE encoder, the NoPE control, the rotary relative-position check, bad input."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from transformer_lab.routines.reverse import (
+    REVERSE_COLUMNS,
+    expected_outcome,
+    reversal_runs,
+    rotary_relative_check,
+)
+
+# Encoder reversal of 4 tokens at the reverse-task defaults, with a smaller held-out set.
+FAST = ["task.eval_size=128"]
+
+
+def read_csv(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_reverse_task_passes_with_sinusoidal_and_writes_tables(tlab, tmp_path):
+    out = tmp_path / "rev"
+    code, stdout, _ = tlab("experiment=reverse", "pe=sinusoidal", *FAST, f"hydra.run.dir={out}")
+    assert code == 0, stdout
+    rows = read_csv(out / "reverse.csv")
+    assert list(rows[0]) == REVERSE_COLUMNS
+    chosen, control = rows
+    assert (chosen["role"], chosen["pe"], chosen["solved"]) == ("chosen", "sinusoidal", "True")
+    assert float(chosen["best_exact_match"]) >= 0.99
+    # The control trains exactly as long as the chosen PE needed, and cannot reverse.
+    assert (control["role"], control["pe"], control["solved"]) == ("nope_control", "none",
+                                                                   "False")
+    assert control["steps"] == chosen["solved_step"] == chosen["steps"]
+    assert float(control["best_exact_match"]) < 0.3
+    (summary,) = read_csv(out / "summary.csv")
+    assert summary["status"] == "passed"
+    assert summary["solved_step"] == chosen["solved_step"]
+    assert float(summary["best_exact_match"]) >= 0.99
+    metrics = read_csv(out / "metrics.csv")
+    assert {r["variant"] for r in metrics} == {"sinusoidal", "none"}
+    assert {r["stage"] for r in metrics} == {"reverse"}
+    assert "nope_control" in stdout
+
+
+def test_nope_encoder_fails_and_says_why(tlab, tmp_path):
+    out = tmp_path / "nope"
+    code, stdout, _ = tlab("experiment=reverse", "pe=none", "routine.max_steps=60", *FAST,
+                           f"hydra.run.dir={out}")
+    assert code == 1
+    (row,) = read_csv(out / "reverse.csv")  # no control: the chosen PE is the control
+    assert row["solved"] == "False" and float(row["best_exact_match"]) < 0.3
+    (summary,) = read_csv(out / "summary.csv")
+    assert summary["status"] == "failed"
+    assert "positions" in summary["error"]
+
+
+# PEs that can reverse in an encoder, and how many steps they may take at the defaults.
+SOLVERS = [
+    ("pe=sinusoidal", "encoder"),
+    ("pe=learned", "encoder"),
+    ("pe=sinusoidal_learned", "encoder"),
+    ("pe=rope", "encoder"),
+    ("pe=t5", "encoder"),
+    ("pe=alibi pe.symmetric=split", "encoder"),
+    ("pe=sinusoidal", "decoder"),
+    ("pe=rope", "decoder"),
+]
+
+
+@pytest.mark.parametrize(("pe", "arch"), SOLVERS)
+def test_pe_that_can_reverse_does(cfg_for, pe, arch):
+    cfg = cfg_for("experiment=reverse", *pe.split(), f"arch={arch}", "routine.control=false",
+                  *FAST)
+    rows, runs = reversal_runs(cfg)
+    (chosen,) = runs
+    assert chosen.solved, (pe, arch, chosen.exact_match, chosen.result.steps)
+    assert all(row.passed for row in rows)
+    assert expected_outcome(cfg).startswith("solves")
+
+
+def test_rotary_relative_check_catches_mismatched_pairing(cfg_for, monkeypatch):
+    cfg = cfg_for("experiment=reverse", "pe=rope")
+    row = rotary_relative_check(cfg)
+    assert row is not None and row.status == "PASS"
+
+    from transformer_lab.components.positional import apply_rotary, rotary
+
+    class Mismatched(rotary.RotaryPositionalEncoding):
+        def forward(self, q, k, positions):
+            return (apply_rotary(q, positions, style="half"),
+                    apply_rotary(k, positions, style="interleaved"))
+
+    monkeypatch.setattr(rotary, "RotaryPositionalEncoding", Mismatched)
+    cfg.pe._target_ = "transformer_lab.components.positional.rotary.RotaryPositionalEncoding"
+    row = rotary_relative_check(cfg)
+    assert row.status == "FAIL"
+    assert "positions" in row.detail and "pairing" in row.detail
+    assert rotary_relative_check(cfg_for("experiment=reverse", "pe=sinusoidal")) is None
+
+
+def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
+    """A NoPE encoder that reverses means a component leaks position: the control fails."""
+    from transformer_lab.routines import reverse
+
+    cfg = cfg_for("experiment=reverse", "pe=sinusoidal", "routine.max_steps=10", *FAST)
+    real = reverse.train_to_target
+
+    def leaky(cfg, log, steps, target):
+        result, params = real(cfg, log, steps, target)
+        result.solved_step, result.best_exact_match = steps, 1.0
+        return result, params
+
+    monkeypatch.setattr(reverse, "train_to_target", leaky)
+    rows, _ = reversal_runs(cfg)
+    control = next(row for row in rows if row.check == "nope_control")
+    assert control.status == "FAIL"
+    assert "mixes positions" in control.detail
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["routine.target=0"], "routine.target=0"),
+    (["routine.target=1.5"], "routine.target=1.5"),
+    (["routine.max_steps=0"], "routine.max_steps=0"),
+    (["task.seq_len=1"], "task.seq_len=1"),
+    (["task=lm", "arch=decoder"], "task=reverse"),
+    (["pe._target_=no_such_module.MyPE"], "no_such_module"),
+])
+def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
+    out = tmp_path / "bad"
+    code, _, err = tlab("experiment=reverse", *args, f"hydra.run.dir={out}")
+    assert code == 2, err
+    assert message in err
+    assert "Traceback" not in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(("option", "value"), [("--target", "1.5"), ("--target", "0"),
+                                               ("--seq-len", "1"), ("--max-steps", "0")])
+def test_cli_options_are_checked(tmp_path, option, value):
+    from typer.testing import CliRunner
+
+    from transformer_lab.cli import app
+
+    result = CliRunner().invoke(app, ["reverse-task", option, value, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    assert option in result.output
+    assert not (tmp_path / "x").exists()
+
+
+def test_reverse_is_deterministic(cfg_for):
+    cfg = cfg_for("experiment=reverse", "pe=learned", "routine.max_steps=20",
+                  "routine.control=false", *FAST)
+    torch.set_num_threads(1)
+    first = reversal_runs(cfg)[1][0].result
+    second = reversal_runs(cfg)[1][0].result
+    assert first.train_losses == second.train_losses
+    assert first.best_exact_match == second.best_exact_match

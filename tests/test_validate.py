@@ -1,0 +1,121 @@
+"""tlab validate: the four steps in order, validation.csv, exit codes, Ctrl-C."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from transformer_lab.routines.checks import CHECK_COLUMNS
+
+# Shorter step 4 and a smaller held-out set than the defaults; everything else as shipped.
+FAST = ["routine.compare.routine.steps=30", "task.eval_size=128"]
+
+
+def read_csv(path):
+    with path.open() as f:
+        return list(csv.DictReader(f))
+
+
+def test_validate_passes_on_a_working_configuration(tlab, tmp_path):
+    out = tmp_path / "ok"
+    code, stdout, _ = tlab("experiment=validate", "pe=sinusoidal", *FAST, f"hydra.run.dir={out}")
+    assert code == 0, stdout
+    rows = read_csv(out / "validation.csv")
+    assert list(rows[0]) == CHECK_COLUMNS
+    assert [r["step"] for r in rows] == sorted(r["step"] for r in rows)
+    assert {r["step"] for r in rows} == {"1", "2", "3", "4"}
+    assert all(r["status"] == "PASS" for r in rows), [r for r in rows if r["status"] != "PASS"]
+    checks = {r["check"] for r in rows}
+    assert {"output_shape", "gradients_finite", "smoke_loss_falls", "reverse_exact_match",
+            "nope_control", "activation_relu", "activation_gelu"} <= checks
+    # Every step's table is in the same run directory.
+    assert len(read_csv(out / "reverse.csv")) == 2
+    assert [r["activation"] for r in read_csv(out / "comparison.csv")] == ["relu", "gelu"]
+    assert (out / "loss_curves.png").exists()
+    stages = {r["stage"] for r in read_csv(out / "metrics.csv")}
+    assert stages == {"smoke", "reverse", "compare"}
+    # Step 1 ran the seed's minimal model: 4 tokens, d_model 8.
+    shape = next(r for r in rows if r["check"] == "output_shape")["detail"]
+    assert shape.startswith("(8, 4, 10)")
+    (summary,) = read_csv(out / "summary.csv")
+    assert summary["status"] == "passed" and summary["routine"] == "validate"
+    assert "PASS" in stdout
+
+
+def test_validate_fails_at_step_3_without_a_pe(tlab, tmp_path):
+    out = tmp_path / "nope"
+    code, stdout, _ = tlab("experiment=validate", "pe=none", "routine.max_steps=40", *FAST,
+                           f"hydra.run.dir={out}")
+    assert code == 1
+    rows = read_csv(out / "validation.csv")
+    failed = {(r["step"], r["check"]) for r in rows if r["status"] == "FAIL"}
+    assert failed == {("3", "reverse_exact_match")}
+    assert "step 3 failed" in stdout
+    assert json.loads((out / "run.json").read_text())["status"] == "failed"
+
+
+def test_validate_stops_after_a_failing_step_1(tlab, tmp_path, monkeypatch):
+    from transformer_lab.routines import checks, validate
+
+    real = validate.forward_backward_check
+
+    def broken(cfg, model, batch):
+        rows = real(cfg, model, batch)
+        rows[1] = checks.CheckRow(1, "loss_finite", "FAIL", "loss", float("nan"), "finite")
+        return rows
+
+    monkeypatch.setattr(validate, "forward_backward_check", broken)
+    out = tmp_path / "step1"
+    code, _, _ = tlab("experiment=validate", *FAST, f"hydra.run.dir={out}")
+    assert code == 1
+    rows = read_csv(out / "validation.csv")
+    assert [(r["step"], r["status"]) for r in rows if r["step"] != "1"] == [
+        ("2", "SKIP"), ("3", "SKIP"), ("4", "SKIP")]
+    assert not (out / "reverse.csv").exists()
+
+
+def test_ctrl_c_keeps_finished_steps(tlab, tmp_path, monkeypatch):
+    from transformer_lab.routines import compare
+
+    def interrupt(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compare, "train_seed", interrupt)
+    out = tmp_path / "int"
+    code, _, err = tlab("experiment=validate", "pe=sinusoidal", *FAST, f"hydra.run.dir={out}")
+    assert code == 130
+    assert "interrupted" in err
+    info = json.loads((out / "run.json").read_text())
+    assert info["status"] == "interrupted"
+    steps = {r["step"] for r in read_csv(out / "validation.csv")}
+    assert steps == {"1", "2", "3"}  # rows of the finished steps are kept
+    (summary,) = read_csv(out / "summary.csv")
+    assert summary["status"] == "interrupted"
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["routine.compare.routine.activations=[relu,nope]"], "unknown activation 'nope'"),
+    (["routine.compare.routine.seeds=0"], "routine.seeds=0"),
+    (["routine.target=2"], "routine.target=2"),
+    (["task.seq_len=1"], "task.seq_len=1"),
+])
+def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
+    out = tmp_path / "bad"
+    code, _, err = tlab("experiment=validate", *args, f"hydra.run.dir={out}")
+    assert code == 2
+    assert message in err
+    assert not out.exists()
+
+
+def test_cli_maps_options(tmp_path):
+    from typer.testing import CliRunner
+
+    from transformer_lab.cli import app
+
+    result = CliRunner().invoke(app, ["validate", "--activations", "relu,bogus",
+                                      "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2
+    result = CliRunner().invoke(app, ["validate", "--seeds", "0", "--out", str(tmp_path / "y")])
+    assert result.exit_code == 2 and "--seeds" in result.output

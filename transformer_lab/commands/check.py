@@ -1,0 +1,39 @@
+"""``tlab check``: correctness checks of the positional encodings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from transformer_lab.commands.common import Multirun, Out, Overrides, Resume, launch
+
+
+def check(
+    overrides: Overrides = None,
+    pe: Annotated[str | None, typer.Option("--pe", help="Only this PE's checks (default: all "
+                                           "PEs with checks).")] = None,
+    trained: Annotated[bool, typer.Option("--trained", help="Also run the swap test on a "
+                                          "model just trained on reversal.")] = False,
+    steps: Annotated[int | None, typer.Option(help="Training steps for --trained (default "
+                                              "300).")] = None,
+    multirun: Multirun = False,
+    out: Out = None,
+    resume: Resume = None,
+) -> None:
+    """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).
+
+    RoPE relative-position and pairing checks, the sinusoidal shift map, NoPE permutation
+    equivariance and the seed's swap test (--trained: also after training on reversal).
+    """
+    if pe is not None:
+        from transformer_lab.routines.check import CHECKS_BY_PE
+
+        if pe not in CHECKS_BY_PE:
+            from transformer_lab.console import print_error
+
+            print_error(f"--pe {pe} has no checks; pes with checks: {', '.join(CHECKS_BY_PE)}")
+            raise typer.Exit(2)
+    options = {"pe": pe, "routine.pe": pe, "routine.trained": trained or None,
+               "routine.train_steps": steps}
+    launch("check", options, overrides, multirun, out, resume=resume)

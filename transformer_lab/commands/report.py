@@ -1,0 +1,39 @@
+"""``tlab report DIR``: one CSV, a pivot table (markdown + terminal) and plots of every run under
+DIR (a sweep or any folder of runs). The work is in ``transformer_lab.report``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+
+def report(
+    directory: Annotated[Path, typer.Argument(help="A sweep directory or any folder of runs.",
+                                              show_default=False)],
+    out: Annotated[Path | None, typer.Option(
+        "--out", help="Where to write the report files (default: DIR).")] = None,
+    metric: Annotated[str | None, typer.Option(
+        "--metric", help="Summary number to plot per choice (default best_exact_match if the "
+        "runs have it, else final_loss).")] = None,
+) -> None:
+    """Gather every run under DIR into report.csv, a mean ± std pivot over seeds grouped by the
+    swept keys (report.md and the terminal), and plots; an earlier report is never
+    overwritten (report-2.*, ...)."""
+    from transformer_lab.console import console, print_error, print_warning
+    from transformer_lab.errors import EXIT_USAGE, ConfigError
+    from transformer_lab.report import make_report, rich_table
+
+    try:
+        result = make_report(directory, out, metric)
+    except ConfigError as exc:
+        print_error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
+    for path, why in result.gathered.skipped:
+        print_warning(f"skipped {path}: {why}")
+    console.print(rich_table(result))
+    if result.gathered.superseded:
+        console.print(f"{result.gathered.superseded} superseded attempt(s) (<job>.failed-<n>) "
+                      "not counted")
+    console.print("wrote " + ", ".join(str(p) for p in result.files))

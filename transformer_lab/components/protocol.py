@@ -1,0 +1,108 @@
+"""Does a component built from the config follow its protocol? (A user's own ``_target_``.)
+
+Run once on the built model before a run starts (``config.validate_config``), on tiny inputs,
+so a component that cannot work stops the run with one line (exit code 2) instead of a shape
+error deep inside training:
+
+    pe          the table of :mod:`transformer_lab.components.positional.base`, per ``kind``:
+                additive ``pe(positions (T,)) -> (T, d_model)``; rotary
+                ``pe(q, k, positions) -> (q, k)`` with the shapes of q and k; bias
+                ``pe(T, T) -> (n_heads, T, T)`` (or ``(1, T, T)``, shared by the heads)
+    activation  the FFN: an ``nn.Module`` built with ``d_model`` and ``d_ff`` keywords,
+                ``(B, T, d_model) -> (B, T, d_model)``
+    norm_layer  a callable ``d_model -> nn.Module`` whose module maps ``(B, T, d_model)`` to
+                the same shape
+
+Whether the component is *correct* (e.g. uses its positions) is what the validation routine
+finds out; this module only checks that it plugs in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+
+from transformer_lab.errors import ConfigError
+
+
+def _shape(value: Any) -> str:
+    return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
+
+
+def _label(cfg: DictConfig, group: str, module: object) -> str:
+    return f"{group}={cfg[group].get('name')} ({type(module).__name__})"
+
+
+def _call(label: str, what: str, fn: Any, *args: Any) -> Any:
+    try:
+        with torch.no_grad():
+            return fn(*args)
+    except Exception as exc:
+        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise ConfigError(f"{label}: {what} failed: {message}") from exc
+
+
+def check_positional(cfg: DictConfig, pe: nn.Module, n_heads: int, head_dim: int,
+                     seq_len: int) -> None:
+    label, kind = _label(cfg, "pe", pe), pe.kind
+    d_model = n_heads * head_dim
+    if kind == "additive":
+        out = _call(label, f"pe(positions of length {seq_len})", pe, torch.arange(seq_len))
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != (seq_len, d_model):
+            raise ConfigError(f"{label}: an additive PE must return (T, d_model) = "
+                              f"{(seq_len, d_model)} for T positions, got {_shape(out)}")
+    elif kind == "rotary":
+        q = torch.randn(1, n_heads, seq_len, head_dim)  # (B, H, T, Dh)
+        out = _call(label, "pe(q, k, positions)", pe, q, q.clone(), torch.arange(seq_len))
+        ok = (isinstance(out, tuple | list) and len(out) == 2
+              and all(isinstance(t, torch.Tensor) and t.shape == q.shape for t in out))
+        if not ok:
+            got = (", ".join(_shape(t) for t in out) if isinstance(out, tuple | list)
+                   else _shape(out))
+            raise ConfigError(f"{label}: a rotary PE must return (q, k) shaped like q and k "
+                              f"{tuple(q.shape)}, got {got}")
+    elif kind == "bias":
+        out = _call(label, f"pe({seq_len}, {seq_len})", pe, seq_len, seq_len)
+        ok = isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[0] in (1, n_heads) \
+            and tuple(out.shape[1:]) == (seq_len, seq_len)
+        if not ok:
+            raise ConfigError(f"{label}: a bias PE must return (n_heads, T, T) = "
+                              f"{(n_heads, seq_len, seq_len)}, got {_shape(out)}")
+
+
+def check_feedforward(cfg: DictConfig, ffn: object, d_model: int, seq_len: int) -> None:
+    label = _label(cfg, "activation", ffn)
+    if not isinstance(ffn, nn.Module):
+        raise ConfigError(f"{label}: an FFN must be a torch.nn.Module built with d_model and "
+                          "d_ff keywords")
+    x = torch.randn(2, seq_len, d_model)  # (B, T, D)
+    out = _call(label, f"ffn(x of shape {tuple(x.shape)})", ffn, x)
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        raise ConfigError(f"{label}: an FFN must map (B, T, d_model) -> (B, T, d_model); "
+                          f"{tuple(x.shape)} came out as {_shape(out)}")
+
+
+def check_norm(cfg: DictConfig, norm: object, d_model: int, seq_len: int) -> None:
+    label = _label(cfg, "norm_layer", norm)
+    if not isinstance(norm, nn.Module):
+        raise ConfigError(f"{label}: norm_layer must be a callable d_model -> torch.nn.Module "
+                          "(use _partial_: true for a class)")
+    x = torch.randn(2, seq_len, d_model)  # (B, T, D)
+    out = _call(label, f"norm(x of shape {tuple(x.shape)})", norm, x)
+    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
+        raise ConfigError(f"{label}: a norm must keep the shape (B, T, d_model); "
+                          f"{tuple(x.shape)} came out as {_shape(out)}")
+
+
+def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
+    """Raise ``ConfigError`` naming the group and class of the first component of ``model``
+    that does not follow its protocol (see the module docstring)."""
+    m = cfg.model
+    check_positional(cfg, model.positional, m.n_heads, m.d_model // m.n_heads, seq_len)
+    block = model.blocks[0] if len(model.blocks) else None
+    if block is not None:
+        check_feedforward(cfg, block.feedforward, m.d_model, seq_len)
+        check_norm(cfg, block.norm1, m.d_model, seq_len)

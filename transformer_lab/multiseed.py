@@ -1,0 +1,317 @@
+"""Train N seeds of one configuration as one vectorised model.
+
+N separate runs of a small model pay N times the per-step overhead (Python, op dispatch,
+optimiser bookkeeping). Here the N models' parameters are stacked along a leading seed axis
+(``torch.func.stack_module_state``) and one step runs all of them: ``torch.func.vmap`` over
+the model called with seed s's parameters swapped in (what ``torch.func.functional_call`` does,
+without its per-call module walk) computes the N losses, one backward gives every
+seed its own gradient, each seed's gradient is clipped by its own norm, and one AdamW over the
+stacked tensors is N independent AdamWs (its update is element-wise; the step count and the
+schedule are shared because every seed takes the same steps).
+
+Each seed gets exactly what a single run with that seed gets: ``torch.manual_seed(seed)`` then
+``build_model(cfg)`` (same initial weights), a data generator seeded with ``seed`` (same
+batches; or the caller's fixed ``batches``), the same schedule, clipping and evaluations. The
+numbers agree with N separate ``Trainer`` runs up to float rounding of batched matmuls (tested
+to 1e-5 on the losses in ``tests/test_multiseed.py``).
+
+API (shapes: batches are (B, T); the stacked parameters are (N, *shape))::
+
+    from transformer_lab.multiseed import fit_seeds, vectorisable
+
+    results = fit_seeds(cfg, seeds=[0, 1, 2, 3], steps=200,
+                        task=None,                  # default: build_task(cfg)
+                        models=None,                # default: build_seeded_models(cfg, seeds)
+                        batches=None,               # or {seed: [Batch, ...]} fixed batches
+                        metrics=None,               # or {seed: CsvLog}: one metrics log per seed
+                        target_exact_match=None,    # per seed: stop (freeze) it once reached
+                        on_step=None)               # fn(seed, step, loss) at log steps
+    results[k]  # TrainResult of seeds[k], as Trainer.fit returns for a single run
+    # models passed in are trained in place: afterwards models[k] holds seed k's weights
+    vectorisable(cfg)  # None, or why the seeds run one after another (see below)
+
+``wall_s`` and ``tokens_per_s`` of each result are those of the whole batched run (tokens of
+that seed over the shared wall time). A seed that reaches ``target_exact_match`` stops counting:
+its result and its weights are those of the step where it was solved, as in a separate run.
+
+Fallback: configurations whose training is not a pure function of (weights, batch) cannot be
+vectorised with equal numbers - BatchNorm (running statistics are module state updated in
+place) and any dropout > 0 (vmap draws different random numbers than a single run). For those
+``fit_seeds`` trains the seeds one after another with ``Trainer`` (same results, no speed-up);
+``vectorisable(cfg)`` says why.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+from omegaconf import DictConfig
+from torch import nn
+from torch.func import stack_module_state, vmap
+
+from transformer_lab.errors import Diverged
+from transformer_lab.results import CsvLog
+from transformer_lab.tasks import Batch, Task
+from transformer_lab.train import Trainer, TrainResult, make_adamw, sequence_loss
+
+OnStep = Callable[[int, int, float], None]
+
+
+class SeedTaggedLog:
+    """Writes a seed's metrics rows into a shared ``CsvLog`` with an extra ``seed`` column."""
+
+    def __init__(self, log: CsvLog, seed: int) -> None:
+        self.log = log
+        self.seed = seed
+
+    def write(self, row: Mapping) -> None:
+        self.log.write({**row, "seed": self.seed})
+
+
+def vectorisable(cfg: DictConfig) -> str | None:
+    """None if ``cfg``'s seeds can train as one batched model, else the reason they cannot."""
+    if "batchnorm" in str(cfg.norm_layer.get("name", "")).lower() or "BatchNorm" in str(
+        cfg.norm_layer.get("_target_", "")
+    ):
+        return "norm_layer=batchnorm keeps running statistics (module state)"
+    dropouts = {k: float(v) for k, v in cfg.model.dropout.items() if v}
+    if dropouts:
+        return f"dropout {dropouts} draws random numbers that vmap cannot reproduce per seed"
+    return None
+
+
+def _has_module_state(model: nn.Module) -> str | None:
+    for module in model.modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            return f"{type(module).__name__} keeps running statistics (module state)"
+        if isinstance(module, nn.Dropout) and module.p > 0:
+            return f"dropout p={module.p} draws random numbers that vmap cannot reproduce"
+        if isinstance(getattr(module, "dropout", None), float) and module.dropout > 0:
+            return f"attention dropout p={module.dropout} draws random numbers"
+    return None
+
+
+def _parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str, str]]:
+    """(module, attribute, name in named_parameters) for every parameter slot, tied ones too."""
+    names = {id(p): n for n, p in model.named_parameters()}
+    return [(module, attr, names[id(param)])
+            for module in model.modules()
+            for attr, param in module._parameters.items() if param is not None]
+
+
+def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module]:
+    """One model per seed, initialised as a single run with that seed would be."""
+    from transformer_lab.model import build_model
+
+    models = []
+    for seed in seeds:
+        torch.manual_seed(seed)
+        models.append(build_model(cfg).to(cfg.train.device))
+    return models
+
+
+def fit_seeds(
+    cfg: DictConfig,
+    seeds: Sequence[int],
+    steps: int,
+    *,
+    task: Task | None = None,
+    models: Sequence[nn.Module] | None = None,
+    batches: Mapping[int, Sequence[Batch]] | None = None,
+    metrics: Mapping[int, CsvLog | SeedTaggedLog | None] | None = None,
+    target_exact_match: float | None = None,
+    on_step: OnStep | None = None,
+) -> list[TrainResult]:
+    """Train ``seeds`` for ``steps`` steps each; one ``TrainResult`` per seed (module docstring)."""
+    if not seeds:
+        raise ValueError("fit_seeds needs at least one seed")
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {list(seeds)} repeat a seed")
+    if task is None:
+        from transformer_lab.config import build_task
+
+        task = build_task(cfg)
+    if models is None:
+        models = build_seeded_models(cfg, seeds)
+    elif len(models) != len(seeds):
+        raise ValueError(f"{len(models)} models for {len(seeds)} seeds")
+    models = list(models)
+    metrics = metrics or {}
+    trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, metrics.get(s))
+                for m, s in zip(models, seeds, strict=True)]
+    reason = vectorisable(cfg) or _has_module_state(models[0])
+    if reason is not None or len(seeds) == 1:
+        return [trainer.fit(steps, batches=None if batches is None else batches[seed],
+                            target_exact_match=target_exact_match,
+                            on_step=None if on_step is None
+                            else (lambda step, loss, s=seed: on_step(s, step, loss)))
+                for trainer, seed in zip(trainers, seeds, strict=True)]
+    return _VectorisedRun(cfg, list(seeds), models, trainers, batches).fit(
+        steps, target_exact_match, on_step)
+
+
+class _VectorisedRun:
+    """The stacked parameters, their optimiser and the shared training loop."""
+
+    def __init__(self, cfg: DictConfig, seeds: list[int], models: list[nn.Module],
+                 trainers: list[Trainer], batches: Mapping[int, Sequence[Batch]] | None) -> None:
+        self.cfg = cfg
+        self.seeds = seeds
+        self.models = models
+        self.trainers = trainers
+        self.batches = batches
+        self.train = trainers[0]._train  # plain copy of cfg.train
+        self.device = trainers[0].device
+        params, _ = stack_module_state(models)  # name -> (N, *shape) leaves
+        self.params = params
+        self.names = list(params)
+        # Each seed's model keeps views into the stacked tensors, so it always holds the
+        # current weights (evaluation, exact match and the caller use them unchanged).
+        for k, model in enumerate(models):
+            for name, param in model.named_parameters():
+                param.data = params[name].detach()[k]
+        stacked = [params[n] for n in self.names]
+        decay = [p for p in stacked if p.dim() - 1 >= 2]
+        no_decay = [p for p in stacked if p.dim() - 1 < 2]
+        weight_decay = float(cfg.train.weight_decay)
+        groups = ([{"params": decay, "weight_decay": weight_decay},
+                   {"params": no_decay, "weight_decay": 0.0}]
+                  if weight_decay else [{"params": stacked, "weight_decay": 0.0}])
+        self.schedule = trainers[0].schedule
+        self.d_model = trainers[0].d_model
+        self.lr = self.schedule(1, self.train, self.d_model)
+        self.optimizer = make_adamw(groups, self.lr, tuple(cfg.train.betas), self.device)
+        self.grad_clip = trainers[0]._grad_clip
+        self.autocast = trainers[0].autocast
+        base = models[0]
+        slots = _parameter_slots(base)
+
+        def seed_loss(seed_params: dict[str, torch.Tensor], inputs: torch.Tensor,
+                      targets: torch.Tensor) -> torch.Tensor:
+            # functional_call(base, seed_params, (inputs,)) without its per-call module walk
+            saved = [module._parameters[attr] for module, attr, _ in slots]
+            try:
+                for module, attr, name in slots:
+                    module._parameters[attr] = seed_params[name]
+                logits = base(inputs)  # (B, T, V) for this seed
+            finally:
+                for (module, attr, _), param in zip(slots, saved, strict=True):
+                    module._parameters[attr] = param
+            return sequence_loss(logits, targets)
+
+        self.losses = vmap(seed_loss)  # (params (N, ...), inputs (N, B, T), targets) -> (N,)
+
+    def next_batches(self, i: int) -> list[Batch]:
+        if self.batches is not None:
+            return [self.batches[s][i % len(self.batches[s])] for s in self.seeds]
+        return [t.task.train_batch(self.train.batch_size, t.generator) for t in self.trainers]
+
+    def clip(self) -> torch.Tensor:
+        """Clip each seed's gradient by its own total norm; returns the norms (N,)."""
+        grads = [self.params[n].grad for n in self.names if self.params[n].grad is not None]
+        per_tensor = torch.stack([g.flatten(1).norm(dim=1) for g in grads])  # (P, N)
+        total = torch.linalg.vector_norm(per_tensor, dim=0)  # (N,)
+        if math.isfinite(self.grad_clip):
+            coef = (self.grad_clip / (total + 1e-6)).clamp_(max=1.0)  # (N,)
+            for g in grads:
+                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+        return total
+
+    def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        for trainer in self.trainers:
+            trainer.step_count += 1
+        lr = self.schedule(self.trainers[0].step_count, self.train, self.d_model)
+        if lr != self.lr:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.lr = lr
+        inputs = torch.stack([b.inputs for b in batches]).to(self.device)  # (N, B, T)
+        targets = torch.stack([b.targets for b in batches]).to(self.device)  # (N, B, T)
+        for model in self.models:
+            if not model.training:
+                model.train()
+        with self.autocast:
+            losses = self.losses(self.params, inputs, targets)  # (N,)
+        for p in self.params.values():
+            p.grad = None
+        losses.sum().backward()  # seeds are independent: each gets its own gradient
+        norms = self.clip()
+        self.optimizer.step()
+        return losses.detach(), norms, lr
+
+    def fit(self, steps: int, target_exact_match: float | None,
+            on_step: OnStep | None) -> list[TrainResult]:
+        n = len(self.seeds)
+        results = [TrainResult() for _ in range(n)]
+        active = list(range(n))
+        frozen: dict[int, dict[str, torch.Tensor]] = {}  # solved seed -> its weights then
+        log_every, eval_every = max(1, int(self.train.log_every)), self.train.eval_every
+        started = clock = time.perf_counter()
+        tokens_since = total_tokens = 0
+        with warnings.catch_warnings():
+            # SDPA's CPU kernel has no vmap batching rule yet: it loops over seeds (correct).
+            warnings.filterwarnings("ignore", message=".*performance drop.*batching rule")
+            for i in range(steps):
+                if not active:
+                    break
+                batches = self.next_batches(i)
+                losses, norms, lr = self.step(batches)
+                tokens_since += batches[0].inputs.numel()
+                total_tokens += batches[0].inputs.numel()
+                step = self.trainers[0].step_count
+                last = i == steps - 1
+                if step % log_every == 0 or last:
+                    loss_values, norm_values = losses.tolist(), norms.tolist()  # one sync
+                    now = time.perf_counter()
+                    for k in active:
+                        self._log_train(k, results[k], step, loss_values[k], norm_values[k], lr,
+                                        tokens_since / max(now - clock, 1e-9), on_step)
+                    tokens_since, clock = 0, now
+                if (eval_every and step % eval_every == 0) or last:
+                    for k in list(active):
+                        if self._evaluate(k, results[k], step, lr, target_exact_match):
+                            active.remove(k)
+                            frozen[k] = {name: self.params[name][k].detach().clone()
+                                         for name in self.names}
+        with torch.no_grad():  # a solved seed keeps the weights of the step it was solved
+            for k, weights in frozen.items():
+                for name, value in weights.items():
+                    self.params[name][k].copy_(value)
+        wall = time.perf_counter() - started
+        for k, result in enumerate(results):
+            result.steps = result.steps or self.trainers[k].step_count
+            result.wall_s = wall
+            result.tokens_per_s = total_tokens / max(wall, 1e-9)
+        return results
+
+    def _log_train(self, k: int, result: TrainResult, step: int, loss: float, norm: float,
+                   lr: float, tokens_per_s: float, on_step: OnStep | None) -> None:
+        result.train_losses.append(loss)
+        result.grad_norms.append(norm)
+        result.final_train_loss = loss
+        self.trainers[k].log({"step": step, "split": "train", "loss": loss, "lr": lr,
+                              "grad_norm": norm, "tokens_per_s": tokens_per_s})
+        if not (math.isfinite(loss) and math.isfinite(norm)):
+            raise Diverged(f"seed {self.seeds[k]}: loss became {loss} at step {step} "
+                           f"(lr={lr:.3g})")
+        if on_step is not None:
+            on_step(self.seeds[k], step, loss)
+
+    def _evaluate(self, k: int, result: TrainResult, step: int, lr: float,
+                  target: float | None) -> bool:
+        """Held-out evaluation of seed k; True when it reached ``target`` (solved)."""
+        evaluation = self.trainers[k].evaluate()
+        self.trainers[k].log({"step": step, "split": "val", **evaluation, "lr": lr})
+        result.final_loss = evaluation["loss"]
+        match = evaluation["exact_match"]
+        if not math.isnan(match):
+            result.best_exact_match = max(result.best_exact_match or 0.0, match)
+            if target is not None and match >= target:
+                result.solved_step = step
+                result.steps = step
+                return True
+        return False

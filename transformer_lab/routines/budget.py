@@ -1,0 +1,346 @@
+"""``tlab budget``: parameters, activation memory and FLOPs of a configuration, by formula,
+checked against the model actually built from it.
+
+Parameters per component (token embedding, PE, attention Q/K/V/O, FFN, norms, output head; per
+layer and total) come from :mod:`transformer_lab.parameter_count` and are compared with
+``sum(p.numel())`` of the built model's modules: any mismatch is a FAIL (exit 1). With the
+defaults (d_model 768, d_ff 3072, 12 heads, FFN with bias, attention without) the table shows
+the seed's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
+
+Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
+measured on the built model on CPU with :func:`transformer_lab.memory.saved_activation_bytes`
+(saved-tensor hooks). The measured pass runs at batch 1 (forward + backward) and 2 (forward)
+and extrapolates exactly to B, since saved bytes are affine in B. The seed's first FFN
+activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
+
+FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
+:func:`transformer_lab.parameter_count.training_flops_per_token`); the ``6 N`` part is checked
+against ``torch.utils.flop_counter`` on a short pass.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+from rich.table import Table
+from torch import nn
+
+from transformer_lab.console import console
+from transformer_lab.errors import ConfigError
+from transformer_lab.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.parameter_count import (
+    DTYPE_BYTES,
+    attention_params,
+    attention_projection_params,
+    attention_scores_bytes,
+    feedforward_params,
+    ffn_activation_bytes,
+    ffn_hidden_size,
+    layer_activation_terms,
+    norm_params_per_layer,
+    parameter_breakdown,
+    training_flops_per_token,
+)
+from transformer_lab.results import RunDirectory
+from transformer_lab.routines import RoutineOutcome
+
+BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",
+                  "status", "detail"]
+TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class BudgetRow:
+    section: str  # parameters | activations | flops | seed
+    component: str
+    scope: str  # "per layer (xL)" | "model" | "layer i" | "per token"
+    formula: str
+    expected: float | None
+    measured: float | None
+    unit: str
+    status: str = ""  # PASS | FAIL | SKIP | INFO (no check) | DIFF (a seed figure differs)
+    detail: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare(expected: float | None, measured: float | None) -> str:
+    """PASS when formula and measurement agree exactly, FAIL when not, SKIP without a formula."""
+    if expected is None or measured is None:
+        return "SKIP"
+    return "PASS" if expected == measured else "FAIL"
+
+
+def numel(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
+    """(vocab, seq_len, batch, dtype) from ``cfg.routine``; ConfigError for a bad value."""
+    r = cfg.routine
+    for key in ("vocab_size", "seq_len", "batch_size", "measure_batch"):
+        value = r.get(key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ConfigError(f"routine.{key}={value} is not valid; it must be a positive integer")
+    if r.dtype not in DTYPE_BYTES:
+        raise ConfigError(f"--dtype {r.dtype} is not known; valid: {', '.join(DTYPE_BYTES)}")
+    return int(r.vocab_size), int(r.seq_len), int(r.batch_size), str(r.dtype)
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+
+
+def qkv_slices(attention: nn.Module) -> dict[str, int]:
+    """Parameters of Q, K, V (thirds of the fused ``qkv_proj``) and O of one attention."""
+    d_model = attention.out_proj.weight.shape[0]
+    counts = {}
+    for i, name in enumerate("qkv"):
+        rows = slice(i * d_model, (i + 1) * d_model)
+        weight = attention.qkv_proj.weight[rows].numel()
+        bias = attention.qkv_proj.bias
+        counts[name] = weight + (0 if bias is None else bias[rows].numel())
+    counts["o"] = numel(attention.out_proj)
+    return counts
+
+
+def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
+    """Formula vs ``sum(p.numel())`` per component, per layer (every layer compared) and total."""
+    m = cfg.model
+    formulas = parameter_breakdown(cfg)
+    d, v, layers = m.d_model, m.vocab_size, m.n_layers
+    rows = [BudgetRow("parameters", "token_embedding", "model", "V*D", formulas[
+        "token_embedding"], numel(model.token_embedding), "params")]
+    rows.append(BudgetRow("parameters", "positional", "model", f"pe={cfg.pe.get('name')}",
+                          formulas["positional"], numel(model.positional), "params"))
+
+    def per_layer(component: str, formula: str, expected: int | None, measure) -> BudgetRow:
+        measured = [measure(block) for block in model.blocks]
+        bad = [i for i, value in enumerate(measured) if value != expected]
+        row = BudgetRow("parameters", component, f"layer (x{layers})", formula, expected,
+                        measured[0] if measured else None, "params")
+        row.status = compare(expected, row.measured)
+        if expected is not None and bad:
+            row.status = "FAIL"
+            row.detail = f"layers {bad} differ from the formula: {[measured[i] for i in bad]}"
+        return row
+
+    projections = attention_projection_params(d, m.attn_bias)
+    bias_text = " + D" if m.attn_bias else ""
+    for name in "qkvo":
+        rows.append(per_layer(f"attention.{name}", f"D*D{bias_text}", projections[name],
+                              lambda block, name=name: qkv_slices(block.attention)[name]))
+    attention = sum(projections.values())
+    rows.append(per_layer("attention", f"4*D*D{' + 4*D' if m.attn_bias else ''}", attention,
+                          lambda block: numel(block.attention)))
+    ffn = None if formulas["feedforward"] is None else formulas["feedforward"] // max(layers, 1)
+    hidden = ffn_hidden_size(cfg)
+    gated = cfg.activation.get("_target_", "").endswith("GatedFeedForward")
+    ffn_formula = (f"3*D*H{' + 2*H + D' if m.ffn_bias else ''}, H={hidden}" if gated
+                   else f"2*D*F{' + F + D' if m.ffn_bias else ''}")
+    rows.append(per_layer("feedforward", ffn_formula, ffn, lambda block: numel(block.feedforward)))
+    block_norms, final_norm = norm_params_per_layer(cfg)
+    rows.append(per_layer("norms", f"norm={cfg.norm.get('name')}, "
+                          f"{cfg.norm_layer.get('name')}", block_norms,
+                          lambda block: numel(block) - numel(block.attention)
+                          - numel(block.feedforward)))
+    layer = None if None in (ffn, block_norms) else attention + ffn + block_norms
+    rows.append(per_layer("layer", "attention + feedforward + norms", layer, numel))
+    final = model.final_norm if not isinstance(model.final_norm, nn.Identity) else None
+    rows.append(BudgetRow("parameters", "final_norm", "model", "pre/sandwich only", final_norm,
+                          numel(final), "params"))
+    rows.append(BudgetRow("parameters", "output_head", "model", "D*V (no bias)", d * v,
+                          numel(model.lm_head), "params"))
+    total = numel(model)
+    rows.append(BudgetRow("parameters", "total", "model", "sum of the above", formulas["total"],
+                          total, "params"))
+    for row in rows:
+        row.status = row.status or compare(row.expected, row.measured)
+    parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head)
+    unaccounted = total - sum(numel(p) for p in parts)
+    rows.append(BudgetRow("parameters", "unaccounted", "model", "total - components", 0,
+                          unaccounted, "params", compare(0, unaccounted),
+                          "parameters outside the listed components" if unaccounted else ""))
+    ffn_total = sum(numel(block.feedforward) for block in model.blocks)
+    rows.append(BudgetRow("parameters", "ffn_share", "model", "FFN / total", None,
+                          round(100 * ffn_total / max(total, 1), 2), "%", "INFO",
+                          f"FFN {ffn_total:,} of {total:,}"))
+    if model.blocks:
+        share = 100 * numel(model.blocks[0].feedforward) / max(numel(model.blocks[0]), 1)
+        rows.append(BudgetRow("parameters", "ffn_share", "per layer", "FFN / layer", None,
+                              round(share, 2), "%", "INFO", "the seed: about 2/3"))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------
+# activation memory and FLOPs
+
+
+def measure_activations(model: TransformerModel, batch: int, seq_len: int, vocab: int,
+                        measure_batch: int) -> dict[str, int]:
+    """Saved bytes per module at ``batch``: measured at ``measure_batch`` (forward + backward)
+    and ``measure_batch + 1`` (forward), extrapolated (affine in the batch size)."""
+    generator = torch.Generator().manual_seed(0)
+    tokens = torch.randint(0, vocab, (measure_batch + 1, seq_len), generator=generator)
+    small = saved_activation_bytes(model, tokens[:measure_batch].clone(), backward=True)
+    if batch == measure_batch:
+        return small
+    large = saved_activation_bytes(model, tokens, backward=False)
+    return extrapolate_batch(small, large, measure_batch, batch)
+
+
+def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int, seq_len: int,
+                    dtype: str, measure_batch: int) -> list[BudgetRow]:
+    m = cfg.model
+    size = DTYPE_BYTES[dtype]
+    hidden = ffn_hidden_size(cfg)
+    how = (f"saved-tensor hooks, measured at batch {measure_batch} and {measure_batch + 1}, "
+           f"extrapolated to {batch}" if measure_batch != batch else "saved-tensor hooks")
+
+    def saved(prefix: str, own_only: bool = False) -> int | None:
+        if measured is None:
+            return None
+        if own_only:
+            return measured.get(prefix)
+        return sum(v for k, v in measured.items() if k == prefix or k.startswith(prefix + "."))
+
+    rows = []
+    first = None if hidden is None else ffn_activation_bytes(batch, seq_len, hidden, size)
+    act = saved("blocks.0.feedforward.act", own_only=True) if m.n_layers else None
+    rows.append(BudgetRow("activations", "ffn_hidden (first FFN activation)", "layer 0",
+                          f"B*T*H*bytes = {batch}*{seq_len}*{hidden}*{size}", first, act, "bytes",
+                          compare(first, act), "the tensor the FFN activation keeps; " + how))
+    scores = attention_scores_bytes(batch, seq_len, m.n_heads, size)
+    core = saved("blocks.0.attention", own_only=True) if m.n_layers else None
+    rows.append(BudgetRow("activations", "attention_scores (if materialised)", "layer 0",
+                          f"B*H*T^2*bytes = {batch}*{m.n_heads}*{seq_len}^2*{size}", scores, core,
+                          "bytes", "INFO", "measured: what attention itself keeps (fused SDPA: "
+                          "q, k, v, output and the log-sum-exp, no T x T matrix)"))
+    terms = layer_activation_terms(cfg, batch, seq_len, size)
+    formula = None if terms is None else sum(terms.values())
+    for i in range(m.n_layers):
+        value = saved(f"blocks.{i}")
+        ratio = "" if None in (value, formula) else f"measured/formula {value / formula:.3f}; "
+        rows.append(BudgetRow("activations", "layer", f"layer {i}",
+                              "B*T*bytes*(norms*D + 7*D + 2*H (+2*D rotary, +2*H gated))",
+                              formula, value, "bytes", "INFO",
+                              ratio + ("" if terms is None else ", ".join(
+                                  f"{k} {v:,}" for k, v in terms.items()))))
+    if measured is not None:
+        logits = measured.get("", 0)
+        rows.append(BudgetRow("activations", "loss (log-probabilities)", "model",
+                              "B*T*V*4", batch * seq_len * m.vocab_size * 4, logits, "bytes",
+                              "INFO", "cross-entropy keeps fp32 log-softmax"))
+        rows.append(BudgetRow("activations", "peak", "model", "sum of saved tensors", None,
+                              sum(measured.values()), "bytes", "INFO",
+                              f"{sum(measured.values()) / 2**20:,.1f} MiB; " + how))
+    return rows
+
+
+def flop_rows(cfg: DictConfig, model: TransformerModel, seq_len: int,
+              measure: bool) -> list[BudgetRow]:
+    flops = training_flops_per_token(cfg, seq_len)
+    m = cfg.model
+    counted = None
+    if measure:
+        short = min(seq_len, 32)
+        tokens = torch.randint(0, m.vocab_size, (1, short), generator=torch.Generator())
+        counted = matmul_flops(model, tokens) // short
+    return [
+        BudgetRow("flops", "weights", "per token", "6*N, N = matmul weights", flops["weights"],
+                  counted, "FLOPs", compare(flops["weights"], counted),
+                  "measured: torch.utils.flop_counter, aten.mm + aten.addmm"),
+        BudgetRow("flops", "attention", "per token", f"12*L*T*D = 12*{m.n_layers}*{seq_len}*"
+                  f"{m.d_model}", flops["attention"], None, "FLOPs", "INFO",
+                  "Q K^T and A V, forward + backward (PaLM, app. B)"),
+        BudgetRow("flops", "total", "per token", "6*N + 12*L*T*D", flops["total"], None, "FLOPs",
+                  "INFO", ""),
+    ]
+
+
+# The seed's printed figures (DESIGN.md, "The seeds' claims").
+SEED_FFN_WITH_BIAS = 4_721_664
+
+
+def seed_rows() -> list[BudgetRow]:
+    """The seed's numbers next to this module's formulas at the seed's sizes (d_model 768,
+    d_ff 3072, batch 8, seq 512, fp32). The seed prints ``768*3072 + 3072 + 3072*768 + 768 =
+    4,721,664`` for the FFN with biases; that sum is 4,722,432 (the figure leaves out the
+    output bias, 768), so that row says DIFF instead of PASS. It does not fail the run: the
+    built model is checked against the formula in the parameter rows."""
+    ffn_bias = feedforward_params(768, 3072, True)
+    rows = [
+        BudgetRow("seed", "attention Q,K,V,O without bias", "seed layer", "4*768^2", 2_359_296,
+                  attention_params(768, False), "params"),
+        BudgetRow("seed", "FFN 768-3072-768 without bias", "seed layer", "2*768*3072", 4_718_592,
+                  feedforward_params(768, 3072, False), "params"),
+        BudgetRow("seed", "FFN 768-3072-768 with biases", "seed layer",
+                  "768*3072 + 3072 + 3072*768 + 768", SEED_FFN_WITH_BIAS, ffn_bias, "params"),
+        BudgetRow("seed", "first FFN activation", "seed layer", "8*512*3072*4", 50_331_648,
+                  ffn_activation_bytes(8, 512, 3072, 4), "bytes"),
+    ]
+    for row in rows:
+        row.status = "PASS" if row.expected == row.measured else "DIFF"
+        row.detail = "expected: the seed's figure; measured: tlab's formula"
+    rows[2].detail += (f"; the seed's own sum is {ffn_bias:,}: its {SEED_FFN_WITH_BIAS:,} "
+                       f"leaves out the output bias ({ffn_bias - SEED_FFN_WITH_BIAS})")
+    return rows
+
+
+def budget_table(rows: list[BudgetRow], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("component", "scope", "expected", "measured", "unit", "status"):
+        table.add_column(column, justify="right" if column in ("expected", "measured") else "left")
+    colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INFO": "dim",
+               "DIFF": "magenta"}
+
+    def text(value: float | None) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+
+    section = rows[0].section if rows else ""
+    for row in rows:
+        if row.section != section:
+            table.add_section()
+            section = row.section
+        table.add_row(f"{row.section}: {row.component}", row.scope, text(row.expected),
+                      text(row.measured), row.unit, f"[{colours[row.status]}]{row.status}[/]")
+    return table
+
+
+def run_budget(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    started = time.perf_counter()
+    vocab, seq_len, batch, dtype = budget_settings(cfg)
+    cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg)
+    rows = parameter_rows(cfg, model)
+    measure = bool(cfg.routine.measure)
+    measured = None
+    if measure:
+        model = model.to(TORCH_DTYPES[dtype])
+        with console.status(f"measuring activations ({dtype}, T={seq_len})"):
+            measured = measure_activations(model, batch, seq_len, vocab,
+                                           int(cfg.routine.measure_batch))
+    rows += activation_rows(cfg, measured, batch, seq_len, dtype,
+                            int(cfg.routine.measure_batch))
+    rows += flop_rows(cfg, model, seq_len, measure)
+    rows += seed_rows()
+    run.write_table("budget", [r.as_row() for r in rows], BUDGET_COLUMNS)
+    console.print(budget_table(rows, f"tlab budget - {run.path}"))
+    failed = [f"{r.component} ({r.scope})" for r in rows if r.status == "FAIL"]
+    total = next(r.measured for r in rows if r.component == "total")
+    return RoutineOutcome(
+        passed=not failed,
+        summary={"params": total, "seq_len": seq_len, "vocab_size": vocab,
+                 "wall_s": time.perf_counter() - started},
+        message="" if not failed else "formula and model disagree: " + ", ".join(failed),
+    )

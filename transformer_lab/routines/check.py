@@ -1,0 +1,320 @@
+"""``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``.
+
+Which checks run for which PE is one registry, ``CHECKS_BY_PE`` (a PE's config name -> its
+checks); ``routine.pe=all`` runs every PE's, ``--pe NAME`` one PE's. The measurements are in
+:mod:`transformer_lab.component_checks`:
+
+    rope_relative            RoPE scores depend only on m - n: several offsets, bases
+                             (``routine.rope_bases`` plus the configured one) and both pairings
+    rope_pairing_mismatch    half-pairing on q with interleaved on k: the relative property
+                             must break, and the detector must see it break
+    sinusoidal_shift         PE(pos + k) is one linear map of PE(pos) for every pos
+    permutation_equivariant  the NoPE encoder: f(P x) = P f(x)
+    pe_breaks_permutation    every PE: f(P x) != P f(x)
+    swap_attention           the seed's test: swap two tokens; NoPE attention rows and columns
+                             permute exactly, a PE's do not. With ``--trained`` also on a model
+                             just trained on reversal (``routine.train_steps`` steps).
+
+Every check runs on an encoder built from the run's config (``model``, ``norm``, ``activation``
+groups), in eval mode. Exit 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from rich.table import Table
+
+from transformer_lab.component_checks import (
+    permutation_error,
+    rope_relative_violation,
+    sinusoidal_shift_residual,
+    swap_attention_error,
+)
+from transformer_lab.config import CONFIG_DIR
+from transformer_lab.console import console
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import TransformerModel, build_model, instantiate_component
+from transformer_lab.results import RunDirectory
+from transformer_lab.routines import RoutineOutcome
+
+CHECK_TABLE_COLUMNS = ["check", "component", "status", "value", "tolerance", "detail", "wall_s"]
+
+# Tolerances. "exact" properties allow float32 rounding; "must break" properties need a
+# difference far above it.
+ROPE_TOLERANCE = 1e-4  # relative spread of q.k over shifts (fp32 angles up to ~100 rad)
+MISMATCH_MINIMUM = 0.05  # a pairing mix-up must move the relative score at least this much
+SHIFT_TOLERANCE = 1e-3  # relative residual of the fitted linear map on held-out positions
+EQUIVARIANCE_TOLERANCE = 1e-5  # NoPE: relative output error, absolute attention error
+BREAK_MINIMUM = 1e-4  # a PE must change outputs / attention more than this (10x the above)
+SOLVED = 0.99  # --trained: training stops at this held-out exact match
+
+
+@dataclass
+class ComponentCheck:
+    check: str
+    component: str
+    status: str  # PASS | FAIL
+    value: float
+    tolerance: str  # "<= x" (must be small) or "> x" (must be large)
+    detail: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def at_most(check: str, component: str, value: float, tolerance: float,
+            detail: str = "") -> ComponentCheck:
+    """A property that holds: PASS when ``value <= tolerance``."""
+    return ComponentCheck(check, component, "PASS" if value <= tolerance else "FAIL", value,
+                          f"<= {tolerance:g}", detail)
+
+
+def more_than(check: str, component: str, value: float, minimum: float,
+              detail: str = "") -> ComponentCheck:
+    """A property that must break: PASS when ``value > minimum``."""
+    return ComponentCheck(check, component, "PASS" if value > minimum else "FAIL", value,
+                          f"> {minimum:g}", detail)
+
+
+# --------------------------------------------------------------------------------------------
+# the checks (each: pe config -> rows); inputs are built so that a broken component can be
+# passed in instead
+
+
+RotaryFactory = Callable[[float, str], torch.nn.Module]  # (base, style) -> rotary PE module
+
+
+def module_rotate(rotary: torch.nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """A rotary PE module as ``rotate(x, positions)`` (it rotates q and k alike)."""
+    return lambda x, positions: rotary(x, x, positions)[0]
+
+
+def rope_relative_rows(make_rotary: RotaryFactory, head_dim: int, bases: list[float],
+                       component: str) -> list[ComponentCheck]:
+    rows = []
+    for style in ("half", "interleaved"):
+        for base in bases:
+            rotate = module_rotate(make_rotary(base, style))
+            value = rope_relative_violation(rotate, rotate, head_dim)
+            rows.append(at_most("rope_relative", f"{component} {style} base={base:g}",
+                                value, ROPE_TOLERANCE,
+                                "max spread of q.k/(|q||k|) over shifts 0,5,17,64 of (m,n) = "
+                                "(2,5) [the seed: = (7,10)], (0,3), (10,4), (1,30)"))
+    return rows
+
+
+def pairing_mismatch_row(make_rotary: RotaryFactory, head_dim: int, base: float,
+                         component: str) -> ComponentCheck:
+    half = module_rotate(make_rotary(base, "half"))
+    interleaved = module_rotate(make_rotary(base, "interleaved"))
+    value = rope_relative_violation(half, interleaved, head_dim)
+    detected = value > MISMATCH_MINIMUM
+    detail = ("half on q, interleaved on k: q.k now depends on absolute position (mismatch "
+              "detected)" if detected else "half on q, interleaved on k did NOT break the "
+              "relative property: the detector cannot tell the pairings apart")
+    return more_than("rope_pairing_mismatch", component, value, MISMATCH_MINIMUM, detail)
+
+
+def sinusoidal_shift_row(table: Callable[[torch.Tensor], torch.Tensor],
+                         component: str) -> ComponentCheck:
+    value = sinusoidal_shift_residual(table)
+    return at_most("sinusoidal_shift", component, value, SHIFT_TOLERANCE,
+                   "PE(pos+k) = M_k PE(pos): M_k fitted by least squares on half of the "
+                   "positions 0..max(255, 4d-1), residual on the other half (k = 1, 3, 10)")
+
+
+def check_tokens(cfg: DictConfig, seq_len: int) -> torch.Tensor:
+    """Distinct tokens (1, T) so that a swap changes the input."""
+    vocab = int(cfg.model.vocab_size)
+    if vocab - 1 < seq_len:
+        generator = torch.Generator().manual_seed(int(cfg.seed))
+        return torch.randint(1, vocab, (1, seq_len), generator=generator)
+    return torch.randperm(vocab - 1, generator=torch.Generator().manual_seed(int(cfg.seed)))[
+        :seq_len][None] + 1
+
+
+def equivariance_row(model: TransformerModel, tokens: torch.Tensor, component: str,
+                     expect_equivariant: bool) -> ComponentCheck:
+    # a fixed random permutation (not a reversal, which a symmetric ALiBi bias cannot see)
+    permutation = torch.randperm(tokens.shape[1], generator=torch.Generator().manual_seed(1))
+    value = permutation_error(model, tokens, permutation)
+    text = f"max |f(Px) - P f(x)| / max |f(x)|, P = {permutation.tolist()}"
+    if expect_equivariant:
+        return at_most("permutation_equivariant", component, value, EQUIVARIANCE_TOLERANCE, text)
+    return more_than("pe_breaks_permutation", component, value, BREAK_MINIMUM, text)
+
+
+def swap_row(model: TransformerModel, tokens: torch.Tensor, component: str,
+             expect_permuted: bool, i: int = 0, j: int = 2) -> ComponentCheck:
+    differing = (tokens[0] != tokens[0, i]).nonzero().flatten().tolist()
+    if tokens[0, i] == tokens[0, j] and differing:
+        j = differing[0]  # swapping two equal tokens would change nothing
+    attention, output = swap_attention_error(model, tokens, i, j)
+    detail = (f"swap tokens {i} and {j}: max |A' - P A P| over layers and heads; outputs "
+              f"differ from permuted outputs by {output:.3g}")
+    if expect_permuted:
+        return at_most("swap_attention", component, attention, EQUIVARIANCE_TOLERANCE,
+                       detail + " (NoPE: rows and columns just permute)")
+    return more_than("swap_attention", component, attention, BREAK_MINIMUM,
+                     detail + " (a PE: attention is not just permuted)")
+
+
+# --------------------------------------------------------------------------------------------
+# the registry and the routine
+
+
+def pe_config(cfg: DictConfig, name: str) -> DictConfig:
+    """``cfg`` with the ``pe`` group set to ``name`` (the run's own pe node, overrides included,
+    when it is that one)."""
+    if cfg.pe.get("name") == name:
+        return cfg
+    path = CONFIG_DIR / "pe" / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"pe '{name}' has no config in {CONFIG_DIR / 'pe'}")
+    other = copy.deepcopy(cfg)
+    other.pe = OmegaConf.load(path)
+    return other
+
+
+def build_for_check(cfg: DictConfig) -> TransformerModel:
+    torch.manual_seed(int(cfg.seed))
+    model = build_model(cfg)
+    return model.eval()
+
+
+def rotary_factory(cfg: DictConfig) -> RotaryFactory:
+    def make(base: float, style: str) -> torch.nn.Module:
+        spec = OmegaConf.to_container(cfg.pe, resolve=True)
+        spec.update(base=float(base), style=style)
+        return instantiate_component(spec, "pe")
+
+    return make
+
+
+def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+                component: str) -> list[ComponentCheck]:
+    make = rotary_factory(cfg)
+    head_dim = int(cfg.model.d_model) // int(cfg.model.n_heads)
+    bases = sorted({float(cfg.pe.base), *map(float, cfg.routine.rope_bases)})
+    return [*rope_relative_rows(make, head_dim, bases, component),
+            pairing_mismatch_row(make, head_dim, float(cfg.pe.base), component)]
+
+
+def sinusoidal_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+                      component: str) -> list[ComponentCheck]:
+    suffix = " (at init)" if cfg.pe.get("name") == "sinusoidal_learned" else ""
+    pe = instantiate_component(pe_with_length(cfg, 4 * int(cfg.model.d_model) + 512), "pe")
+    with torch.no_grad():
+        return [sinusoidal_shift_row(pe, component + suffix)]
+
+
+def pe_with_length(cfg: DictConfig, length: int) -> dict[str, Any]:
+    """The pe node (a dict) with a table of at least ``length`` positions (learned tables)."""
+    spec = OmegaConf.to_container(cfg.pe, resolve=True)
+    if "max_len" in spec:
+        spec["max_len"] = max(int(spec["max_len"]), length)
+    return spec
+
+
+def equivariance_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+                        component: str) -> list[ComponentCheck]:
+    nope = model.pe_kind == "none"
+    return [equivariance_row(model, tokens, component, expect_equivariant=nope),
+            swap_row(model, tokens, component, expect_permuted=nope)]
+
+
+Check = Callable[[DictConfig, TransformerModel, torch.Tensor, str], list[ComponentCheck]]
+CHECKS_BY_PE: dict[str, tuple[Check, ...]] = {
+    "none": (equivariance_checks,),
+    "sinusoidal": (sinusoidal_checks, equivariance_checks),
+    "sinusoidal_learned": (sinusoidal_checks, equivariance_checks),
+    "learned": (equivariance_checks,),
+    "rope": (rope_checks, equivariance_checks),
+    "alibi": (equivariance_checks,),
+    "t5": (equivariance_checks,),
+}
+
+
+def pes_to_check(cfg: DictConfig) -> list[str]:
+    """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
+    choice = str(cfg.routine.pe)
+    if choice == "all":
+        return list(CHECKS_BY_PE)
+    if choice not in CHECKS_BY_PE:
+        raise ConfigError(f"--pe {choice} has no checks; pes with checks: "
+                          f"{', '.join(CHECKS_BY_PE)}")
+    return [choice]
+
+
+def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> ComponentCheck:
+    """Train on the run's task (reversal) for ``routine.train_steps`` steps, then swap-test."""
+    from transformer_lab.config import build_task
+    from transformer_lab.train import Trainer
+
+    task = build_task(cfg)
+    model = build_for_check(cfg).train()
+    trainer = Trainer(model, task, cfg.train, int(cfg.model.d_model), int(cfg.seed), None)
+    result = trainer.fit(int(cfg.routine.train_steps), target_exact_match=SOLVED)
+    row = swap_row(model, tokens, f"{component} (trained)", expect_permuted=model.pe_kind == "none")
+    match = result.best_exact_match
+    row.detail += (f"; trained {result.steps} steps on {cfg.task.get('name')}: final loss "
+                   f"{result.final_loss:.3f}, held-out exact match "
+                   f"{'n/a' if match is None else f'{match:.3f}'}")
+    return row
+
+
+def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+                       component: str) -> list[ComponentCheck]:
+    with console.status(f"{component}: training on {cfg.task.get('name')}"):
+        return [trained_swap_row(cfg, tokens, component)]
+
+
+def run_check(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    if cfg.arch.causal:
+        raise ConfigError("tlab check needs arch=encoder: a causal mask breaks permutation "
+                          "equivariance by design")
+    started = time.perf_counter()
+    rows: list[ComponentCheck] = []
+    table = run.log("checks", CHECK_TABLE_COLUMNS)
+    for name in pes_to_check(cfg):
+        pe_cfg = pe_config(cfg, name)
+        model = build_for_check(pe_cfg)
+        tokens = check_tokens(pe_cfg, int(cfg.routine.seq_len))
+        component = f"pe={name}"
+        checks: list[Check] = list(CHECKS_BY_PE[name])
+        if cfg.routine.trained:
+            checks.append(trained_swap_check)
+        for check in checks:
+            clock = time.perf_counter()
+            new = check(pe_cfg, model, tokens, component)
+            for row in new:
+                row.wall_s = (time.perf_counter() - clock) / len(new)
+                table.write(row.as_row())
+            rows += new
+    console.print(component_check_table(rows, f"tlab check - {run.path}"))
+    failed = [f"{r.check} ({r.component})" for r in rows if not r.passed]
+    return RoutineOutcome(passed=not failed, summary={"wall_s": time.perf_counter() - started},
+                          message="" if not failed else "failed: " + ", ".join(failed))
+
+
+def component_check_table(rows: list[ComponentCheck], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("check", "component", "status", "value", "tolerance"):
+        table.add_column(column, overflow="fold")
+    colours = {"PASS": "green", "FAIL": "bold red"}
+    for row in rows:
+        table.add_row(row.check, row.component, f"[{colours[row.status]}]{row.status}[/]",
+                      f"{row.value:.3g}", row.tolerance)
+    return table

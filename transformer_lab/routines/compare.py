@@ -1,0 +1,324 @@
+"""``tlab compare-activations``: step 4 of the validation routine, the seed's activation table
+(ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity, gradient stability) made
+runnable.
+
+For every activation of ``routine.activations`` (choices of the ``activation`` config group) and
+every seed ``seed, seed+1, .., seed+routine.seeds-1``, the run's model is built with that FFN
+and trained for ``routine.steps`` steps. Within a seed every activation starts from the same
+``torch.manual_seed`` (same initial attention/embedding weights; the FFN weights too where the
+shapes match) and sees the same batches in the same order (the trainer's generator is seeded
+with the seed), so the curves differ by the activation only.
+
+Default task: the synthetic language-model task (``task=lm``, ``arch=decoder``). Next-token
+prediction on a seeded Markov-chain corpus gives a perplexity the way the seed's table means it
+(``exp`` of the held-out cross-entropy, with a known floor, the chain's entropy rate), keeps
+learning over the whole 200 steps instead of saturating like 4-token reversal, and its loss
+curve is smooth enough for "steps to a loss target" to mean something. Any other task works
+(``task=reverse arch=encoder``: inside ``tlab validate`` step 4 uses the run's own task).
+
+``comparison.csv`` (one row per activation, numbers averaged over seeds):
+
+    params          parameters of the whole model        ffn_params      of all FFN blocks
+    tokens_per_s    median training throughput            rel_speed       / first activation's
+    final_loss      held-out cross-entropy at the end     final_ppl       exp(final_loss)
+    grad_norm_mean  mean of the per-step gradient norm (before clipping) over all steps
+    grad_norm_std   its standard deviation: the stability figure (spikes make it large)
+    steps_to_target first step whose smoothed training loss (EMA, ``SMOOTHING``) reaches
+                    ``loss_target`` (median over seeds; empty if a seed never does)
+    seeds           number of seeds
+
+``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
+training loss among all runs, so ``steps_to_target`` says who got there first.
+``compare_runs.csv`` has one row per (activation, seed) and is written as each run ends (an
+interrupted comparison keeps its finished runs); ``loss_curves.png`` plots the smoothed training
+loss, mean over seeds with the min-max band.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from omegaconf import DictConfig, ListConfig
+from rich.table import Table
+
+from transformer_lab.config import build_task
+from transformer_lab.config_tree import group_choices
+from transformer_lab.console import console
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import build_model
+from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.checks import CheckRow, Stopwatch, status
+from transformer_lab.routines.variants import TaggedLog, with_choice
+from transformer_lab.tasks import Task
+from transformer_lab.train import Trainer, count_parameters
+
+COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
+                      "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
+                      "steps_to_target", "seeds", "loss_target", "final_loss_std",
+                      "first_loss", "steps"]
+RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
+               "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
+               "wall_s"]
+SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
+
+
+@dataclass
+class SeedRun:
+    """One activation trained with one seed."""
+
+    activation: str
+    seed: int
+    params: int
+    ffn_params: int
+    steps: int
+    final_loss: float  # held-out cross-entropy after the last step
+    wall_s: float
+    train_losses: list[float] = field(default_factory=list)  # one per logged step
+    logged_steps: list[int] = field(default_factory=list)
+    grad_norms: list[float] = field(default_factory=list)
+    tokens_per_s: float = 0.0  # median over log intervals
+
+    @property
+    def smoothed(self) -> list[float]:
+        return ema(self.train_losses, SMOOTHING)
+
+    def as_row(self) -> dict:
+        return {"activation": self.activation, "seed": self.seed, "params": self.params,
+                "ffn_params": self.ffn_params, "tokens_per_s": self.tokens_per_s,
+                "final_loss": self.final_loss,
+                "final_train_loss": self.smoothed[-1] if self.train_losses else math.nan,
+                "first_loss": self.train_losses[0] if self.train_losses else math.nan,
+                "grad_norm_mean": _mean(self.grad_norms),
+                "grad_norm_std": _std(self.grad_norms), "steps": self.steps,
+                "wall_s": self.wall_s}
+
+
+def ema(values: Sequence[float], weight: float) -> list[float]:
+    """Exponential moving average ``s_t = (1 - w) s_{t-1} + w v_t`` with ``s_0 = v_0``."""
+    smoothed: list[float] = []
+    for value in values:
+        smoothed.append(value if not smoothed else (1 - weight) * smoothed[-1] + weight * value)
+    return smoothed
+
+
+def _mean(values: Sequence[float]) -> float:
+    return statistics.fmean(values) if values else math.nan
+
+
+def _std(values: Sequence[float]) -> float:
+    return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def activation_list(cfg: DictConfig) -> list[str]:
+    """``routine.activations`` as a list (a list, or a comma-separated string)."""
+    value = cfg.routine.get("activations")
+    if isinstance(value, ListConfig | list | tuple):
+        return [str(v).strip() for v in value]
+    return [a.strip() for a in str(value or "").split(",") if a.strip()]
+
+
+def check_config(cfg: DictConfig, task: Task) -> None:
+    """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
+    routine = cfg.routine
+    names = activation_list(cfg)
+    valid = group_choices("activation")
+    if not names:
+        raise ConfigError(f"routine.activations is empty; give one or more of: {', '.join(valid)}")
+    for name in names:
+        if name not in valid:
+            raise ConfigError(f"unknown activation '{name}' in --activations; valid: "
+                              f"{', '.join(valid)}")
+    if len(set(names)) != len(names):
+        raise ConfigError(f"--activations lists an activation twice: {','.join(names)}")
+    for key in ("steps", "seeds"):
+        value = routine.get(key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"routine.{key}={value} is not valid (--{key}); it must be an "
+                              "integer >= 1")
+    target = routine.get("loss_target")
+    if target is not None and (not isinstance(target, int | float) or target <= 0):
+        raise ConfigError(f"routine.loss_target={target} is not valid; use a positive loss or "
+                          "null (the loss every run reaches)")
+
+
+def train_seed(cfg: DictConfig, log: CsvLog | None, stage: str = "compare") -> SeedRun:
+    """Train the model of ``cfg`` (one activation, seed ``cfg.seed``) for ``routine.steps``.
+
+    The one place a (config, seed) pair is trained: a vectorised multi-seed trainer can replace
+    the loop that calls it. Throughput is the median over log intervals of tokens per second
+    (robust to the first steps' warm-up and to other processes).
+    """
+    activation, seed = str(cfg.activation.get("name")), int(cfg.seed)
+    torch.manual_seed(seed)
+    task = build_task(cfg)
+    model = build_model(cfg)
+    ffn_params = sum(p.numel() for block in model.blocks for p in block.feedforward.parameters())
+    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed,
+                      TaggedLog(log, stage, activation, seed))
+    logged: list[tuple[int, float]] = []  # (step, perf_counter) at every logged step
+    result = trainer.fit(int(cfg.routine.steps),
+                         on_step=lambda step, loss: logged.append((step, time.perf_counter())))
+    tokens_per_step = int(cfg.train.batch_size) * task.model_seq_len
+    speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
+              for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
+    return SeedRun(activation, seed, count_parameters(model), ffn_params, result.steps,
+                   result.final_loss, result.wall_s, result.train_losses,
+                   [step for step, _ in logged], result.grad_norms,
+                   statistics.median(speeds) if speeds else result.tokens_per_s)
+
+
+def steps_to_target(run: SeedRun, target: float) -> int | None:
+    """First logged step whose smoothed training loss is at or below ``target``."""
+    for step, loss in zip(run.logged_steps, run.smoothed, strict=True):
+        if loss <= target:
+            return step
+    return None
+
+
+def comparison_rows(runs: list[SeedRun], loss_target: float | None) -> list[dict]:
+    """One ``comparison.csv`` row per activation (in the order first seen), seeds averaged."""
+    finals = [r.smoothed[-1] for r in runs if r.train_losses]
+    target = loss_target if loss_target is not None else max(finals, default=math.nan)
+    by_activation: dict[str, list[SeedRun]] = {}
+    for run in runs:
+        by_activation.setdefault(run.activation, []).append(run)
+    rows = []
+    for activation, seed_runs in by_activation.items():
+        reached = [steps_to_target(r, target) for r in seed_runs]
+        norms = [g for r in seed_runs for g in r.grad_norms]
+        final = [r.final_loss for r in seed_runs]
+        rows.append({
+            "activation": activation, "params": seed_runs[0].params,
+            "ffn_params": seed_runs[0].ffn_params,
+            "tokens_per_s": _mean([r.tokens_per_s for r in seed_runs]),
+            "final_loss": _mean(final), "final_ppl": _exp(_mean(final)),
+            "grad_norm_mean": _mean(norms), "grad_norm_std": _std(norms),
+            "steps_to_target": None if None in reached else statistics.median(reached),
+            "seeds": len(seed_runs), "loss_target": target, "final_loss_std": _std(final),
+            "first_loss": _mean([r.train_losses[0] for r in seed_runs if r.train_losses]),
+            "steps": seed_runs[0].steps,
+        })
+    first_speed = rows[0]["tokens_per_s"] if rows else math.nan
+    for row in rows:
+        row["rel_speed"] = row["tokens_per_s"] / first_speed if first_speed else math.nan
+    return rows
+
+
+def _exp(loss: float) -> float:
+    return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
+
+
+def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
+    """Train every (seed, activation) pair, seeds outermost so that slow drift of the machine
+    does not favour one activation; each finished pair is appended to ``compare_runs.csv``."""
+    activations, n_seeds = activation_list(cfg), int(cfg.routine.seeds)
+    runs_log = run.log("compare_runs", RUN_COLUMNS)
+    runs: list[SeedRun] = []
+    for offset in range(n_seeds):
+        for activation in activations:
+            variant = with_choice(cfg, "activation", activation)
+            variant.seed = int(cfg.seed) + offset
+            with console.status(f"{activation}, seed {variant.seed}: "
+                                f"{cfg.routine.steps} steps"):
+                seed_run = train_seed(variant, run.metrics, stage)
+            runs.append(seed_run)
+            runs_log.write(seed_run.as_row())
+    return runs
+
+
+def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
+    """One check per activation: it trained to a finite loss and the loss fell. The numbers
+    are a comparison (speed, perplexity, gradient-norm spread), not a verdict on quality."""
+    checks = []
+    for row in rows:
+        finite = math.isfinite(row["final_loss"]) and math.isfinite(row["grad_norm_mean"])
+        fell = finite and row["final_loss"] < row["first_loss"]
+        detail = (f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f} (ppl "
+                  f"{row['final_ppl']:.3g}), {row['tokens_per_s']:.0f} tok/s ("
+                  f"{row['rel_speed']:.2f}x), grad norm {row['grad_norm_mean']:.3g} +- "
+                  f"{row['grad_norm_std']:.2g}; a comparison: PASS = finite and falling")
+        if not finite:
+            detail += "; non-finite loss or gradients: lower train.lr or check the FFN"
+        elif not fell:
+            detail += "; the loss did not fall: check the FFN's forward and its initialisation"
+        checks.append(CheckRow(step, f"activation_{row['activation']}", status(fell),
+                               "final_loss", row["final_loss"], "< first loss", 0.0, detail))
+    return checks
+
+
+def comparison_table(rows: list[dict], title: str) -> Table:
+    table = Table(title=title)
+    columns = ("activation", "params", "ffn_params", "tokens_per_s", "rel_speed", "final_loss",
+               "final_ppl", "grad_norm_mean", "grad_norm_std", "steps_to_target", "seeds")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "activation" else "right")
+    for row in rows:
+        table.add_row(*(_cell(row[c]) for c in columns))
+    return table
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
+    if isinstance(value, int):
+        return f"{value:,}"
+    return str(value)
+
+
+def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
+    """Smoothed training loss per activation: mean over seeds, min-max band (Agg backend)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.5))
+    by_activation: dict[str, list[SeedRun]] = {}
+    for run in runs:
+        by_activation.setdefault(run.activation, []).append(run)
+    for activation, seed_runs in by_activation.items():
+        length = min(len(r.smoothed) for r in seed_runs)
+        steps = seed_runs[0].logged_steps[:length]
+        curves = torch.tensor([r.smoothed[:length] for r in seed_runs])  # (seeds, logged)
+        label = f"{activation} ({len(seed_runs)} seed{'s' if len(seed_runs) > 1 else ''})"
+        (line,) = axes.plot(steps, curves.mean(0).tolist(), label=label)
+        if len(seed_runs) > 1:
+            axes.fill_between(steps, curves.min(0).values.tolist(),
+                              curves.max(0).values.tolist(), color=line.get_color(), alpha=0.2)
+    axes.set_xlabel("step")
+    axes.set_ylabel(f"training loss (EMA {SMOOTHING})")
+    axes.set_title(title)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+    return path
+
+
+def run_compare(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    clock = Stopwatch()
+    runs = compare_runs(cfg, run)
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"))
+    run.write_table("comparison", rows, COMPARISON_COLUMNS)
+    plot_loss_curves(runs, run.path / "loss_curves.png",
+                     f"{cfg.task.get('name')}, {'decoder' if cfg.arch.causal else 'encoder'}, "
+                     f"pe={cfg.pe.get('name')}: {cfg.routine.steps} steps")
+    console.print(comparison_table(rows, f"tlab compare-activations - {run.path}"))
+    checks = comparison_checks(rows)
+    failed = [c for c in checks if not c.passed]
+    first = rows[0]
+    summary = {"params": first["params"], "steps": first["steps"],
+               "final_loss": first["final_loss"], "wall_s": clock.lap(),
+               "tokens_per_s": first["tokens_per_s"]}
+    return RoutineOutcome(passed=not failed, summary=summary,
+                          message="; ".join(f"{c.check}: {c.detail}" for c in failed))

@@ -1,0 +1,149 @@
+"""``tlab plot-pe``: what a positional encoding looks like, as PNG files in the run directory.
+
+By the PE's ``kind`` (one registry, ``PLOTTERS``):
+
+    additive  pe_curves.png   PE value vs position for ``routine.dims`` (the seed's figure:
+                              dims 0, 1, 3, 7, 15, 31 of a 128-wide table, 100 positions);
+                              low dims oscillate fast, high dims slowly
+              pe_heatmap.png  position x dimension
+    rotary    pe_curves.png   cos(m theta_i) vs position m for the pairs i = dim // 2
+              pe_heatmap.png  cos(m theta_i), position x pair
+              rope_score_vs_distance.png   q . R(d) k / |q||k| for q = k = (1, ..., 1): the
+                              RoFormer long-range decay, at the configured base and
+                              ``routine.rope_bases``
+    bias      pe_bias_vs_distance.png  bias of the last query to each key vs distance, one
+                              line per head (ALiBi: -m_h * distance)
+              pe_bias_heads.png  the (T x T) bias of every head
+
+The numbers behind the curves go to ``pe_values.csv`` (one row per position).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab import plots
+from transformer_lab.console import console
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import instantiate_component
+from transformer_lab.results import RunDirectory
+from transformer_lab.routines import RoutineOutcome
+
+
+def checked_dims(dims: list[int], width: int, what: str) -> list[int]:
+    bad = [d for d in dims if not 0 <= d < width]
+    if bad:
+        raise ConfigError(f"routine.dims={bad} not valid for {what} {width}; use 0..{width - 1}")
+    return dims
+
+
+def write_values(run: RunDirectory, positions: np.ndarray,
+                 columns: dict[str, np.ndarray]) -> None:
+    rows = [{"position": int(p), **{name: float(v[i]) for name, v in columns.items()}}
+            for i, p in enumerate(positions)]
+    run.write_table("pe_values", rows, ["position", *columns])
+
+
+def plot_additive(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+    with torch.no_grad():
+        table = pe(torch.arange(length)).float().numpy()  # (L, D)
+    dims = checked_dims(list(cfg.routine.dims), table.shape[1], "d_model")
+    positions = np.arange(length)
+    curves = {f"dim {d}": table[:, d] for d in dims}
+    write_values(run, positions, curves)
+    return [
+        plots.line_plot(run.path / "pe_curves.png", positions, curves,
+                        f"pe={name}: value vs position (d_model {table.shape[1]})", "position",
+                        "PE value", legend_title="dimension"),
+        plots.heatmap(run.path / "pe_heatmap.png", table, f"pe={name}: position x dimension",
+                      "dimension", "position", "PE value"),
+    ]
+
+
+def rope_scores(pe: torch.nn.Module, head_dim: int, length: int) -> np.ndarray:
+    """q . R(d) k / (|q| |k|) for q = k = ones at query position 0 and key position d."""
+    ones = torch.ones(1, 1, length, head_dim)  # (B, H, T, Dh)
+    with torch.no_grad():
+        q, k = pe(ones, ones, torch.arange(length))
+    return ((q[..., :1, :] * k).sum(-1) / head_dim).flatten().numpy()  # (T,)
+
+
+def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+    head_dim = int(pe.head_dim)
+    cos, _ = pe.cos_sin(torch.arange(length))  # (L, rot/2)
+    cos = cos.numpy()
+    dims = checked_dims(list(cfg.routine.dims), head_dim, "head_dim")
+    positions = np.arange(length)
+    curves = {f"dim {d} (pair {d // 2})": cos[:, d // 2] for d in dims if d // 2 < cos.shape[1]}
+    scores = {f"base {float(cfg.pe.base):g} (configured)": rope_scores(pe, head_dim, length)}
+    for base in cfg.routine.rope_bases:
+        spec = OmegaConf.to_container(cfg.pe, resolve=True)
+        spec["base"] = float(base)
+        if float(base) != float(cfg.pe.base):
+            other = instantiate_component(spec, "pe")
+            scores[f"base {float(base):g}"] = rope_scores(other, head_dim, length)
+    write_values(run, positions, {**{f"cos {k}": v for k, v in curves.items()},
+                                  **{f"score {k}": v for k, v in scores.items()}})
+    return [
+        plots.line_plot(run.path / "pe_curves.png", positions, curves,
+                        f"pe={name} ({pe.style}): cos(m theta_i) vs position m", "position m",
+                        "cos(m theta_i)", legend_title="dimension"),
+        plots.heatmap(run.path / "pe_heatmap.png", cos,
+                      f"pe={name}: cos(m theta_i), position x pair (head_dim {head_dim})",
+                      "pair i", "position m", "cos"),
+        plots.line_plot(run.path / "rope_score_vs_distance.png", positions, scores,
+                        f"pe={name}: q.R(d)k / |q||k| for q = k = 1 (head_dim {head_dim})",
+                        "relative distance d", "normalised score"),
+    ]
+
+
+def plot_bias(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+    with torch.no_grad():
+        bias = pe(length, length).float().numpy()  # (H, T, T)
+    last = bias[:, -1, ::-1]  # (H, T): last query, keys at distance 0 .. T-1
+    slopes = getattr(pe, "slopes", None)
+    labels = [f"head {h}" + (f" (m={float(slopes[h]):.3g})" if slopes is not None else "")
+              for h in range(bias.shape[0])]
+    distance = np.arange(length)
+    curves = {label: last[h] for h, label in enumerate(labels)}
+    write_values(run, distance, curves)
+    return [
+        plots.line_plot(run.path / "pe_bias_vs_distance.png", distance, curves,
+                        f"pe={name}: bias of the last query vs distance to the key", "distance",
+                        "bias added to the logit", legend_title="head"),
+        plots.heatmap_grid(run.path / "pe_bias_heads.png", list(bias),
+                           [f"head {h}" for h in range(bias.shape[0])],
+                           f"pe={name}: bias[h, query, key]", "key", "query"),
+    ]
+
+
+PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[Path]]] = {
+    "additive": plot_additive,
+    "rotary": plot_rotary,
+    "bias": plot_bias,
+}
+
+
+def run_plot_pe(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    started = time.perf_counter()
+    if int(cfg.routine.max_len) < 2:
+        raise ConfigError(f"--max-len {cfg.routine.max_len} is not valid; it must be >= 2")
+    torch.manual_seed(int(cfg.seed))
+    pe = instantiate_component(cfg, "pe")
+    kind = getattr(pe, "kind", None)
+    if kind not in PLOTTERS:
+        raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
+                          f"plotted kinds: {', '.join(PLOTTERS)}")
+    files = PLOTTERS[kind](cfg, pe, run)
+    for path in files:
+        console.print(f"wrote {path}")
+    return RoutineOutcome(passed=True, summary={"wall_s": time.perf_counter() - started})

@@ -1,0 +1,286 @@
+"""``tlab reverse-task``: step 3 of the validation routine, sequence reversal.
+
+The task (:class:`transformer_lab.tasks.ReverseTask`): a source ``x_0 .. x_{L-1}`` of random
+symbols must come out reversed, ``y_i = x_{L-1-i}``.
+
+* ``arch=encoder``: bidirectional attention, inputs (B, L) -> logits (B, L, V); position ``i``
+  predicts ``x_{L-1-i}``. The model must know *where* each token is: without a positional
+  encoding an encoder is permutation-equivariant (permuting the input permutes the outputs), so
+  every position sees the same multiset of tokens and reversal is impossible beyond chance.
+* ``arch=decoder``: causal attention on ``source SEP reversed`` (length 2L, shifted by one),
+  loss on the L target tokens; exact match by greedy decoding from ``source SEP`` (not teacher
+  forcing).
+
+Training (``Trainer.fit``) stops at the first held-out evaluation (every ``train.eval_every``
+steps) whose exact match reaches ``routine.target`` (default 0.99), or after
+``routine.max_steps``. PASS when the target is reached.
+
+Two checks more make the result mean something:
+
+* ``nope_control`` (``routine.control=true``): the same model, seed and data without a PE
+  (``pe=none``), trained for as many steps as the chosen PE used. It shows the PE is what makes
+  the difference. In an encoder it must *not* solve the task; if it does, some component leaks
+  position (e.g. an FFN or norm that mixes positions) and the check fails. In a decoder it is
+  informational: the causal mask lets a NoPE decoder infer positions.
+* ``rotary_relative`` (rotary PEs only, before training): with the same query and key vector at
+  every position, the rotated scores ``q_m . k_n`` must depend on ``n - m`` only (Su et al. 2021,
+  RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
+  fails it, even when it still trains.
+
+What each PE is expected to do, per architecture, is ``EXPECTED`` below (measured numbers in
+``experiments/reverse_expectations.md``).
+
+Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
+of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
+``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from omegaconf import DictConfig
+
+from transformer_lab.config import build_task
+from transformer_lab.console import console
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import build_model, instantiate_component
+from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, status
+from transformer_lab.routines.variants import TaggedLog, with_choice
+from transformer_lab.tasks import Task
+from transformer_lab.tasks.sequence import SequenceTransformTask
+from transformer_lab.train import Trainer, TrainResult, count_parameters
+
+REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
+                   "target", "steps", "params", "wall_s", "tokens_per_s", "expected"]
+NOPE = "none"
+# Chosen-PE exact match this close to the NoPE control's counts as "no better than NoPE".
+NO_BETTER_MARGIN = 0.05
+# A rotary PE's scores may differ between (m, n) and (m + 1, n + 1) by this fraction of their
+# largest magnitude (float32 rounding of the rotation angles).
+ROTARY_TOLERANCE = 1e-4
+
+# What a correct implementation does on 4-token reversal with the reverse-task defaults
+# (2 layers); measured per PE and arch in experiments/reverse_expectations.md.
+EXPECTED: dict[str, dict[str, str]] = {
+    "none": {"encoder": "cannot: a NoPE encoder is permutation-equivariant",
+             "decoder": "may learn it: the causal mask leaks position (NoPE decoder)"},
+    "sinusoidal": {"encoder": "solves", "decoder": "solves"},
+    "learned": {"encoder": "solves", "decoder": "solves"},
+    "sinusoidal_learned": {"encoder": "solves", "decoder": "solves"},
+    "rope": {"encoder": "solves with >= 2 layers (relative only: absolute position comes from "
+                        "the sequence edges)", "decoder": "solves"},
+    "alibi(abs)": {"encoder": "solves with >= 2 layers (symmetric |i-j|: one layer cannot tell "
+                              "left from right; use pe.symmetric=split)",
+                   "decoder": "solves"},
+    "alibi(split)": {"encoder": "solves with >= 2 layers", "decoder": "solves"},
+    "t5": {"encoder": "solves with >= 2 layers", "decoder": "solves"},
+}
+
+
+def arch_name(cfg: DictConfig) -> str:
+    return "decoder" if cfg.arch.causal else "encoder"
+
+
+def pe_label(cfg: DictConfig) -> str:
+    """The PE as a table shows it: its group name, ``alibi(abs|split)`` for encoders, or the
+    class name of a user's own ``_target_``."""
+    target = str(cfg.pe.get("_target_", ""))
+    if not target.startswith("transformer_lab."):
+        return target.rsplit(".", 1)[-1] or str(cfg.pe.get("name"))
+    name = str(cfg.pe.get("name"))
+    if name == "alibi" and not cfg.arch.causal:
+        return f"alibi({cfg.pe.get('symmetric', 'abs')})"
+    return name
+
+
+def expected_outcome(cfg: DictConfig) -> str:
+    label = pe_label(cfg)
+    return EXPECTED.get(label, {}).get(arch_name(cfg), "unknown (your own component)")
+
+
+def check_config(cfg: DictConfig, task: Task) -> None:
+    """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
+    routine = cfg.routine
+    target = routine.get("target")
+    if target is None or not 0.0 < float(target) <= 1.0:
+        raise ConfigError(f"routine.target={target} is not valid; it must be in (0, 1] "
+                          "(a held-out exact-match fraction, e.g. 0.99)")
+    max_steps = routine.get("max_steps")
+    if not isinstance(max_steps, int) or max_steps < 1:
+        raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
+                          ">= 1")
+    if not isinstance(task, SequenceTransformTask):
+        raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
+                          "reverse-task needs task=reverse (or task=copy)")
+
+
+def train_to_target(cfg: DictConfig, metrics: TaggedLog | None, max_steps: int,
+                    target: float | None) -> tuple[TrainResult, int]:
+    """Seed, build and train one model until held-out exact match >= ``target`` or
+    ``max_steps``; returns the training result and the parameter count."""
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg)
+    model = build_model(cfg)
+    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
+    return trainer.fit(max_steps, target_exact_match=target), count_parameters(model)
+
+
+@dataclass
+class ReversalRun:
+    """One trained model of the reversal step and its ``reverse.csv`` row."""
+
+    role: str  # "chosen" or "nope_control"
+    pe: str
+    arch: str
+    seed: int
+    target: float
+    result: TrainResult
+    params: int
+    expected: str
+
+    @property
+    def solved(self) -> bool:
+        return self.result.solved_step is not None
+
+    @property
+    def exact_match(self) -> float:
+        return self.result.best_exact_match or 0.0
+
+    def as_row(self) -> dict:
+        r = self.result
+        return {"role": self.role, "pe": self.pe, "arch": self.arch, "seed": self.seed,
+                "solved": self.solved, "solved_step": r.solved_step,
+                "best_exact_match": self.exact_match, "target": self.target, "steps": r.steps,
+                "params": self.params, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+                "expected": self.expected}
+
+
+def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
+    """For a rotary PE: are the scores of one query/key pair a function of ``n - m`` only?
+
+    Rotates the same random ``q`` and ``k`` (1, 1, T, Dh) at every position ``0..T-1`` and
+    compares the score matrix ``S[m, n] = q_m . k_n`` with itself shifted by one position:
+    ``S[m, n]`` must equal ``S[m + 1, n + 1]``. Returns None for other kinds of PE.
+    """
+    clock = Stopwatch()
+    pe = instantiate_component(cfg, "pe")
+    if getattr(pe, "kind", None) != "rotary":
+        return None
+    head_dim = cfg.model.d_model // cfg.model.n_heads
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(head_dim, generator=generator).expand(1, 1, n_positions, head_dim)
+    k = torch.randn(head_dim, generator=generator).expand(1, 1, n_positions, head_dim)
+    with torch.no_grad():
+        q_rot, k_rot = pe(q.contiguous(), k.contiguous(), torch.arange(n_positions))
+    scores = (q_rot @ k_rot.transpose(-2, -1))[0, 0].float()  # (T, T): S[m, n] = q_m . k_n
+    drift = (scores[1:, 1:] - scores[:-1, :-1]).abs()  # (T-1, T-1): S[m+1, n+1] vs S[m, n]
+    scale = scores.abs().max().clamp_min(1e-12).item()
+    worst = drift.max().item()
+    ok = worst <= ROTARY_TOLERANCE * scale
+    m, n = divmod(int(drift.argmax()), n_positions - 1)
+    if ok:
+        detail = f"q.k depends on n-m only (largest drift {worst / scale:.1e} of |S|)"
+    else:
+        detail = (f"q.k at positions (m={m}, n={n}) is {scores[m, n]:.4g} but at "
+                  f"({m + 1}, {n + 1}) it is {scores[m + 1, n + 1]:.4g}: a rotary PE must make "
+                  "scores depend on n-m only; check that q and k get the same rotation (same "
+                  "pairing half/interleaved, same angles per position)")
+    return CheckRow(3, "rotary_relative", status(ok), "relative_drift", worst / scale,
+                    ROTARY_TOLERANCE, clock.lap(), detail)
+
+
+def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
+                  stage: str = "reverse") -> tuple[list[CheckRow], list[ReversalRun]]:
+    """Step 3: the rotary check, the chosen PE's training and the NoPE control; training rows
+    go to ``log`` tagged with ``stage``, the PE and the seed."""
+    routine = cfg.routine
+    target, max_steps = float(routine.target), int(routine.max_steps)
+    rows: list[CheckRow] = []
+    rotary = rotary_relative_check(cfg)
+    if rotary is not None:
+        rows.append(rotary)
+
+    label, arch = pe_label(cfg), arch_name(cfg)
+    with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
+        result, params = train_to_target(cfg, TaggedLog(log, stage, label, cfg.seed), max_steps,
+                                         target)
+    chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
+                         expected_outcome(cfg))
+    runs = [chosen]
+
+    control = None
+    if routine.get("control", True) and label != NOPE:
+        nope_cfg = with_choice(cfg, "pe", NOPE)
+        budget = result.solved_step or result.steps
+        with console.status(f"NoPE control: {budget} steps"):
+            control_result, control_params = train_to_target(
+                nope_cfg, TaggedLog(log, stage, NOPE, cfg.seed), budget, target)
+        control = ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target,
+                              control_result, control_params, expected_outcome(nope_cfg))
+        runs.append(control)
+
+    rows.append(chosen_row(chosen, control))
+    if control is not None:
+        rows.append(control_row(control))
+    return rows, runs
+
+
+def chosen_row(chosen: ReversalRun, control: ReversalRun | None) -> CheckRow:
+    r = chosen.result
+    if chosen.solved:
+        detail = f"pe={chosen.pe} reached {chosen.exact_match:.3f} at step {r.solved_step}"
+    else:
+        detail = f"pe={chosen.pe} reached only {chosen.exact_match:.3f} in {r.steps} steps"
+    if control is not None:
+        detail += f"; NoPE control {control.exact_match:.3f} in {control.result.steps} steps"
+    if not chosen.solved:
+        no_better = control is not None and (
+            chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
+        if chosen.pe == NOPE or no_better:
+            detail += ("; no better than no PE at all: the model gets no usable position "
+                       "information - check that the PE's output depends on its `positions` "
+                       "argument")
+        else:
+            detail += (f"; expected for pe={chosen.pe} ({chosen.arch}): {chosen.expected}; "
+                       "if it should solve it, try more routine.max_steps or another train.lr")
+    return CheckRow(3, "reverse_exact_match", status(chosen.solved), "exact_match",
+                    chosen.exact_match, chosen.target, r.wall_s, detail)
+
+
+def control_row(control: ReversalRun) -> CheckRow:
+    r = control.result
+    detail = f"NoPE {control.arch}: exact match {control.exact_match:.3f} in {r.steps} steps"
+    if control.arch == "encoder":
+        ok = not control.solved
+        detail += ("; as expected, a NoPE encoder is permutation-equivariant" if ok else
+                   "; a NoPE encoder should not be able to reverse: some component mixes "
+                   "positions (an FFN or norm that is not position-wise?)")
+    else:
+        ok = True
+        detail += " (informational: a causal decoder infers position from its mask)"
+    return CheckRow(3, "nope_control", status(ok), "exact_match", control.exact_match,
+                    f"< {control.target}" if control.arch == "encoder" else None, r.wall_s,
+                    detail)
+
+
+def reversal_summary(runs: list[ReversalRun]) -> dict:
+    chosen = runs[0]
+    r = chosen.result
+    return {"params": chosen.params, "steps": r.steps, "final_loss": r.final_loss,
+            "best_exact_match": chosen.exact_match, "solved_step": r.solved_step,
+            "tokens_per_s": r.tokens_per_s}
+
+
+def run_reverse(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    clock = Stopwatch()
+    rows, runs = reversal_runs(cfg, run.metrics)
+    run.write_table("reverse", [r.as_row() for r in runs], REVERSE_COLUMNS)
+    console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
+    failed = [r for r in rows if not r.passed]
+    summary = {**reversal_summary(runs), "wall_s": clock.lap()}
+    message = "; ".join(f"{r.check}: {r.detail}" for r in failed)
+    return RoutineOutcome(passed=not failed, summary=summary, message=message)

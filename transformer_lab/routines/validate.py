@@ -1,0 +1,147 @@
+"""``tlab validate``: the seed's four-step validation routine on one configuration.
+
+    step 1  the seed's minimal model (4 tokens, d_model 8, one layer) runs forward and backward:
+            output shape, finite loss, a finite gradient for every parameter, parameter count
+    step 2  <= 10 optimiser steps on fixed batches: the loss must fall (else: learning rate,
+            PE-to-embedding scale, dead gradients)
+    step 3  4-token reversal to held-out exact match >= routine.target, beside a NoPE control
+            (and, for a rotary PE, the relative-position property of its scores)
+    step 4  the FFN activations of routine.compare compared for 200 steps: each must train to a
+            finite, falling loss; the numbers (speed, perplexity, gradient-norm spread) are a
+            comparison, written to comparison.csv and loss_curves.png
+
+The pe, norm, norm_layer, activation and arch of the run are shared by every step; the sizes
+and training settings of steps 1-2 and 4 are the run's config with ``routine.smoke`` /
+``routine.compare`` merged over it (``configs/experiment/validate.yaml``). A failing step 1
+stops the routine (the later steps would not mean anything); later failures do not, so the
+table shows everything that is wrong. A diverging step is a FAIL of that step.
+
+Writes ``validation.csv`` (``step, check, status, metric, value, threshold, wall_s, detail``;
+one row per check, appended as each step ends so an interrupted run keeps the finished steps),
+``reverse.csv``, ``comparison.csv``, ``compare_runs.csv``, ``loss_curves.png`` and every
+training row in ``metrics.csv`` (``stage`` = smoke / reverse / compare).
+"""
+
+from __future__ import annotations
+
+import torch
+from omegaconf import DictConfig
+
+from transformer_lab.config import build_task
+from transformer_lab.console import console
+from transformer_lab.errors import Diverged
+from transformer_lab.model import build_model
+from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.routines import RoutineOutcome, compare, reverse
+from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
+from transformer_lab.routines.smoke import forward_backward_check, smoke_training
+from transformer_lab.routines.variants import StageRun, merged
+from transformer_lab.tasks import Task
+
+# What to look at when a step fails (the rows' details say more).
+STEP_HINTS = {
+    1: "the model does not run: look at the component named in the failing check",
+    2: "the loss does not fall: look at train.lr and the PE-to-embedding scale",
+    3: "reversal fails: look at the positional encoding (does it use `positions`?)",
+    4: "an activation does not train: look at the FFN (finite outputs, initialisation)",
+}
+
+
+def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
+    """The configs of steps 1-2 (``smoke``), 3 (``reverse``) and 4 (``compare``)."""
+    return {"smoke": merged(cfg, cfg.routine.smoke), "reverse": cfg,
+            "compare": merged(cfg, cfg.routine.compare)}
+
+
+def check_config(cfg: DictConfig, task: Task) -> None:
+    """Pre-flight checks of every step's settings (called by ``validate_config``)."""
+    configs = step_configs(cfg)
+    reverse.check_config(cfg, task)
+    compare_cfg = configs["compare"]
+    compare.check_config(compare_cfg, build_task(compare_cfg))
+
+
+def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
+    """Steps 1 and 2 with the smoke routine's functions, on the merged smoke config."""
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg)
+    model = build_model(cfg)
+    generator = torch.Generator().manual_seed(cfg.seed)
+    batches = [task.train_batch(cfg.routine.batch_size, generator)
+               for _ in range(cfg.routine.n_batches)]
+    rows = forward_backward_check(cfg, model, batches[0])
+    if any(not row.passed for row in rows):
+        return rows
+    try:
+        smoke_row, _, _ = smoke_training(cfg, model, task, StageRun(run, "smoke"), batches)
+    except Diverged as exc:
+        smoke_row = CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")
+    return [*rows, smoke_row]
+
+
+def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], dict]:
+    try:
+        rows, runs = reverse.reversal_runs(cfg, run.metrics)
+    except Diverged as exc:
+        return [CheckRow(3, "reverse_exact_match", "FAIL", detail=f"diverged: {exc}")], {}
+    run.write_table("reverse", [r.as_row() for r in runs], reverse.REVERSE_COLUMNS)
+    return rows, reverse.reversal_summary(runs)
+
+
+def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
+    try:
+        runs = compare.compare_runs(cfg, run)
+    except Diverged as exc:
+        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
+    rows = compare.comparison_rows(runs, cfg.routine.get("loss_target"))
+    run.write_table("comparison", rows, compare.COMPARISON_COLUMNS)
+    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+                             f"tlab validate step 4: pe={reverse.pe_label(cfg)}, "
+                             f"{reverse.arch_name(cfg)}, {cfg.routine.steps} steps")
+    return compare.comparison_checks(rows)
+
+
+def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> None:
+    if wall_s is not None and rows and not any(row.wall_s for row in rows):
+        for row in rows:
+            row.wall_s = wall_s / len(rows)
+    log.write_all(row.as_row() for row in rows)
+
+
+def skipped(step: int, reason: str) -> CheckRow:
+    return CheckRow(step, "not_run", "SKIP", detail=reason)
+
+
+def run_validate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    clock, total = Stopwatch(), Stopwatch()
+    configs = step_configs(cfg)
+    log = run.log("validation", CHECK_COLUMNS)
+    rows: list[CheckRow] = []
+    summary: dict = {}
+
+    with console.status("steps 1-2: forward/backward and smoke training"):
+        step_rows = smoke_steps(configs["smoke"], run)
+    _record(log, step_rows, clock.lap())
+    rows += step_rows
+    if any(not row.passed for row in step_rows if row.step == 1):
+        later = [skipped(step, "step 1 failed") for step in (2, 3, 4)
+                 if not any(row.step == step for row in step_rows)]
+        _record(log, later)
+        rows += later
+    else:
+        step_rows, summary = reversal_step(configs["reverse"], run)
+        _record(log, step_rows, clock.lap())
+        rows += step_rows
+        step_rows = comparison_step(configs["compare"], run)
+        _record(log, step_rows, clock.lap())
+        rows += step_rows
+
+    console.print(check_table(rows, f"tlab validate - {run.path}"))
+    failed_steps = sorted({row.step for row in rows if not row.passed})
+    for step in failed_steps:
+        console.print(f"[bold red]step {step} failed[/]: {STEP_HINTS[step]}")
+    passed = not failed_steps
+    summary = {**summary, "wall_s": total.lap()}
+    message = "; ".join(f"step {row.step} {row.check}: {row.detail}"
+                        for row in rows if not row.passed)
+    return RoutineOutcome(passed=passed, summary=summary, message=message)

@@ -1,0 +1,85 @@
+"""Variants of one run's config, and metrics rows tagged with the variant they belong to.
+
+The validation routine trains several models in one run directory: the chosen PE and its NoPE
+control (step 3), one model per activation and seed (step 4). Each is the run's own config with
+one config group swapped (``with_choice(cfg, "pe", "none")``) or a block of settings merged over
+it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the columns
+``stage``, ``variant`` and ``seed`` (``TaggedLog``).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from transformer_lab.config_tree import CONFIG_DIR, group_choices
+from transformer_lab.errors import ConfigError
+from transformer_lab.results import CsvLog, RunDirectory
+
+TAG_COLUMNS = ("stage", "variant", "seed")
+
+
+class TaggedLog:
+    """Writes rows to ``log`` with the same ``stage``, ``variant`` and ``seed`` columns added."""
+
+    def __init__(self, log: CsvLog | None, stage: str = "", variant: str = "",
+                 seed: int | None = None) -> None:
+        self.log = log
+        self.tags = {"stage": stage, "variant": variant, "seed": seed}
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write({**row, **self.tags})
+
+
+class StageRun:
+    """A view of a ``RunDirectory`` whose ``metrics`` rows carry stage/variant/seed tags.
+
+    Lets a routine written for a whole run (``smoke_training(cfg, model, task, run, ...)``)
+    write into a run that holds several stages.
+    """
+
+    def __init__(self, run: RunDirectory, stage: str, variant: str = "",
+                 seed: int | None = None) -> None:
+        self._run = run
+        self.metrics = TaggedLog(run.metrics, stage, variant, seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._run, name)
+
+
+def load_choice(group: str, choice: str) -> DictConfig:
+    """The YAML of ``configs/<group>/<choice>.yaml`` (interpolations left unresolved)."""
+    choices = group_choices(group)
+    if choice not in choices:
+        raise ConfigError(f"unknown {group} '{choice}'; valid: {', '.join(choices)}")
+    return OmegaConf.load(CONFIG_DIR / group / f"{choice}.yaml")
+
+
+def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
+    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
+    variant = copy.deepcopy(cfg)
+    with open_dict(variant):
+        variant[group] = load_choice(group, choice)
+    return variant
+
+
+def merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
+    """A copy of ``cfg`` with ``patch`` merged over it; ``patch.routine`` replaces the routine.
+
+    Interpolations stay live, so ``pe.head_dim: ${tlab.div:${model.d_model},...}`` follows a
+    patched ``model.d_model``.
+    """
+    variant = copy.deepcopy(cfg)
+    if patch is None:
+        return variant
+    patch = OmegaConf.create(OmegaConf.to_container(patch) if isinstance(patch, DictConfig)
+                             else dict(patch))
+    with open_dict(variant):
+        if "routine" in patch:
+            variant.routine = patch.pop("routine")
+        variant.merge_with(patch)
+    return variant
