@@ -18,7 +18,7 @@ from transformer_lab.routines.compare import (
 )
 from transformer_lab.routines.variants import with_choice
 
-# A small language model that trains in a fraction of a second per activation.
+# A small model that trains in a fraction of a second per activation.
 FAST = ["model=tiny", "model.d_model=16", "task.seq_len=8", "task.eval_size=32",
         "train.batch_size=8"]
 
@@ -94,7 +94,7 @@ def test_ema_and_steps_to_target():
     (["routine.seeds=0"], "routine.seeds=0"),
     (["routine.steps=0"], "routine.steps=0"),
     (["routine.activations=[relu,relu]"], "twice"),
-    (["arch=encoder"], "needs arch=decoder"),
+    (["task=lm", "arch=encoder"], "needs arch=decoder"),
 ])
 def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
     out = tmp_path / "bad"

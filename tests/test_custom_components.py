@@ -17,7 +17,7 @@ from transformer_lab.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIG_DIR = REPO / "examples" / "configs"
-FAST = ["routine.compare.routine.steps=30", "task.eval_size=128"]
+FAST = ["routine.compare.routine.steps=20", "task.eval_size=128"]
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +52,7 @@ def test_correct_custom_pe_ffn_and_norm_pass(tlab, tmp_path):
 
 def test_position_blind_pe_fails_at_step_3(tlab, tmp_path):
     out = tmp_path / "blind"
-    code, stdout, _ = validate(tlab, out, "pe=position_blind", "routine.max_steps=60")
+    code, stdout, _ = validate(tlab, out, "pe=position_blind", "routine.max_steps=30")
     assert code == 1
     rows = read_csv(out / "validation.csv")
     assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))

@@ -36,7 +36,7 @@ def test_vectorised_seeds_match_separate_runs(overrides):
     cfg = config(*overrides)
     assert vectorisable(cfg) is None
     steps = 12
-    batched = fit_seeds(cfg, SEEDS, steps)
+    batched = fit_seeds(cfg, SEEDS, steps, vectorise=True)
     for seed, result in zip(SEEDS, batched, strict=True):
         alone, _ = separate_run(config(*overrides), seed, steps)
         assert len(result.train_losses) == len(alone.train_losses) == steps
@@ -55,7 +55,8 @@ def test_fixed_batches_and_metrics_per_seed(tmp_path):
     task = build_task(cfg)
     batches = {s: [task.train_batch(8, torch.Generator().manual_seed(100 + s))] for s in SEEDS}
     logs = {s: CsvLog(tmp_path / f"metrics_{s}.csv", METRIC_COLUMNS) for s in SEEDS}
-    results = fit_seeds(cfg, SEEDS, 6, task=task, batches=batches, metrics=logs)
+    results = fit_seeds(cfg, SEEDS, 6, task=task, batches=batches, metrics=logs,
+                        vectorise=True)
     for seed, result in zip(SEEDS, results, strict=True):
         alone, _ = separate_run(cfg, seed, 6, batches=batches[seed])
         assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5)
@@ -67,7 +68,7 @@ def test_fixed_batches_and_metrics_per_seed(tmp_path):
 def test_solved_seed_stops_like_a_separate_run():
     cfg = config("pe=rope", "train.eval_every=2")
     target = 0.0  # every evaluation reaches it: each seed stops at its first evaluation
-    results = fit_seeds(cfg, SEEDS, 10, target_exact_match=target)
+    results = fit_seeds(cfg, SEEDS, 10, target_exact_match=target, vectorise=True)
     for seed, result in zip(SEEDS, results, strict=True):
         alone, model = separate_run(cfg, seed, 10, target=target)
         assert result.solved_step == alone.solved_step == 2
@@ -85,9 +86,42 @@ def test_stateful_components_fall_back_to_sequential_runs():
     assert "dropout" in vectorisable(dropout)
 
 
+def test_auto_choice_batches_small_steps_only():
+    from transformer_lab.multiseed import worth_vectorising
+
+    tiny = config()  # batch 16 x T 4 x d 8 = 512
+    assert worth_vectorising(tiny, build_task(tiny))
+    big = config("model=small", "task.seq_len=16", "train.batch_size=64")  # 1024 x 64
+    assert not worth_vectorising(big, build_task(big))
+    results = fit_seeds(big, [0, 1], 2)  # sequential path: exactly the separate runs
+    alone, _ = separate_run(config("model=small", "task.seq_len=16", "train.batch_size=64"),
+                            1, 2)
+    assert results[1].train_losses == alone.train_losses
+
+
 def test_bad_seed_lists_are_refused():
     cfg = config()
     with pytest.raises(ValueError, match="at least one seed"):
         fit_seeds(cfg, [], 3)
     with pytest.raises(ValueError, match="repeat"):
         fit_seeds(cfg, [1, 1], 3)
+
+
+def test_smoke_seeds_runs_each_seed_like_its_own_run(tlab, tmp_path):
+    import csv
+
+    code, out, err = tlab("experiment=smoke", "routine.seeds=2", f"hydra.run.dir={tmp_path}/two")
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "two" / "smoke.csv").open()))
+    seed_rows = [r for r in rows if r["check"].startswith("smoke_loss_falls")]
+    assert [r["check"] for r in seed_rows] == ["smoke_loss_falls[seed=0]",
+                                               "smoke_loss_falls[seed=1]"]
+    metrics = list(csv.DictReader((tmp_path / "two" / "metrics.csv").open()))
+    assert {r["seed"] for r in metrics} == {"0", "1"}
+    code, _, err = tlab("experiment=smoke", "seed=1", f"hydra.run.dir={tmp_path}/one")
+    assert code == 0, err
+    single = [r for r in csv.DictReader((tmp_path / "one" / "smoke.csv").open())
+              if r["check"] == "smoke_loss_falls"]
+    assert float(single[0]["value"]) == pytest.approx(float(seed_rows[1]["value"]), abs=1e-4)
+    code, _, err = tlab("experiment=smoke", "routine.seeds=0", f"hydra.run.dir={tmp_path}/bad")
+    assert code == 2 and "routine.seeds=0" in err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -124,6 +125,9 @@ def test_no_op_dropout_and_scale_are_skipped_but_real_ones_apply():
 
 def test_benchmark_harness_runs_one_round(tmp_path):
     """The benchmark's own code path, one quick round of the tiny size (tlab and torch)."""
+    root = str(Path(__file__).resolve().parents[1])  # benchmarks/ is not an installed package
+    if root not in sys.path:
+        sys.path.insert(0, root)
     from benchmarks.run import main
 
     out = tmp_path / "results.csv"

@@ -207,6 +207,16 @@ def test_bad_sweeps_are_one_line_errors_and_write_nothing(tmp_path, tlab, overri
     assert not sweep_dir.exists()
 
 
+def test_slurm_launcher_without_slurm_is_a_clear_error(tmp_path, tlab, monkeypatch):
+    import transformer_lab.preflight as preflight
+
+    monkeypatch.setattr(preflight.shutil, "which", lambda command: None)
+    code, _, err = tlab("-m", "experiment=smoke", "seed=0,1", "hydra/launcher=slurm",
+                        f"hydra.sweep.dir={tmp_path / 'never'}")
+    assert code == 2 and "'srun' is not on PATH" in err and "submitit_local" in err
+    assert not (tmp_path / "never").exists()
+
+
 def test_sweep_into_a_directory_with_runs_is_refused(basic_sweep, tlab):
     code, _, err = tlab("-m", "experiment=smoke", "seed=0,1", f"hydra.sweep.dir={basic_sweep}")
     assert code == 2 and "already holds" in err

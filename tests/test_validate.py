@@ -10,7 +10,7 @@ import pytest
 from transformer_lab.routines.checks import CHECK_COLUMNS
 
 # Shorter step 4 and a smaller held-out set than the defaults; everything else as shipped.
-FAST = ["routine.compare.routine.steps=30", "task.eval_size=128"]
+FAST = ["routine.compare.routine.steps=20", "task.eval_size=128"]
 
 
 def read_csv(path):
@@ -84,7 +84,8 @@ def test_ctrl_c_keeps_finished_steps(tlab, tmp_path, monkeypatch):
 
     monkeypatch.setattr(compare, "train_seed", interrupt)
     out = tmp_path / "int"
-    code, _, err = tlab("experiment=validate", "pe=sinusoidal", *FAST, f"hydra.run.dir={out}")
+    code, _, err = tlab("experiment=validate", "pe=sinusoidal", "routine.control=false", *FAST,
+                        f"hydra.run.dir={out}")
     assert code == 130
     assert "interrupted" in err
     info = json.loads((out / "run.json").read_text())

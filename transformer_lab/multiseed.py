@@ -25,7 +25,8 @@ API (shapes: batches are (B, T); the stacked parameters are (N, *shape))::
                         batches=None,               # or {seed: [Batch, ...]} fixed batches
                         metrics=None,               # or {seed: CsvLog}: one metrics log per seed
                         target_exact_match=None,    # per seed: stop (freeze) it once reached
-                        on_step=None)               # fn(seed, step, loss) at log steps
+                        on_step=None,               # fn(seed, step, loss) at log steps
+                        vectorise=None)             # None: auto (below), True, False
     results[k]  # TrainResult of seeds[k], as Trainer.fit returns for a single run
     # models passed in are trained in place: afterwards models[k] holds seed k's weights
     vectorisable(cfg)  # None, or why the seeds run one after another (see below)
@@ -33,6 +34,16 @@ API (shapes: batches are (B, T); the stacked parameters are (N, *shape))::
 ``wall_s`` and ``tokens_per_s`` of each result are those of the whole batched run (tokens of
 that seed over the shared wall time). A seed that reaches ``target_exact_match`` stops counting:
 its result and its weights are those of the step where it was solved, as in a separate run.
+
+When it pays (measured on the 2-core CPU, 1 thread, N = 4, ``benchmarks/multiseed.py``): the
+batched step is overhead-bound only for tiny steps. With ``tokens = batch x T`` per step,
+tokens x d_model <= 2048 (``tlab smoke``, d 8 / batch 64 at T 4, d 64 at 32 tokens) took
+2.8-3.3x one seed's wall time against 4.1x for four sequential runs; at 256 tokens x d 64
+(reverse-task's shape) it was 3.4x against 3.1x, and at the benchmark's ``small`` (1024 x 64)
+5.3x against 4.3x: there each seed's matmuls dominate and vmap's batched matmul plus
+separate bias add are slower than one seed's fused ``addmm``. So ``vectorise=None`` batches the
+seeds when tokens x d_model <= ``VECTORISE_MAX_WORK`` (8192) or on CUDA (where every step is
+launch-bound), and runs them one after another otherwise.
 
 Fallback: configurations whose training is not a pure function of (weights, batch) cannot be
 vectorised with equal numbers - BatchNorm (running statistics are module state updated in
@@ -84,6 +95,22 @@ def vectorisable(cfg: DictConfig) -> str | None:
     return None
 
 
+VECTORISE_MAX_WORK = 8192  # tokens per step x d_model below which batching seeds pays on CPU
+
+
+def worth_vectorising(cfg: DictConfig, task: Task,
+                      batches: Mapping[int, Sequence[Batch]] | None = None) -> bool:
+    """Auto choice: batch the seeds on CUDA, or on CPU when a step is small enough to be
+    overhead-bound (tokens per step x d_model <= ``VECTORISE_MAX_WORK``; see the docstring)."""
+    if str(cfg.train.device).startswith("cuda"):
+        return True
+    if batches:
+        tokens = next(iter(batches.values()))[0].inputs.numel()
+    else:
+        tokens = int(cfg.train.batch_size) * int(task.model_seq_len)
+    return tokens * int(cfg.model.d_model) <= VECTORISE_MAX_WORK
+
+
 def _has_module_state(model: nn.Module) -> str | None:
     for module in model.modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
@@ -125,6 +152,7 @@ def fit_seeds(
     metrics: Mapping[int, CsvLog | SeedTaggedLog | None] | None = None,
     target_exact_match: float | None = None,
     on_step: OnStep | None = None,
+    vectorise: bool | None = None,
 ) -> list[TrainResult]:
     """Train ``seeds`` for ``steps`` steps each; one ``TrainResult`` per seed (module docstring)."""
     if not seeds:
@@ -144,7 +172,9 @@ def fit_seeds(
     trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, metrics.get(s))
                 for m, s in zip(models, seeds, strict=True)]
     reason = vectorisable(cfg) or _has_module_state(models[0])
-    if reason is not None or len(seeds) == 1:
+    if vectorise is None:
+        vectorise = worth_vectorising(cfg, task, batches)
+    if reason is not None or len(seeds) == 1 or not vectorise:
         return [trainer.fit(steps, batches=None if batches is None else batches[seed],
                             target_exact_match=target_exact_match,
                             on_step=None if on_step is None

@@ -18,9 +18,11 @@ def report(
         "--metric", help="Summary number to plot per choice (default best_exact_match if the "
         "runs have it, else final_loss).")] = None,
 ) -> None:
-    """Gather every run under DIR into report.csv, a mean ± std pivot over seeds grouped by the
-    swept keys (report.md and the terminal), and plots; an earlier report is never
-    overwritten (report-2.*, ...)."""
+    """Gather every run under DIR (a sweep) into one CSV, a markdown table and plots.
+
+    Writes report.csv (one row per run), report-pivot.csv and report.md (mean ± std over seeds,
+    grouped by the swept keys), report-<metric>.png and report-loss.png; an earlier report is
+    never overwritten (the next one is report-2.*)."""
     from transformer_lab.console import console, print_error, print_warning
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.report import make_report, rich_table

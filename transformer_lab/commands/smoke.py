@@ -27,7 +27,8 @@ def smoke(
     arch: Arch = None,
     steps: Annotated[int | None, typer.Option(help="Smoke-training steps (default 10).")] = None,
     seeds: Annotated[int | None, typer.Option(
-        "--seeds", min=1, help="Train seeds seed..seed+N-1 as one vectorised model (default 1).",
+        "--seeds", min=1, help="Train seeds seed..seed+N-1 together, as one vectorised model where "
+        "that pays (default 1).",
         show_default=False)] = None,
     multirun: Multirun = False,
     out: Out = None,

@@ -352,8 +352,8 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
                       f"(not with {', '.join(scaled)})")
     for pe in plan.pes:
         for seed in plan.seeds:
-            new_rows, params[pe] = _study_one_model(cfg, plan, tasks, pe, seed, device, run)
-            table.write_all(new_rows)
+            new_rows, params[pe] = _study_one_model(cfg, plan, tasks, pe, seed, device, run,
+                                                    table)
             rows.extend(new_rows)
     plot_path = plot_extrapolation(rows, run.path / "extrapolation.png", plan.train_len)
     console.print(results_table(rows, f"tlab extrapolate - {run.path}"))
@@ -376,8 +376,10 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
 
 
 def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
-                     device: torch.device, run: RunDirectory) -> tuple[list[dict[str, Any]], int]:
-    """Train one model at ``plan.train_len``; evaluate it at every length and scaling."""
+                     device: torch.device, run: RunDirectory, table: CsvLog
+                     ) -> tuple[list[dict[str, Any]], int]:
+    """Train one model at ``plan.train_len``; evaluate it at every length and scaling. Each row
+    is written to ``table`` as soon as it exists (an interrupted run keeps them)."""
     node = plan.pe_nodes[pe]
     train_task = tasks[plan.train_len]
     original_max_len = train_task.model_seq_len
@@ -395,9 +397,16 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
                             f"{plan.train_len} ({cfg.train.steps} steps)"):
             trainer.fit(int(cfg.train.steps))
     except Diverged as exc:
-        return [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
-                for scaling in plan.scalings_for(pe) for length in plan.eval_lens], 0
-    rows = []
+        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
+                for scaling in plan.scalings_for(pe) for length in plan.eval_lens]
+        table.write_all(rows)
+        return rows, 0
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        table.write(row)
+        rows.append(row)
+
     for length in plan.eval_lens:
         eval_task = tasks[length]
         ratio = length / plan.train_len
@@ -409,14 +418,14 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
                    "base": settings.get("base", node.get("base")) if supports_scaling(node)
                    else None}
             scaled = scaled_model(model, cfg_pe, settings)
-            rows.append(_evaluated_row(row, scaled, eval_task, device, finetune_steps=0))
+            emit(_evaluated_row(row, scaled, eval_task, device, finetune_steps=0))
             if plan.finetune_steps and length > plan.train_len:
                 tuned = copy.deepcopy(scaled)
                 reason = positions_reachable(tuned, eval_task.model_seq_len)
                 if reason is None:
                     reason = _finetune(cfg, plan, tuned, eval_task, seed, run, pe, scaling, length)
-                rows.append(_evaluated_row(row, tuned, eval_task, device,
-                                           finetune_steps=plan.finetune_steps, reason=reason))
+                emit(_evaluated_row(row, tuned, eval_task, device,
+                                    finetune_steps=plan.finetune_steps, reason=reason))
     return rows, count_parameters(model)
 
 

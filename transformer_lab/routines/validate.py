@@ -29,12 +29,13 @@ from omegaconf import DictConfig
 
 from transformer_lab.config import build_task
 from transformer_lab.console import console
-from transformer_lab.errors import Diverged
+from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import build_model
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome, compare, reverse
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.routines.smoke import forward_backward_check, smoke_training
+from transformer_lab.routines.threads import torch_threads
 from transformer_lab.routines.variants import StageRun, merged
 from transformer_lab.tasks import Task
 
@@ -56,6 +57,12 @@ def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
 def check_config(cfg: DictConfig, task: Task) -> None:
     """Pre-flight checks of every step's settings (called by ``validate_config``)."""
     configs = step_configs(cfg)
+    smoke = configs["smoke"].routine
+    for key in ("steps", "n_batches", "batch_size"):
+        value = smoke.get(key)
+        if not isinstance(value, int) or value < 1:
+            raise ConfigError(f"routine.smoke.routine.{key}={value} is not valid; it must be "
+                              "an integer >= 1")
     reverse.check_config(cfg, task)
     compare_cfg = configs["compare"]
     compare.check_config(compare_cfg, build_task(compare_cfg))
@@ -113,6 +120,11 @@ def skipped(step: int, reason: str) -> CheckRow:
 
 
 def run_validate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    with torch_threads(cfg.routine.get("threads")):
+        return validate_steps(cfg, run)
+
+
+def validate_steps(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     clock, total = Stopwatch(), Stopwatch()
     configs = step_configs(cfg)
     log = run.log("validation", CHECK_COLUMNS)
