@@ -92,7 +92,6 @@ def test_ema_and_steps_to_target():
 @pytest.mark.parametrize(("args", "message"), [
     (["routine.activations=[relu,foo]"], "unknown activation 'foo'"),
     (["routine.seeds=0"], "routine.seeds=0"),
-    (["routine.steps=0"], "routine.steps=0"),
     (["routine.activations=[relu,relu]"], "twice"),
     (["task=lm", "arch=encoder"], "needs arch=decoder"),
 ])

@@ -122,9 +122,7 @@ def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["routine.target=0"], "routine.target=0"),
     (["routine.target=1.5"], "routine.target=1.5"),
-    (["routine.max_steps=0"], "routine.max_steps=0"),
     (["task.seq_len=1"], "task.seq_len=1"),
     (["task=lm", "arch=decoder"], "task=reverse"),
     (["pe._target_=no_such_module.MyPE"], "no_such_module"),

@@ -100,7 +100,6 @@ def test_ctrl_c_keeps_finished_steps(tlab, tmp_path, monkeypatch):
     (["routine.compare.routine.activations=[relu,nope]"], "unknown activation 'nope'"),
     (["routine.compare.routine.seeds=0"], "routine.seeds=0"),
     (["routine.target=2"], "routine.target=2"),
-    (["task.seq_len=1"], "task.seq_len=1"),
 ])
 def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
     out = tmp_path / "bad"

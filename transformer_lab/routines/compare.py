@@ -48,6 +48,7 @@ from pathlib import Path
 
 import torch
 from omegaconf import DictConfig, ListConfig
+from rich import box
 from rich.table import Table
 
 from transformer_lab.config import build_task
@@ -258,14 +259,22 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
     return checks
 
 
+# comparison.csv column -> short terminal header (the table must fit 80 columns)
+TABLE_HEADERS = {"activation": "activation", "params": "params", "ffn_params": "ffn",
+                 "tokens_per_s": "tok/s", "rel_speed": "speed", "final_loss": "loss",
+                 "final_ppl": "ppl", "grad_norm_mean": "|g|", "grad_norm_std": "sd",
+                 "steps_to_target": "steps*", "seeds": "n"}
+
+
 def comparison_table(rows: list[dict], title: str) -> Table:
-    table = Table(title=title)
-    columns = ("activation", "params", "ffn_params", "tokens_per_s", "rel_speed", "final_loss",
-               "final_ppl", "grad_norm_mean", "grad_norm_std", "steps_to_target", "seeds")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "activation" else "right")
+    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
+                  caption="speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
+                  "steps; steps*: steps to the loss every run reaches; n: seeds")
+    for column, header in TABLE_HEADERS.items():
+        table.add_column(header, justify="left" if column == "activation" else "right",
+                         no_wrap=True)
     for row in rows:
-        table.add_row(*(_cell(row[c]) for c in columns))
+        table.add_row(*(_cell(row[c]) for c in TABLE_HEADERS))
     return table
 
 
@@ -273,9 +282,7 @@ def _cell(value: object) -> str:
     if value is None:
         return "-"
     if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    if isinstance(value, int):
-        return f"{value:,}"
+        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
     return str(value)
 
 
