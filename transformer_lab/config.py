@@ -9,6 +9,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config_tree import CONFIG_DIR, GROUPS, group_choices
 from transformer_lab.errors import ConfigError
+from transformer_lab.threads import check_threads
 
 __all__ = ["CONFIG_DIR", "GROUPS", "build_task", "compose", "group_choices", "validate_config"]
 
@@ -82,6 +83,7 @@ def validate_config(cfg: DictConfig) -> Any:
     if cfg.train.precision not in ("fp32", "bf16"):
         raise ConfigError(f"train.precision='{cfg.train.precision}' is not valid; use fp32 or bf16")
     _check_device(cfg.train.device)
+    check_threads(cfg.train.get("threads"))
     task = build_task(cfg)
     _check_model(cfg, task.model_seq_len)
     from transformer_lab.routines import check_routine

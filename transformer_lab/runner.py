@@ -42,6 +42,7 @@ def execute(cfg: DictConfig, run_dir: Path) -> int:
     """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code."""
     from transformer_lab.config import validate_config
     from transformer_lab.routines import get_routine
+    from transformer_lab.threads import torch_threads
 
     try:
         run = RunDirectory.create(run_dir, cfg)
@@ -51,7 +52,8 @@ def execute(cfg: DictConfig, run_dir: Path) -> int:
     status, error, code, numbers = "error", None, EXIT_FAILED, {}
     try:
         validate_config(cfg)  # also fills in model.vocab_size from the task
-        outcome = get_routine(cfg.routine.name)(cfg, run)
+        with torch_threads(cfg.train.get("threads")):
+            outcome = get_routine(cfg.routine.name)(cfg, run)
         numbers = outcome.summary
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
         error = None if outcome.passed else outcome.message or None

@@ -59,7 +59,6 @@ from transformer_lab.model import build_model
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, status
-from transformer_lab.routines.threads import check_threads, torch_threads
 from transformer_lab.routines.variants import TaggedLog, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.train import Trainer, count_parameters
@@ -147,7 +146,6 @@ def check_config(cfg: DictConfig, task: Task) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"routine.{key}={value} is not valid (--{key}); it must be an "
                               "integer >= 1")
-    check_threads(routine.get("threads"))
     target = routine.get("loss_target")
     if target is not None and (not isinstance(target, int | float) or target <= 0):
         raise ConfigError(f"routine.loss_target={target} is not valid; use a positive loss or "
@@ -319,8 +317,7 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
 
 def run_compare(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     clock = Stopwatch()
-    with torch_threads(cfg.routine.get("threads")):
-        runs = compare_runs(cfg, run)
+    runs = compare_runs(cfg, run)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     plot_loss_curves(runs, run.path / "loss_curves.png",

@@ -49,7 +49,6 @@ from transformer_lab.model import build_model, instantiate_component
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, status
-from transformer_lab.routines.threads import check_threads, torch_threads
 from transformer_lab.routines.variants import TaggedLog, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
@@ -116,7 +115,6 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
                           ">= 1")
-    check_threads(routine.get("threads"))
     if not isinstance(routine.get("control", True), bool):
         raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
                           "false")
@@ -284,8 +282,7 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
 
 def run_reverse(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     clock = Stopwatch()
-    with torch_threads(cfg.routine.get("threads")):
-        rows, runs = reversal_runs(cfg, run.metrics)
+    rows, runs = reversal_runs(cfg, run.metrics)
     run.write_table("reverse", [r.as_row() for r in runs], REVERSE_COLUMNS)
     console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
     failed = [r for r in rows if not r.passed]

@@ -35,7 +35,6 @@ from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome, compare, reverse
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.routines.smoke import forward_backward_check, smoke_training
-from transformer_lab.routines.threads import torch_threads
 from transformer_lab.routines.variants import StageRun, merged
 from transformer_lab.tasks import Task
 
@@ -120,11 +119,6 @@ def skipped(step: int, reason: str) -> CheckRow:
 
 
 def run_validate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
-    with torch_threads(cfg.routine.get("threads")):
-        return validate_steps(cfg, run)
-
-
-def validate_steps(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     clock, total = Stopwatch(), Stopwatch()
     configs = step_configs(cfg)
     log = run.log("validation", CHECK_COLUMNS)

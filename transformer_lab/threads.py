@@ -1,4 +1,4 @@
-"""CPU thread count for a routine's models (``routine.threads``).
+"""CPU thread count for a run's models (``train.threads``), applied by the runner.
 
 The validation routine's models are tiny (tens of thousands of parameters): each step is a few
 small matmuls, so a second intra-op thread buys nothing and, on a 2-core machine where anything
@@ -11,20 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 from transformer_lab.errors import ConfigError
 
 
 def check_threads(threads: object) -> None:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
-        raise ConfigError(f"routine.threads={threads} is not valid; use an integer >= 1 or null")
+        raise ConfigError(f"train.threads={threads} is not valid; use an integer >= 1 or null")
 
 
 @contextmanager
 def torch_threads(threads: int | None) -> Iterator[None]:
     """Run the block with ``torch.set_num_threads(threads)`` (None: leave it), then restore."""
+    import torch
+
     check_threads(threads)
     if threads is None:
         yield
