@@ -50,10 +50,9 @@ def _positive(cfg: DictConfig, keys: list[str]) -> None:
 def build_task(cfg: DictConfig) -> Any:
     """Instantiate ``cfg.task`` and copy its vocabulary size into ``cfg.model.vocab_size``."""
     from transformer_lab.model import instantiate_component
-
-    task = instantiate_component(cfg, "task")
     from transformer_lab.tasks.language import LanguageModelTask
 
+    task = instantiate_component(cfg, "task")
     if isinstance(task, LanguageModelTask) and not cfg.arch.causal:
         raise ConfigError(f"task={cfg.task.name} is next-token prediction and needs "
                           "arch=decoder (an encoder would see the token it must predict)")

@@ -53,6 +53,7 @@ def execute(cfg: DictConfig, run_dir: Path) -> int:
     try:
         validate_config(cfg)  # also fills in model.vocab_size from the task
         with torch_threads(cfg.train.get("threads")):
+            run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
             outcome = get_routine(cfg.routine.name)(cfg, run)
         numbers = outcome.summary
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
