@@ -23,7 +23,7 @@ from transformer_lab.parameter_count import parameter_breakdown
 from transformer_lab.results import RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
-from transformer_lab.tasks import Batch
+from transformer_lab.tasks import Batch, Task
 from transformer_lab.train import Trainer, count_parameters, sequence_loss
 
 PE_SWAMP_RATIO = 5.0  # PE norm this many times the embedding norm swamps the tokens
@@ -160,14 +160,20 @@ def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
     return sum(losses) / len(losses)
 
 
-def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
-    clock = Stopwatch()
+def smoke_setup(cfg: DictConfig) -> tuple[Task, TransformerModel, list[Batch]]:
+    """The seeded task, model and fixed batches of steps 1-2."""
     torch.manual_seed(cfg.seed)
     task = build_task(cfg)
     model = build_model(cfg)
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = [task.train_batch(cfg.routine.batch_size, generator)
                for _ in range(cfg.routine.n_batches)]
+    return task, model, batches
+
+
+def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    clock = Stopwatch()
+    task, model, batches = smoke_setup(cfg)
     rows = forward_backward_check(cfg, model, batches[0])
     if int(cfg.routine.get("seeds", 1)) > 1:
         seed_rows, after = smoke_training_seeds(cfg, model, task, run)

@@ -24,17 +24,15 @@ training row in ``metrics.csv`` (``stage`` = smoke / reverse / compare).
 
 from __future__ import annotations
 
-import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config import build_task
 from transformer_lab.console import console
 from transformer_lab.errors import ConfigError, Diverged
-from transformer_lab.model import build_model
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome, compare, reverse
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
-from transformer_lab.routines.smoke import forward_backward_check, smoke_training
+from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import StageRun, merged
 from transformer_lab.tasks import Task
 
@@ -69,12 +67,7 @@ def check_config(cfg: DictConfig, task: Task) -> None:
 
 def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Steps 1 and 2 with the smoke routine's functions, on the merged smoke config."""
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg)
-    model = build_model(cfg)
-    generator = torch.Generator().manual_seed(cfg.seed)
-    batches = [task.train_batch(cfg.routine.batch_size, generator)
-               for _ in range(cfg.routine.n_batches)]
+    task, model, batches = smoke_setup(cfg)
     rows = forward_backward_check(cfg, model, batches[0])
     if any(not row.passed for row in rows):
         return rows
