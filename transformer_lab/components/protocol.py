@@ -73,28 +73,30 @@ def check_positional(cfg: DictConfig, pe: nn.Module, n_heads: int, head_dim: int
                               f"{(n_heads, seq_len, seq_len)}, got {_shape(out)}")
 
 
-def check_feedforward(cfg: DictConfig, ffn: object, d_model: int, seq_len: int) -> None:
-    label = _label(cfg, "activation", ffn)
-    if not isinstance(ffn, nn.Module):
-        raise ConfigError(f"{label}: an FFN must be a torch.nn.Module built with d_model and "
-                          "d_ff keywords")
+def _check_shape_preserving(label: str, name: str, module: object, d_model: int, seq_len: int,
+                            not_a_module: str, wrong_shape: str) -> None:
+    """``module`` is an ``nn.Module`` mapping (B, T, d_model) to the same shape."""
+    if not isinstance(module, nn.Module):
+        raise ConfigError(f"{label}: {not_a_module}")
     x = torch.randn(2, seq_len, d_model)  # (B, T, D)
-    out = _call(label, f"ffn(x of shape {tuple(x.shape)})", ffn, x)
+    out = _call(label, f"{name}(x of shape {tuple(x.shape)})", module, x)
     if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        raise ConfigError(f"{label}: an FFN must map (B, T, d_model) -> (B, T, d_model); "
-                          f"{tuple(x.shape)} came out as {_shape(out)}")
+        raise ConfigError(f"{label}: {wrong_shape}; {tuple(x.shape)} came out as {_shape(out)}")
+
+
+def check_feedforward(cfg: DictConfig, ffn: object, d_model: int, seq_len: int) -> None:
+    _check_shape_preserving(
+        _label(cfg, "activation", ffn), "ffn", ffn, d_model, seq_len,
+        "an FFN must be a torch.nn.Module built with d_model and d_ff keywords",
+        "an FFN must map (B, T, d_model) -> (B, T, d_model)")
 
 
 def check_norm(cfg: DictConfig, norm: object, d_model: int, seq_len: int) -> None:
-    label = _label(cfg, "norm_layer", norm)
-    if not isinstance(norm, nn.Module):
-        raise ConfigError(f"{label}: norm_layer must be a callable d_model -> torch.nn.Module "
-                          "(use _partial_: true for a class)")
-    x = torch.randn(2, seq_len, d_model)  # (B, T, D)
-    out = _call(label, f"norm(x of shape {tuple(x.shape)})", norm, x)
-    if not isinstance(out, torch.Tensor) or out.shape != x.shape:
-        raise ConfigError(f"{label}: a norm must keep the shape (B, T, d_model); "
-                          f"{tuple(x.shape)} came out as {_shape(out)}")
+    _check_shape_preserving(
+        _label(cfg, "norm_layer", norm), "norm", norm, d_model, seq_len,
+        "norm_layer must be a callable d_model -> torch.nn.Module (use _partial_: true for a "
+        "class)",
+        "a norm must keep the shape (B, T, d_model)")
 
 
 def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
