@@ -67,7 +67,13 @@ from torch.func import stack_module_state, vmap
 from transformer_lab.errors import Diverged
 from transformer_lab.results import CsvLog
 from transformer_lab.tasks import Batch, Task
-from transformer_lab.train import Trainer, TrainResult, make_adamw, sequence_loss
+from transformer_lab.train import (
+    Trainer,
+    TrainResult,
+    adamw_param_groups,
+    make_adamw,
+    sequence_loss,
+)
 
 OnStep = Callable[[int, int, float], None]
 
@@ -205,12 +211,7 @@ class _VectorisedRun:
             for name, param in model.named_parameters():
                 param.data = params[name].detach()[k]
         stacked = [params[n] for n in self.names]
-        decay = [p for p in stacked if p.dim() - 1 >= 2]
-        no_decay = [p for p in stacked if p.dim() - 1 < 2]
-        weight_decay = float(cfg.train.weight_decay)
-        groups = ([{"params": decay, "weight_decay": weight_decay},
-                   {"params": no_decay, "weight_decay": 0.0}]
-                  if weight_decay else [{"params": stacked, "weight_decay": 0.0}])
+        groups = adamw_param_groups(stacked, float(cfg.train.weight_decay), leading_dims=1)
         self.schedule = trainers[0].schedule
         self.d_model = trainers[0].d_model
         self.lr = self.schedule(1, self.train, self.d_model)
@@ -322,7 +323,6 @@ class _VectorisedRun:
                    lr: float, tokens_per_s: float, on_step: OnStep | None) -> None:
         result.train_losses.append(loss)
         result.grad_norms.append(norm)
-        result.final_train_loss = loss
         self.trainers[k].log({"step": step, "split": "train", "loss": loss, "lr": lr,
                               "grad_norm": norm, "tokens_per_s": tokens_per_s})
         if not (math.isfinite(loss) and math.isfinite(norm)):

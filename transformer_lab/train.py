@@ -65,6 +65,18 @@ def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float],
         return torch.optim.AdamW(param_groups, lr=lr, betas=betas, foreach=True)
 
 
+def adamw_param_groups(params: Sequence[torch.Tensor], weight_decay: float,
+                       leading_dims: int = 0) -> list[dict]:
+    """Weight decay on matrices only (not on biases, norm gains); one group when it is 0.
+    ``leading_dims``: extra axes in front of each parameter (e.g. a stacked seed axis)."""
+    if not weight_decay:
+        return [{"params": list(params), "weight_decay": 0.0}]
+    decay = [p for p in params if p.dim() - leading_dims >= 2]
+    no_decay = [p for p in params if p.dim() - leading_dims < 2]
+    return [{"params": decay, "weight_decay": weight_decay},
+            {"params": no_decay, "weight_decay": 0.0}]
+
+
 class PlainConfig(SimpleNamespace):
     """A read-only snapshot of a config node with plain attributes: reading a DictConfig value
     costs microseconds, too much for a per-step schedule call on a tiny model."""
@@ -84,8 +96,7 @@ class PlainConfig(SimpleNamespace):
 @dataclass
 class TrainResult:
     steps: int = 0
-    final_loss: float = math.nan  # last held-out loss (training loss if never evaluated)
-    final_train_loss: float = math.nan
+    final_loss: float = math.nan  # last held-out loss (fit always evaluates at its last step)
     best_exact_match: float | None = None
     solved_step: int | None = None  # first step whose held-out exact match reached the target
     wall_s: float = 0.0
@@ -113,12 +124,7 @@ class Trainer:
         self.schedule = SCHEDULES[train.schedule]
         self._train = PlainConfig(train)  # hot-path copy of the train settings
         self._params = [p for p in model.parameters() if p.requires_grad]
-        decay = [p for p in self._params if p.dim() >= 2]
-        no_decay = [p for p in self._params if p.dim() < 2]
-        groups = ([{"params": decay, "weight_decay": float(train.weight_decay)},
-                   {"params": no_decay, "weight_decay": 0.0}]
-                  if float(train.weight_decay) else [{"params": self._params,
-                                                      "weight_decay": 0.0}])
+        groups = adamw_param_groups(self._params, float(train.weight_decay))
         self._lr = self.schedule(1, self._train, d_model)
         self.optimizer = make_adamw(groups, self._lr, tuple(train.betas), self.device)
         self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
@@ -201,7 +207,6 @@ class Trainer:
                           "grad_norm": norm_value,
                           "tokens_per_s": tokens_since / max(now - clock, 1e-9)})
                 tokens_since, clock = 0, now
-                result.final_train_loss = loss_value
                 if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
                     raise Diverged(f"loss became {loss_value} at step {step} (lr={lr:.3g})")
                 if on_step is not None:

@@ -19,8 +19,6 @@ from transformer_lab.config_tree import CONFIG_DIR, group_choices
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import CsvLog, RunDirectory
 
-TAG_COLUMNS = ("stage", "variant", "seed")
-
 
 class TaggedLog:
     """Writes rows to ``log`` with the same ``stage``, ``variant`` and ``seed`` columns added."""
