@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import csv
 import math
 
 import pytest
 import torch
+from helpers import read_csv
 
 from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
@@ -22,10 +22,6 @@ from transformer_lab.routines.variants import with_choice
 FAST = ["model=tiny", "model.d_model=16", "task.seq_len=8", "task.eval_size=32",
         "train.batch_size=8"]
 
-
-def read_csv(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_compare_cli_writes_rows_for_each_activation(tlab, tmp_path):

@@ -6,11 +6,11 @@ message that points at positions (PEs) or at the protocol (exit code 2 before an
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_csv
 
 from transformer_lab.components.protocol import check_protocols
 from transformer_lab.errors import ConfigError
@@ -26,10 +26,6 @@ def _examples_importable(monkeypatch):
     the working directory to the import path the same way)."""
     monkeypatch.syspath_prepend(str(REPO))
 
-
-def read_csv(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def validate(tlab, out, *overrides):

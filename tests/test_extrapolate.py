@@ -7,13 +7,13 @@ of ``rope_scaling.py``; the CSV tests run the real routine on a tiny model.
 from __future__ import annotations
 
 import contextlib
-import csv
 import math
 import re
 from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_csv
 
 from transformer_lab.commands.extrapolate import hydra_list
 from transformer_lab.config import build_task, compose
@@ -33,10 +33,6 @@ from transformer_lab.routines.extrapolate import (
 TINY = ["model=tiny", "train.steps=12", "train.lr=2e-2", "task.eval_size=16", "routine.train_len=3",
         "train.log_every=4"]
 
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="") as f:
-        return list(csv.DictReader(f))
 
 
 def extrapolate_cfg(*overrides: str):

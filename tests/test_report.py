@@ -4,13 +4,13 @@ summary.csv, partial sweeps, corrupt CSVs, folders without runs, no overwriting.
 
 from __future__ import annotations
 
-import csv
 import json
 import shutil
 import statistics
 from pathlib import Path
 
 import pytest
+from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
@@ -18,10 +18,6 @@ from transformer_lab.report import free_prefix, gather, make_report, mean_std
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def cli(*args: str | Path):

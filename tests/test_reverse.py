@@ -3,10 +3,9 @@ NoPE encoder, the NoPE control, the rotary relative-position check, bad input.""
 
 from __future__ import annotations
 
-import csv
-
 import pytest
 import torch
+from helpers import read_csv
 
 from transformer_lab.routines.reverse import (
     REVERSE_COLUMNS,
@@ -18,10 +17,6 @@ from transformer_lab.routines.reverse import (
 # Encoder reversal of 4 tokens at the reverse-task defaults, with a smaller held-out set.
 FAST = ["task.eval_size=128"]
 
-
-def read_csv(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_reverse_task_passes_with_sinusoidal_and_writes_tables(tlab, tmp_path):

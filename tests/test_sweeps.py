@@ -8,7 +8,6 @@ on a loaded 2-core machine two intra-op threads per tiny job are ~10x slower, no
 
 from __future__ import annotations
 
-import csv
 import json
 import multiprocessing
 import os
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
@@ -33,10 +33,6 @@ def _one_thread():
         yield
     torch.set_num_threads(threads)
 
-
-def read_csv(path: Path) -> list[dict[str, str]]:
-    with path.open(newline="", encoding="utf-8") as f:
-        return list(csv.DictReader(f))
 
 
 def run_json(path: Path) -> dict:

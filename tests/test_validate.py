@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import csv
 import json
 
 import pytest
+from helpers import read_csv
 
 from transformer_lab.routines.checks import CHECK_COLUMNS
 
 # Shorter step 4 and a smaller held-out set than the defaults; everything else as shipped.
 FAST = ["routine.compare.routine.steps=20", "task.eval_size=128"]
 
-
-def read_csv(path):
-    with path.open() as f:
-        return list(csv.DictReader(f))
 
 
 def test_validate_passes_on_a_working_configuration(tlab, tmp_path):

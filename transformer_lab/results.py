@@ -46,7 +46,8 @@ def _format(value: Any) -> Any:
 
 
 class CsvLog:
-    """Append-only CSV with a fixed header; extra keys in a row become extra columns."""
+    """Append-only CSV. The header is ``columns`` plus any other keys of the first row written;
+    keys that later rows add beyond the header are dropped."""
 
     def __init__(self, path: Path, columns: Iterable[str]) -> None:
         self.path = path
