@@ -44,6 +44,7 @@ class SequenceTransformTask(Task):
         self.causal = causal
         self.holdout_mod = holdout_mod
         self.model_seq_len = 2 * seq_len if causal else seq_len
+        self._place_values = (vocab_size ** torch.arange(seq_len)).to(torch.int64)  # (L,)
         self._eval = self._make_eval_batch(eval_size, data_seed)
 
     def transform(self, source: torch.Tensor) -> torch.Tensor:
@@ -51,8 +52,7 @@ class SequenceTransformTask(Task):
 
     def _is_held_out(self, source: torch.Tensor) -> torch.Tensor:
         """(B, L) -> (B,) bool, a fixed pseudo-random ~1/holdout_mod of all sequences."""
-        weights = (self.vocab_size ** torch.arange(self.seq_len)).to(torch.int64)
-        code = (source.to(torch.int64) * weights).sum(dim=1)
+        code = (source.to(torch.int64) * self._place_values).sum(dim=1)  # (B,)
         return (code * 2654435761 % 4294967296) % self.holdout_mod == 0
 
     def _sample(self, n: int, generator: torch.Generator, held_out: bool) -> torch.Tensor:
