@@ -24,6 +24,7 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+TLAB = str(Path(sys.executable).with_name("tlab"))  # the console script of this environment
 PES = {
     "none": ["pe=none"], "sinusoidal": ["pe=sinusoidal"], "learned": ["pe=learned"],
     "sinusoidal_learned": ["pe=sinusoidal_learned"], "rope": ["pe=rope"],
@@ -38,7 +39,7 @@ def time_validate(runs: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(runs):
             start = time.perf_counter()
-            done = subprocess.run(["tlab", "validate", "--out", f"{tmp}/run{i}", *extra],
+            done = subprocess.run([TLAB, "validate", "--out", f"{tmp}/run{i}", *extra],
                                   capture_output=True, text=True)
             walls.append(time.perf_counter() - start)
             codes.append(done.returncode)

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import csv
+import sys
 from pathlib import Path
+
+# The `tlab` console script installed beside the interpreter running the tests (the venv's
+# bin/), so the tests do not depend on PATH.
+TLAB = str(Path(sys.executable).with_name("tlab"))
 
 
 def read_csv(path: Path) -> list[dict[str, str]]:

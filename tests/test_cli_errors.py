@@ -4,6 +4,7 @@ traceback, and nothing of an earlier run touched."""
 from __future__ import annotations
 
 import pytest
+from helpers import TLAB
 
 
 @pytest.mark.parametrize(
@@ -60,7 +61,7 @@ def test_out_directory_holding_a_run_is_refused_and_untouched(tlab, tmp_path):
 def test_cli_option_errors_from_typer(tmp_path):
     import subprocess
 
-    result = subprocess.run(["tlab", "smoke", "--steps", "many"], capture_output=True, text=True,
+    result = subprocess.run([TLAB, "smoke", "--steps", "many"], capture_output=True, text=True,
                             timeout=60)
     assert result.returncode == 2
     assert "--steps" in result.stderr and "Traceback" not in result.stderr

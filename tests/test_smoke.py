@@ -8,6 +8,7 @@ import json
 
 import pandas as pd
 import pytest
+from helpers import TLAB
 
 from transformer_lab.config import compose, group_choices, validate_config
 from transformer_lab.console import console
@@ -105,7 +106,7 @@ def test_tlab_smoke_console_script(pe, tmp_path):
     import subprocess
 
     out = tmp_path / pe
-    result = subprocess.run(["tlab", "smoke", "--pe", pe, "--out", str(out)],
+    result = subprocess.run([TLAB, "smoke", "--pe", pe, "--out", str(out)],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert "smoke_loss_falls" in result.stdout
