@@ -102,18 +102,66 @@ def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
     from transformer_lab.routines import reverse
 
     cfg = cfg_for("experiment=reverse", "pe=sinusoidal", "routine.max_steps=10", *FAST)
-    real = reverse.train_to_target
+    real = reverse.train_with_control
 
-    def leaky(cfg, log, steps, target):
-        result, params = real(cfg, log, steps, target)
-        result.solved_step, result.best_exact_match = steps, 1.0
-        return result, params
+    def leaky(*args):
+        chosen, result, control, control_result = real(*args)
+        control_result.solved_step, control_result.best_exact_match = 10, 1.0
+        return chosen, result, control, control_result
 
-    monkeypatch.setattr(reverse, "train_to_target", leaky)
+    monkeypatch.setattr(reverse, "train_with_control", leaky)
     rows, _ = reversal_runs(cfg)
     control = next(row for row in rows if row.check == "nope_control")
     assert control.status == "FAIL"
     assert "mixes positions" in control.detail
+
+
+@pytest.mark.parametrize("max_steps", [20, 300], ids=["chosen-runs-out", "chosen-solves"])
+def test_control_on_a_second_thread_equals_control_after(cfg_for, max_steps):
+    """The NoPE control beside the chosen PE (Lockstep) takes exactly the steps and gets exactly
+    the numbers it gets when trained after it."""
+    runs = {}
+    for on_thread in ("true", "false"):
+        cfg = cfg_for("experiment=reverse", "pe=sinusoidal", f"routine.max_steps={max_steps}",
+                      f"routine.control_thread={on_thread}", *FAST)
+        runs[on_thread] = reversal_runs(cfg)[1]
+    (chosen, control), (chosen_serial, control_serial) = runs["true"], runs["false"]
+    assert control.result.steps == (chosen.result.solved_step or max_steps)
+    assert (chosen.result.solved_step is None) == (max_steps == 20)
+    for threaded, serial in ((chosen, chosen_serial), (control, control_serial)):
+        assert threaded.result.steps == serial.result.steps
+        assert threaded.result.train_losses == serial.result.train_losses
+        assert threaded.result.best_exact_match == serial.result.best_exact_match
+
+
+def test_lockstep_follower_stops_where_a_failing_leader_stopped():
+    """A leader that dies at step 7 must not leave the follower waiting: it stops at 7."""
+    import threading
+
+    from transformer_lab.lockstep import Lockstep
+
+    lockstep, taken = Lockstep(), []
+
+    def follower() -> None:
+        step = 1
+        while lockstep.may_take(step):
+            taken.append(step)
+            step += 1
+
+    thread = threading.Thread(target=follower)
+    thread.start()
+    try:
+        for step in range(1, 100):
+            lockstep.took(step)
+            if step == 7:
+                raise RuntimeError("leader failed")
+    except RuntimeError:
+        pass
+    finally:
+        lockstep.stopped(7)
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert taken == list(range(1, 8))
 
 
 @pytest.mark.parametrize(("args", "message"), [

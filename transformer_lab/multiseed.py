@@ -215,7 +215,7 @@ class _VectorisedRun:
         self.schedule = trainers[0].schedule
         self.d_model = trainers[0].d_model
         self.lr = self.schedule(1, self.train, self.d_model)
-        self.optimizer = make_adamw(groups, self.lr, tuple(cfg.train.betas), self.device)
+        self.optimizer = make_adamw(groups, self.lr, tuple(cfg.train.betas))
         self.grad_clip = trainers[0]._grad_clip
         self.autocast = trainers[0].autocast
         base = models[0]

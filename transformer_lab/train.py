@@ -20,6 +20,8 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.errors import Diverged
+from transformer_lab.lockstep import Lockstep
+from transformer_lab.optim import AdamW
 from transformer_lab.results import CsvLog
 from transformer_lab.schedules import SCHEDULES
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
@@ -55,14 +57,10 @@ def clip_gradients(params: Sequence[nn.Parameter], max_norm: float) -> torch.Ten
     return total
 
 
-def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float],
-               device: torch.device) -> torch.optim.AdamW:
-    """AdamW with the fused kernel (one kernel for all tensors) where the device has it,
-    else the ``foreach`` implementation. Same update rule, Loshchilov & Hutter 2019."""
-    try:
-        return torch.optim.AdamW(param_groups, lr=lr, betas=betas, fused=True)
-    except (RuntimeError, ValueError):  # fused not supported for this device or dtype
-        return torch.optim.AdamW(param_groups, lr=lr, betas=betas, foreach=True)
+def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float]) -> AdamW:
+    """AdamW (Loshchilov & Hutter 2019) on the fused kernel where the device has it
+    (``transformer_lab.optim``: ``torch.optim.AdamW``'s numbers without its start-up cost)."""
+    return AdamW(param_groups, lr=lr, betas=betas)
 
 
 def adamw_param_groups(params: Sequence[torch.Tensor], weight_decay: float,
@@ -126,7 +124,7 @@ class Trainer:
         self._params = [p for p in model.parameters() if p.requires_grad]
         groups = adamw_param_groups(self._params, float(train.weight_decay))
         self._lr = self.schedule(1, self._train, d_model)
-        self.optimizer = make_adamw(groups, self._lr, tuple(train.betas), self.device)
+        self.optimizer = make_adamw(groups, self._lr, tuple(train.betas))
         self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -176,18 +174,33 @@ class Trainer:
 
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
-            on_step: Callable[[int, float], None] | None = None) -> TrainResult:
+            on_step: Callable[[int, float], None] | None = None,
+            lead: Lockstep | None = None, follow: Lockstep | None = None) -> TrainResult:
         """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
 
         Every ``train.log_every`` steps a ``train`` row is logged (loss, lr, grad norm,
         tokens/s) and the loss is checked: NaN/inf raises ``Diverged`` after the row is written.
         Every ``train.eval_every`` steps (and at the end) a ``val`` row is logged; with
         ``target_exact_match`` training stops at the first evaluation that reaches it.
+        ``lead`` / ``follow``: this run leads, or follows on another thread, a ``Lockstep``
+        (a follower stops after the leader's last step, as if that were its ``steps``).
         """
+        if lead is None:
+            return self._fit(steps, batches, target_exact_match, on_step, follow)
+        try:
+            return self._fit(steps, batches, target_exact_match, on_step, follow, lead)
+        finally:
+            lead.stopped(self.step_count)
+
+    def _fit(self, steps: int, batches: Sequence[Batch] | None, target_exact_match: float | None,
+             on_step: Callable[[int, float], None] | None, follow: Lockstep | None = None,
+             lead: Lockstep | None = None) -> TrainResult:
         result = TrainResult()
         log_every, eval_every = max(1, self.cfg.log_every), self.cfg.eval_every
         tokens_since, total_tokens, clock = 0, 0, time.perf_counter()
         for i in range(steps):
+            if follow is not None and not follow.may_take(self.step_count + 1):
+                break  # the leader took no steps at all
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:
@@ -197,7 +210,9 @@ class Trainer:
             tokens_since += batch.inputs.numel()
             total_tokens += batch.inputs.numel()
             step = self.step_count
-            last = i == steps - 1
+            if lead is not None:
+                lead.took(step)
+            last = i == steps - 1 or (follow is not None and not follow.may_take(step + 1))
             if step % log_every == 0 or last:
                 loss_value, norm_value = loss.item(), grad_norm.item()
                 now = time.perf_counter()
@@ -221,6 +236,8 @@ class Trainer:
                     if target_exact_match is not None and match >= target_exact_match:
                         result.solved_step = step
                         break
+            if last:
+                break
         result.steps = self.step_count
         result.wall_s = time.perf_counter() - self.started
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)

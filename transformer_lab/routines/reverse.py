@@ -37,6 +37,8 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 
 from __future__ import annotations
 
+import os
+import threading
 from dataclasses import dataclass
 
 import torch
@@ -45,6 +47,7 @@ from omegaconf import DictConfig
 from transformer_lab.config import build_task
 from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
+from transformer_lab.lockstep import Lockstep
 from transformer_lab.model import build_model, instantiate_component
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
@@ -118,20 +121,97 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if not isinstance(routine.get("control", True), bool):
         raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
                           "false")
+    if routine.get("control_thread", "auto") not in ("auto", True, False):
+        raise ConfigError(f"routine.control_thread={routine.get('control_thread')} is not "
+                          "valid; use auto, true or false")
     if not isinstance(task, SequenceTransformTask):
         raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")
+
+
+def prepare_trainer(cfg: DictConfig, metrics: TaggedLog | BufferedLog | None) -> Trainer:
+    """Seed, build the task and the model of ``cfg``, and wrap them in a ``Trainer``."""
+    torch.manual_seed(cfg.seed)
+    task = build_task(cfg)
+    return Trainer(build_model(cfg), task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
 
 
 def train_to_target(cfg: DictConfig, metrics: TaggedLog | None, max_steps: int,
                     target: float | None) -> tuple[TrainResult, int]:
     """Seed, build and train one model until held-out exact match >= ``target`` or
     ``max_steps``; returns the training result and the parameter count."""
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg)
-    model = build_model(cfg)
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
-    return trainer.fit(max_steps, target_exact_match=target), count_parameters(model)
+    trainer = prepare_trainer(cfg, metrics)
+    return trainer.fit(max_steps, target_exact_match=target), count_parameters(trainer.model)
+
+
+def control_on_thread(cfg: DictConfig) -> bool:
+    """Train the NoPE control on a second thread beside the chosen PE (``routine.control_thread``:
+    auto = when the machine has a core to spare, no dropout draws from the shared global RNG,
+    and the run is not a job of a sweep, whose launcher decides how many jobs share the cores)."""
+    setting = cfg.routine.get("control_thread", "auto")
+    if setting != "auto":
+        return bool(setting)
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    threads = int(cfg.train.get("threads") or 1)
+    dropout = any(float(v) for v in cfg.model.dropout.values())
+    return not in_sweep and not dropout and len(os.sched_getaffinity(0)) >= 2 * threads
+
+
+class BufferedLog:
+    """Keeps a follower thread's metrics rows until ``flush_to`` writes them in one piece (so
+    ``metrics.csv`` holds the chosen PE's rows, then the control's, as in a serial run)."""
+
+    def __init__(self, tags: TaggedLog) -> None:
+        self.tags = tags
+        self.rows: list[dict] = []
+
+    def write(self, row: dict) -> None:
+        self.rows.append(row)
+
+    def flush(self) -> None:
+        for row in self.rows:
+            self.tags.write(row)
+        self.rows.clear()
+
+
+def train_with_control(cfg: DictConfig, nope_cfg: DictConfig, log: CsvLog | None, stage: str,
+                       max_steps: int, target: float, on_thread: bool
+                       ) -> tuple[Trainer, TrainResult, Trainer, TrainResult]:
+    """The chosen PE until solved (or ``max_steps``), and the NoPE control for as many steps:
+    after it, or beside it on a second thread following it in ``Lockstep``."""
+    label = pe_label(cfg)
+    chosen = prepare_trainer(cfg, TaggedLog(log, stage, label, cfg.seed))
+    control_tags = TaggedLog(log, stage, NOPE, cfg.seed)
+    if not on_thread:  # (each model is built just before it trains, as in a run of its own)
+        result = chosen.fit(max_steps, target_exact_match=target)
+        budget = result.solved_step or result.steps
+        control = prepare_trainer(nope_cfg, control_tags)
+        return chosen, result, control, control.fit(budget, target_exact_match=target)
+
+    control_log = BufferedLog(control_tags)
+    control = prepare_trainer(nope_cfg, control_log)
+    lockstep, outcome = Lockstep(), {}
+
+    def follow() -> None:
+        try:
+            outcome["result"] = control.fit(max_steps, target_exact_match=target,
+                                            follow=lockstep)
+        except BaseException as exc:  # re-raised on the main thread below
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=follow, name="nope-control")
+    thread.start()
+    try:
+        result = chosen.fit(max_steps, target_exact_match=target, lead=lockstep)
+    finally:
+        thread.join()  # the control stops where the chosen PE stopped (also on an error)
+        control_log.flush()
+    if "error" in outcome:
+        raise outcome["error"]
+    return chosen, result, control, outcome["result"]
 
 
 @dataclass
@@ -210,27 +290,28 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         rows.append(rotary)
 
     label, arch = pe_label(cfg), arch_name(cfg)
-    with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
-        result, params = train_to_target(cfg, TaggedLog(log, stage, label, cfg.seed), max_steps,
-                                         target)
-    chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
-                         expected_outcome(cfg))
-    runs = [chosen]
+    if not routine.get("control", True) or label == NOPE:
+        with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
+            result, params = train_to_target(cfg, TaggedLog(log, stage, label, cfg.seed),
+                                             max_steps, target)
+        chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
+                             expected_outcome(cfg))
+        rows.append(chosen_row(chosen, None))
+        return rows, [chosen]
 
-    control = None
-    if routine.get("control", True) and label != NOPE:
-        nope_cfg = with_choice(cfg, "pe", NOPE)
-        budget = result.solved_step or result.steps
-        with console.status(f"NoPE control: {budget} steps"):
-            control_result, control_params = train_to_target(
-                nope_cfg, TaggedLog(log, stage, NOPE, cfg.seed), budget, target)
-        control = ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target,
-                              control_result, control_params, expected_outcome(nope_cfg))
-        runs.append(control)
-
+    nope_cfg = with_choice(cfg, "pe", NOPE)
+    on_thread = control_on_thread(cfg)
+    with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; NoPE "
+                        f"control {'beside it' if on_thread else 'after it'}"):
+        chosen_trainer, result, control_trainer, control_result = train_with_control(
+            cfg, nope_cfg, log, stage, max_steps, target, on_thread)
+    chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result,
+                         count_parameters(chosen_trainer.model), expected_outcome(cfg))
+    control = ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target, control_result,
+                          count_parameters(control_trainer.model), expected_outcome(nope_cfg))
+    runs = [chosen, control]
     rows.append(chosen_row(chosen, control))
-    if control is not None:
-        rows.append(control_row(control))
+    rows.append(control_row(control))
     return rows, runs
 
 
