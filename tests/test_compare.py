@@ -14,7 +14,7 @@ from transformer_lab.routines.compare import (
     comparison_rows,
     ema,
     steps_to_target,
-    train_seed,
+    train_seeds,
 )
 from transformer_lab.routines.variants import with_choice
 
@@ -69,9 +69,30 @@ def test_every_activation_sees_the_same_init_and_batches(cfg_for):
         assert torch.equal(weights[0][name], weights[1][name]), name
     # With lr=0 nothing moves: equal inits and equal batches give the same losses exactly
     # for the same activation, different ones for a different activation.
-    first, again = train_seed(relu, None), train_seed(with_choice(cfg, "activation", "relu"), None)
+    (first,) = train_seeds(relu, [0], None)
+    (again,) = train_seeds(with_choice(cfg, "activation", "relu"), [0], None)
     assert first.train_losses == again.train_losses
-    assert train_seed(gelu, None).train_losses != first.train_losses
+    assert train_seeds(gelu, [0], None)[0].train_losses != first.train_losses
+
+
+@pytest.mark.parametrize("vectorise", [True, False], ids=["vectorised", "one-after-another"])
+def test_seeds_trained_together_match_runs_of_their_own(cfg_for, monkeypatch, vectorise):
+    """compare-activations --seeds 3 gives each seed the numbers of a one-seed comparison."""
+    from transformer_lab import multiseed
+
+    monkeypatch.setattr(multiseed, "worth_vectorising", lambda *args: vectorise)
+    cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),
+                      "activation", "swish")
+    together = train_seeds(cfg, [4, 5, 6], None)
+    for run in together:
+        variant = cfg.copy()
+        variant.seed = run.seed
+        (alone,) = train_seeds(variant, [run.seed], None)
+        assert run.train_losses == pytest.approx(alone.train_losses, rel=1e-5, abs=1e-6)
+        assert run.grad_norms == pytest.approx(alone.grad_norms, rel=1e-4, abs=1e-6)
+        assert run.final_loss == pytest.approx(alone.final_loss, rel=1e-5)
+        assert (run.params, run.ffn_params, run.steps) == (alone.params, alone.ffn_params, 8)
+    assert together[0].train_losses != together[1].train_losses
 
 
 def test_ema_and_steps_to_target():

@@ -134,6 +134,33 @@ def test_control_on_a_second_thread_equals_control_after(cfg_for, max_steps):
         assert threaded.result.best_exact_match == serial.result.best_exact_match
 
 
+@pytest.mark.parametrize("batch", [16, 256], ids=["vectorised", "one-after-another"])
+def test_seeds_together_match_runs_of_their_own(cfg_for, batch):
+    """reverse-task --seeds 3: each seed's chosen PE and NoPE control get the numbers of a
+    one-seed run; each control trains for as many steps as its own seed's chosen PE."""
+    common = ["experiment=reverse", "pe=learned", "routine.max_steps=40",
+              f"train.batch_size={batch}", *FAST]
+    rows, runs = reversal_runs(cfg_for(*common, "routine.seeds=3", "seed=3"))
+    assert [(r.role, r.seed) for r in runs] == [(role, seed) for seed in (3, 4, 5)
+                                               for role in ("chosen", "nope_control")]
+    assert [row.check for row in rows if row.check != "rotary_relative"] == [
+        "reverse_exact_match", "nope_control"] * 3
+    assert all(row.detail.startswith("seed ") for row in rows)
+    for together in runs:
+        if together.role == "chosen":
+            overrides = ["pe=learned"]
+        else:  # the control's budget: the steps its own seed's chosen PE took
+            chosen = next(r for r in runs if r.role == "chosen" and r.seed == together.seed)
+            assert together.result.steps == (chosen.result.solved_step or chosen.result.steps)
+            overrides = ["pe=none", f"routine.max_steps={together.result.steps}"]
+        _, (alone,) = reversal_runs(cfg_for(*common, f"seed={together.seed}", *overrides,
+                                            "routine.control=false"))
+        assert together.result.steps == alone.result.steps
+        assert together.result.train_losses == pytest.approx(alone.result.train_losses,
+                                                             rel=1e-5, abs=1e-6)
+        assert together.exact_match == pytest.approx(alone.exact_match, abs=1e-9)
+
+
 def test_lockstep_follower_stops_where_a_failing_leader_stopped():
     """A leader that dies at step 7 must not leave the follower waiting: it stops at 7."""
     import threading
@@ -167,6 +194,8 @@ def test_lockstep_follower_stops_where_a_failing_leader_stopped():
 @pytest.mark.parametrize(("args", "message"), [
     (["routine.target=1.5"], "routine.target=1.5"),
     (["task.seq_len=1"], "task.seq_len=1"),
+    (["routine.seeds=0"], "routine.seeds=0"),
+    (["routine.control_thread=maybe"], "routine.control_thread=maybe"),
     (["task=lm", "arch=decoder"], "task=reverse"),
     (["pe._target_=no_such_module.MyPE"], "no_such_module"),
 ])

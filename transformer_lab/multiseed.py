@@ -150,7 +150,7 @@ def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module
 def fit_seeds(
     cfg: DictConfig,
     seeds: Sequence[int],
-    steps: int,
+    steps: int | Mapping[int, int],
     *,
     task: Task | None = None,
     models: Sequence[nn.Module] | None = None,
@@ -160,7 +160,8 @@ def fit_seeds(
     on_step: OnStep | None = None,
     vectorise: bool | None = None,
 ) -> list[TrainResult]:
-    """Train ``seeds`` for ``steps`` steps each; one ``TrainResult`` per seed (module docstring)."""
+    """Train ``seeds`` for ``steps`` steps each (or ``steps[seed]``: a budget per seed); one
+    ``TrainResult`` per seed (module docstring)."""
     if not seeds:
         raise ValueError("fit_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -174,6 +175,7 @@ def fit_seeds(
     elif len(models) != len(seeds):
         raise ValueError(f"{len(models)} models for {len(seeds)} seeds")
     models = list(models)
+    budgets = [int(steps[s]) if isinstance(steps, Mapping) else int(steps) for s in seeds]
     metrics = metrics or {}
     trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, metrics.get(s))
                 for m, s in zip(models, seeds, strict=True)]
@@ -181,13 +183,13 @@ def fit_seeds(
     if vectorise is None:
         vectorise = worth_vectorising(cfg, task, batches)
     if reason is not None or len(seeds) == 1 or not vectorise:
-        return [trainer.fit(steps, batches=None if batches is None else batches[seed],
+        return [trainer.fit(budget, batches=None if batches is None else batches[seed],
                             target_exact_match=target_exact_match,
                             on_step=None if on_step is None
                             else (lambda step, loss, s=seed: on_step(s, step, loss)))
-                for trainer, seed in zip(trainers, seeds, strict=True)]
+                for trainer, seed, budget in zip(trainers, seeds, budgets, strict=True)]
     return _VectorisedRun(cfg, list(seeds), models, trainers, batches).fit(
-        steps, target_exact_match, on_step)
+        budgets, target_exact_match, on_step)
 
 
 class _VectorisedRun:
@@ -274,19 +276,22 @@ class _VectorisedRun:
         self.optimizer.step()
         return losses.detach(), norms, lr
 
-    def fit(self, steps: int, target_exact_match: float | None,
+    def fit(self, budgets: list[int], target_exact_match: float | None,
             on_step: OnStep | None) -> list[TrainResult]:
+        """Train until every seed is solved or has taken its budget of steps. A seed that stops
+        earlier than the others is frozen: the batched step still updates its slice of the
+        stacked weights, and its weights of the step where it stopped are put back at the end."""
         n = len(self.seeds)
         results = [TrainResult() for _ in range(n)]
         active = list(range(n))
-        frozen: dict[int, dict[str, torch.Tensor]] = {}  # solved seed -> its weights then
+        frozen: dict[int, dict[str, torch.Tensor]] = {}  # stopped seed -> its weights then
         log_every, eval_every = max(1, int(self.train.log_every)), self.train.eval_every
         started = clock = time.perf_counter()
         tokens_since = total_tokens = 0
         with warnings.catch_warnings():
             # SDPA's CPU kernel has no vmap batching rule yet: it loops over seeds (correct).
             warnings.filterwarnings("ignore", message=".*performance drop.*batching rule")
-            for i in range(steps):
+            for i in range(max(budgets)):
                 if not active:
                     break
                 batches = self.next_batches(i)
@@ -294,20 +299,24 @@ class _VectorisedRun:
                 tokens_since += batches[0].inputs.numel()
                 total_tokens += batches[0].inputs.numel()
                 step = self.trainers[0].step_count
-                last = i == steps - 1
-                if step % log_every == 0 or last:
+                last = {k for k in active if step == budgets[k]}
+                logging = [k for k in active if step % log_every == 0 or k in last]
+                if logging:
                     loss_values, norm_values = losses.tolist(), norms.tolist()  # one sync
                     now = time.perf_counter()
-                    for k in active:
+                    for k in logging:
                         self._log_train(k, results[k], step, loss_values[k], norm_values[k], lr,
                                         tokens_since / max(now - clock, 1e-9), on_step)
                     tokens_since, clock = 0, now
-                if (eval_every and step % eval_every == 0) or last:
-                    for k in list(active):
-                        if self._evaluate(k, results[k], step, lr, target_exact_match):
-                            active.remove(k)
-                            frozen[k] = {name: self.params[name][k].detach().clone()
-                                         for name in self.names}
+                evaluating = [k for k in active
+                              if (eval_every and step % eval_every == 0) or k in last]
+                for k in evaluating:
+                    solved = self._evaluate(k, results[k], step, lr, target_exact_match)
+                    if solved or k in last:
+                        active.remove(k)
+                        results[k].steps = step
+                        frozen[k] = {name: self.params[name][k].detach().clone()
+                                     for name in self.names}
         with torch.no_grad():  # a solved seed keeps the weights of the step it was solved
             for k, weights in frozen.items():
                 for name, value in weights.items():

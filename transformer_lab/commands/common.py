@@ -28,6 +28,10 @@ Norm = Annotated[str | None, typer.Option("--norm", help="Norm placement: post, 
                                           "deepnorm.")]
 Activation = Annotated[str | None, typer.Option("--activation", help="FFN activation (tlab list).")]
 Arch = Annotated[str | None, typer.Option("--arch", help="encoder or decoder.")]
+Seeds = Annotated[int | None, typer.Option(
+    "--seeds", min=1, help="Seeds seed..seed+N-1 (routine.seeds, default 1), trained together: "
+    "one vectorised model where that pays, each seed with the numbers of a run of its own.",
+    show_default=False)]
 ConfigDir = Annotated[Path | None, typer.Option(
     "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) searched "
     "before tlab's; choose from it as usual (pe=my_pe).", show_default=False)]

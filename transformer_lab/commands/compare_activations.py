@@ -15,6 +15,7 @@ from transformer_lab.commands.common import (
     Overrides,
     Pe,
     Resume,
+    Seeds,
     launch,
 )
 
@@ -24,9 +25,6 @@ Activations = Annotated[str | None, typer.Option(
 Steps = Annotated[int | None, typer.Option(
     "--steps", min=1, help="Training steps per activation and seed (default 200).",
     show_default=False)]
-Seeds = Annotated[int | None, typer.Option(
-    "--seeds", min=1, help="Seeds per activation (default 1); every activation gets the same "
-    "seeds, hence the same initial weights and batches.", show_default=False)]
 
 
 def hydra_list(text: str | None) -> str | None:

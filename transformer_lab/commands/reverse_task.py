@@ -17,6 +17,7 @@ from transformer_lab.commands.common import (
     Overrides,
     Pe,
     Resume,
+    Seeds,
     launch,
 )
 
@@ -51,6 +52,7 @@ def reverse_task(
     vocab: Vocab = None,
     max_steps: MaxSteps = None,
     target: Target = None,
+    seeds: Seeds = None,
     config_dir: ConfigDir = None,
     multirun: Multirun = False,
     out: Out = None,
@@ -60,6 +62,6 @@ def reverse_task(
     (FAIL), beside the same model without a PE; writes reverse.csv."""
     options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
                "task.seq_len": seq_len, "task.vocab_size": vocab, "routine.max_steps": max_steps,
-               "routine.target": target}
+               "routine.target": target, "routine.seeds": seeds}
     launch("reverse", options, overrides, multirun, out, resume=resume,
            config_dir=config_dir)

@@ -15,6 +15,7 @@ from transformer_lab.commands.common import (
     Overrides,
     Pe,
     Resume,
+    Seeds,
     launch,
 )
 
@@ -26,10 +27,7 @@ def smoke(
     activation: Activation = None,
     arch: Arch = None,
     steps: Annotated[int | None, typer.Option(help="Smoke-training steps (default 10).")] = None,
-    seeds: Annotated[int | None, typer.Option(
-        "--seeds", min=1, help="Train seeds seed..seed+N-1 together, as one vectorised model where "
-        "that pays (default 1).",
-        show_default=False)] = None,
+    seeds: Seeds = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,

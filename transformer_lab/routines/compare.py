@@ -4,10 +4,11 @@ runnable.
 
 For every activation of ``routine.activations`` (choices of the ``activation`` config group) and
 every seed ``seed, seed+1, .., seed+routine.seeds-1``, the run's model is built with that FFN
-and trained for ``routine.steps`` steps. Within a seed every activation starts from the same
-``torch.manual_seed`` (same initial attention/embedding weights; the FFN weights too where the
-shapes match) and sees the same batches in the same order (the trainer's generator is seeded
-with the seed), so the curves differ by the activation only.
+and trained for ``routine.steps`` steps (the seeds of one activation together, as one
+vectorised model where that pays: ``multiseed.fit_seeds``). Within a seed every activation
+starts from the same ``torch.manual_seed`` (same initial attention/embedding weights; the FFN
+weights too where the shapes match) and sees the same batches in the same order (the trainer's
+generator is seeded with the seed), so the curves differ by the activation only.
 
 Default task: 8-token reversal (vocabulary 16) in an encoder, at the ``small`` model. The
 synthetic language-model task (``task=lm arch=decoder``) was the first choice, since it gives a
@@ -32,9 +33,9 @@ for a language model; inside ``tlab validate`` step 4 uses the run's own task.
 
 ``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
 training loss among all runs, so ``steps_to_target`` says who got there first.
-``compare_runs.csv`` has one row per (activation, seed) and is written as each run ends (an
-interrupted comparison keeps its finished runs); ``loss_curves.png`` plots the smoothed training
-loss, mean over seeds with the min-max band.
+``compare_runs.csv`` has one row per (activation, seed), written as each activation's seeds
+finish (an interrupted comparison keeps its finished activations); ``loss_curves.png`` plots
+the smoothed training loss, mean over seeds with the min-max band.
 """
 
 from __future__ import annotations
@@ -55,13 +56,12 @@ from transformer_lab.config import build_task
 from transformer_lab.config_tree import group_choices
 from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
-from transformer_lab.model import build_model
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, status
 from transformer_lab.routines.variants import TaggedLog, with_choice
 from transformer_lab.tasks import Task
-from transformer_lab.train import Trainer, count_parameters
+from transformer_lab.train import count_parameters
 
 COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
                       "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
@@ -152,30 +152,39 @@ def check_config(cfg: DictConfig, task: Task) -> None:
                           "null (the loss every run reaches)")
 
 
-def train_seed(cfg: DictConfig, log: CsvLog | None, stage: str = "compare") -> SeedRun:
-    """Train the model of ``cfg`` (one activation, seed ``cfg.seed``) for ``routine.steps``.
+def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
+                stage: str = "compare") -> list[SeedRun]:
+    """Train the model of ``cfg`` (one activation) with each of ``seeds`` for ``routine.steps``.
 
-    The one place a (config, seed) pair is trained: a vectorised multi-seed trainer can replace
-    the loop that calls it. Throughput is the median over log intervals of tokens per second
-    (robust to the first steps' warm-up and to other processes).
+    The seeds train together (``multiseed.fit_seeds``: one vectorised model where that pays,
+    else one after another), each with exactly the numbers of a run of its own. Throughput is
+    the median over log intervals of one seed's tokens per second (robust to the first steps'
+    warm-up and to other processes); seeds trained as one model share the wall time, so every
+    activation of a comparison is measured the same way.
     """
-    activation, seed = str(cfg.activation.get("name")), int(cfg.seed)
-    torch.manual_seed(seed)
+    from transformer_lab.multiseed import build_seeded_models, fit_seeds
+
+    activation = str(cfg.activation.get("name"))
     task = build_task(cfg)
-    model = build_model(cfg)
-    ffn_params = sum(p.numel() for block in model.blocks for p in block.feedforward.parameters())
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed,
-                      TaggedLog(log, stage, activation, seed))
-    logged: list[tuple[int, float]] = []  # (step, perf_counter) at every logged step
-    result = trainer.fit(int(cfg.routine.steps),
-                         on_step=lambda step, loss: logged.append((step, time.perf_counter())))
+    models = build_seeded_models(cfg, seeds)
+    logged: dict[int, list[tuple[int, float]]] = {s: [] for s in seeds}  # (step, perf_counter)
+    results = fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
+                        metrics={s: TaggedLog(log, stage, activation, s) for s in seeds},
+                        on_step=lambda s, step, loss: logged[s].append((step,
+                                                                        time.perf_counter())))
     tokens_per_step = int(cfg.train.batch_size) * task.model_seq_len
-    speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
-              for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
-    return SeedRun(activation, seed, count_parameters(model), ffn_params, result.steps,
-                   result.final_loss, result.wall_s, result.train_losses,
-                   [step for step, _ in logged], result.grad_norms,
-                   statistics.median(speeds) if speeds else result.tokens_per_s)
+    runs = []
+    for seed, model, result in zip(seeds, models, results, strict=True):
+        points = logged[seed]
+        speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
+                  for (s0, t0), (s1, t1) in zip(points, points[1:], strict=False) if t1 > t0]
+        ffn_params = sum(p.numel() for block in model.blocks
+                         for p in block.feedforward.parameters())
+        runs.append(SeedRun(activation, seed, count_parameters(model), ffn_params,
+                            result.steps, result.final_loss, result.wall_s,
+                            result.train_losses, [step for step, _ in points], result.grad_norms,
+                            statistics.median(speeds) if speeds else result.tokens_per_s))
+    return runs
 
 
 def steps_to_target(run: SeedRun, target: float) -> int | None:
@@ -220,20 +229,20 @@ def _exp(loss: float) -> float:
 
 
 def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
-    """Train every (seed, activation) pair, seeds outermost so that slow drift of the machine
-    does not favour one activation; each finished pair is appended to ``compare_runs.csv``."""
+    """Train every activation with seeds ``seed .. seed + routine.seeds - 1`` (the seeds of one
+    activation together, see ``train_seeds``); each finished (activation, seed) pair is
+    appended to ``compare_runs.csv``."""
     activations, n_seeds = activation_list(cfg), int(cfg.routine.seeds)
+    seeds = [int(cfg.seed) + offset for offset in range(n_seeds)]
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []
-    for offset in range(n_seeds):
-        for activation in activations:
-            variant = with_choice(cfg, "activation", activation)
-            variant.seed = int(cfg.seed) + offset
-            with console.status(f"{activation}, seed {variant.seed}: "
-                                f"{cfg.routine.steps} steps"):
-                seed_run = train_seed(variant, run.metrics, stage)
-            runs.append(seed_run)
-            runs_log.write(seed_run.as_row())
+    for activation in activations:
+        variant = with_choice(cfg, "activation", activation)
+        with console.status(f"{activation}, {n_seeds} seed{'s' if n_seeds > 1 else ''}: "
+                            f"{cfg.routine.steps} steps"):
+            seed_runs = train_seeds(variant, seeds, run.metrics, stage)
+        runs.extend(seed_runs)
+        runs_log.write_all(r.as_row() for r in seed_runs)
     return runs
 
 

@@ -38,6 +38,7 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 from dataclasses import dataclass
 
@@ -118,6 +119,10 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
                           ">= 1")
+    seeds = routine.get("seeds", 1)
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
+        raise ConfigError(f"routine.seeds={seeds} is not valid (--seeds); it must be an "
+                          "integer >= 1")
     if not isinstance(routine.get("control", True), bool):
         raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
                           "false")
@@ -161,7 +166,7 @@ def control_on_thread(cfg: DictConfig) -> bool:
 
 
 class BufferedLog:
-    """Keeps a follower thread's metrics rows until ``flush_to`` writes them in one piece (so
+    """Keeps a follower thread's metrics rows until ``flush`` writes them in one piece (so
     ``metrics.csv`` holds the chosen PE's rows, then the control's, as in a serial run)."""
 
     def __init__(self, tags: TaggedLog) -> None:
@@ -290,32 +295,71 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         rows.append(rotary)
 
     label, arch = pe_label(cfg), arch_name(cfg)
-    if not routine.get("control", True) or label == NOPE:
+    with_control = bool(routine.get("control", True)) and label != NOPE
+    seeds = [int(cfg.seed) + offset for offset in range(int(routine.get("seeds", 1)))]
+    if len(seeds) > 1:
+        pairs = seeded_reversals(cfg, seeds, log, stage, with_control)
+    elif not with_control:
         with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
             result, params = train_to_target(cfg, TaggedLog(log, stage, label, cfg.seed),
                                              max_steps, target)
-        chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
-                             expected_outcome(cfg))
-        rows.append(chosen_row(chosen, None))
-        return rows, [chosen]
-
-    nope_cfg = with_choice(cfg, "pe", NOPE)
-    on_thread = control_on_thread(cfg)
-    with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; NoPE "
-                        f"control {'beside it' if on_thread else 'after it'}"):
-        chosen_trainer, result, control_trainer, control_result = train_with_control(
-            cfg, nope_cfg, log, stage, max_steps, target, on_thread)
-    chosen = ReversalRun("chosen", label, arch, int(cfg.seed), target, result,
-                         count_parameters(chosen_trainer.model), expected_outcome(cfg))
-    control = ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target, control_result,
-                          count_parameters(control_trainer.model), expected_outcome(nope_cfg))
-    runs = [chosen, control]
-    rows.append(chosen_row(chosen, control))
-    rows.append(control_row(control))
+        pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
+                              expected_outcome(cfg)), None)]
+    else:
+        nope_cfg = with_choice(cfg, "pe", NOPE)
+        on_thread = control_on_thread(cfg)
+        with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; "
+                            f"NoPE control {'beside it' if on_thread else 'after it'}"):
+            chosen_trainer, result, control_trainer, control_result = train_with_control(
+                cfg, nope_cfg, log, stage, max_steps, target, on_thread)
+        pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result,
+                              count_parameters(chosen_trainer.model), expected_outcome(cfg)),
+                  ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target,
+                              control_result, count_parameters(control_trainer.model),
+                              expected_outcome(nope_cfg)))]
+    runs = []
+    for chosen, control in pairs:
+        rows.append(chosen_row(chosen, control, with_seed=len(seeds) > 1))
+        runs.append(chosen)
+        if control is not None:
+            rows.append(control_row(control, with_seed=len(seeds) > 1))
+            runs.append(control)
     return rows, runs
 
 
-def chosen_row(chosen: ReversalRun, control: ReversalRun | None) -> CheckRow:
+def seeded_reversals(cfg: DictConfig, seeds: list[int], log: CsvLog | None, stage: str,
+                     with_control: bool) -> list[tuple[ReversalRun, ReversalRun | None]]:
+    """``routine.seeds`` > 1: the chosen PE with every seed (``multiseed.fit_seeds``: one
+    vectorised model where that pays), then the NoPE controls, each for as many steps as the
+    chosen PE took with its seed."""
+    from transformer_lab.multiseed import build_seeded_models, fit_seeds
+
+    routine = cfg.routine
+    target, max_steps = float(routine.target), int(routine.max_steps)
+    label, arch = pe_label(cfg), arch_name(cfg)
+    trained = []
+    variants = [(cfg, label, max_steps)]
+    if with_control:
+        variants.append((with_choice(cfg, "pe", NOPE), NOPE, None))
+    for variant, name, budget in variants:
+        steps = budget or {s: r.result.solved_step or r.result.steps
+                           for s, r in zip(seeds, trained[0], strict=True)}
+        with console.status(f"reversal: pe={name}, arch={arch}, seeds {seeds[0]}-{seeds[-1]}"):
+            task = build_task(variant)  # (also sets model.vocab_size)
+            models = build_seeded_models(variant, seeds)
+            results = fit_seeds(variant, seeds, steps, task=task, models=models,
+                                target_exact_match=target,
+                                metrics={s: TaggedLog(log, stage, name, s) for s in seeds})
+        role = "chosen" if name == label else "nope_control"
+        trained.append([ReversalRun(role, name, arch, seed, target, result,
+                                    count_parameters(model), expected_outcome(variant))
+                        for seed, model, result in zip(seeds, models, results, strict=True)])
+    controls = trained[1] if with_control else [None] * len(seeds)
+    return list(zip(trained[0], controls, strict=True))
+
+
+def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
+               with_seed: bool = False) -> CheckRow:
     r = chosen.result
     if chosen.solved:
         detail = f"pe={chosen.pe} reached {chosen.exact_match:.3f} at step {r.solved_step}"
@@ -333,11 +377,13 @@ def chosen_row(chosen: ReversalRun, control: ReversalRun | None) -> CheckRow:
         else:
             detail += (f"; expected for pe={chosen.pe} ({chosen.arch}): {chosen.expected}; "
                        "if it should solve it, try more routine.max_steps or another train.lr")
+    if with_seed:
+        detail = f"seed {chosen.seed}: {detail}"
     return CheckRow(3, "reverse_exact_match", status(chosen.solved), "exact_match",
                     chosen.exact_match, chosen.target, r.wall_s, detail)
 
 
-def control_row(control: ReversalRun) -> CheckRow:
+def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
     r = control.result
     detail = f"NoPE {control.arch}: exact match {control.exact_match:.3f} in {r.steps} steps"
     if control.arch == "encoder":
@@ -348,17 +394,23 @@ def control_row(control: ReversalRun) -> CheckRow:
     else:
         ok = True
         detail += " (informational: a causal decoder infers position from its mask)"
+    if with_seed:
+        detail = f"seed {control.seed}: {detail}"
     return CheckRow(3, "nope_control", status(ok), "exact_match", control.exact_match,
                     f"< {control.target}" if control.arch == "encoder" else None, r.wall_s,
                     detail)
 
 
 def reversal_summary(runs: list[ReversalRun]) -> dict:
-    chosen = runs[0]
-    r = chosen.result
-    return {"params": chosen.params, "steps": r.steps, "final_loss": r.final_loss,
-            "best_exact_match": chosen.exact_match, "solved_step": r.solved_step,
-            "tokens_per_s": r.tokens_per_s}
+    """The chosen PE's numbers; with several seeds: the worst seed's exact match, the median
+    solved step (when every seed solved), the longest run."""
+    chosen = [run for run in runs if run.role == "chosen"]
+    solved = [run.result.solved_step for run in chosen]
+    return {"params": chosen[0].params, "steps": max(run.result.steps for run in chosen),
+            "final_loss": statistics.fmean(run.result.final_loss for run in chosen),
+            "best_exact_match": min(run.exact_match for run in chosen),
+            "solved_step": None if None in solved else statistics.median(solved),
+            "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
 def run_reverse(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
