@@ -82,13 +82,36 @@ def test_correct_custom_rope_passes_the_relative_check(cfg_for):
     (["activation=wrong_shape_ffn"], "an FFN must map (B, T, d_model) -> (B, T, d_model)"),
     (["pe._target_=examples.my_components.NoSuchPE"], "NoSuchPE"),
     (["pe._target_=no_such_package.MyPE"], "no_such_package"),
+    (["pe=my_ropee"], "unknown pe 'my_ropee'; valid: alibi, learned, mismatched_rope, my_rope"),
+    (["routine.compare.routine.activations=[relu,my_fnn]"], "valid: geglu, gelu, gelu_tanh, "
+     "leaky_relu, my_ffn"),
 ])
 def test_components_that_do_not_plug_in_exit_2(tlab, tmp_path, overrides, message):
+    """Checked before the run starts, with the user's --config-dir searched as Hydra does."""
     out = tmp_path / "bad"
     code, _, err = validate(tlab, out, *overrides)
     assert code == 2
     assert message in " ".join(err.split())
     assert "Traceback" not in err
+    assert not out.exists()
+
+
+def test_missing_config_dir_exits_2(tlab, tmp_path):
+    code, _, err = tlab("--config-dir", tmp_path / "nowhere", "experiment=validate",
+                        f"hydra.run.dir={tmp_path / 'out'}")
+    assert code == 2
+    assert "--config-dir" in err and "nowhere" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_compare_activations_takes_an_ffn_from_the_users_config_dir(tlab, tmp_path):
+    out = tmp_path / "cmp"
+    code, stdout, err = tlab("--config-dir", CONFIG_DIR, "experiment=compare_activations",
+                             "routine.activations=[relu,my_ffn]", "routine.steps=6",
+                             "model=tiny", "task.eval_size=32", f"hydra.run.dir={out}")
+    assert code == 0, err
+    rows = read_csv(out / "comparison.csv")
+    assert [r["activation"] for r in rows] == ["relu", "my_ffn"]
 
 
 def _model(cfg):

@@ -17,6 +17,26 @@ CONFIG_DIR = next(
 GROUPS = ("experiment", "model", "pe", "norm", "norm_layer", "activation", "arch", "task", "train")
 
 
-def group_choices(group: str, config_dir: Path = CONFIG_DIR) -> list[str]:
-    """The YAML files of a config group, without extension, sorted."""
-    return sorted(p.stem for p in (config_dir / group).glob("*.yaml"))
+# Config trees of the user's own (``--config-dir``), searched after ``CONFIG_DIR`` as Hydra
+# does; set once per process by the pre-flight check and by the runner of each job.
+_USER_CONFIG_DIRS: list[Path] = []
+
+
+def set_user_config_dirs(dirs: list[Path]) -> None:
+    _USER_CONFIG_DIRS[:] = [Path(d) for d in dirs]
+
+
+def config_dirs() -> list[Path]:
+    """``CONFIG_DIR`` then the user's config trees, in Hydra's search order."""
+    return [CONFIG_DIR, *_USER_CONFIG_DIRS]
+
+
+def group_choices(group: str) -> list[str]:
+    """The YAML files of a config group in every searched tree, without extension, sorted."""
+    return sorted({p.stem for d in config_dirs() for p in (d / group).glob("*.yaml")})
+
+
+def choice_file(group: str, choice: str) -> Path | None:
+    """The YAML of ``group=choice`` that Hydra would load (the first tree that has it)."""
+    return next((d / group / f"{choice}.yaml" for d in config_dirs()
+                 if (d / group / f"{choice}.yaml").is_file()), None)

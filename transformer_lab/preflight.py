@@ -9,14 +9,16 @@ import shutil
 from pathlib import Path
 
 from transformer_lab.config import CONFIG_DIR, compose, group_choices, validate_config
+from transformer_lab.config_tree import set_user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import holds_run
 
 # Hydra flags that take a value (the value is not an override).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
                      "-cn", "--config-dir", "-cd", "--experimental-rerun"}
-_SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd", "--help",
-               "-h", "--hydra-help", "--shell-completion", "-sc", "--experimental-rerun"}
+_SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--help", "-h", "--hydra-help",
+               "--shell-completion", "-sc", "--experimental-rerun"}
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # Every flag Hydra's command line knows (anything else starting with '-' is a typo).
 HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
                "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc",
@@ -142,8 +144,9 @@ def preflight(args: list[str], resume: bool = False) -> None:
     ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
     hold runs."""
     flags, overrides = split_arguments(args)
-    if any(flag in _SKIP_FLAGS for flag in flags):
-        return  # a user config dir or help: let Hydra handle it
+    if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
+        return  # another primary config, or help: let Hydra handle it
+    search_path = user_config_dir_overrides(flags)
     unknown = [f for f in flags if f.split("=", 1)[0] not in HYDRA_FLAGS and f.startswith("-")]
     if unknown:
         raise ConfigError(f"unknown option '{unknown[0]}'; Hydra's flags are --multirun/-m, "
@@ -173,14 +176,32 @@ def preflight(args: list[str], resume: bool = False) -> None:
         else:
             first_values.append(override.input_line)
     try:
-        cfg = compose(first_values)
+        cfg = compose(search_path + first_values)
     except ConfigError:
         raise
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise ConfigError(_unknown_key_message(message, first_values)
+        raise ConfigError(_unknown_key_message(message, search_path + first_values)
                           or f"invalid override: {message}") from None
     validate_config(cfg)
+
+
+def user_config_dir_overrides(flags: list[str]) -> list[str]:
+    """``--config-dir DIR``: check DIR, search it for config choices from now on, and return
+    the override that makes ``compose`` search it as Hydra's app will."""
+    dirs = []
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name in _CONFIG_DIR_FLAGS:
+            value = value or (flags[i + 1] if i + 1 < len(flags) else "")
+            if not Path(value).is_dir():
+                raise ConfigError(f"--config-dir '{value}' is not a directory; give a folder "
+                                  "holding config groups, e.g. DIR/pe/my_pe.yaml")
+            dirs.append(Path(value).resolve())
+    set_user_config_dirs(dirs)
+    if not dirs:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
 
 
 def group_choices_top() -> set[str]:

@@ -24,14 +24,19 @@ JOB_EXIT_CODES: list[int] = []
 def hydra_app(cfg: DictConfig) -> int:
     from hydra.types import RunMode
 
+    from transformer_lab.config_tree import set_user_config_dirs
     from transformer_lab.runner import execute
 
-    if HydraConfig.get().mode == RunMode.MULTIRUN:
+    hydra_cfg = HydraConfig.get()
+    # --config-dir trees, so that routines find their choices too (e.g. --activations)
+    set_user_config_dirs([Path(source.path) for source in hydra_cfg.runtime.config_sources
+                          if source.provider == "command-line" and source.schema == "file"])
+    if hydra_cfg.mode == RunMode.MULTIRUN:
         from transformer_lab.sweeps import run_sweep_job
 
         code = run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
     else:
-        code = execute(cfg, Path(HydraConfig.get().runtime.output_dir))
+        code = execute(cfg, Path(hydra_cfg.runtime.output_dir))
     JOB_EXIT_CODES.append(code)
     return code
 

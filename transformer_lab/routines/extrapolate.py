@@ -62,7 +62,7 @@ from rich.table import Table
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config import build_task
-from transformer_lab.config_tree import CONFIG_DIR, group_choices
+from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.console import console, print_warning
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model, instantiate_component
@@ -186,13 +186,14 @@ def supports_scaling(pe_node: DictConfig) -> bool:
 
 def pe_node(cfg: DictConfig, name: str) -> DictConfig:
     """The config node of PE ``name``: the composed ``cfg.pe`` (with the user's ``pe.*``
-    overrides) when it is that PE, else ``configs/pe/<name>.yaml``."""
+    overrides) when it is that PE, else ``<config tree>/pe/<name>.yaml``."""
     if cfg.pe.get("name") == name:
         return cfg.pe
-    choices = group_choices("pe")
-    if name not in choices:
-        raise ConfigError(f"routine.pes: unknown pe '{name}'; valid: {', '.join(choices)}")
-    return OmegaConf.load(CONFIG_DIR / "pe" / f"{name}.yaml")
+    path = choice_file("pe", name)
+    if path is None:
+        raise ConfigError(f"routine.pes: unknown pe '{name}'; valid: "
+                          f"{', '.join(group_choices('pe'))}")
+    return OmegaConf.load(path)
 
 
 def make_plan(cfg: DictConfig) -> Plan:

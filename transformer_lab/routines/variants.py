@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer_lab.config_tree import CONFIG_DIR, group_choices
+from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import CsvLog, RunDirectory
 
@@ -50,11 +50,11 @@ class StageRun:
 
 
 def load_choice(group: str, choice: str) -> DictConfig:
-    """The YAML of ``configs/<group>/<choice>.yaml`` (interpolations left unresolved)."""
-    choices = group_choices(group)
-    if choice not in choices:
-        raise ConfigError(f"unknown {group} '{choice}'; valid: {', '.join(choices)}")
-    return OmegaConf.load(CONFIG_DIR / group / f"{choice}.yaml")
+    """The YAML of ``<config tree>/<group>/<choice>.yaml`` (interpolations left unresolved)."""
+    path = choice_file(group, choice)
+    if path is None:
+        raise ConfigError(f"unknown {group} '{choice}'; valid: {', '.join(group_choices(group))}")
+    return OmegaConf.load(path)
 
 
 def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
