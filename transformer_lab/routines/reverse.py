@@ -21,7 +21,9 @@ Two checks more make the result mean something:
   (``pe=none``), trained for as many steps as the chosen PE used. It shows the PE is what makes
   the difference. In an encoder it must *not* solve the task; if it does, some component leaks
   position (e.g. an FFN or norm that mixes positions) and the check fails. In a decoder it is
-  informational: the causal mask lets a NoPE decoder infer positions.
+  informational: the causal mask lets a NoPE decoder infer positions. Where a core is free it
+  trains on a second thread beside the chosen PE, one step behind it (``Lockstep``;
+  ``routine.control_thread``), with the numbers it would get trained after it.
 * ``rotary_relative`` (rotary PEs only, before training): with the same query and key vector at
   every position, the rotated scores ``q_m . k_n`` must depend on ``n - m`` only (Su et al. 2021,
   RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
@@ -29,6 +31,10 @@ Two checks more make the result mean something:
 
 What each PE is expected to do, per architecture, is ``EXPECTED`` below (measured numbers in
 ``experiments/reverse_expectations.md``).
+
+``routine.seeds`` = N > 1 (``--seeds``): seeds ``seed .. seed+N-1`` train together
+(``multiseed.fit_seeds``), then their controls, each for its own seed's number of steps; PASS
+when every seed solves, one check row per seed and model.
 
 Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
 of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
