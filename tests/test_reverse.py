@@ -161,6 +161,36 @@ def test_seeds_together_match_runs_of_their_own(cfg_for, batch):
         assert together.exact_match == pytest.approx(alone.exact_match, abs=1e-9)
 
 
+def test_ctrl_c_with_the_control_on_a_thread_keeps_both_models_rows(tlab, tmp_path,
+                                                                      monkeypatch):
+    """Ctrl-C reaches the main thread (the chosen PE): the control stops at the same step,
+    both models' rows are kept, the run says interrupted, exit 130, and nothing hangs."""
+    import threading
+
+    from transformer_lab.train import Trainer
+
+    real_step = Trainer.train_step
+
+    def step_then_interrupt(self, batch):
+        if threading.current_thread() is threading.main_thread() and self.step_count == 25:
+            raise KeyboardInterrupt
+        return real_step(self, batch)
+
+    monkeypatch.setattr(Trainer, "train_step", step_then_interrupt)
+    out = tmp_path / "int"
+    code, _, err = tlab("experiment=reverse", "pe=sinusoidal", "routine.control_thread=true",
+                        "train.log_every=5", *FAST, f"hydra.run.dir={out}")
+    assert code == 130
+    assert "interrupted" in err
+    (summary,) = read_csv(out / "summary.csv")
+    assert summary["status"] == "interrupted"
+    steps = {}
+    for row in read_csv(out / "metrics.csv"):
+        if row["split"] == "train":
+            steps.setdefault(row["variant"], []).append(int(row["step"]))
+    assert steps["sinusoidal"][-1] == 25 and steps["none"][-1] == 25, steps
+
+
 def test_lockstep_follower_stops_where_a_failing_leader_stopped():
     """A leader that dies at step 7 must not leave the follower waiting: it stops at 7."""
     import threading
