@@ -3,6 +3,8 @@ NoPE encoder, the NoPE control, the rotary relative-position check, bad input.""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 from helpers import read_csv
@@ -140,7 +142,11 @@ def test_seeds_together_match_runs_of_their_own(cfg_for, batch):
     one-seed run; each control trains for as many steps as its own seed's chosen PE."""
     common = ["experiment=reverse", "pe=learned", "routine.max_steps=40",
               f"train.batch_size={batch}", *FAST]
+    started = time.perf_counter()
     rows, runs = reversal_runs(cfg_for(*common, "routine.seeds=3", "seed=3"))
+    elapsed = time.perf_counter() - started
+    if batch == 256:  # one after another: each run's wall time is its own, not cumulative
+        assert sum(r.result.wall_s for r in runs) <= elapsed
     assert [(r.role, r.seed) for r in runs] == [(role, seed) for seed in (3, 4, 5)
                                                for role in ("chosen", "nope_control")]
     assert [row.check for row in rows if row.check != "rotary_relative"] == [

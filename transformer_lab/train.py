@@ -97,7 +97,7 @@ class TrainResult:
     final_loss: float = math.nan  # last held-out loss (fit always evaluates at its last step)
     best_exact_match: float | None = None
     solved_step: int | None = None  # first step whose held-out exact match reached the target
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # of the fit call that made this result
     tokens_per_s: float = 0.0
     train_losses: list[float] = field(default_factory=list)  # one per logged step
     grad_norms: list[float] = field(default_factory=list)
@@ -197,7 +197,8 @@ class Trainer:
              lead: Lockstep | None = None) -> TrainResult:
         result = TrainResult()
         log_every, eval_every = max(1, self.cfg.log_every), self.cfg.eval_every
-        tokens_since, total_tokens, clock = 0, 0, time.perf_counter()
+        tokens_since, total_tokens = 0, 0
+        started = clock = time.perf_counter()
         for i in range(steps):
             if follow is not None and not follow.may_take(self.step_count + 1):
                 break  # the leader took no steps at all
@@ -239,6 +240,6 @@ class Trainer:
             if last:
                 break
         result.steps = self.step_count
-        result.wall_s = time.perf_counter() - self.started
+        result.wall_s = time.perf_counter() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)
         return result
