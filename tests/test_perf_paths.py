@@ -72,6 +72,22 @@ def test_schedule_updates_reach_the_optimiser():
     assert lrs == pytest.approx([0.0025, 0.005, 0.0075])
 
 
+def test_warmup_cosine_decays_over_the_steps_fit_is_asked_for():
+    """A routine's budget (here 12 steps, train.steps=200 in the config) is the schedule's
+    length: the last step is at the floor, not 6% of the way down."""
+    lrs = []
+    trainer = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
+                          "train.min_lr_ratio=0.1", "train.steps=200", "train.log_every=1")
+    trainer.fit(12, on_step=lambda step, loss: lrs.append(trainer._lr))
+    assert lrs[1] == pytest.approx(0.01)  # warm-up done at step 2
+    assert lrs[-1] == pytest.approx(0.001)  # the floor at step 12
+    again = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
+                        "train.min_lr_ratio=0.1", "train.log_every=1")
+    horizon = []
+    again.fit(6, horizon=12, on_step=lambda step, loss: horizon.append(again._lr))
+    assert horizon == pytest.approx(lrs[:6])  # a run stopped early keeps the planned schedule
+
+
 def test_bf16_autocast_path_trains_on_cpu():
     """train.precision=bf16 runs the model under autocast (the GPU recipe); on CPU too."""
     trainer = trainer_for("train.precision=bf16", "pe=rope")

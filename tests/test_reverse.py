@@ -118,14 +118,18 @@ def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
     assert "mixes positions" in control.detail
 
 
-@pytest.mark.parametrize("max_steps", [20, 300], ids=["chosen-runs-out", "chosen-solves"])
-def test_control_on_a_second_thread_equals_control_after(cfg_for, max_steps):
+@pytest.mark.parametrize(("max_steps", "schedule"), [
+    (20, "constant"), (300, "constant"), (300, "warmup_cosine")],
+    ids=["chosen-runs-out", "chosen-solves", "chosen-solves-cosine"])
+def test_control_on_a_second_thread_equals_control_after(cfg_for, max_steps, schedule):
     """The NoPE control beside the chosen PE (Lockstep) takes exactly the steps and gets exactly
-    the numbers it gets when trained after it."""
+    the numbers it gets when trained after it (with the chosen PE's schedule, planned for
+    routine.max_steps, in both cases)."""
     runs = {}
     for on_thread in ("true", "false"):
         cfg = cfg_for("experiment=reverse", "pe=sinusoidal", f"routine.max_steps={max_steps}",
-                      f"routine.control_thread={on_thread}", *FAST)
+                      f"routine.control_thread={on_thread}", f"train.schedule={schedule}",
+                      "train.warmup=10", *FAST)
         runs[on_thread] = reversal_runs(cfg)[1]
     (chosen, control), (chosen_serial, control_serial) = runs["true"], runs["false"]
     assert control.result.steps == (chosen.result.solved_step or max_steps)

@@ -159,9 +159,12 @@ def fit_seeds(
     target_exact_match: float | None = None,
     on_step: OnStep | None = None,
     vectorise: bool | None = None,
+    horizon: int | None = None,
 ) -> list[TrainResult]:
     """Train ``seeds`` for ``steps`` steps each (or ``steps[seed]``: a budget per seed); one
-    ``TrainResult`` per seed (module docstring)."""
+    ``TrainResult`` per seed (module docstring). ``horizon``: the steps the schedule plans for,
+    as in ``Trainer.fit`` (default: each seed's budget; budgets that differ without a shared
+    horizon run one after another, since one batched schedule cannot follow several)."""
     if not seeds:
         raise ValueError("fit_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -182,12 +185,15 @@ def fit_seeds(
     reason = vectorisable(cfg) or _has_module_state(models[0])
     if vectorise is None:
         vectorise = worth_vectorising(cfg, task, batches)
-    if reason is not None or len(seeds) == 1 or not vectorise:
+    one_horizon = horizon is not None or len(set(budgets)) == 1
+    if reason is not None or len(seeds) == 1 or not vectorise or not one_horizon:
         return [trainer.fit(budget, batches=None if batches is None else batches[seed],
                             target_exact_match=target_exact_match,
                             on_step=None if on_step is None
-                            else (lambda step, loss, s=seed: on_step(s, step, loss)))
+                            else (lambda step, loss, s=seed: on_step(s, step, loss)),
+                            horizon=horizon)
                 for trainer, seed, budget in zip(trainers, seeds, budgets, strict=True)]
+    trainers[0].plan_schedule(horizon or budgets[0])  # the batched run reads trainers[0]'s
     return _VectorisedRun(cfg, list(seeds), models, trainers, batches).fit(
         budgets, target_exact_match, on_step)
 

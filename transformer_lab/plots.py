@@ -24,6 +24,15 @@ def save(fig: plt.Figure, path: Path) -> Path:
     return path
 
 
+def distinct_styles(n: int) -> list[dict]:
+    """``n`` line styles that stay apart: tab10 colours up to 10 lines, tab20 up to 20, then
+    tab20 again with dashed, dotted and dash-dot lines."""
+    cmap = plt.get_cmap("tab10" if n <= 10 else "tab20")
+    lines = ("-", "--", ":", "-.")
+    return [{"color": cmap(i % cmap.N), "linestyle": lines[(i // cmap.N) % len(lines)]}
+            for i in range(n)]
+
+
 def line_plot(path: Path, x: Sequence[float] | np.ndarray,
               series: Mapping[str, Sequence[float] | np.ndarray], title: str, xlabel: str,
               ylabel: str, size: tuple[float, float] = (8, 4.5),

@@ -293,6 +293,7 @@ def pivot_table(gathered: Gathered) -> pd.DataFrame:
     for metric in metrics:
         table[f"{metric}_mean"] = grouped[metric].mean()
         table[f"{metric}_std"] = grouped[metric].std(ddof=1)
+        table[f"{metric}_n"] = grouped[metric].count()  # runs that have it (e.g. solved ones)
     return table.reset_index()
 
 
@@ -313,7 +314,11 @@ def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tu
         cells = [str(row[k]) for k in keys] + [str(row["n_runs"]), str(row["n_passed"])]
         if "seeds" in pivot.columns:
             cells.append(str(row["seeds"]))
-        cells += [mean_std(row[f"{m}_mean"], row[f"{m}_std"]) for m in metrics]
+        for m in metrics:
+            cell = mean_std(row[f"{m}_mean"], row[f"{m}_std"])
+            if 0 < row[f"{m}_n"] < row["n_runs"]:  # e.g. solved_step of the seeds that solved
+                cell += f" ({row[f'{m}_n']} of {row['n_runs']})"
+            cells.append(cell)
         body.append(cells)
     return header, body
 
@@ -382,21 +387,20 @@ def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -
 def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
     if gathered.curves.empty:
         return None
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from transformer_lab.plots import distinct_styles, plt
 
     labels = _group_labels(gathered.runs.drop_duplicates("run_dir"), gathered.group_keys)
     label_of = dict(zip(gathered.runs.drop_duplicates("run_dir")["run_dir"], labels,
                         strict=False))
     curves = gathered.curves.assign(group=gathered.curves["run_dir"].map(label_of))
+    groups = list(curves.groupby("group", sort=False))
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    for group, rows in curves.groupby("group", sort=False):
+    for (group, rows), style in zip(groups, distinct_styles(len(groups)), strict=True):
         by_step = rows.groupby("step")["loss"]
         mean, std = by_step.mean(), by_step.std(ddof=1).fillna(0.0)
-        ax.plot(mean.index, mean.to_numpy(), label=str(group))
-        ax.fill_between(mean.index, (mean - std).to_numpy(), (mean + std).to_numpy(), alpha=0.2)
+        ax.plot(mean.index, mean.to_numpy(), label=str(group), **style)
+        ax.fill_between(mean.index, (mean - std).to_numpy(), (mean + std).to_numpy(),
+                        color=style["color"], alpha=0.2)
     ax.set_xlabel("step")
     ax.set_ylabel("training loss (mean over seeds)")
     ax.set_title("loss curves per group")
@@ -450,9 +454,11 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
              "mean ± std over seeds (sample std).", "", markdown_table(header, body), ""]
     failed = runs[runs["status"] != "passed"]
     if not failed.empty:
+        keys = [k for k in gathered.swept_keys if k in runs.columns]
         lines += ["## Runs that did not pass", "",
-                  markdown_table(["run_dir", "status", "error"],
-                                 [[str(r["run_dir"]), str(r["status"]),
+                  markdown_table(["run_dir", *keys, "status", "error"],
+                                 [[str(r["run_dir"]), *(str(r[k]) for k in keys),
+                                   str(r["status"]),
                                    "" if pd.isna(r.get("error")) else str(r.get("error"))]
                                   for _, r in failed.iterrows()]), ""]
     if gathered.skipped:

@@ -4,7 +4,9 @@ constant:       lr
 noam:           noam_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
                 (Vaswani et al. 2017, eq. 3; noam_factor=1 is the paper, train.lr is not used)
 warmup_cosine:  linear warm-up to lr over ``warmup`` steps, then cosine decay to
-                min_lr_ratio * lr at ``steps``
+                min_lr_ratio * lr at ``steps``: the length of the training being run (the
+                ``Trainer`` sets it from the routine's step budget, e.g. ``routine.max_steps``
+                of reverse-task or ``routine.steps`` of compare-activations)
 """
 
 from __future__ import annotations

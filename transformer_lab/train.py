@@ -133,6 +133,11 @@ class Trainer:
         self.step_count = 0
         self.started = time.perf_counter()
 
+    def plan_schedule(self, steps: int) -> None:
+        """The schedule ends ``steps`` steps from now (``train.steps`` as the schedules read it:
+        the length of this training, whichever routine setting gave it)."""
+        self._train.steps = self.step_count + int(steps)
+
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
@@ -175,7 +180,8 @@ class Trainer:
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
             on_step: Callable[[int, float], None] | None = None,
-            lead: Lockstep | None = None, follow: Lockstep | None = None) -> TrainResult:
+            lead: Lockstep | None = None, follow: Lockstep | None = None,
+            horizon: int | None = None) -> TrainResult:
         """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
 
         Every ``train.log_every`` steps a ``train`` row is logged (loss, lr, grad norm,
@@ -184,7 +190,10 @@ class Trainer:
         ``target_exact_match`` training stops at the first evaluation that reaches it.
         ``lead`` / ``follow``: this run leads, or follows on another thread, a ``Lockstep``
         (a follower stops after the leader's last step, as if that were its ``steps``).
+        ``horizon``: the number of steps the schedule plans for (``warmup_cosine`` reaches its
+        floor there; default ``steps``), e.g. a routine's step budget when it may stop early.
         """
+        self.plan_schedule(steps if horizon is None else horizon)
         if lead is None:
             return self._fit(steps, batches, target_exact_match, on_step, follow)
         try:

@@ -39,7 +39,9 @@ class SequenceBatchNorm(nn.BatchNorm1d):
     """BatchNorm over batch and positions for each feature: (B, T, D) -> (B, T, D).
 
     In training it uses the current batch's statistics, in eval the running averages: the
-    train/eval drift the seed article warns about for language data.
+    train/eval drift the seed article warns about for language data. In a causal decoder the
+    training statistics also include later positions, a small leak across the causal mask
+    (every token's output depends on the batch's future tokens through mean and variance).
     """
 
     def __init__(self, d_model: int, eps: float = 1e-5, momentum: float = 0.1) -> None:

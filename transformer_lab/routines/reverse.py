@@ -200,7 +200,8 @@ def train_with_control(cfg: DictConfig, nope_cfg: DictConfig, log: CsvLog | None
         result = chosen.fit(max_steps, target_exact_match=target)
         budget = result.solved_step or result.steps
         control = prepare_trainer(nope_cfg, control_tags)
-        return chosen, result, control, control.fit(budget, target_exact_match=target)
+        return chosen, result, control, control.fit(budget, target_exact_match=target,
+                                                    horizon=max_steps)
 
     control_log = BufferedLog(control_tags)
     control = prepare_trainer(nope_cfg, control_log)
@@ -354,7 +355,7 @@ def seeded_reversals(cfg: DictConfig, seeds: list[int], log: CsvLog | None, stag
             task = build_task(variant)  # (also sets model.vocab_size)
             models = build_seeded_models(variant, seeds)
             results = fit_seeds(variant, seeds, steps, task=task, models=models,
-                                target_exact_match=target,
+                                target_exact_match=target, horizon=max_steps,
                                 metrics={s: TaggedLog(log, stage, name, s) for s in seeds})
         role = "chosen" if name == label else "nope_control"
         trained.append([ReversalRun(role, name, arch, seed, target, result,
