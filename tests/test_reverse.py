@@ -201,6 +201,21 @@ def test_ctrl_c_with_the_control_on_a_thread_keeps_both_models_rows(tlab, tmp_pa
     assert steps["sinusoidal"][-1] == 25 and steps["none"][-1] == 25, steps
 
 
+@pytest.mark.parametrize(("overrides", "cores", "expected"), [
+    ([], 2, True),
+    ([], 1, False),                                   # no core to spare
+    (["train.threads=2"], 2, False),                  # the chosen PE uses both
+    (["model.dropout.ffn=0.1"], 2, False),            # dropout draws from the global RNG
+    (["routine.control_thread=true"], 1, True),
+    (["routine.control_thread=false"], 8, False),
+])
+def test_when_the_control_gets_a_thread(cfg_for, monkeypatch, overrides, cores, expected):
+    from transformer_lab.routines import reverse
+
+    monkeypatch.setattr(reverse, "available_cores", lambda: cores)
+    assert reverse.control_on_thread(cfg_for("experiment=reverse", *overrides)) is expected
+
+
 def test_lockstep_follower_stops_where_a_failing_leader_stopped():
     """A leader that dies at step 7 must not leave the follower waiting: it stops at 7."""
     import threading

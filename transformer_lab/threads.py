@@ -8,6 +8,7 @@ torch's default 2 threads next to one busy process, 14 s with 1 thread under hea
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -18,6 +19,13 @@ def check_threads(threads: object) -> None:
     if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
                                 or threads < 1):
         raise ConfigError(f"train.threads={threads} is not valid; use an integer >= 1 or null")
+
+
+def available_cores() -> int:
+    """Cores this process may run on (its CPU affinity where the OS tells, else all)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
 
 
 @contextmanager

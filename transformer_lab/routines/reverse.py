@@ -43,7 +43,6 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 from dataclasses import dataclass
@@ -62,6 +61,7 @@ from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, st
 from transformer_lab.routines.variants import TaggedLog, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
+from transformer_lab.threads import available_cores
 from transformer_lab.train import Trainer, TrainResult, count_parameters
 
 REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
@@ -166,9 +166,9 @@ def control_on_thread(cfg: DictConfig) -> bool:
     from hydra.types import RunMode
 
     in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    threads = int(cfg.train.get("threads") or 1)
+    threads = cfg.train.get("threads") or torch.get_num_threads()  # null: torch's default
     dropout = any(float(v) for v in cfg.model.dropout.values())
-    return not in_sweep and not dropout and len(os.sched_getaffinity(0)) >= 2 * threads
+    return not in_sweep and not dropout and available_cores() >= 2 * int(threads)
 
 
 class BufferedLog:
