@@ -17,18 +17,38 @@ arithmetic. ``tests/test_optim.py`` checks it against ``torch.optim.AdamW`` step
 
 The interface is the part of ``torch.optim.Optimizer`` tlab uses: ``param_groups`` (a list of
 dicts with ``params``, ``lr``, ``weight_decay``; set ``group["lr"]`` to change the learning
-rate) and ``step()``. Parameters whose ``grad`` is None are skipped, as torch skips them.
+rate) and ``step()``. Parameters whose ``grad`` is None are skipped, as torch skips them. The
+state lists are made once, so a step adds no per-parameter Python work beyond collecting the
+gradients (the training step of a tiny model is mostly such overhead).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import torch
 
 
+@dataclass
+class _GroupState:
+    """AdamW's state for one parameter group, as lists parallel to ``group["params"]``."""
+
+    exp_avgs: list[torch.Tensor]  # m
+    exp_avg_sqs: list[torch.Tensor]  # v
+    steps: list[torch.Tensor]  # t per parameter (a parameter without a gradient keeps its t)
+    fused: bool  # the device has torch's fused kernel for these tensors
+
+    @classmethod
+    def zeros_like(cls, params: list[torch.Tensor]) -> _GroupState:
+        return cls([torch.zeros_like(p, memory_format=torch.preserve_format) for p in params],
+                   [torch.zeros_like(p, memory_format=torch.preserve_format) for p in params],
+                   [torch.zeros((), dtype=torch.float32, device=p.device) for p in params],
+                   _has_fused_kernel(params))
+
+
 class AdamW:
-    """AdamW over ``param_groups``; state (m, v, step) is created at a parameter's first step."""
+    """AdamW over ``param_groups``; the state (m, v, t) is made at the first ``step``."""
 
     def __init__(self, param_groups: Iterable[dict], lr: float,
                  betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8) -> None:
@@ -38,31 +58,23 @@ class AdamW:
         ]
         self.beta1, self.beta2 = (float(b) for b in betas)
         self.eps = float(eps)
-        self.state: dict[torch.Tensor, dict[str, torch.Tensor]] = {}
-
-    def _state_of(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
-        state = self.state.get(param)
-        if state is None:
-            state = self.state[param] = {
-                "step": torch.zeros((), dtype=torch.float32, device=param.device),
-                "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
-                "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format),
-            }
-        return state
+        self._states: list[_GroupState] = []
 
     @torch.no_grad()
     def step(self) -> None:
-        for group in self.param_groups:
-            params = [p for p in group["params"] if p.grad is not None]
-            if not params:
-                continue
-            states = [self._state_of(p) for p in params]
-            tensors = ([p.grad for p in params], [s["exp_avg"] for s in states],
-                       [s["exp_avg_sq"] for s in states], [s["step"] for s in states])
-            if _has_fused_kernel(params):
-                self._fused_step(params, *tensors, group["lr"], group["weight_decay"])
-            else:
-                self._foreach_step(params, *tensors, group["lr"], group["weight_decay"])
+        if not self._states:
+            self._states = [_GroupState.zeros_like(g["params"]) for g in self.param_groups]
+        for group, state in zip(self.param_groups, self._states, strict=True):
+            params = group["params"]
+            grads = [p.grad for p in params]
+            tensors = (params, grads, state.exp_avgs, state.exp_avg_sqs, state.steps)
+            if any(g is None for g in grads):  # skip those parameters, as torch does
+                kept = [i for i, g in enumerate(grads) if g is not None]
+                if not kept:
+                    continue
+                tensors = tuple([seq[i] for i in kept] for seq in tensors)
+            update = self._fused_step if state.fused else self._foreach_step
+            update(*tensors, group["lr"], group["weight_decay"])
 
     def _fused_step(self, params: list[torch.Tensor], grads: list[torch.Tensor],
                     exp_avgs: list[torch.Tensor], exp_avg_sqs: list[torch.Tensor],
@@ -95,6 +107,8 @@ _FUSED_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 def _has_fused_kernel(params: list[torch.Tensor]) -> bool:
     """``torch._fused_adamw_`` runs on CPU and CUDA for floating dtypes, on one device."""
+    if not params:
+        return False
     first = params[0]
     return (first.device.type in ("cpu", "cuda") and first.dtype in _FUSED_DTYPES
             and all(p.device == first.device and p.dtype == first.dtype for p in params))
