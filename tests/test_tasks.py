@@ -99,14 +99,14 @@ def test_noam_is_vaswani_equation_3():
     cfg = _train_cfg()
     for step in (1, 100, 4000, 10000):
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
-        assert SCHEDULES["noam"](step, cfg, 512) == pytest.approx(expected)
-    peak = max(range(1, 20000, 50), key=lambda s: SCHEDULES["noam"](s, cfg, 512))
+        assert SCHEDULES["noam"](step, cfg, 512, 20000) == pytest.approx(expected)
+    peak = max(range(1, 20000, 50), key=lambda s: SCHEDULES["noam"](s, cfg, 512, 20000))
     assert abs(peak - 4000) <= 50
 
 
 def test_warmup_cosine_shape():
     cfg = _train_cfg(warmup=10, steps=110)
-    lr = [SCHEDULES["warmup_cosine"](s, cfg, 8) for s in range(1, 111)]
+    lr = [SCHEDULES["warmup_cosine"](s, cfg, 8, 110) for s in range(1, 111)]
     assert lr[4] == pytest.approx(0.5e-3) and lr[9] == pytest.approx(1e-3)
     assert lr[-1] == pytest.approx(1e-4)
     assert all(a >= b for a, b in zip(lr[9:], lr[10:], strict=False))

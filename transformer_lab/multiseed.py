@@ -193,16 +193,16 @@ def fit_seeds(
                             else (lambda step, loss, s=seed: on_step(s, step, loss)),
                             horizon=horizon)
                 for trainer, seed, budget in zip(trainers, seeds, budgets, strict=True)]
-    trainers[0].plan_schedule(horizon or budgets[0])  # the batched run reads trainers[0]'s
-    return _VectorisedRun(cfg, list(seeds), models, trainers, batches).fit(
-        budgets, target_exact_match, on_step)
+    return _VectorisedRun(cfg, list(seeds), models, trainers, batches,
+                          horizon or budgets[0]).fit(budgets, target_exact_match, on_step)
 
 
 class _VectorisedRun:
     """The stacked parameters, their optimiser and the shared training loop."""
 
     def __init__(self, cfg: DictConfig, seeds: list[int], models: list[nn.Module],
-                 trainers: list[Trainer], batches: Mapping[int, Sequence[Batch]] | None) -> None:
+                 trainers: list[Trainer], batches: Mapping[int, Sequence[Batch]] | None,
+                 horizon: int) -> None:
         self.cfg = cfg
         self.seeds = seeds
         self.models = models
@@ -222,7 +222,8 @@ class _VectorisedRun:
         groups = adamw_param_groups(stacked, float(cfg.train.weight_decay), leading_dims=1)
         self.schedule = trainers[0].schedule
         self.d_model = trainers[0].d_model
-        self.lr = self.schedule(1, self.train, self.d_model)
+        self.horizon = horizon  # the schedule's total steps, shared by every seed
+        self.lr = self.schedule(1, self.train, self.d_model, horizon)
         self.optimizer = make_adamw(groups, self.lr, tuple(cfg.train.betas))
         self.grad_clip = trainers[0]._grad_clip
         self.autocast = trainers[0].autocast
@@ -263,7 +264,7 @@ class _VectorisedRun:
     def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
         for trainer in self.trainers:
             trainer.step_count += 1
-        lr = self.schedule(self.trainers[0].step_count, self.train, self.d_model)
+        lr = self.schedule(self.trainers[0].step_count, self.train, self.d_model, self.horizon)
         if lr != self.lr:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr

@@ -1,12 +1,13 @@
-"""Learning-rate schedules, chosen by ``train.schedule``; each maps a step (1-based) to an lr.
+"""Learning-rate schedules, chosen by ``train.schedule``; each maps a step (1-based) to an lr,
+given the train settings, d_model and ``total_steps``, the length of the training being run.
 
 constant:       lr
 noam:           noam_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
                 (Vaswani et al. 2017, eq. 3; noam_factor=1 is the paper, train.lr is not used)
 warmup_cosine:  linear warm-up to lr over ``warmup`` steps, then cosine decay to
-                min_lr_ratio * lr at ``steps``: the length of the training being run (the
-                ``Trainer`` sets it from the routine's step budget, e.g. ``routine.max_steps``
-                of reverse-task or ``routine.steps`` of compare-activations)
+                min_lr_ratio * lr at ``total_steps`` (the ``Trainer`` passes the step budget
+                it was given: ``routine.max_steps`` of reverse-task, ``routine.steps`` of
+                compare-activations, ...)
 """
 
 from __future__ import annotations
@@ -17,18 +18,18 @@ from collections.abc import Callable
 from omegaconf import DictConfig
 
 
-def constant(step: int, train: DictConfig, d_model: int) -> float:
+def constant(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
     return float(train.lr)
 
 
-def noam(step: int, train: DictConfig, d_model: int) -> float:
+def noam(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
     step = max(step, 1)
     warmup = max(int(train.warmup), 1)
     return float(train.noam_factor) * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def warmup_cosine(step: int, train: DictConfig, d_model: int) -> float:
-    lr, warmup, total = float(train.lr), int(train.warmup), int(train.steps)
+def warmup_cosine(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
+    lr, warmup, total = float(train.lr), int(train.warmup), int(total_steps)
     if warmup > 0 and step <= warmup:
         return lr * step / warmup
     progress = min(1.0, (step - warmup) / max(1, total - warmup))
@@ -36,7 +37,7 @@ def warmup_cosine(step: int, train: DictConfig, d_model: int) -> float:
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-SCHEDULES: dict[str, Callable[[int, DictConfig, int], float]] = {
+SCHEDULES: dict[str, Callable[[int, DictConfig, int, int], float]] = {
     "constant": constant,
     "noam": noam,
     "warmup_cosine": warmup_cosine,

@@ -123,7 +123,8 @@ class Trainer:
         self._train = PlainConfig(train)  # hot-path copy of the train settings
         self._params = [p for p in model.parameters() if p.requires_grad]
         groups = adamw_param_groups(self._params, float(train.weight_decay))
-        self._lr = self.schedule(1, self._train, d_model)
+        self._horizon = int(train.steps)  # the schedule's total steps; each fit sets it
+        self._lr = self.schedule(1, self._train, d_model, self._horizon)
         self.optimizer = make_adamw(groups, self._lr, tuple(train.betas))
         self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (
@@ -134,14 +135,14 @@ class Trainer:
         self.started = time.perf_counter()
 
     def plan_schedule(self, steps: int) -> None:
-        """The schedule ends ``steps`` steps from now (``train.steps`` as the schedules read it:
-        the length of this training, whichever routine setting gave it)."""
-        self._train.steps = self.step_count + int(steps)
+        """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
+        training, whichever routine setting gave it)."""
+        self._horizon = self.step_count + int(steps)
 
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
-        lr = self.schedule(self.step_count, self._train, self.d_model)
+        lr = self.schedule(self.step_count, self._train, self.d_model, self._horizon)
         if lr != self._lr:  # constant schedules skip the param-group loop
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
