@@ -65,7 +65,7 @@ from torch import nn
 from torch.func import stack_module_state, vmap
 
 from transformer_lab.errors import Diverged
-from transformer_lab.results import CsvLog
+from transformer_lab.results import CsvLog, TaggedLog
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.train import (
     Trainer,
@@ -76,17 +76,6 @@ from transformer_lab.train import (
 )
 
 OnStep = Callable[[int, int, float], None]
-
-
-class SeedTaggedLog:
-    """Writes a seed's metrics rows into a shared ``CsvLog`` with an extra ``seed`` column."""
-
-    def __init__(self, log: CsvLog, seed: int) -> None:
-        self.log = log
-        self.seed = seed
-
-    def write(self, row: Mapping) -> None:
-        self.log.write({**row, "seed": self.seed})
 
 
 def vectorisable(cfg: DictConfig) -> str | None:
@@ -155,7 +144,7 @@ def fit_seeds(
     task: Task | None = None,
     models: Sequence[nn.Module] | None = None,
     batches: Mapping[int, Sequence[Batch]] | None = None,
-    metrics: Mapping[int, CsvLog | SeedTaggedLog | None] | None = None,
+    metrics: Mapping[int, CsvLog | TaggedLog | None] | None = None,
     target_exact_match: float | None = None,
     on_step: OnStep | None = None,
     vectorise: bool | None = None,

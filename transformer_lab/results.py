@@ -75,6 +75,20 @@ class CsvLog:
             self._file.close()
 
 
+class TaggedLog:
+    """Writes rows to ``log`` (if there is one) with the same extra columns, e.g.
+    ``TaggedLog(run.metrics, stage="reverse", variant="rope", seed=0)``: several models of one
+    run share its ``metrics.csv`` and these columns tell them apart."""
+
+    def __init__(self, log: CsvLog | TaggedLog | None, **tags: Any) -> None:
+        self.log = log
+        self.tags = tags
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        if self.log is not None:
+            self.log.write({**row, **self.tags})
+
+
 def holds_run(path: Path) -> bool:
     """True if ``path`` already contains the files of a run."""
     return any((path / marker).exists() for marker in RUN_MARKERS)

@@ -59,7 +59,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, status
-from transformer_lab.routines.variants import TaggedLog, with_choice
+from transformer_lab.routines.variants import stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.train import count_parameters
 
@@ -169,7 +169,7 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
     models = build_seeded_models(cfg, seeds)
     logged: dict[int, list[tuple[int, float]]] = {s: [] for s in seeds}  # (step, perf_counter)
     results = fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
-                        metrics={s: TaggedLog(log, stage, activation, s) for s in seeds},
+                        metrics={s: stage_log(log, stage, activation, s) for s in seeds},
                         on_step=lambda s, step, loss: logged[s].append((step,
                                                                         time.perf_counter())))
     tokens_per_step = int(cfg.train.batch_size) * task.model_seq_len

@@ -66,7 +66,7 @@ from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.console import console, print_warning
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model, instantiate_component
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.tasks import Task
 from transformer_lab.train import Trainer, count_parameters, sequence_loss, token_accuracy
@@ -309,17 +309,6 @@ def evaluate(model: TransformerModel, task: Task, device: torch.device) -> dict[
     return {"loss": sequence_loss(logits.float(), batch.targets).item(),
             "accuracy": token_accuracy(logits, batch.targets),
             "exact_match": math.nan if match is None else match}
-
-
-class TaggedLog:
-    """Forwards the trainer's metric rows to ``metrics.csv`` with this model's tags added."""
-
-    def __init__(self, log: CsvLog, **tags: Any) -> None:
-        self.log = log
-        self.tags = tags
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        self.log.write({**self.tags, **row})
 
 
 # --------------------------------------------------------------------------------------------

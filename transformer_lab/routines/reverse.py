@@ -55,10 +55,10 @@ from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
 from transformer_lab.lockstep import Lockstep
 from transformer_lab.model import build_model, instantiate_component
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, status
-from transformer_lab.routines.variants import TaggedLog, with_choice
+from transformer_lab.routines.variants import stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.threads import available_cores
@@ -194,8 +194,8 @@ def train_with_control(cfg: DictConfig, nope_cfg: DictConfig, log: CsvLog | None
     """The chosen PE until solved (or ``max_steps``), and the NoPE control for as many steps:
     after it, or beside it on a second thread following it in ``Lockstep``."""
     label = pe_label(cfg)
-    chosen = prepare_trainer(cfg, TaggedLog(log, stage, label, cfg.seed))
-    control_tags = TaggedLog(log, stage, NOPE, cfg.seed)
+    chosen = prepare_trainer(cfg, stage_log(log, stage, label, cfg.seed))
+    control_tags = stage_log(log, stage, NOPE, cfg.seed)
     if not on_thread:  # (each model is built just before it trains, as in a run of its own)
         result = chosen.fit(max_steps, target_exact_match=target)
         budget = result.solved_step or result.steps
@@ -308,7 +308,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         pairs = seeded_reversals(cfg, seeds, log, stage, with_control)
     elif not with_control:
         with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
-            result, params = train_to_target(cfg, TaggedLog(log, stage, label, cfg.seed),
+            result, params = train_to_target(cfg, stage_log(log, stage, label, cfg.seed),
                                              max_steps, target)
         pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
                               expected_outcome(cfg)), None)]
@@ -356,7 +356,7 @@ def seeded_reversals(cfg: DictConfig, seeds: list[int], log: CsvLog | None, stag
             models = build_seeded_models(variant, seeds)
             results = fit_seeds(variant, seeds, steps, task=task, models=models,
                                 target_exact_match=target, horizon=max_steps,
-                                metrics={s: TaggedLog(log, stage, name, s) for s in seeds})
+                                metrics={s: stage_log(log, stage, name, s) for s in seeds})
         role = "chosen" if name == label else "nope_control"
         trained.append([ReversalRun(role, name, arch, seed, target, result,
                                     count_parameters(model), expected_outcome(variant))

@@ -20,7 +20,7 @@ from transformer_lab.config import build_task
 from transformer_lab.console import console
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.parameter_count import parameter_breakdown
-from transformer_lab.results import RunDirectory
+from transformer_lab.results import RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
 from transformer_lab.tasks import Batch, Task
@@ -115,7 +115,7 @@ def smoke_training_seeds(cfg: DictConfig, model: TransformerModel, task,
     (``multiseed.fit_seeds``): each seed has the initial weights and fixed batches of its own
     single run. One check row per seed; metrics rows carry a ``seed`` column. Returns the rows
     and the mean loss after training."""
-    from transformer_lab.multiseed import SeedTaggedLog, build_seeded_models, fit_seeds
+    from transformer_lab.multiseed import build_seeded_models, fit_seeds
 
     clock = Stopwatch()
     seeds = [int(cfg.seed) + i for i in range(int(cfg.routine.seeds))]
@@ -130,7 +130,7 @@ def smoke_training_seeds(cfg: DictConfig, model: TransformerModel, task,
     before = {s: _fixed_loss(evaluators[s], batches[s]) for s in seeds}
     with console.status(f"smoke training: {len(seeds)} seeds x {cfg.routine.steps} steps"):
         fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
-                  batches=batches, metrics={s: SeedTaggedLog(run.metrics, s) for s in seeds})
+                  batches=batches, metrics={s: TaggedLog(run.metrics, seed=s) for s in seeds})
     wall = clock.lap() / len(seeds)
     rows, afters = [], []
     for seed, trained in zip(seeds, models, strict=True):

@@ -4,7 +4,7 @@ The validation routine trains several models in one run directory: the chosen PE
 control (step 3), one model per activation and seed (step 4). Each is the run's own config with
 one config group swapped (``with_choice(cfg, "pe", "none")``) or a block of settings merged over
 it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the columns
-``stage``, ``variant`` and ``seed`` (``TaggedLog``).
+``stage``, ``variant`` and ``seed`` (``stage_log``).
 """
 
 from __future__ import annotations
@@ -17,20 +17,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 
 
-class TaggedLog:
-    """Writes rows to ``log`` with the same ``stage``, ``variant`` and ``seed`` columns added."""
-
-    def __init__(self, log: CsvLog | None, stage: str = "", variant: str = "",
-                 seed: int | None = None) -> None:
-        self.log = log
-        self.tags = {"stage": stage, "variant": variant, "seed": seed}
-
-    def write(self, row: Mapping[str, Any]) -> None:
-        if self.log is not None:
-            self.log.write({**row, **self.tags})
+def stage_log(log: CsvLog | None, stage: str, variant: str = "",
+              seed: int | None = None) -> TaggedLog:
+    """``log`` with the ``stage``, ``variant`` and ``seed`` columns of one trained model."""
+    return TaggedLog(log, stage=stage, variant=variant, seed=seed)
 
 
 class StageRun:
@@ -43,7 +36,7 @@ class StageRun:
     def __init__(self, run: RunDirectory, stage: str, variant: str = "",
                  seed: int | None = None) -> None:
         self._run = run
-        self.metrics = TaggedLog(run.metrics, stage, variant, seed)
+        self.metrics = stage_log(run.metrics, stage, variant, seed)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._run, name)
