@@ -364,10 +364,7 @@ def _group_labels(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 
 def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from transformer_lab.plots import plt, save
 
     labels = _group_labels(pivot, keys).tolist()
     means = pivot[f"{metric}_mean"].to_numpy(dtype=float)
@@ -378,16 +375,13 @@ def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -
                   if len(labels) > 3 else "center", fontsize=8)
     ax.set_ylabel(f"{metric} (mean ± std over seeds)")
     ax.set_title(f"{metric} at the end of each run, per choice")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
     if gathered.curves.empty:
         return None
-    from transformer_lab.plots import distinct_styles, plt
+    from transformer_lab.plots import distinct_styles, plt, save
 
     labels = _group_labels(gathered.runs.drop_duplicates("run_dir"), gathered.group_keys)
     label_of = dict(zip(gathered.runs.drop_duplicates("run_dir")["run_dir"], labels,
@@ -405,10 +399,7 @@ def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
     ax.set_ylabel("training loss (mean over seeds)")
     ax.set_title("loss curves per group")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return save(fig, path)
 
 
 # --- the report -----------------------------------------------------------------------------

@@ -294,11 +294,8 @@ def _cell(value: object) -> str:
 
 
 def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
-    """Smoothed training loss per activation: mean over seeds, min-max band (Agg backend)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    """Smoothed training loss per activation: mean over seeds, min-max band."""
+    from transformer_lab.plots import plt, save
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     by_activation: dict[str, list[SeedRun]] = {}
@@ -318,10 +315,7 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     axes.set_title(title)
     axes.grid(alpha=0.3)
     axes.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
+    return save(figure, path)
 
 
 def run_compare(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
