@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 from transformer_lab.config import CONFIG_DIR, compose, group_choices, validate_config
-from transformer_lab.config_tree import set_user_config_dirs
+from transformer_lab.config_tree import config_dirs, set_user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import holds_run
 
@@ -205,7 +205,7 @@ def user_config_dir_overrides(flags: list[str]) -> list[str]:
 
 
 def group_choices_top() -> set[str]:
-    return {p.name for p in CONFIG_DIR.iterdir() if p.is_dir()}
+    return {p.name for d in config_dirs() if d.is_dir() for p in d.iterdir() if p.is_dir()}
 
 
 def _unknown_key_message(message: str, overrides: list[str]) -> str | None:

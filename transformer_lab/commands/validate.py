@@ -12,9 +12,10 @@ from transformer_lab.commands.common import (
     Overrides,
     Pe,
     Resume,
+    Seeds,
     launch,
 )
-from transformer_lab.commands.compare_activations import Activations, Seeds, hydra_list
+from transformer_lab.commands.compare_activations import Activations, hydra_list
 from transformer_lab.commands.reverse_task import MaxSteps, SeqLen, Target, Vocab
 
 

@@ -339,30 +339,31 @@ def seeded_reversals(cfg: DictConfig, seeds: list[int], log: CsvLog | None, stag
     """``routine.seeds`` > 1: the chosen PE with every seed (``multiseed.fit_seeds``: one
     vectorised model where that pays), then the NoPE controls, each for as many steps as the
     chosen PE took with its seed."""
+    chosen = train_seeds(cfg, "chosen", seeds, int(cfg.routine.max_steps), log, stage)
+    if not with_control:
+        return [(run, None) for run in chosen]
+    budgets = {run.seed: run.result.solved_step or run.result.steps for run in chosen}
+    controls = train_seeds(with_choice(cfg, "pe", NOPE), "nope_control", seeds, budgets, log,
+                           stage)
+    return list(zip(chosen, controls, strict=True))
+
+
+def train_seeds(cfg: DictConfig, role: str, seeds: list[int], steps: int | dict[int, int],
+                log: CsvLog | None, stage: str) -> list[ReversalRun]:
+    """Every seed of ``cfg`` until solved or its budget (``steps``, or ``steps[seed]``), with
+    the schedule planned for ``routine.max_steps`` as in a one-seed run."""
     from transformer_lab.multiseed import build_seeded_models, fit_seeds
 
-    routine = cfg.routine
-    target, max_steps = float(routine.target), int(routine.max_steps)
-    label, arch = pe_label(cfg), arch_name(cfg)
-    trained = []
-    variants = [(cfg, label, max_steps)]
-    if with_control:
-        variants.append((with_choice(cfg, "pe", NOPE), NOPE, None))
-    for variant, name, budget in variants:
-        steps = budget or {s: r.result.solved_step or r.result.steps
-                           for s, r in zip(seeds, trained[0], strict=True)}
-        with console.status(f"reversal: pe={name}, arch={arch}, seeds {seeds[0]}-{seeds[-1]}"):
-            task = build_task(variant)  # (also sets model.vocab_size)
-            models = build_seeded_models(variant, seeds)
-            results = fit_seeds(variant, seeds, steps, task=task, models=models,
-                                target_exact_match=target, horizon=max_steps,
-                                metrics={s: stage_log(log, stage, name, s) for s in seeds})
-        role = "chosen" if name == label else "nope_control"
-        trained.append([ReversalRun(role, name, arch, seed, target, result,
-                                    count_parameters(model), expected_outcome(variant))
-                        for seed, model, result in zip(seeds, models, results, strict=True)])
-    controls = trained[1] if with_control else [None] * len(seeds)
-    return list(zip(trained[0], controls, strict=True))
+    target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
+    with console.status(f"reversal: pe={name}, arch={arch}, seeds {seeds[0]}-{seeds[-1]}"):
+        task = build_task(cfg)  # (also sets model.vocab_size)
+        models = build_seeded_models(cfg, seeds)
+        results = fit_seeds(cfg, seeds, steps, task=task, models=models,
+                            target_exact_match=target, horizon=int(cfg.routine.max_steps),
+                            metrics={s: stage_log(log, stage, name, s) for s in seeds})
+    return [ReversalRun(role, name, arch, seed, target, result, count_parameters(model),
+                        expected_outcome(cfg))
+            for seed, model, result in zip(seeds, models, results, strict=True)]
 
 
 def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
