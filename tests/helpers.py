@@ -11,6 +11,19 @@ from pathlib import Path
 TLAB = str(Path(sys.executable).with_name("tlab"))
 
 
+def assert_refused(result: tuple[int, str, str], out: Path, *expected: str) -> str:
+    """A usage error from the ``tlab`` fixture: exit code 2, each ``expected`` text in stderr
+    (rich's line wrapping undone), no traceback, nothing written at ``out``; returns stderr."""
+    code, stdout, err = result
+    assert code == 2, err
+    flat = " ".join(err.split())
+    for text in expected:
+        assert text in flat, err
+    assert "Traceback" not in err + stdout
+    assert not out.exists()
+    return err
+
+
 def read_csv(path: Path) -> list[dict[str, str]]:
     """Rows of a CSV a run wrote, as dicts of strings."""
     with path.open(newline="", encoding="utf-8") as f:

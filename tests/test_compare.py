@@ -6,7 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers import read_csv
+from helpers import assert_refused, read_csv
 
 from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
@@ -114,11 +114,8 @@ def test_ema_and_steps_to_target():
 ])
 def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
     out = tmp_path / "bad"
-    code, _, err = tlab("experiment=compare_activations", *args, f"hydra.run.dir={out}")
-    assert code == 2
-    assert message in err
-    assert "Traceback" not in err
-    assert not out.exists()
+    assert_refused(tlab("experiment=compare_activations", *args, f"hydra.run.dir={out}"), out,
+                   message)
 
 
 def test_cli_options_are_checked(tmp_path):

@@ -7,7 +7,7 @@ import time
 
 import pytest
 import torch
-from helpers import read_csv
+from helpers import assert_refused, read_csv
 
 from transformer_lab.routines.reverse import (
     REVERSE_COLUMNS,
@@ -256,11 +256,7 @@ def test_lockstep_follower_stops_where_a_failing_leader_stopped():
 ])
 def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
     out = tmp_path / "bad"
-    code, _, err = tlab("experiment=reverse", *args, f"hydra.run.dir={out}")
-    assert code == 2, err
-    assert message in err
-    assert "Traceback" not in err
-    assert not out.exists()
+    assert_refused(tlab("experiment=reverse", *args, f"hydra.run.dir={out}"), out, message)
 
 
 @pytest.mark.parametrize(("option", "value"), [("--target", "1.5"), ("--target", "0"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from helpers import read_csv
+from helpers import assert_refused, read_csv
 
 from transformer_lab.routines.checks import CHECK_COLUMNS
 
@@ -99,10 +99,7 @@ def test_ctrl_c_keeps_finished_steps(tlab, tmp_path, monkeypatch):
 ])
 def test_bad_input_exits_2_before_writing(tlab, tmp_path, args, message):
     out = tmp_path / "bad"
-    code, _, err = tlab("experiment=validate", *args, f"hydra.run.dir={out}")
-    assert code == 2
-    assert message in err
-    assert not out.exists()
+    assert_refused(tlab("experiment=validate", *args, f"hydra.run.dir={out}"), out, message)
 
 
 def test_cli_maps_options(tmp_path):
