@@ -15,7 +15,6 @@ after another), ``sequential`` is N ``Trainer.fit`` runs one after another. The 
 from __future__ import annotations
 
 import argparse
-import csv
 import dataclasses
 import statistics
 import time
@@ -23,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import write_csv
 from benchmarks.peers import SIZES, tlab_overrides
 
 OUT = Path(__file__).resolve().parent / "multiseed.csv"
@@ -82,12 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['arm']:<12} seeds={row['seeds']:<3} wall {row['wall_s']:8.3f} s "
               f"(min {row['wall_s_min']:.3f})  x one seed: {row['ratio_vs_one_seed']:.2f}")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {args.out}")
+    write_csv(args.out, rows)
     return 0
 
 

@@ -25,7 +25,6 @@ compile time (first step minus a normal step) is reported in ``compile_s``.
 from __future__ import annotations
 
 import argparse
-import csv
 import platform
 import statistics
 import sys
@@ -35,6 +34,7 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.common import write_csv
 from benchmarks.peers import (
     SIZES,
     BenchSize,
@@ -226,12 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         row["matmul_peak_flop_per_s"] = f"{peak:.4g}"
     print(f"best {args.precision} matmul peak over the run: {peak / 1e9:.1f} GFLOP/s")
     print_table(rows)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as file:
-        writer = csv.DictWriter(file, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {args.out}")
+    write_csv(args.out, rows, COLUMNS)
     return 0
 
 

@@ -11,15 +11,15 @@ shows what they do import.
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from benchmarks.common import TLAB, write_csv
+
 OUT = Path(__file__).resolve().parent / "startup.csv"
-TLAB = str(Path(sys.executable).with_name("tlab"))  # the console script of this environment
 COMMANDS = {"tlab --help": ["--help"], "tlab list": ["list"]}
 
 
@@ -38,14 +38,10 @@ def main(argv: list[str] | None = None) -> int:
             walls[name].append(time.perf_counter() - start)
     rows = [{"command": name, "runs": args.runs, "median_s": round(statistics.median(w), 4),
              "min_s": round(min(w), 4), "target_s": 0.3} for name, w in walls.items()]
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
     for row in rows:
         print(f"{row['command']:12s} median {row['median_s']:.3f} s  min {row['min_s']:.3f} s  "
               f"(target <= 0.3 s)")
-    print(f"wrote {args.out}")
+    write_csv(args.out, rows)
     return 0
 
 

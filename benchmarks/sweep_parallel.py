@@ -43,6 +43,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import write_csv
+
 RESULTS = Path(__file__).resolve().parent / "sweep_parallel.csv"
 SWEEP = ["experiment=reverse", "pe=sinusoidal,rope,alibi", "seed=0,1"]
 N_JOBS_IN_SWEEP = 6
@@ -119,11 +121,7 @@ def main(argv: list[str] | None = None) -> int:
                       f"sum of job wall_s {job_wall:.1f} s, load {load:.1f})", flush=True)
     medians = {name: statistics.median(r["wall_s"] for r in rows if r["variant"] == name)
                for name in chosen}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS)
-        writer.writeheader()
-        writer.writerows(rows)
+    write_csv(args.out, rows, COLUMNS)
     print(f"\n{platform.processor() or platform.machine()}, {os.cpu_count()} cpus; "
           f"{N_JOBS_IN_SWEEP}-job sweep, routine.max_steps={args.max_steps or 'default'}, "
           f"{args.repeats} repeats (median wall time, process start-up included)")

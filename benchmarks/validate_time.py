@@ -15,7 +15,6 @@ Results go to ``benchmarks/validate_time.csv`` and ``benchmarks/reverse_steps.cs
 from __future__ import annotations
 
 import argparse
-import csv
 import statistics
 import subprocess
 import sys
@@ -23,8 +22,9 @@ import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.common import TLAB, write_csv
+
 HERE = Path(__file__).resolve().parent
-TLAB = str(Path(sys.executable).with_name("tlab"))  # the console script of this environment
 PES = {
     "none": ["pe=none"], "sinusoidal": ["pe=sinusoidal"], "learned": ["pe=learned"],
     "sinusoidal_learned": ["pe=sinusoidal_learned"], "rope": ["pe=rope"],
@@ -81,14 +81,6 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
     return rows
 
 
-def write(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    print(f"wrote {path}")
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=5, help="tlab validate runs to time")
@@ -104,12 +96,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tlab validate x {args.runs}:")
         row = time_validate(args.runs, args.overrides)
         print(f"median {row['median_s']:.2f} s (min {row['min_s']:.2f}, max {row['max_s']:.2f})")
-        write(HERE / "validate_time.csv", [row])
+        write_csv(HERE / "validate_time.csv", [row])
     if not args.no_steps:
         print(f"reverse-task steps to solve, median over {args.seeds} seeds:")
         rows = steps_to_solve(args.pes.split(","), args.archs.split(","), args.seeds,
                               args.overrides)
-        write(HERE / "reverse_steps.csv", rows)
+        write_csv(HERE / "reverse_steps.csv", rows)
     return 0
 
 
