@@ -195,12 +195,11 @@ class Trainer:
         floor there; default ``steps``), e.g. a routine's step budget when it may stop early.
         """
         self.plan_schedule(steps if horizon is None else horizon)
-        if lead is None:
-            return self._fit(steps, batches, target_exact_match, on_step, follow)
         try:
             return self._fit(steps, batches, target_exact_match, on_step, follow, lead)
         finally:
-            lead.stopped(self.step_count)
+            if lead is not None:  # also on an error: the follower must not wait for more
+                lead.stopped(self.step_count)
 
     def _fit(self, steps: int, batches: Sequence[Batch] | None, target_exact_match: float | None,
              on_step: Callable[[int, float], None] | None, follow: Lockstep | None = None,
@@ -210,8 +209,8 @@ class Trainer:
         tokens_since, total_tokens = 0, 0
         started = clock = time.perf_counter()
         for i in range(steps):
-            if follow is not None and not follow.may_take(self.step_count + 1):
-                break  # the leader took no steps at all
+            if i == 0 and follow is not None and not follow.may_take(self.step_count + 1):
+                break  # the leader took no steps at all (later steps: ``last`` below)
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:
