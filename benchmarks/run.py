@@ -43,6 +43,7 @@ from benchmarks.peers import (
     build_torch,
     build_x_transformers,
 )
+from transformer_lab.train import count_parameters
 
 RESULTS = Path(__file__).resolve().parent / "results.csv"
 COLUMNS = ["size", "impl", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", "batch",
@@ -152,7 +153,7 @@ def bench_size(size: BenchSize, args: argparse.Namespace, peak: float) -> list[d
             "size": size.name, "impl": name, "d_model": size.d_model, "n_heads": size.n_heads,
             "n_layers": size.n_layers, "d_ff": size.d_ff, "seq_len": size.seq_len,
             "batch": size.batch,
-            "params": sum(p.numel() for p in contender.model.parameters()),
+            "params": count_parameters(contender.model),
             "non_embedding_params": contender.non_embedding_params,
             "ms_per_step": round(medians[name], 4), "ms_per_step_min": round(min(times[name]), 4),
             "tokens_per_s": round(tokens_per_s, 1),
