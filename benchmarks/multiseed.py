@@ -1,7 +1,8 @@
 """Wall time of N seeds trained as one vectorised model against one seed alone.
 
     python -m benchmarks.multiseed [--size small] [--seeds 4] [--steps 30] [--repeats 3]
-                                   [--threads N] [--out benchmarks/multiseed.csv]
+                                   [--threads N] [--device cpu|cuda] [--precision fp32|bf16]
+                                   [--out benchmarks/multiseed.csv]
 
 Both arms train the benchmark's network (``peers.SIZES``, tlab's model, reverse task, fresh
 batches from each seed's generator, no evaluation until the end) for ``--steps`` steps:
@@ -38,6 +39,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seq-len", type=int, default=None, help="override the size's T")
     parser.add_argument("--batch", type=int, default=None, help="override the size's B")
     parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     if args.threads:
@@ -50,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     size = dataclasses.replace(SIZES[args.size], seq_len=args.seq_len or SIZES[args.size].seq_len,
                                batch=args.batch or SIZES[args.size].batch)
-    cfg = compose([*tlab_overrides(size, "cpu", "fp32"), "train.log_every=10",
+    cfg = compose([*tlab_overrides(size, args.device, args.precision), "train.log_every=10",
                    "train.eval_every=0", "task.eval_size=64"])
     task = build_task(cfg)
     seeds = list(range(args.seeds))
@@ -78,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
              "steps": args.steps, "wall_s": round(statistics.median(w), 4),
              "wall_s_min": round(min(w), 4),
              "ratio_vs_one_seed": round(statistics.median(w) / one, 3),
-             "threads": torch.get_num_threads()} for name, w in walls.items()]
+             "threads": torch.get_num_threads(), "device": args.device,
+             "precision": args.precision} for name, w in walls.items()]
     for row in rows:
         print(f"{row['arm']:<12} seeds={row['seeds']:<3} wall {row['wall_s']:8.3f} s "
               f"(min {row['wall_s_min']:.3f})  x one seed: {row['ratio_vs_one_seed']:.2f}")

@@ -56,7 +56,6 @@ from __future__ import annotations
 
 import math
 import time
-import warnings
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
@@ -64,6 +63,7 @@ from omegaconf import DictConfig
 from torch import nn
 from torch.func import stack_module_state, vmap
 
+from transformer_lab.components.attention import written_out_attention
 from transformer_lab.errors import Diverged
 from transformer_lab.results import CsvLog, TaggedLog
 from transformer_lab.tasks import Batch, Task
@@ -240,14 +240,18 @@ class _VectorisedRun:
         return [t.task.train_batch(self.train.batch_size, t.generator) for t in self.trainers]
 
     def clip(self) -> torch.Tensor:
-        """Clip each seed's gradient by its own total norm; returns the norms (N,)."""
+        """Clip each seed's gradient by its own total norm, as ``clip_gradients`` does for one
+        run (the same per-tensor norms, in one ``_foreach_norm`` over every seed's slices);
+        returns the norms (N,)."""
         grads = [self.params[n].grad for n in self.names if self.params[n].grad is not None]
-        per_tensor = torch.stack([g.flatten(1).norm(dim=1) for g in grads])  # (P, N)
-        total = torch.linalg.vector_norm(per_tensor, dim=0)  # (N,)
+        n = len(self.seeds)
+        slices = [[g[k] for g in grads] for k in range(n)]  # seed k's gradient tensors
+        per_tensor = torch._foreach_norm([s for seed in slices for s in seed])  # N * P norms
+        total = torch.linalg.vector_norm(torch.stack(per_tensor).view(n, -1), dim=1)  # (N,)
         if math.isfinite(self.grad_clip):
             coef = (self.grad_clip / (total + 1e-6)).clamp_(max=1.0)  # (N,)
-            for g in grads:
-                g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+            for k in range(n):
+                torch._foreach_mul_(slices[k], coef[k])
         return total
 
     def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -263,7 +267,7 @@ class _VectorisedRun:
         for model in self.models:
             if not model.training:
                 model.train()
-        with self.autocast:
+        with self.autocast, written_out_attention():  # what vmap batches (see there)
             losses = self.losses(self.params, inputs, targets)  # (N,)
         for p in self.params.values():
             p.grad = None
@@ -284,35 +288,32 @@ class _VectorisedRun:
         log_every, eval_every = max(1, int(self.train.log_every)), self.train.eval_every
         started = clock = time.perf_counter()
         tokens_since = total_tokens = 0
-        with warnings.catch_warnings():
-            # SDPA's CPU kernel has no vmap batching rule yet: it loops over seeds (correct).
-            warnings.filterwarnings("ignore", message=".*performance drop.*batching rule")
-            for i in range(max(budgets)):
-                if not active:
-                    break
-                batches = self.next_batches(i)
-                losses, norms, lr = self.step(batches)
-                tokens_since += batches[0].inputs.numel()
-                total_tokens += batches[0].inputs.numel()
-                step = self.trainers[0].step_count
-                last = {k for k in active if step == budgets[k]}
-                logging = [k for k in active if step % log_every == 0 or k in last]
-                if logging:
-                    loss_values, norm_values = losses.tolist(), norms.tolist()  # one sync
-                    now = time.perf_counter()
-                    for k in logging:
-                        self._log_train(k, results[k], step, loss_values[k], norm_values[k], lr,
-                                        tokens_since / max(now - clock, 1e-9), on_step)
-                    tokens_since, clock = 0, now
-                evaluating = [k for k in active
-                              if (eval_every and step % eval_every == 0) or k in last]
-                for k in evaluating:
-                    solved = self._evaluate(k, results[k], step, lr, target_exact_match)
-                    if solved or k in last:
-                        active.remove(k)
-                        results[k].steps = step
-                        frozen[k] = {name: self.params[name][k].detach().clone()
-                                     for name in self.names}
+        for i in range(max(budgets)):
+            if not active:
+                break
+            batches = self.next_batches(i)
+            losses, norms, lr = self.step(batches)
+            tokens_since += batches[0].inputs.numel()
+            total_tokens += batches[0].inputs.numel()
+            step = self.trainers[0].step_count
+            last = {k for k in active if step == budgets[k]}
+            logging = [k for k in active if step % log_every == 0 or k in last]
+            if logging:
+                loss_values, norm_values = losses.tolist(), norms.tolist()  # one sync
+                now = time.perf_counter()
+                for k in logging:
+                    self._log_train(k, results[k], step, loss_values[k], norm_values[k], lr,
+                                    tokens_since / max(now - clock, 1e-9), on_step)
+                tokens_since, clock = 0, now
+            evaluating = [k for k in active
+                          if (eval_every and step % eval_every == 0) or k in last]
+            for k in evaluating:
+                solved = self._evaluate(k, results[k], step, lr, target_exact_match)
+                if solved or k in last:
+                    active.remove(k)
+                    results[k].steps = step
+                    frozen[k] = {name: self.params[name][k].detach().clone()
+                                 for name in self.names}
         with torch.no_grad():  # a solved seed keeps the weights of the step it was solved
             for k, weights in frozen.items():
                 for name, value in weights.items():

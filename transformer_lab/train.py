@@ -28,8 +28,11 @@ from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T)."""
-    return F.cross_entropy(logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE_INDEX)
+    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T). In fp32
+    (a no-op for fp32 logits): autocast would do the same, but not under vmap on CUDA, where
+    bf16 logits reach the fp32 log-softmax backward."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
+                           ignore_index=IGNORE_INDEX)
 
 
 def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
@@ -164,11 +167,11 @@ class Trainer:
         (default: the task's held-out batch)."""
         batch = (batch or self.task.eval_batch()).to(self.device)
         self.model.eval()
-        with self.autocast:
+        with self.autocast:  # the precision of training, exact match included
             logits = self.model(batch.inputs)
+            match = self.task.exact_match(self.model, batch) if exact_match else None
         result = {"loss": sequence_loss(logits.float(), batch.targets).item(),
                   "accuracy": token_accuracy(logits, batch.targets)}
-        match = self.task.exact_match(self.model, batch) if exact_match else None
         result["exact_match"] = math.nan if match is None else match
         self.model.train()
         return result

@@ -14,6 +14,9 @@ Shapes: x (B, T, D) -> q, k, v (B, H, T, Dh) -> out (B, T, D), with D = H * Dh.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -30,6 +33,22 @@ class AttentionInputs:
     mask: torch.Tensor | None = None  # (H or 1, T, T) additive float mask, or None
     is_causal: bool = False  # let SDPA apply the causal mask itself (only when mask is None)
     need_weights: bool = False  # also compute and keep the attention probabilities
+
+
+_WRITTEN_OUT: ContextVar[bool] = ContextVar("tlab_written_out_attention", default=False)
+
+
+@contextmanager
+def written_out_attention() -> Iterator[None]:
+    """Within this block (this thread), attention is computed as two matmuls and an fp32
+    softmax instead of SDPA's fused kernels. ``torch.func.vmap`` (``multiseed``) needs it: the
+    fused kernels have no batching rule (vmap loops over the batch; on CUDA the memory-efficient
+    kernel's backward then fails), and under vmap autocast's fp32 softmax is skipped."""
+    token = _WRITTEN_OUT.set(True)
+    try:
+        yield
+    finally:
+        _WRITTEN_OUT.reset(token)
 
 
 class MultiHeadAttention(nn.Module):
@@ -66,6 +85,8 @@ class MultiHeadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
         if inputs.need_weights:
             out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p)
+        elif _WRITTEN_OUT.get():
+            out, _ = self._attention_with_weights(q, k, v, inputs, dropout_p)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal
@@ -89,6 +110,6 @@ class MultiHeadAttention(nn.Module):
             seq = q.shape[-2]
             future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
-        weights = scores.softmax(dim=-1)
+        weights = scores.float().softmax(dim=-1).to(v.dtype)  # fp32 softmax, as autocast does
         out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T, Dh)
         return out, weights.detach()
