@@ -35,15 +35,14 @@ API (shapes: batches are (B, T); the stacked parameters are (N, *shape))::
 that seed over the shared wall time). A seed that reaches ``target_exact_match`` stops counting:
 its result and its weights are those of the step where it was solved, as in a separate run.
 
-When it pays (measured on the 2-core CPU, 1 thread, N = 4, ``benchmarks/multiseed.py``): the
-batched step is overhead-bound only for tiny steps. With ``tokens = batch x T`` per step,
-tokens x d_model <= 2048 (``tlab smoke``, d 8 / batch 64 at T 4, d 64 at 32 tokens) took
-2.8-3.3x one seed's wall time against 4.1x for four sequential runs; at 256 tokens x d 64
-(reverse-task's shape) it was 3.4x against 3.1x, and at the benchmark's ``small`` (1024 x 64)
-5.3x against 4.3x: there each seed's matmuls dominate and vmap's batched matmul plus
-separate bias add are slower than one seed's fused ``addmm``. So ``vectorise=None`` batches the
-seeds when tokens x d_model <= ``VECTORISE_MAX_WORK`` (8192) or on CUDA (where every step is
-launch-bound), and runs them one after another otherwise.
+When it pays (``benchmarks/multiseed.py``, N = 4, wall time against one seed): on the 2-core
+CPU (1 thread) batching pays only for overhead-bound steps: ``tiny`` at 64 x 4 tokens took 2.9x
+against 4.1x for four sequential runs, while at the benchmark's ``small`` (64 x 16 tokens, d 64)
+each seed's matmuls dominate and it took 4.7x against 4.0x. On an H200 (launch-bound) ``small``
+took 2.2x (bf16: 2.1x) against 4.2x. So ``vectorise=None`` batches the seeds when tokens x
+d_model <= ``VECTORISE_MAX_WORK`` (8192) or on CUDA, and runs them one after another otherwise.
+Under vmap, attention is written out (``written_out_attention``): SDPA's fused kernels have no
+batching rule (vmap would loop over the seeds, and on CUDA the memory-efficient backward fails).
 
 Fallback: configurations whose training is not a pure function of (weights, batch) cannot be
 vectorised with equal numbers - BatchNorm (running statistics are module state updated in
