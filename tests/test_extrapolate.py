@@ -19,16 +19,14 @@ from transformer_lab.commands.extrapolate import hydra_list
 from transformer_lab.config import build_task, compose
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.routines.extrapolate import (
-    EXTRAPOLATION_COLUMNS,
+from transformer_lab.routines.extrapolate import config_for, scaled_model, task_at
+from transformer_lab.routines.extrapolation_plan import (
     Scaling,
-    config_for,
     make_plan,
     parse_eval_length,
     parse_scaling,
-    scaled_model,
-    task_at,
 )
+from transformer_lab.routines.extrapolation_report import EXTRAPOLATION_COLUMNS
 
 TINY = ["model=tiny", "train.steps=12", "train.lr=2e-2", "task.eval_size=16", "routine.train_len=3",
         "train.log_every=4"]

@@ -43,198 +43,36 @@ Writes ``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`, one row per pe, sca
 evaluation length and fine-tune setting), ``extrapolation.png`` (metric vs length per encoding)
 and the training rows of every model in ``metrics.csv`` (tagged with ``pe``, ``scaling``,
 ``seed``, ``phase``).
+
+Files: ``extrapolation_plan.py`` reads and checks ``cfg.routine`` (the plan), this file trains and
+evaluates, ``extrapolation_report.py`` makes the curves, the plot and the terminal table.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-import re
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
-from rich.table import Table
+from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config import build_task
-from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.console import console, print_warning
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model, instantiate_component
 from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.extrapolation_plan import Plan, Scaling, make_plan, supports_scaling
+from transformer_lab.routines.extrapolation_report import (
+    EXTRAPOLATION_COLUMNS,
+    plot_extrapolation,
+    results_table,
+)
 from transformer_lab.tasks import Task
 from transformer_lab.train import Trainer, count_parameters, sequence_loss, token_accuracy
-
-EXTRAPOLATION_COLUMNS = [
-    "pe", "scaling", "train_len", "eval_len", "loss", "accuracy", "exact_match", "seed",
-    "factor", "base", "length_ratio", "model_seq_len", "finetune_steps", "train_steps",
-    "status", "error",
-]
-# Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
-RATIO_SCALINGS = ("linear", "ntk", "yarn")
-SCALING_CHOICES = (*ROPE_SCALINGS, "base")
-_MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$")
-
-
-# --------------------------------------------------------------------------------------------
-# the plan: what to train and evaluate, parsed and checked from cfg.routine
-
-
-@dataclass(frozen=True)
-class Scaling:
-    """One entry of ``routine.scalings``: ``name`` or ``name:value`` (see module docstring)."""
-
-    name: str  # none | linear | ntk | dynamic | yarn | base
-    value: float | None = None  # fixed factor, or the base for ``base``
-
-    @property
-    def label(self) -> str:
-        if self.value is None:
-            return self.name
-        return f"{self.name}:{self.value:g}"
-
-    def pe_settings(self, ratio: float, original_max_len: int) -> dict[str, Any]:
-        """Overrides of the RoPE config node at length ratio ``ratio = L'/L`` (``{}``: none)."""
-        if self.name == "none":
-            return {}
-        if self.name == "base":
-            return {"base": self.value}
-        if self.value is not None:
-            factor = self.value
-        else:
-            factor = max(1.0, ratio) if self.name in RATIO_SCALINGS else 1.0
-        return {"scaling": self.name, "factor": factor, "original_max_len": original_max_len}
-
-
-def parse_scaling(entry: Any) -> Scaling:
-    """``"yarn"`` -> Scaling("yarn"); ``"linear:2"`` -> factor 2; ``"base:500000"`` -> base."""
-    text = str(entry).strip()
-    name, _, value_text = text.partition(":")
-    valid = ", ".join([*ROPE_SCALINGS, "base:N"])
-    if name not in SCALING_CHOICES:
-        raise ConfigError(f"routine.scalings: '{text}' is not a RoPE scaling; valid: {valid} "
-                          "(a factor may follow a colon, e.g. yarn:4)")
-    if not value_text:
-        if name == "base":
-            raise ConfigError("routine.scalings: 'base' needs a value, e.g. base:500000")
-        return Scaling(name)
-    if name == "none":
-        raise ConfigError(f"routine.scalings: '{text}' - 'none' takes no factor")
-    try:
-        value = float(value_text)
-    except ValueError:
-        raise ConfigError(f"routine.scalings: '{text}' - '{value_text}' is not a number") from None
-    if name == "base" and not value > 1:
-        raise ConfigError(f"routine.scalings: '{text}' - the RoPE base must be > 1")
-    if not value > 0 or not math.isfinite(value):
-        raise ConfigError(f"routine.scalings: '{text}' - factor={value_text} is not valid; "
-                          "the scaling factor must be > 0")
-    return Scaling(name, value)
-
-
-def parse_eval_length(entry: Any, train_len: int) -> int:
-    """``"2x"`` -> ``round(2 * train_len)``; ``24`` or ``"24"`` -> 24. Raises ``ConfigError``."""
-    text = str(entry).strip()
-    match = _MULTIPLE.match(text)
-    try:
-        length = round(float(match.group(1)) * train_len) if match else int(text)
-    except ValueError:
-        raise ConfigError(f"routine.eval_lens: '{text}' is not a length; use a number of tokens "
-                          f"(24) or a multiple of the training length {train_len} (2x)") from None
-    if length < 1:
-        raise ConfigError(f"routine.eval_lens: '{text}' gives an evaluation length of {length}; "
-                          "it must be at least 1")
-    return length
-
-
-def _as_list(value: Any) -> list[Any]:
-    """A Hydra list, or a comma-separated string, as a Python list (None -> [])."""
-    if value is None:
-        return []
-    if isinstance(value, ListConfig | list | tuple):
-        return list(value)
-    return [v for v in str(value).split(",") if v.strip()]
-
-
-@dataclass
-class Plan:
-    pes: list[str]
-    pe_nodes: dict[str, DictConfig]  # pe name -> its config node (unresolved interpolations)
-    train_len: int
-    eval_lens: list[int]  # sorted, unique
-    scalings: list[Scaling]
-    seeds: list[int]
-    finetune_steps: int
-    finetune_lr: float
-    max_len: int | None  # learned table size; None = training model length
-
-    def scalings_for(self, pe: str) -> list[Scaling]:
-        """The scalings a PE is evaluated with: all of them for RoPE, ``none`` otherwise."""
-        return self.scalings if supports_scaling(self.pe_nodes[pe]) else [Scaling("none")]
-
-
-def supports_scaling(pe_node: DictConfig) -> bool:
-    """A PE takes ``routine.scalings`` when its config has a ``scaling`` setting (RoPE)."""
-    return "scaling" in pe_node
-
-
-def pe_node(cfg: DictConfig, name: str) -> DictConfig:
-    """The config node of PE ``name``: the composed ``cfg.pe`` (with the user's ``pe.*``
-    overrides) when it is that PE, else ``<config tree>/pe/<name>.yaml``."""
-    if cfg.pe.get("name") == name:
-        return cfg.pe
-    path = choice_file("pe", name)
-    if path is None:
-        raise ConfigError(f"routine.pes: unknown pe '{name}'; valid: "
-                          f"{', '.join(group_choices('pe'))}")
-    return OmegaConf.load(path)
-
-
-def make_plan(cfg: DictConfig) -> Plan:
-    """Read and check ``cfg.routine``; raises ``ConfigError`` with one line on bad input."""
-    r = cfg.routine
-    if "seq_len" not in cfg.task:
-        raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "
-                          "whose length can be set (reverse, copy, lm, text)")
-    pes = [str(p).strip() for p in _as_list(r.get("pes"))] or [str(cfg.pe.get("name"))]
-    if len(set(pes)) != len(pes):
-        raise ConfigError(f"routine.pes={pes} names a pe twice; list each once")
-    nodes = {pe: pe_node(cfg, pe) for pe in pes}
-    train_len = r.get("train_len") or cfg.task.seq_len
-    if not isinstance(train_len, int) or train_len < 1:
-        raise ConfigError(f"routine.train_len={train_len} is not valid; it must be an integer >= 1")
-    entries = _as_list(r.get("eval_lens")) or ["1x"]
-    eval_lens = sorted({parse_eval_length(e, train_len) for e in entries})
-    scalings = [parse_scaling(s) for s in _as_list(r.get("scalings"))] or [Scaling("none")]
-    if len({s.label for s in scalings}) != len(scalings):
-        raise ConfigError(f"routine.scalings={[s.label for s in scalings]} lists one twice")
-    scaled = [s.label for s in scalings if s.name != "none"]
-    if scaled and not any(supports_scaling(node) for node in nodes.values()):
-        raise ConfigError(f"routine.scalings={scaled} applies to RoPE only, and none of "
-                          f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
-    n_seeds = r.get("seeds", 1)
-    if not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ConfigError(f"routine.seeds={n_seeds} is not valid; give the number of seeds (>= 1)")
-    finetune_steps = r.get("finetune_steps", 0) or 0
-    if not isinstance(finetune_steps, int) or finetune_steps < 0:
-        raise ConfigError(f"routine.finetune_steps={finetune_steps} is not valid; use 0 (none) "
-                          "or a number of steps")
-    finetune_lr = r.get("finetune_lr") or cfg.train.lr
-    if not isinstance(finetune_lr, int | float) or finetune_lr <= 0:
-        raise ConfigError(f"routine.finetune_lr={finetune_lr} is not valid; it must be > 0")
-    max_len = r.get("max_len")
-    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-        raise ConfigError(f"routine.max_len={max_len} is not valid; use null or an integer >= 1")
-    return Plan(pes, nodes, train_len, eval_lens, scalings,
-                [int(cfg.seed) + i for i in range(n_seeds)], finetune_steps, float(finetune_lr),
-                max_len)
-
 
 # --------------------------------------------------------------------------------------------
 # configs, tasks and models per length
@@ -456,77 +294,3 @@ def _error_row(base_row: dict[str, Any], scaling: str, length: int, reason: str
 def _mean(values: list[float]) -> float | None:
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return sum(finite) / len(finite) if finite else None
-
-
-# --------------------------------------------------------------------------------------------
-# reporting
-
-
-def curve_label(row: Mapping[str, Any]) -> str:
-    """``rope``, ``rope+yarn``, ``rope+linear ft200``: one curve per label."""
-    label = str(row["pe"])
-    if row["scaling"] != "none":
-        label += f"+{row['scaling']}"
-    if row.get("finetune_steps"):
-        label += f" ft{row['finetune_steps']}"
-    return label
-
-
-def mean_curves(rows: list[Mapping[str, Any]], metric: str
-                ) -> dict[str, list[tuple[int, float]]]:
-    """label -> [(eval_len, mean of ``metric`` over seeds)] for rows with status ok."""
-    grouped: dict[str, dict[int, list[float]]] = {}
-    for row in rows:
-        value = row.get(metric)
-        if row["status"] != "ok" or value is None or math.isnan(value):
-            continue
-        grouped.setdefault(curve_label(row), {}).setdefault(row["eval_len"], []).append(value)
-    return {label: sorted((length, sum(v) / len(v)) for length, v in by_len.items())
-            for label, by_len in grouped.items()}
-
-
-def plot_extrapolation(rows: list[Mapping[str, Any]], path: Path, train_len: int) -> Path | None:
-    """Token accuracy, exact match (if any) and loss against evaluation length: one colour per
-    PE (+scaling), dashed after fine-tuning, mean over seeds; a dotted line marks the training
-    length. Returns None (no file) when no row has a number."""
-    panels = {metric.replace("_", " "): curves for metric in ("accuracy", "exact_match", "loss")
-              if (curves := mean_curves(rows, metric))}
-    if not panels:
-        return None
-    from transformer_lab.plots import length_curves
-
-    lengths = sorted({r["eval_len"] for r in rows})
-    return length_curves(path, panels, lengths, mark=train_len,
-                         unit_panels=("accuracy", "exact match"))
-
-
-def results_table(rows: list[Mapping[str, Any]], title: str) -> Table:
-    """Terminal table: one line per curve, one column per evaluation length (mean over seeds):
-    exact match / token accuracy for seq2seq tasks, token accuracy / loss for LM."""
-    has_match = any(r["status"] == "ok" and not math.isnan(r.get("exact_match", math.nan))
-                    for r in rows)
-    first, second = ("exact_match", "accuracy") if has_match else ("accuracy", "loss")
-    lengths = sorted({r["eval_len"] for r in rows})
-    table = Table(title=f"{title}\n{first} / {second} by evaluation length (mean over seeds)")
-    table.add_column("pe (+scaling, fine-tune)")
-    for length in lengths:
-        table.add_column(str(length), justify="right")
-    curves = {m: mean_curves(rows, m) for m in (first, second)}
-    labels = list(dict.fromkeys(curve_label(r) for r in rows))
-    for label in labels:
-        cells = []
-        for length in lengths:
-            a = dict(curves[first].get(label, [])).get(length)
-            b = dict(curves[second].get(label, [])).get(length)
-            errors = [r for r in rows if curve_label(r) == label and r["eval_len"] == length
-                      and r["status"] == "error"]
-            if a is None and b is None:
-                cells.append("[red]error[/]" if errors else "")
-            else:
-                cells.append(f"{_fmt(a)} / {_fmt(b)}")
-        table.add_row(label, *cells)
-    return table
-
-
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.3f}"
