@@ -14,7 +14,8 @@ from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
-from transformer_lab.report import free_prefix, gather, make_report, mean_std
+from transformer_lab.report import free_prefix, make_report, mean_std
+from transformer_lab.report_gather import gather
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
