@@ -6,6 +6,8 @@ where M is an additive mask: ALiBi / T5 biases and the causal -inf mask, prepare
 by the model. Rotary encodings are applied to Q and K before the product (Su et al. 2021).
 
 Q, K and V come from one fused projection (fewer kernel launches); the output projection follows.
+Inside ``written_out_attention()`` (used under ``torch.func.vmap``) the product is computed as
+two matmuls and an fp32 softmax instead of SDPA: the same numbers (tested).
 Parameters: 4 * d_model^2 (+ 4 * d_model with bias).
 
 Shapes: x (B, T, D) -> q, k, v (B, H, T, Dh) -> out (B, T, D), with D = H * Dh.
