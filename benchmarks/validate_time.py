@@ -53,7 +53,7 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
     import torch
 
     from transformer_lab.config import compose
-    from transformer_lab.routines.reverse import train_to_target
+    from transformer_lab.routines.nope_control import train_to_target
 
     torch.set_num_threads(1)
     rows = []

@@ -210,10 +210,10 @@ def test_ctrl_c_with_the_control_on_a_thread_keeps_both_models_rows(tlab, tmp_pa
     (["routine.control_thread=false"], 8, False),
 ])
 def test_when_the_control_gets_a_thread(cfg_for, monkeypatch, overrides, cores, expected):
-    from transformer_lab.routines import reverse
+    from transformer_lab.routines import nope_control
 
-    monkeypatch.setattr(reverse, "available_cores", lambda: cores)
-    assert reverse.control_on_thread(cfg_for("experiment=reverse", *overrides)) is expected
+    monkeypatch.setattr(nope_control, "available_cores", lambda: cores)
+    assert nope_control.control_on_thread(cfg_for("experiment=reverse", *overrides)) is expected
 
 
 def test_lockstep_follower_stops_where_a_failing_leader_stopped():

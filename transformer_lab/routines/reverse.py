@@ -23,7 +23,8 @@ Two checks more make the result mean something:
   position (e.g. an FFN or norm that mixes positions) and the check fails. In a decoder it is
   informational: the causal mask lets a NoPE decoder infer positions. Where a core is free it
   trains on a second thread beside the chosen PE, one step behind it (``Lockstep``;
-  ``routine.control_thread``), with the numbers it would get trained after it.
+  ``routine.control_thread``), with the numbers it would get trained after it
+  (``nope_control.py``).
 * ``rotary_relative`` (rotary PEs only, before training): with the same query and key vector at
   every position, the rotated scores ``q_m . k_n`` must depend on ``n - m`` only (Su et al. 2021,
   RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
@@ -44,7 +45,6 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 from __future__ import annotations
 
 import statistics
-import threading
 from dataclasses import dataclass
 
 import torch
@@ -53,20 +53,23 @@ from omegaconf import DictConfig
 from transformer_lab.config import build_task
 from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
-from transformer_lab.lockstep import Lockstep
-from transformer_lab.model import build_model, instantiate_component
-from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
+from transformer_lab.model import instantiate_component
+from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, status
+from transformer_lab.routines.nope_control import (
+    NOPE,
+    control_on_thread,
+    train_to_target,
+    train_with_control,
+)
 from transformer_lab.routines.variants import stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
-from transformer_lab.threads import available_cores
-from transformer_lab.train import Trainer, TrainResult, count_parameters
+from transformer_lab.train import TrainResult, count_parameters
 
 REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
                    "target", "steps", "params", "wall_s", "tokens_per_s", "expected"]
-NOPE = "none"
 # Chosen-PE exact match this close to the NoPE control's counts as "no better than NoPE".
 NO_BETTER_MARGIN = 0.05
 # A rotary PE's scores may differ between (m, n) and (m + 1, n + 1) by this fraction of their
@@ -138,92 +141,6 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if not isinstance(task, SequenceTransformTask):
         raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")
-
-
-def prepare_trainer(cfg: DictConfig, metrics: TaggedLog | BufferedLog | None) -> Trainer:
-    """Seed, build the task and the model of ``cfg``, and wrap them in a ``Trainer``."""
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg)
-    return Trainer(build_model(cfg), task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
-
-
-def train_to_target(cfg: DictConfig, metrics: TaggedLog | None, max_steps: int,
-                    target: float | None) -> tuple[TrainResult, int]:
-    """Seed, build and train one model until held-out exact match >= ``target`` or
-    ``max_steps``; returns the training result and the parameter count."""
-    trainer = prepare_trainer(cfg, metrics)
-    return trainer.fit(max_steps, target_exact_match=target), count_parameters(trainer.model)
-
-
-def control_on_thread(cfg: DictConfig) -> bool:
-    """Train the NoPE control on a second thread beside the chosen PE (``routine.control_thread``:
-    auto = when the machine has a core to spare, no dropout draws from the shared global RNG,
-    and the run is not a job of a sweep, whose launcher decides how many jobs share the cores)."""
-    setting = cfg.routine.get("control_thread", "auto")
-    if setting != "auto":
-        return bool(setting)
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-
-    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    threads = cfg.train.get("threads") or torch.get_num_threads()  # null: torch's default
-    dropout = any(float(v) for v in cfg.model.dropout.values())
-    return not in_sweep and not dropout and available_cores() >= 2 * int(threads)
-
-
-class BufferedLog:
-    """Keeps a follower thread's metrics rows until ``flush`` writes them in one piece (so
-    ``metrics.csv`` holds the chosen PE's rows, then the control's, as in a serial run)."""
-
-    def __init__(self, tags: TaggedLog) -> None:
-        self.tags = tags
-        self.rows: list[dict] = []
-
-    def write(self, row: dict) -> None:
-        self.rows.append(row)
-
-    def flush(self) -> None:
-        for row in self.rows:
-            self.tags.write(row)
-        self.rows.clear()
-
-
-def train_with_control(cfg: DictConfig, nope_cfg: DictConfig, log: CsvLog | None, stage: str,
-                       max_steps: int, target: float, on_thread: bool
-                       ) -> tuple[Trainer, TrainResult, Trainer, TrainResult]:
-    """The chosen PE until solved (or ``max_steps``), and the NoPE control for as many steps:
-    after it, or beside it on a second thread following it in ``Lockstep``."""
-    label = pe_label(cfg)
-    chosen = prepare_trainer(cfg, stage_log(log, stage, label, cfg.seed))
-    control_tags = stage_log(log, stage, NOPE, cfg.seed)
-    if not on_thread:  # (each model is built just before it trains, as in a run of its own)
-        result = chosen.fit(max_steps, target_exact_match=target)
-        budget = result.solved_step or result.steps
-        control = prepare_trainer(nope_cfg, control_tags)
-        return chosen, result, control, control.fit(budget, target_exact_match=target,
-                                                    horizon=max_steps)
-
-    control_log = BufferedLog(control_tags)
-    control = prepare_trainer(nope_cfg, control_log)
-    lockstep, outcome = Lockstep(), {}
-
-    def follow() -> None:
-        try:
-            outcome["result"] = control.fit(max_steps, target_exact_match=target,
-                                            follow=lockstep)
-        except BaseException as exc:  # re-raised on the main thread below
-            outcome["error"] = exc
-
-    thread = threading.Thread(target=follow, name="nope-control")
-    thread.start()
-    try:
-        result = chosen.fit(max_steps, target_exact_match=target, lead=lockstep)
-    finally:
-        thread.join()  # the control stops where the chosen PE stopped (also on an error)
-        control_log.flush()
-    if "error" in outcome:
-        raise outcome["error"]
-    return chosen, result, control, outcome["result"]
 
 
 @dataclass
@@ -318,7 +235,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; "
                             f"NoPE control {'beside it' if on_thread else 'after it'}"):
             chosen_trainer, result, control_trainer, control_result = train_with_control(
-                cfg, nope_cfg, log, stage, max_steps, target, on_thread)
+                cfg, nope_cfg, log, stage, max_steps, target, on_thread, label)
         pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result,
                               count_parameters(chosen_trainer.model), expected_outcome(cfg)),
                   ReversalRun("nope_control", NOPE, arch, int(cfg.seed), target,
