@@ -26,8 +26,10 @@ fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 # The subprocess tests call the `tlab` script beside the interpreter.
 BIN=$(dirname "$(python3 -c 'import sys; print(sys.executable)')")
-[ -x "$BIN/tlab" ] || printf '#!/bin/sh\nexec %s -m transformer_lab "$@"\n' \
-    "$BIN/python3" > "$BIN/tlab" && chmod +x "$BIN/tlab"
+if [ ! -x "$BIN/tlab" ]; then
+    printf '#!/bin/sh\nexec %s -m transformer_lab "$@"\n' "$BIN/python3" > "$BIN/tlab"
+    chmod +x "$BIN/tlab"
+fi
 
 part() {  # part NAME SECONDS COMMAND...: run, time, keep the log
     local name=$1 limit=$(( $2 < CAP ? $2 : CAP )); shift 2

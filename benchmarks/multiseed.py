@@ -10,7 +10,10 @@ batches from each seed's generator, no evaluation until the end) for ``--steps``
 0..N-1 forced to batch them (``vectorise=True``; its auto choice would run ``small`` one seed
 after another), ``sequential`` is N ``Trainer.fit`` runs one after another. The arms alternate,
 ``--repeats`` times; the median wall time of each is reported with ``ratio_vs_one_seed``
-(target: <= 1.6 for N = 4 at ``small``).
+(target: <= 1.6 for N = 4 at ``small``). The committed ``multiseed.csv`` gathers the CPU runs
+the README quotes (``small``; ``--batch 16``; ``--size tiny --batch 64``; ``--threads 2``) and
+``multiseed_cuda.csv`` those of the H200 (``--device cuda [--precision bf16] --steps 100
+--repeats 5``).
 """
 
 from __future__ import annotations

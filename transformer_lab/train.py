@@ -28,9 +28,9 @@ from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T). In fp32
-    (a no-op for fp32 logits): autocast would do the same, but not under vmap on CUDA, where
-    bf16 logits reach the fp32 log-softmax backward."""
+    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T). The cast to
+    fp32 (a no-op for fp32 logits) is what autocast does for cross-entropy, made explicit: under
+    vmap on CUDA autocast's fp32 casts were seen to be skipped (for the attention softmax)."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
 
