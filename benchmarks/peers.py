@@ -168,6 +168,4 @@ def build_tlab(size: BenchSize, device: torch.device, precision: str,
         loss, _grad_norm, _lr = trainer.train_step(Batch(inputs, targets))
         return loss
 
-    contender = Contender("tlab", model, step, n)
-    contender.trainer = trainer  # type: ignore[attr-defined]
-    return contender, task
+    return Contender("tlab", model, step, n), task

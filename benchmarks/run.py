@@ -1,8 +1,8 @@
 """Training-step benchmark: tlab against ``nn.TransformerEncoder`` and x-transformers.
 
-    python -m benchmarks.run [--sizes tiny,small,medium] [--rounds 7] [--compile]
-                             [--device cpu|cuda] [--precision fp32|bf16] [--threads N]
-                             [--out benchmarks/results.csv]
+    python -m benchmarks.run [--sizes tiny,small,medium] [--rounds 7] [--steps-scale 1]
+                             [--compile] [--device cpu|cuda] [--precision fp32|bf16]
+                             [--threads N] [--no-x-transformers] [--out benchmarks/results.csv]
 
 For each size (see ``peers.SIZES``) every contender trains the same network on the same
 pre-drawn batches of the reverse task, in one process. After a warm-up, ``--rounds`` rounds
@@ -96,7 +96,8 @@ def time_rounds(steps: dict[str, Callable[[int], None]], rounds: int, steps_per_
     return times
 
 
-def bench_size(size: BenchSize, args: argparse.Namespace, peak: float) -> list[dict]:
+def bench_size(size: BenchSize, args: argparse.Namespace) -> list[dict]:
+    """One size's rows; ``main`` fills in the peak columns (the best peak of the whole run)."""
     device = torch.device(args.device)
     autocast = torch.bfloat16 if args.precision == "bf16" else None
     torch.manual_seed(0)
@@ -159,8 +160,6 @@ def bench_size(size: BenchSize, args: argparse.Namespace, peak: float) -> list[d
             "tokens_per_s": round(tokens_per_s, 1),
             "tlab_ratio": round(medians[name] / medians["tlab"], 3),
             "flop_per_token": flops_token, "flop_per_s": f"{tokens_per_s * flops_token:.4g}",
-            "matmul_peak_flop_per_s": f"{peak:.4g}",
-            "frac_of_peak": round(tokens_per_s * flops_token / peak, 4),
             "compile_s": None if compile_s[name] is None else round(compile_s[name], 2),
             "rounds": args.rounds, "steps_per_round": per_round, "device": args.device,
             "precision": args.precision, "threads": torch.get_num_threads(),
@@ -214,14 +213,12 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     dtype = torch.bfloat16 if args.precision == "bf16" else torch.float32
-    peak = matmul_peak(device, dtype)
     print(f"device {args.device} ({platform.processor() or platform.machine()}), "
-          f"{torch.get_num_threads()} threads, torch {torch.__version__}, "
-          f"{args.precision} matmul peak {peak / 1e9:.1f} GFLOP/s")
-    rows = []
+          f"{torch.get_num_threads()} threads, torch {torch.__version__}")
+    rows, peak = [], 0.0
     for name in args.sizes.split(","):
         peak = max(peak, matmul_peak(device, dtype))  # best seen: less hurt by passing load
-        rows += bench_size(SIZES[name], args, peak)
+        rows += bench_size(SIZES[name], args)
     for row in rows:  # every row against the best peak of the whole run
         row["frac_of_peak"] = round(float(row["flop_per_s"]) / peak, 4)
         row["matmul_peak_flop_per_s"] = f"{peak:.4g}"

@@ -1,6 +1,6 @@
 """CLI start-up: wall time of ``tlab --help`` and ``tlab list`` as fresh processes.
 
-    python -m benchmarks.startup [--runs 11] [--out benchmarks/startup.csv]
+    python -m benchmarks.startup [--runs 21] [--out benchmarks/startup.csv]
 
 Each command runs ``--runs`` times (interleaved); reported: median and min wall time, against
 the 0.3 s target of issue 7. Neither command may import torch or Hydra
@@ -26,7 +26,7 @@ COMMANDS = {"tlab --help": ["--help"], "tlab list": ["list"]}
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.startup", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=11)
+    parser.add_argument("--runs", type=int, default=21)
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
 

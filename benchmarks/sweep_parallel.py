@@ -1,7 +1,7 @@
 """Sweep benchmark: the same 6-job reverse-task sweep run serially and with the joblib launcher.
 
     python -m benchmarks.sweep_parallel [--repeats 3] [--max-steps N] [--n-jobs 2]
-                                        [--variants serial,serial_1thread,joblib]
+                                        [--variants serial,joblib]
                                         [--out benchmarks/sweep_parallel.csv]
 
 The sweep is ``tlab reverse-task -m pe=sinusoidal,rope,alibi seed=0,1`` with the experiment's
@@ -12,19 +12,14 @@ start-up costs weigh more, so the ratio gets worse).
 Every variant is a fresh ``python -m transformer_lab.run`` process, timed from launch to exit,
 so interpreter and torch start-up, Hydra's composition and joblib's worker start-up all count:
 
-    serial          basic launcher, torch's default intra-op threads (one per core)
-    serial_1thread  basic launcher, OMP_NUM_THREADS=1 (tiny models often run faster so)
-    joblib          hydra/launcher=joblib hydra.launcher.n_jobs=N (joblib gives each worker
-                    cores // n_jobs threads)
+    serial          basic launcher
+    joblib          hydra/launcher=joblib hydra.launcher.n_jobs=N
 
-Variants are interleaved within each repeat (a burst of load from elsewhere hits all of them
-alike); reported: the median wall time per variant and
-
-    ratio = median(joblib) / min(median(serial), median(serial_1thread))
-
-i.e. against the faster serial baseline. The target in issue 4 is ratio <= 0.6 on 2 cores.
-``cpu_s`` is the CPU time (user + sys) of the sweep process and its reaped workers; with other
-load on the machine, (joblib cpu_s / n_jobs) / serial_1thread cpu_s is printed as the ratio an
+(every job trains on ``train.threads=1``, tlab's default). Variants are interleaved within each
+repeat (a burst of load from elsewhere hits all of them alike); reported: the median wall time
+per variant and ratio = median(joblib) / median(serial); the target in issue 4 is <= 0.6 on 2
+cores. ``cpu_s`` is the CPU time (user + sys) of the sweep process and its reaped workers; with
+other load on the machine, (joblib cpu_s / n_jobs) / serial cpu_s is printed as the ratio an
 idle machine could reach at best.
 Each run's sweep.csv must hold 6 rows (else the run is reported as broken).
 """
@@ -52,26 +47,21 @@ COLUMNS = ["variant", "repeat", "wall_s", "cpu_s", "jobs_recorded", "job_wall_s_
            "exit_code", "max_steps", "n_jobs", "cpus", "load_avg_1m"]
 
 
-def variants(n_jobs: int) -> dict[str, tuple[list[str], dict[str, str]]]:
-    """name -> (extra Hydra arguments, extra environment)."""
-    return {
-        "serial": ([], {}),
-        "serial_1thread": ([], {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}),
-        "joblib": (["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"], {}),
-    }
+def variants(n_jobs: int) -> dict[str, list[str]]:
+    """name -> extra Hydra arguments."""
+    return {"serial": [], "joblib": ["hydra/launcher=joblib", f"hydra.launcher.n_jobs={n_jobs}"]}
 
 
-def run_sweep(extra: list[str], env_extra: dict[str, str], sweep_dir: Path,
+def run_sweep(extra: list[str], sweep_dir: Path,
               max_steps: int | None) -> tuple[float, float, int, float, int]:
     """Run one sweep in a fresh process: (wall s, CPU s of it and its workers, jobs recorded,
     sum of job wall_s, exit code)."""
     steps = [] if max_steps is None else [f"routine.max_steps={max_steps}"]
     command = [sys.executable, "-m", "transformer_lab.run", "-m", *SWEEP, *steps, *extra,
                f"hydra.sweep.dir={sweep_dir}"]
-    env = {**os.environ, **env_extra}
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    done = subprocess.run(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+    done = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                           text=True)
     wall = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)  # includes reaped joblib workers
@@ -93,21 +83,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-steps", type=int, default=None,
                         help="routine.max_steps of each reverse job (default: the experiment's)")
     parser.add_argument("--n-jobs", type=int, default=2)
-    parser.add_argument("--variants", default="serial,serial_1thread,joblib",
-                        help="comma-separated subset of serial, serial_1thread, joblib")
+    parser.add_argument("--variants", default="serial,joblib",
+                        help="comma-separated subset of serial, joblib")
     parser.add_argument("--out", type=Path, default=RESULTS)
     args = parser.parse_args(argv)
 
     every = variants(args.n_jobs)
+    unknown = [v for v in args.variants.split(",") if v not in every]
+    if unknown:
+        parser.error(f"--variants: {', '.join(unknown)} not known; valid: {', '.join(every)}")
     chosen = {name: every[name] for name in args.variants.split(",")}
     rows = []
     with tempfile.TemporaryDirectory(prefix="tlab-sweep-bench-") as tmp:
         for repeat in range(args.repeats):
             order = list(chosen) if repeat % 2 == 0 else list(reversed(chosen))
             for name in order:
-                extra, env_extra = chosen[name]
                 sweep_dir = Path(tmp) / f"{name}-{repeat}"
-                wall, cpu, recorded, job_wall, code = run_sweep(extra, env_extra, sweep_dir,
+                wall, cpu, recorded, job_wall, code = run_sweep(chosen[name], sweep_dir,
                                                                 args.max_steps)
                 load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
                 rows.append({"variant": name, "repeat": repeat, "wall_s": round(wall, 2),
@@ -127,19 +119,13 @@ def main(argv: list[str] | None = None) -> int:
           f"{args.repeats} repeats (median wall time, process start-up included)")
     for name, median in medians.items():
         print(f"  {name:15s} {median:7.2f} s")
-    serial = [medians[n] for n in ("serial", "serial_1thread") if n in medians]
-    if "joblib" in medians:
-        for name in ("serial", "serial_1thread"):
-            if name in medians:
-                print(f"  joblib / {name:15s}     = {medians['joblib'] / medians[name]:.2f}")
-        if serial:
-            print(f"  ratio vs the faster serial      = {medians['joblib'] / min(serial):.2f}"
-                  "  (target <= 0.6)")
-    if "joblib" in medians and "serial_1thread" in medians:
+    if "joblib" in medians and "serial" in medians:
+        print(f"  ratio joblib / serial = {medians['joblib'] / medians['serial']:.2f}"
+              "  (target <= 0.6)")
         cpu = {name: statistics.median(r["cpu_s"] for r in rows if r["variant"] == name)
-               for name in ("joblib", "serial_1thread")}
-        print(f"  idle-machine bound: (joblib cpu / {args.n_jobs}) / serial_1thread cpu = "
-              f"{cpu['joblib'] / args.n_jobs / cpu['serial_1thread']:.2f}  (a lower bound for "
+               for name in ("joblib", "serial")}
+        print(f"  idle-machine bound: (joblib cpu / {args.n_jobs}) / serial cpu = "
+              f"{cpu['joblib'] / args.n_jobs / cpu['serial']:.2f}  (a lower bound for "
               "the ratio when nothing else runs; the load above makes wall times unreliable)")
     print(f"rows: {args.out}")
     return 0
