@@ -16,12 +16,13 @@ export PYTHONUNBUFFERED=1
 OUT=${OUT:-gpu_check_out}
 DEVICE=${DEVICE:-cuda}
 CAP=${CAP:-600}
+FAILED=""
 WORK=$(mktemp -d)  # everything is written here, then packed into one file in $OUT
 mkdir -p "$OUT"
 if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
         --target /tmp/site .whl/*.whl || exit 1
-    export PYTHONPATH=/tmp/site:$PWD
+    export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH}
 fi
 export PYTHONPATH=${PYTHONPATH:-$PWD}
 # The subprocess tests call the `tlab` script beside the interpreter.
@@ -39,6 +40,7 @@ part() {  # part NAME SECONDS COMMAND...: run, time, keep the log
     timeout "$limit" "$@" > "$WORK/$name.log" 2>&1
     local rc=$?
     tail -n 25 "$WORK/$name.log"
+    [ "$rc" -eq 0 ] || FAILED="$FAILED $name"
     echo "=== $name: exit $rc, $(( ($(date +%s%N) - start) / 1000000 )) ms"
     tar czf "$OUT/gpu_check.tgz" -C "$WORK" .  # after every part: kept if a later one is cut
 }
@@ -49,16 +51,20 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 part cuda_tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py \
     tests/test_perf_paths.py tests/test_multiseed.py
-part multiseed_small 60 python3 -m benchmarks.multiseed --device $DEVICE --size small \
-    --steps 100 --repeats 5 --out "$WORK/multiseed_cuda_small.csv"
-part multiseed_small_bf16 60 python3 -m benchmarks.multiseed --device $DEVICE --size small \
-    --precision bf16 --steps 100 --repeats 5 --out "$WORK/multiseed_cuda_small_bf16.csv"
-part bench_fp32 120 python3 -m benchmarks.run --device $DEVICE --steps-scale 5 \
+part multiseed_small 60 python3 -m benchmarks.multiseed --device "$DEVICE" --size small \
+    --steps 100 --repeats 5 --out "$WORK/multiseed_cuda.csv"
+part multiseed_small_bf16 60 python3 -m benchmarks.multiseed --device "$DEVICE" --size small \
+    --precision bf16 --steps 100 --repeats 5 --out "$WORK/multiseed_cuda.csv" --append
+part bench_fp32 120 python3 -m benchmarks.run --device "$DEVICE" --steps-scale 5 \
     --out "$WORK/results_cuda.csv"
-part bench_bf16 90 python3 -m benchmarks.run --device $DEVICE --precision bf16 --steps-scale 5 \
+part bench_bf16 90 python3 -m benchmarks.run --device "$DEVICE" --precision bf16 --steps-scale 5 \
     --sizes small,medium --out "$WORK/results_cuda_bf16.csv"
-part validate 90 python3 -m transformer_lab validate train.device=$DEVICE \
+part validate 90 python3 -m transformer_lab validate "train.device=$DEVICE" \
     "hydra.run.dir=$WORK/validate_run"
-part smoke_seeds 60 python3 -m transformer_lab smoke --seeds 4 train.device=$DEVICE \
+part smoke_seeds 60 python3 -m transformer_lab smoke --seeds 4 "train.device=$DEVICE" \
     "hydra.run.dir=$WORK/smoke_seeds_run"
-part full_suite 150 python3 -m pytest -q -p no:cacheprovider -x -n 8 tests
+# pytest-xdist, where installed, spreads the suite over 8 processes
+XDIST=$(python3 -c "import xdist" 2>/dev/null && echo "-n 8")
+part full_suite 150 python3 -m pytest -q -p no:cacheprovider -x $XDIST tests
+echo "failed parts:${FAILED:- none}"
+[ -z "$FAILED" ]

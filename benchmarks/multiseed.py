@@ -1,19 +1,21 @@
 """Wall time of N seeds trained as one vectorised model against one seed alone.
 
     python -m benchmarks.multiseed [--size small] [--seeds 4] [--steps 30] [--repeats 3]
-                                   [--threads N] [--device cpu|cuda] [--precision fp32|bf16]
-                                   [--out benchmarks/multiseed.csv]
+                                   [--seq-len T] [--batch B] [--threads N]
+                                   [--device cpu|cuda] [--precision fp32|bf16]
+                                   [--out benchmarks/multiseed.csv] [--append]
 
 Both arms train the benchmark's network (``peers.SIZES``, tlab's model, reverse task, fresh
 batches from each seed's generator, no evaluation until the end) for ``--steps`` steps:
 ``one_seed`` is ``Trainer.fit`` for seed 0, ``vectorised`` is ``multiseed.fit_seeds`` for seeds
 0..N-1 forced to batch them (``vectorise=True``; its auto choice would run ``small`` one seed
-after another), ``sequential`` is N ``Trainer.fit`` runs one after another. The arms alternate,
+after another), ``sequential`` is ``fit_seeds`` with ``vectorise=False`` (N ``Trainer.fit``
+runs one after another). The arms alternate,
 ``--repeats`` times; the median wall time of each is reported with ``ratio_vs_one_seed``
-(target: <= 1.6 for N = 4 at ``small``). The committed ``multiseed.csv`` gathers the CPU runs
-the README quotes (``small``; ``--batch 16``; ``--size tiny --batch 64``; ``--threads 2``) and
-``multiseed_cuda.csv`` those of the H200 (``--device cuda [--precision bf16] --steps 100
---repeats 5``).
+(target: <= 1.6 for N = 4 at ``small``). The committed ``multiseed.csv`` gathers (``--append``)
+the CPU runs the README quotes (``small``; ``--batch 16``; ``--size tiny --batch 64``;
+``--threads 2``) and ``multiseed_cuda.csv`` those of the H200 (``--device cuda [--precision
+bf16] --steps 100 --repeats 5``, as ``benchmarks/gpu_check.sh`` runs them).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"])
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--append", action="store_true",
+                        help="add the rows below those already in --out")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -68,7 +72,7 @@ def main(argv: list[str] | None = None) -> int:
     arms = {
         "one_seed": lambda: single(0),
         "vectorised": lambda: fit_seeds(cfg, seeds, args.steps, task=task, vectorise=True),
-        "sequential": lambda: [single(s) for s in seeds],
+        "sequential": lambda: fit_seeds(cfg, seeds, args.steps, task=task, vectorise=False),
     }
     for run in arms.values():  # warm-up (first-call allocations, lazy imports)
         run()
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['arm']:<12} seeds={row['seeds']:<3} wall {row['wall_s']:8.3f} s "
               f"(min {row['wall_s_min']:.3f})  x one seed: {row['ratio_vs_one_seed']:.2f}")
-    write_csv(args.out, rows)
+    write_csv(args.out, rows, append=args.append)
     return 0
 
 
