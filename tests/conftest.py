@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 
@@ -33,7 +34,11 @@ def tlab(capsys):
     from transformer_lab.run import main
 
     def call(*args: str | Path) -> tuple[int, str, str]:
-        code = main([str(a) for a in args])
+        handlers = list(logging.root.handlers)
+        try:
+            code = main([str(a) for a in args])
+        finally:  # Hydra (e.g. --info) may leave handlers on capsys's streams, closed later
+            logging.root.handlers[:] = handlers
         captured = capsys.readouterr()
         return code, captured.out, captured.err
 

@@ -230,11 +230,18 @@ def test_sweep_into_a_directory_with_runs_is_refused(basic_sweep, tlab):
     assert code == 2 and "already holds" in err
 
 
-def test_hydra_flags_through_tlab_run_and_a_command(tlab):
+def test_hydra_flags_through_tlab_run_and_a_command(tlab, tmp_path):
     code, out, _ = tlab("experiment=smoke", "pe=alibi", "--cfg", "job")
     assert code == 0 and "routine:" in out and "alibi" in out
     result = cli("smoke", "--pe", "alibi", "--cfg", "job")
-    assert result.exit_code == 0 and "alibi" in result.output
+    assert result.exit_code == 0 and "routine:" in result.output and "alibi" in result.output
+    # with --out (an override the command appends) and a Hydra flag passed as an extra argument
+    result = cli("smoke", "--pe", "alibi", "--cfg", "job", "--out", tmp_path / "a")
+    assert result.exit_code == 0 and "routine:" in result.output, result.output
+    examples = Path(__file__).resolve().parents[1] / "examples" / "configs"
+    result = cli("smoke", "--out", tmp_path / "b", "--config-dir", examples, "pe=my_sinusoidal",
+                 "--cfg", "job")
+    assert result.exit_code == 0 and "MySinusoidalPE" in result.output, result.output
     code, out, _ = tlab("--info", "plugins")
     assert code == 0 and "JoblibLauncher" in out and "SubmititLauncher" in out
     code, _, err = tlab("-m", "experiment=smoke", "seed=0,1", "--cfg", "job")

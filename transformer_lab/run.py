@@ -5,6 +5,7 @@ the same program; every other command builds Hydra overrides and comes through h
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config import CONFIG_DIR
 from transformer_lab.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
-from transformer_lab.preflight import preflight
+from transformer_lab.preflight import preflight, split_arguments
 
 # Exit codes of the jobs that ran in this process (single runs and in-process sweeps).
 JOB_EXIT_CODES: list[int] = []
@@ -57,6 +58,10 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     if resume_dir is not None:
         sweeps.keep_multirun_yaml(resume_dir)
+    flags, overrides = split_arguments(args)
+    args = [*flags, *overrides]  # Hydra's parser wants its flags before the overrides
+    if os.getcwd() not in sys.path:  # a user's own components: _target_=my_module.MyPE
+        sys.path.insert(0, os.getcwd())
     JOB_EXIT_CODES.clear()
     sweeps.STARTED_SWEEPS.clear()
     saved_argv = sys.argv

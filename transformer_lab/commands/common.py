@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import sys
 from inspect import signature
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -33,8 +31,9 @@ Seeds = Annotated[int | None, typer.Option(
     "one vectorised model where that pays, each seed with the numbers of a run of its own.",
     show_default=False)]
 ConfigDir = Annotated[Path | None, typer.Option(
-    "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) searched "
-    "before tlab's; choose from it as usual (pe=my_pe).", show_default=False)]
+    "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "
+    "to tlab's (tlab's own file wins where a name is in both); choose from it as usual "
+    "(pe=my_pe).", show_default=False)]
 
 
 def pass_hydra_flags(app: typer.Typer) -> None:
@@ -65,11 +64,9 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
     if out is not None:
         args.append(f"hydra.{'sweep' if multirun else 'run'}.dir={out}")
     if multirun:
-        args.insert(0, "--multirun")
-    if config_dir is not None:  # Hydra flags go before the overrides
-        args[:0] = ["--config-dir", str(config_dir)]
-    if os.getcwd() not in sys.path:  # a user's own components: _target_=my_module.MyPE
-        sys.path.insert(0, os.getcwd())
+        args.append("--multirun")
+    if config_dir is not None:
+        args += ["--config-dir", str(config_dir)]
     from transformer_lab.run import main
 
     raise typer.Exit(main(args))
