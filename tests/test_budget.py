@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import torch
+from helpers import assert_refused
 from omegaconf import OmegaConf
 from torch import nn
 from typer.testing import CliRunner
@@ -163,6 +164,5 @@ def test_bad_input_exits_2(tmp_path, args, message):
 
 
 def test_unknown_dtype_through_hydra_exits_2(tlab, tmp_path):
-    code, _, err = tlab("experiment=budget", "routine.dtype=fp8", "routine.measure=false",
-                        f"hydra.run.dir={tmp_path / 'x'}")
-    assert code == 2 and "fp8 is not known" in err
+    assert_refused(tlab("experiment=budget", "routine.dtype=fp8", "routine.measure=false",
+                        f"hydra.run.dir={tmp_path / 'x'}"), tmp_path / "x", "fp8 is not known")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import assert_refused
 from matplotlib import image
 
 from transformer_lab.components.positional import alibi_slopes, sinusoidal_table
@@ -83,6 +84,5 @@ def test_cli_options(tmp_path):
     (["routine.max_len=0"], "max_len=0 is not valid"),
 ])
 def test_bad_input_exits_2(tlab, tmp_path, overrides, message):
-    code, _, err = tlab("experiment=plot_pe", *overrides, f"hydra.run.dir={tmp_path / 'x'}")
-    assert code == 2
-    assert message in " ".join(err.split())
+    assert_refused(tlab("experiment=plot_pe", *overrides, f"hydra.run.dir={tmp_path / 'x'}"),
+                   tmp_path / "x", message)

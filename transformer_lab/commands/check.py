@@ -26,14 +26,6 @@ def check(
     RoPE relative-position and pairing checks, the sinusoidal shift map, NoPE permutation
     equivariance and the seed's swap test (--trained: also after training on reversal).
     """
-    if pe is not None:
-        from transformer_lab.routines.check import CHECKS_BY_PE
-
-        if pe not in CHECKS_BY_PE:
-            from transformer_lab.console import print_error
-
-            print_error(f"--pe {pe} has no checks; pes with checks: {', '.join(CHECKS_BY_PE)}")
-            raise typer.Exit(2)
     options = {"pe": pe, "routine.pe": pe, "routine.trained": trained or None,
                "routine.train_steps": steps}
     launch("check", options, overrides, multirun, out, resume=resume)

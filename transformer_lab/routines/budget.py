@@ -94,6 +94,11 @@ def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
     return int(r.vocab_size), int(r.seq_len), int(r.batch_size), str(r.dtype)
 
 
+def check_config(cfg: DictConfig, task: object) -> None:
+    """Pre-flight (``routines.check_routine``): the routine's sizes and dtype."""
+    budget_settings(cfg)
+
+
 # --------------------------------------------------------------------------------------------
 # parameters
 

@@ -281,10 +281,15 @@ def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.T
         return [trained_swap_row(cfg, tokens, component)]
 
 
-def run_check(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def check_config(cfg: DictConfig, task: object) -> None:
+    """Pre-flight (``routines.check_routine``): an encoder, and a PE that has checks."""
     if cfg.arch.causal:
         raise ConfigError("tlab check needs arch=encoder: a causal mask breaks permutation "
                           "equivariance by design")
+    pes_to_check(cfg)
+
+
+def run_check(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     started = time.perf_counter()
     rows: list[ComponentCheck] = []
     table = run.log("checks", CHECK_TABLE_COLUMNS)

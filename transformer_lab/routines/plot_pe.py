@@ -133,17 +133,27 @@ PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[P
 }
 
 
-def run_plot_pe(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
-    started = time.perf_counter()
+def check_config(cfg: DictConfig, task: object) -> None:
+    """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
+    and dimensions that the PE has."""
     if int(cfg.routine.max_len) < 2:
         raise ConfigError(f"--max-len {cfg.routine.max_len} is not valid; it must be >= 2")
-    torch.manual_seed(int(cfg.seed))
     pe = instantiate_component(cfg, "pe")
     kind = getattr(pe, "kind", None)
     if kind not in PLOTTERS:
         raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
                           f"plotted kinds: {', '.join(PLOTTERS)}")
-    files = PLOTTERS[kind](cfg, pe, run)
+    if kind == "additive":
+        checked_dims(list(cfg.routine.dims), int(cfg.model.d_model), "d_model")
+    elif kind == "rotary":
+        checked_dims(list(cfg.routine.dims), int(pe.head_dim), "head_dim")
+
+
+def run_plot_pe(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    started = time.perf_counter()
+    torch.manual_seed(int(cfg.seed))
+    pe = instantiate_component(cfg, "pe")
+    files = PLOTTERS[pe.kind](cfg, pe, run)
     for path in files:
         console.print(f"wrote {path}")
     return RoutineOutcome(passed=True, summary={"wall_s": time.perf_counter() - started})
