@@ -53,8 +53,6 @@ part cuda_tests 90 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.
     tests/test_perf_paths.py tests/test_multiseed.py
 part multiseed_small 60 python3 -m benchmarks.multiseed --device "$DEVICE" --size small \
     --steps 100 --repeats 5 --out "$WORK/multiseed_cuda.csv"
-part multiseed_small_bf16 60 python3 -m benchmarks.multiseed --device "$DEVICE" --size small \
-    --precision bf16 --steps 100 --repeats 5 --out "$WORK/multiseed_cuda.csv" --append
 part bench_fp32 120 python3 -m benchmarks.run --device "$DEVICE" --steps-scale 5 \
     --out "$WORK/results_cuda.csv"
 part bench_bf16 90 python3 -m benchmarks.run --device "$DEVICE" --precision bf16 --steps-scale 5 \

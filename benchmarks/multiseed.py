@@ -15,7 +15,7 @@ runs one after another). The arms alternate,
 (target: <= 1.6 for N = 4 at ``small``). The committed ``multiseed.csv`` gathers (``--append``)
 the CPU runs the README quotes (``small``; ``--batch 16``; ``--size tiny --batch 64``;
 ``--threads 2``) and ``multiseed_cuda.csv`` those of the H200 (``--device cuda [--precision
-bf16] --steps 100 --repeats 5``, as ``benchmarks/gpu_check.sh`` runs them).
+bf16] --steps 100 --repeats 5``; bf16 seeds are no longer batched, see ``vectorisable``).
 """
 
 from __future__ import annotations

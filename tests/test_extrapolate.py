@@ -295,8 +295,10 @@ def test_cli_options_map_to_the_routine(tmp_path: Path) -> None:
 
 def test_eval_task_matches_train_task_data_seed() -> None:
     """The same data_seed at another length: the held-out split stays disjoint from training."""
-    cfg = extrapolate_cfg("arch=encoder")
+    cfg = extrapolate_cfg("arch=encoder", "task.data_seed=7")
     long_cfg = config_for(cfg, cfg.pe, 6, None)
+    assert long_cfg.task.data_seed == cfg.task.data_seed == 7
+    assert long_cfg.task.seq_len == 6 and cfg.task.seq_len != 6
     task = build_task(long_cfg)
     held_out = task._is_held_out(task.eval_batch().inputs)
     assert held_out.all()

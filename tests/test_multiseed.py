@@ -48,15 +48,23 @@ def test_vectorised_seeds_match_separate_runs(overrides):
     assert batched[0].train_losses[0] != batched[1].train_losses[0]
 
 
-def test_vectorised_bf16_seeds_follow_separate_bf16_runs():
-    """bf16 autocast under vmap (the GPU recipe; on CUDA it once failed in the softmax
-    backward): each seed follows its own bf16 run (seeds differ by ~1e-2 here)."""
+def test_bf16_seeds_run_one_after_another_with_their_own_numbers():
+    """Under vmap, autocast leaves linear layers with a bias in fp32 (the check below fails
+    once torch fixes that, and bf16 seeds can then be batched again), so bf16 seeds are not
+    batched: each gets exactly its own bf16 run."""
+    from torch.func import vmap
+
+    weight, bias, x = torch.randn(2, 8, 8), torch.randn(2, 8), torch.randn(2, 4, 8)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dtype = vmap(lambda w, b, x: torch.nn.functional.linear(x, w, b))(weight, bias, x).dtype
+    assert dtype == torch.float32, "autocast now reaches vmap's linear: revisit vectorisable()"
+
     cfg = config("pe=rope", "train.precision=bf16")
+    assert "bf16" in vectorisable(cfg)
     batched = fit_seeds(cfg, [0, 1], 8, vectorise=True)
     for seed, result in zip([0, 1], batched, strict=True):
         alone, _ = separate_run(config("pe=rope", "train.precision=bf16"), seed, 8)
-        assert result.train_losses == pytest.approx(alone.train_losses, abs=2e-3)
-    assert batched[0].train_losses[-1] < batched[0].train_losses[0]
+        assert result.train_losses == alone.train_losses
 
 
 def test_fixed_batches_and_metrics_per_seed(tmp_path):
@@ -85,6 +93,29 @@ def test_solved_seed_stops_like_a_separate_run():
         assert result.solved_step == alone.solved_step == 2
         assert result.steps == alone.steps == 2
         assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5)
+
+
+def test_seeds_with_their_own_budgets_keep_the_weights_of_their_last_step():
+    """Budgets per seed under one schedule horizon (reverse-task's controls): a seed that stops
+    early is frozen; its final weights are those of its own run of that length."""
+    cfg = config("pe=rope", "train.schedule=warmup_cosine", "train.warmup=2",
+                 "train.eval_every=0")
+    budgets = {0: 4, 1: 9, 2: 6}
+    from transformer_lab.multiseed import build_seeded_models
+
+    build_task(cfg)  # fills model.vocab_size
+    models = build_seeded_models(cfg, SEEDS)
+    results = fit_seeds(cfg, SEEDS, budgets, models=models, horizon=10, vectorise=True)
+    for seed, result, model in zip(SEEDS, results, models, strict=True):
+        task = build_task(cfg)
+        torch.manual_seed(seed)
+        alone_model = build_model(cfg)
+        alone = Trainer(alone_model, task, cfg.train, cfg.model.d_model, seed).fit(
+            budgets[seed], horizon=10)
+        assert result.steps == alone.steps == budgets[seed]
+        assert result.train_losses == pytest.approx(alone.train_losses, abs=1e-5)
+        for (name, p), q in zip(model.named_parameters(), alone_model.parameters(), strict=True):
+            torch.testing.assert_close(p, q, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def test_stateful_components_fall_back_to_sequential_runs():

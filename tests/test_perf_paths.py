@@ -121,14 +121,14 @@ def test_cuda_device_is_validated():
 def test_no_op_dropout_and_scale_are_skipped_but_real_ones_apply():
     cfg = compose(["experiment=smoke", "model.dropout.residual=0.5",
                    "model.residual_scale=0.5"])
-    task = build_task(cfg)
+    build_task(cfg)  # fills model.vocab_size
     torch.manual_seed(0)
     model = build_model(cfg)
     block = model.blocks[0]
     y = torch.ones(2, 3, cfg.model.d_model)
     model.train()
     dropped = block.scale_and_drop(y)
-    assert set(dropped.unique().tolist()) <= {0.0, 1.0}  # 0.5 * y / (1 - 0.5) or 0
+    assert set(dropped.unique().tolist()) == {0.0, 1.0}  # 0.5 * y / (1 - 0.5) or 0
     model.eval()
     assert torch.equal(block.scale_and_drop(y), 0.5 * y)
     plain_cfg = compose(["experiment=smoke"])
@@ -136,7 +136,6 @@ def test_no_op_dropout_and_scale_are_skipped_but_real_ones_apply():
     plain = build_model(plain_cfg)
     plain.train()
     assert plain.blocks[0].scale_and_drop(y) is y  # p = 0 and scale 1: no extra op
-    assert task.vocab_size == cfg.model.vocab_size
 
 
 def test_benchmark_harness_runs_one_round(tmp_path):

@@ -39,14 +39,16 @@ When it pays (``benchmarks/multiseed.py``, N = 4, wall time against one seed): o
 CPU (1 thread) batching pays only for overhead-bound steps: ``tiny`` at 64 x 4 tokens took 2.9x
 against 4.1x for four sequential runs, while at the benchmark's ``small`` (64 x 16 tokens, d 64)
 each seed's matmuls dominate and it took 4.7x against 4.0x. On an H200 (launch-bound) ``small``
-took 2.2x (bf16: 2.1x) against 4.2x. So ``vectorise=None`` batches the seeds when tokens x
+took 2.2x against 4.2x. So ``vectorise=None`` batches the seeds when tokens x
 d_model <= ``VECTORISE_MAX_WORK`` (8192) or on CUDA, and runs them one after another otherwise.
 Under vmap, attention is written out (``written_out_attention``): SDPA's fused kernels have no
 batching rule (vmap would loop over the seeds, and on CUDA the memory-efficient backward fails).
 
 Fallback: configurations whose training is not a pure function of (weights, batch) cannot be
 vectorised with equal numbers - BatchNorm (running statistics are module state updated in
-place) and any dropout > 0 (vmap draws different random numbers than a single run). For those
+place), any dropout > 0 (vmap draws different random numbers than a single run) and bf16
+autocast (under vmap it leaves linear layers with a bias in fp32: seen with torch 2.11 on CUDA,
+where the mixed dtypes crashed a backward, and 2.13 on CPU). For those
 ``fit_seeds`` trains the seeds one after another with ``Trainer`` (same results, no speed-up);
 ``vectorisable(cfg)`` says why.
 """
@@ -86,6 +88,9 @@ def vectorisable(cfg: DictConfig) -> str | None:
     dropouts = {k: float(v) for k, v in cfg.model.dropout.items() if v}
     if dropouts:
         return f"dropout {dropouts} draws random numbers that vmap cannot reproduce per seed"
+    if cfg.train.get("precision") == "bf16":
+        return ("train.precision=bf16: under vmap, autocast skips linear layers with a bias "
+                "(they would run in fp32, unlike a single run)")
     return None
 
 
