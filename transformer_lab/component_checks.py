@@ -51,17 +51,25 @@ def rope_relative_violation(rotate_q: Rotate, rotate_k: Rotate, head_dim: int,
     return worst
 
 
+def shift_positions(d: int, n_positions: int = 256) -> int:
+    """How many positions ``sinusoidal_shift_residual`` uses for width ``d``: enough that half
+    of them (the fit) over-determine the d x d map."""
+    return max(n_positions, 4 * d)
+
+
 def sinusoidal_shift_residual(table: Callable[[torch.Tensor], torch.Tensor],
                               shifts: Sequence[int] = (1, 3, 10), n_positions: int = 256,
                               seed: int = 0) -> float:
     """Fit one ``M_k`` by least squares on a random half of positions
-    ``[0, max(n_positions, 4 d))`` and apply it to the other half; return the largest residual
-    ``|PE(p + k) - M_k PE(p)|`` relative to ``max |PE|``. ~1e-5 (float32 angles) when
-    PE(pos + k) is a fixed linear map of PE(pos), as for a sinusoidal table; O(1) when not.
+    ``[0, shift_positions(d))`` and apply it to the other half; return the largest residual
+    ``|PE(p + k) - M_k PE(p)|`` relative to ``max |PE|``. For a sinusoidal table only float32
+    rounding of the angles remains, which grows with the largest position: 2.3e-5 at d 32 (256
+    positions), 1.2e-3 at d 2048 (8192 positions). O(1) when PE(pos + k) is not a fixed linear
+    map of PE(pos).
 
     ``table(positions (T,)) -> (T, d)``."""
     d = table(torch.arange(1)).shape[-1]
-    n = max(n_positions, 4 * d)
+    n = shift_positions(d, n_positions)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     fit, test = order[: n // 2], order[n // 2 :]
     worst = 0.0
