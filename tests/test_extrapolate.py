@@ -15,7 +15,7 @@ import pytest
 import torch
 from helpers import read_csv
 
-from transformer_lab.commands.extrapolate import hydra_list
+from transformer_lab.commands.common import hydra_list
 from transformer_lab.config import build_task, compose
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model

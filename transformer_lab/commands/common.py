@@ -46,6 +46,13 @@ def pass_hydra_flags(app: typer.Typer) -> None:
                                      **(info.context_settings or {})}
 
 
+def hydra_list(text: str | None) -> str | None:
+    """``"1x, 2x,4x"`` -> ``"[1x,2x,4x]"`` (a Hydra list override value); None stays None."""
+    if text is None:
+        return None
+    return "[" + ",".join(item.strip() for item in text.split(",") if item.strip()) + "]"
+
+
 def overrides_from(options: dict[str, object]) -> list[str]:
     """``{"pe": "rope", "norm": None}`` -> ``["pe=rope"]`` (None values are left out)."""
     return [f"{key}={value}" for key, value in options.items() if value is not None]

@@ -16,6 +16,7 @@ from transformer_lab.commands.common import (
     Pe,
     Resume,
     Seeds,
+    hydra_list,
     launch,
 )
 
@@ -25,13 +26,6 @@ Activations = Annotated[str | None, typer.Option(
 Steps = Annotated[int | None, typer.Option(
     "--steps", min=1, help="Training steps per activation and seed (default 200).",
     show_default=False)]
-
-
-def hydra_list(text: str | None) -> str | None:
-    """``"relu, gelu"`` -> ``"[relu,gelu]"`` (a Hydra list value); None stays None."""
-    if text is None:
-        return None
-    return "[" + ",".join(item.strip() for item in text.split(",")) + "]"
 
 
 def compare_activations(

@@ -6,14 +6,15 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.commands.common import Arch, Multirun, Out, Overrides, Resume, launch
-
-
-def hydra_list(text: str | None) -> str | None:
-    """``"1x, 2x,4x"`` -> ``"[1x,2x,4x]"`` (a Hydra list override value); None stays None."""
-    if text is None:
-        return None
-    return "[" + ",".join(item.strip() for item in text.split(",") if item.strip()) + "]"
+from transformer_lab.commands.common import (
+    Arch,
+    Multirun,
+    Out,
+    Overrides,
+    Resume,
+    hydra_list,
+    launch,
+)
 
 
 def extrapolate(

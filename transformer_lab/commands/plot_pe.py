@@ -6,7 +6,15 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.commands.common import Multirun, Out, Overrides, Pe, Resume, launch
+from transformer_lab.commands.common import (
+    Multirun,
+    Out,
+    Overrides,
+    Pe,
+    Resume,
+    hydra_list,
+    launch,
+)
 
 
 def plot_pe(
@@ -28,5 +36,5 @@ def plot_pe(
     ALiBi / T5: bias per head. PNGs and pe_values.csv in the run directory.
     """
     options = {"pe": pe, "routine.max_len": max_len, "model.d_model": d_model,
-               "routine.dims": None if dims is None else f"[{dims}]"}
+               "routine.dims": hydra_list(dims)}
     launch("plot_pe", options, overrides, multirun, out, resume=resume)

@@ -13,9 +13,10 @@ from transformer_lab.commands.common import (
     Pe,
     Resume,
     Seeds,
+    hydra_list,
     launch,
 )
-from transformer_lab.commands.compare_activations import Activations, hydra_list
+from transformer_lab.commands.compare_activations import Activations
 from transformer_lab.commands.reverse_task import MaxSteps, SeqLen, Target, Vocab
 
 
