@@ -142,3 +142,10 @@ def test_unknown_metric_names_the_available_ones(smoke_sweep, tmp_path):
     result = cli("report", smoke_sweep, "--out", tmp_path, "--metric", "bleu")
     assert result.exit_code == 2
     assert "bleu" in result.output and "final_loss" in result.output
+
+
+def test_the_report_summarises_every_number_of_summary_csv():
+    from transformer_lab.report_gather import METRICS
+    from transformer_lab.results import NUMBER_COLUMNS
+
+    assert sorted(METRICS) == sorted(NUMBER_COLUMNS)

@@ -5,7 +5,6 @@ which settings were swept (keys whose value differs between runs; see ``report.p
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,15 +13,17 @@ from typing import Any
 import pandas as pd
 
 from transformer_lab.errors import ConfigError
-from transformer_lab.results import holds_run
-from transformer_lab.sweeps import is_failed_attempt_dir
+from transformer_lab.results import (
+    SETTING_COLUMNS,
+    holds_run,
+    is_failed_attempt_dir,
+    read_json,
+)
 
-# Summary numbers summarised over seeds (a column absent from every run is left out).
+# The summary numbers (results.NUMBER_COLUMNS) summarised over seeds, in the report's column
+# order; a column absent from every run is left out.
 METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "wall_s",
            "tokens_per_s"]
-# Summary columns that describe a run's configuration (used when runs carry no Hydra overrides).
-SETTING_COLUMNS = ["routine", "arch", "pe", "norm", "norm_layer", "activation", "d_model",
-                   "n_heads", "n_layers", "d_ff", "seq_len", "vocab_size"]
 _NOT_GROUPED = {"seed"}
 _SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
@@ -71,13 +72,6 @@ def _natural_key(path: Path) -> list[Any]:
     return [int(part) if part.isdigit() else part for part in path.parts]
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def _load_yaml(path: Path) -> Any:
     from omegaconf import OmegaConf
 
@@ -124,7 +118,7 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``summary.csv`` (raises a ``_CSV_ERRORS`` member if the file is corrupt), or a
     row made from ``run.json`` for a run that has not written its summary yet."""
     path = run_dir / "summary.csv"
-    info = _read_json(run_dir / "run.json")
+    info = read_json(run_dir / "run.json")
     if path.exists():
         table = pd.read_csv(path)
         if table.empty:
@@ -186,7 +180,7 @@ def gather(root: Path) -> Gathered:
         overrides, extra = hydra_settings(run_dir)
         overrides_by_run[name] = overrides
         choices_by_run[name] = extra.get("choices", {})
-        info = _read_json(run_dir / "run.json")
+        info = read_json(run_dir / "run.json")
         for summary in summary_rows:
             row = {"run_dir": name, "job": extra.get("job"), **summary}
             if pd.isna(row.get("status")):

@@ -15,6 +15,7 @@ import json
 import math
 import os
 import platform
+import re
 import subprocess
 import sys
 import time
@@ -30,11 +31,14 @@ from transformer_lab.errors import ConfigError
 
 METRIC_COLUMNS = ["step", "split", "loss", "accuracy", "exact_match", "lr", "grad_norm",
                   "tokens_per_s", "elapsed_s"]
-SUMMARY_COLUMNS = ["routine", "arch", "pe", "norm", "norm_layer", "activation", "d_model",
-                   "n_heads", "n_layers", "d_ff", "seq_len", "vocab_size", "seed", "params",
-                   "steps", "final_loss", "best_exact_match", "solved_step", "wall_s",
-                   "tokens_per_s", "status", "error"]
+# summary.csv: what the run was (settings), its seed, its numbers, how it ended.
+SETTING_COLUMNS = ["routine", "arch", "pe", "norm", "norm_layer", "activation", "d_model",
+                   "n_heads", "n_layers", "d_ff", "seq_len", "vocab_size"]
+NUMBER_COLUMNS = ["params", "steps", "final_loss", "best_exact_match", "solved_step", "wall_s",
+                  "tokens_per_s"]
+SUMMARY_COLUMNS = [*SETTING_COLUMNS, "seed", *NUMBER_COLUMNS, "status", "error"]
 RUN_MARKERS = ("run.json", "metrics.csv", "summary.csv")
+_FAILED_ATTEMPT = re.compile(r"^(?P<job>.+)\.failed-(?P<n>\d+)$")
 PACKAGES = ("torch", "numpy", "hydra-core", "omegaconf", "pandas", "typer", "rich", "matplotlib",
             "transformer_lab")
 
@@ -187,3 +191,16 @@ class RunDirectory:
 def _torch_threads() -> int | None:
     torch = sys.modules.get("torch")
     return torch.get_num_threads() if torch is not None else None
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    """The JSON object in ``path``; ``{}`` when it is missing or unreadable."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def is_failed_attempt_dir(path: Path) -> bool:
+    """True for ``<job>.failed-<n>`` folders (superseded attempts kept by ``tlab --resume``)."""
+    return _FAILED_ATTEMPT.match(path.name) is not None

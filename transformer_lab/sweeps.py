@@ -38,6 +38,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from transformer_lab.results import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
 
 try:  # POSIX; elsewhere one O_APPEND write of a whole line is the only guard
     import fcntl
@@ -46,11 +47,8 @@ except ImportError:  # pragma: no cover
 
 SWEEP_FILE = "sweep.csv"
 RESUME_ENV = "TLAB_RESUME"  # set in the jobs of a --resume sweep through hydra.job.env_set
-SUMMARY_NUMBERS = ["params", "steps", "final_loss", "best_exact_match", "solved_step", "wall_s",
-                   "tokens_per_s"]
-SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *SUMMARY_NUMBERS,
+SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *NUMBER_COLUMNS,
                  "error", "run_dir", "host", "end_time"]
-_FAILED_DIR = re.compile(r"^(?P<job>.+)\.failed-(?P<n>\d+)$")
 _STATUS_CODES = {"passed": EXIT_OK, "failed": EXIT_FAILED, "diverged": EXIT_FAILED,
                  "error": EXIT_FAILED, "interrupted": 130, "running": EXIT_FAILED}
 
@@ -65,11 +63,6 @@ class SweepCallback(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
         STARTED_SWEEPS.append(sweep_dir)
-
-
-def is_failed_attempt_dir(path: Path) -> bool:
-    """True for ``<job>.failed-<n>`` folders (superseded attempts kept by ``--resume``)."""
-    return _FAILED_DIR.match(path.name) is not None
 
 
 # --- the job side ---------------------------------------------------------------------------
@@ -118,19 +111,12 @@ def _read_one_row(path: Path) -> dict[str, str]:
         return {}
 
 
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-
-
 def job_row(job: int | str, attempt: int, overrides: list[str], run_dir: Path,
             exit_code: int) -> dict[str, Any]:
     """The ``sweep.csv`` row of one finished job, read back from the files the run wrote."""
-    info = _read_json(run_dir / "run.json")
+    info = read_json(run_dir / "run.json")
     summary = _read_one_row(run_dir / "summary.csv")
-    row: dict[str, Any] = {key: summary.get(key, "") for key in SUMMARY_NUMBERS}
+    row: dict[str, Any] = {key: summary.get(key, "") for key in NUMBER_COLUMNS}
     row.update(job=job, attempt=attempt, status=info.get("status", summary.get("status", "")),
                exit_code=exit_code, overrides=" ".join(overrides),
                error=info.get("error") or summary.get("error") or "",
@@ -222,7 +208,7 @@ def sweep_exit_code(sweep_dir: Path) -> int:
             if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir):
                 status = recorded_status(job_dir)
                 if status is not None:
-                    info = _read_json(job_dir / "run.json")
+                    info = read_json(job_dir / "run.json")
                     code = info.get("exit_code")
                     codes.append(code if isinstance(code, int)
                                  else _STATUS_CODES.get(status, EXIT_FAILED))
