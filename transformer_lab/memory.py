@@ -48,9 +48,9 @@ def module_stack(model: nn.Module) -> Iterator[list[str]]:
             handle.remove()
 
 
-def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor,
-                           backward: bool = True) -> dict[str, int]:
-    """Bytes of the tensors autograd saves in one forward (+ backward) pass, per module.
+def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor) -> dict[str, int]:
+    """Bytes of the tensors autograd saves for the backward pass in one forward, per module
+    (what a training step holds between forward and backward).
 
     The loss is cross-entropy of the logits against random targets (it saves the
     log-probabilities, ``B * T * vocab`` floats, charged to "").
@@ -73,10 +73,7 @@ def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor,
             logits = model(tokens)  # (B, T, V)
             generator = torch.Generator().manual_seed(0)
             targets = torch.randint(0, logits.shape[-1], tokens.shape, generator=generator)
-            loss = F.cross_entropy(logits.flatten(0, 1), targets.flatten())
-    if backward:
-        loss.backward()
-        model.zero_grad(set_to_none=True)
+            F.cross_entropy(logits.flatten(0, 1), targets.flatten())  # saves the log-probs
     return dict(per_module)
 
 

@@ -9,7 +9,7 @@ the seed's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters
 
 Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
 measured on the built model on CPU with :func:`transformer_lab.memory.saved_activation_bytes`
-(saved-tensor hooks). The measured pass runs at batch 1 (forward + backward) and 2 (forward)
+(saved-tensor hooks). It measures one forward at batch 1 and one at batch 2
 and extrapolates exactly to B, since saved bytes are affine in B. The seed's first FFN
 activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
 
@@ -190,14 +190,14 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
 
 def measure_activations(model: TransformerModel, batch: int, seq_len: int, vocab: int,
                         measure_batch: int) -> dict[str, int]:
-    """Saved bytes per module at ``batch``: measured at ``measure_batch`` (forward + backward)
-    and ``measure_batch + 1`` (forward), extrapolated (affine in the batch size)."""
+    """Saved bytes per module at ``batch``: measured in a forward at ``measure_batch`` and
+    ``measure_batch + 1``, extrapolated (affine in the batch size)."""
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (measure_batch + 1, seq_len), generator=generator)
-    small = saved_activation_bytes(model, tokens[:measure_batch].clone(), backward=True)
+    small = saved_activation_bytes(model, tokens[:measure_batch].clone())
     if batch == measure_batch:
         return small
-    large = saved_activation_bytes(model, tokens, backward=False)
+    large = saved_activation_bytes(model, tokens)
     return extrapolate_batch(small, large, measure_batch, batch)
 
 
