@@ -65,7 +65,6 @@ from torch import nn
 from torch.func import stack_module_state, vmap
 
 from transformer_lab.components.attention import written_out_attention
-from transformer_lab.errors import Diverged
 from transformer_lab.results import CsvLog, TaggedLog
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.train import (
@@ -306,13 +305,17 @@ class _VectorisedRun:
                 loss_values, norm_values = losses.tolist(), norms.tolist()  # one sync
                 now = time.perf_counter()
                 for k in logging:
-                    self._log_train(k, results[k], step, loss_values[k], norm_values[k], lr,
-                                    tokens_since / max(now - clock, 1e-9), on_step)
+                    self.trainers[k].record_train(
+                        results[k], step, loss_values[k], norm_values[k], lr,
+                        tokens_since / max(now - clock, 1e-9),
+                        None if on_step is None
+                        else (lambda step, loss, s=self.seeds[k]: on_step(s, step, loss)),
+                        who=f"seed {self.seeds[k]}: ")
                 tokens_since, clock = 0, now
             evaluating = [k for k in active
                           if (eval_every and step % eval_every == 0) or k in last]
             for k in evaluating:
-                solved = self._evaluate(k, results[k], step, lr, target_exact_match)
+                solved = self.trainers[k].record_eval(results[k], step, lr, target_exact_match)
                 if solved or k in last:
                     active.remove(k)
                     results[k].steps = step
@@ -328,30 +331,3 @@ class _VectorisedRun:
             result.wall_s = wall
             result.tokens_per_s = total_tokens / max(wall, 1e-9)
         return results
-
-    def _log_train(self, k: int, result: TrainResult, step: int, loss: float, norm: float,
-                   lr: float, tokens_per_s: float, on_step: OnStep | None) -> None:
-        result.train_losses.append(loss)
-        result.grad_norms.append(norm)
-        self.trainers[k].log({"step": step, "split": "train", "loss": loss, "lr": lr,
-                              "grad_norm": norm, "tokens_per_s": tokens_per_s})
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            raise Diverged(f"seed {self.seeds[k]}: loss became {loss} at step {step} "
-                           f"(lr={lr:.3g})")
-        if on_step is not None:
-            on_step(self.seeds[k], step, loss)
-
-    def _evaluate(self, k: int, result: TrainResult, step: int, lr: float,
-                  target: float | None) -> bool:
-        """Held-out evaluation of seed k; True when it reached ``target`` (solved)."""
-        evaluation = self.trainers[k].evaluate()
-        self.trainers[k].log({"step": step, "split": "val", **evaluation, "lr": lr})
-        result.final_loss = evaluation["loss"]
-        match = evaluation["exact_match"]
-        if not math.isnan(match):
-            result.best_exact_match = max(result.best_exact_match or 0.0, match)
-            if target is not None and match >= target:
-                result.solved_step = step
-                result.steps = step
-                return True
-        return False

@@ -181,6 +181,36 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.write(row)
 
+    def record_train(self, result: TrainResult, step: int, loss: float, grad_norm: float,
+                     lr: float, tokens_per_s: float,
+                     on_step: Callable[[int, float], None] | None = None,
+                     who: str = "") -> None:
+        """A ``train`` row into the metrics and ``result``; ``Diverged`` (after the row is
+        written) when the loss or gradient norm is not finite. ``who`` prefixes the message."""
+        result.train_losses.append(loss)
+        result.grad_norms.append(grad_norm)
+        self.log({"step": step, "split": "train", "loss": loss, "lr": lr,
+                  "grad_norm": grad_norm, "tokens_per_s": tokens_per_s})
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            raise Diverged(f"{who}loss became {loss} at step {step} (lr={lr:.3g})")
+        if on_step is not None:
+            on_step(step, loss)
+
+    def record_eval(self, result: TrainResult, step: int, lr: float,
+                    target_exact_match: float | None) -> bool:
+        """Held-out evaluation: a ``val`` row into the metrics and ``result``; True when exact
+        match reached ``target_exact_match`` (solved at ``step``)."""
+        evaluation = self.evaluate()
+        self.log({"step": step, "split": "val", **evaluation, "lr": lr})
+        result.final_loss = evaluation["loss"]
+        match = evaluation["exact_match"]
+        if not math.isnan(match):
+            result.best_exact_match = max(result.best_exact_match or 0.0, match)
+            if target_exact_match is not None and match >= target_exact_match:
+                result.solved_step = step
+                return True
+        return False
+
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
             on_step: Callable[[int, float], None] | None = None,
@@ -227,28 +257,13 @@ class Trainer:
                 lead.took(step)
             last = i == steps - 1 or (follow is not None and not follow.may_take(step + 1))
             if step % log_every == 0 or last:
-                loss_value, norm_value = loss.item(), grad_norm.item()
                 now = time.perf_counter()
-                result.train_losses.append(loss_value)
-                result.grad_norms.append(norm_value)
-                self.log({"step": step, "split": "train", "loss": loss_value, "lr": lr,
-                          "grad_norm": norm_value,
-                          "tokens_per_s": tokens_since / max(now - clock, 1e-9)})
+                self.record_train(result, step, loss.item(), grad_norm.item(), lr,
+                                  tokens_since / max(now - clock, 1e-9), on_step)
                 tokens_since, clock = 0, now
-                if not (math.isfinite(loss_value) and math.isfinite(norm_value)):
-                    raise Diverged(f"loss became {loss_value} at step {step} (lr={lr:.3g})")
-                if on_step is not None:
-                    on_step(step, loss_value)
-            if (eval_every and step % eval_every == 0) or last:
-                evaluation = self.evaluate()
-                self.log({"step": step, "split": "val", **evaluation, "lr": lr})
-                result.final_loss = evaluation["loss"]
-                match = evaluation["exact_match"]
-                if not math.isnan(match):
-                    result.best_exact_match = max(result.best_exact_match or 0.0, match)
-                    if target_exact_match is not None and match >= target_exact_match:
-                        result.solved_step = step
-                        break
+            evaluating = (eval_every and step % eval_every == 0) or last
+            if evaluating and self.record_eval(result, step, lr, target_exact_match):
+                break  # solved
             if last:
                 break
         result.steps = self.step_count
