@@ -170,7 +170,7 @@ class Trainer:
         with self.autocast:  # the precision of training, exact match included
             logits = self.model(batch.inputs)
             match = self.task.exact_match(self.model, batch) if exact_match else None
-        result = {"loss": sequence_loss(logits.float(), batch.targets).item(),
+        result = {"loss": sequence_loss(logits, batch.targets).item(),
                   "accuracy": token_accuracy(logits, batch.targets)}
         result["exact_match"] = math.nan if match is None else match
         self.model.train()
