@@ -21,7 +21,6 @@ groups), in eval mode. Exit 1 if any check fails.
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -38,12 +37,12 @@ from transformer_lab.component_checks import (
     sinusoidal_shift_residual,
     swap_attention_error,
 )
-from transformer_lab.config import CONFIG_DIR
 from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import TransformerModel, build_model, instantiate_component
 from transformer_lab.results import RunDirectory
 from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.variants import with_choice
 
 CHECK_TABLE_COLUMNS = ["check", "component", "status", "value", "tolerance", "detail", "wall_s"]
 
@@ -184,14 +183,7 @@ def swap_row(model: TransformerModel, tokens: torch.Tensor, component: str,
 def pe_config(cfg: DictConfig, name: str) -> DictConfig:
     """``cfg`` with the ``pe`` group set to ``name`` (the run's own pe node, overrides included,
     when it is that one)."""
-    if cfg.pe.get("name") == name:
-        return cfg
-    path = CONFIG_DIR / "pe" / f"{name}.yaml"
-    if not path.is_file():
-        raise ConfigError(f"pe '{name}' has no config in {CONFIG_DIR / 'pe'}")
-    other = copy.deepcopy(cfg)
-    other.pe = OmegaConf.load(path)
-    return other
+    return cfg if cfg.pe.get("name") == name else with_choice(cfg, "pe", name)
 
 
 def build_for_check(cfg: DictConfig) -> TransformerModel:

@@ -13,11 +13,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
-from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
+from transformer_lab.routines.variants import load_choice
 
 # Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
 RATIO_SCALINGS = ("linear", "ntk", "yarn")
@@ -130,11 +130,10 @@ def pe_node(cfg: DictConfig, name: str) -> DictConfig:
     overrides) when it is that PE, else ``<config tree>/pe/<name>.yaml``."""
     if cfg.pe.get("name") == name:
         return cfg.pe
-    path = choice_file("pe", name)
-    if path is None:
-        raise ConfigError(f"routine.pes: unknown pe '{name}'; valid: "
-                          f"{', '.join(group_choices('pe'))}")
-    return OmegaConf.load(path)
+    try:
+        return load_choice("pe", name)
+    except ConfigError as exc:
+        raise ConfigError(f"routine.pes: {exc}") from None
 
 
 def make_plan(cfg: DictConfig) -> Plan:
