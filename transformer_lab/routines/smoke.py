@@ -20,7 +20,7 @@ from transformer_lab.config import build_task
 from transformer_lab.console import console
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.parameter_count import parameter_breakdown
-from transformer_lab.results import RunDirectory, TaggedLog
+from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
 from transformer_lab.tasks import Batch, Task
@@ -91,58 +91,46 @@ def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float
     return "; ".join(hints) or "no obvious cause: check the component's forward pass"
 
 
-def smoke_training(cfg: DictConfig, model: TransformerModel, task, run: RunDirectory,
-                   batches: list[Batch]) -> tuple[CheckRow, float, float]:
-    """Step 2: train on fixed batches; returns the check row, loss before and after."""
-    clock = Stopwatch()
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, cfg.seed, run.metrics)
-    before = _fixed_loss(trainer, batches)
-    with console.status(f"smoke training: {cfg.routine.steps} steps"):
-        trainer.fit(int(cfg.routine.steps), batches=batches)
-    after = _fixed_loss(trainer, batches)
-    drop = (before - after) / before if before > 0 else 0.0
-    ok = math.isfinite(after) and drop >= cfg.routine.min_drop
-    detail = f"loss {before:.4f} -> {after:.4f} in {trainer.step_count} steps"
-    if not ok:
-        detail += f"; {diagnose(cfg, model, batches[0], drop)}"
-    return (CheckRow(2, "smoke_loss_falls", status(ok), "relative_drop", drop,
-                     cfg.routine.min_drop, clock.lap(), detail), before, after)
-
-
-def smoke_training_seeds(cfg: DictConfig, model: TransformerModel, task,
-                         run: RunDirectory) -> tuple[list[CheckRow], float]:
-    """Step 2 for seeds ``seed .. seed + routine.seeds - 1`` trained as one vectorised model
-    (``multiseed.fit_seeds``): each seed has the initial weights and fixed batches of its own
-    single run. One check row per seed; metrics rows carry a ``seed`` column. Returns the rows
+def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
+                   batches: list[Batch]) -> tuple[list[CheckRow], float]:
+    """Step 2: train on fixed batches and check that the loss falls. With ``routine.seeds`` = N
+    > 1, seeds ``seed .. seed + N - 1`` train together (``multiseed.fit_seeds``), each with the
+    initial weights and fixed batches of its own single run (``model`` and ``batches`` are the
+    first seed's): one check row per seed, metrics rows with a ``seed`` column. Returns the rows
     and the mean loss after training."""
     from transformer_lab.multiseed import build_seeded_models, fit_seeds
 
     clock = Stopwatch()
-    seeds = [int(cfg.seed) + i for i in range(int(cfg.routine.seeds))]
+    seeds = [int(cfg.seed) + i for i in range(int(cfg.routine.get("seeds", 1)))]
+    several = len(seeds) > 1
     models = [model, *build_seeded_models(cfg, seeds[1:])]
-    batches = {}
-    for seed in seeds:
+    fixed = {seeds[0]: batches}
+    for seed in seeds[1:]:
         generator = torch.Generator().manual_seed(seed)
-        batches[seed] = [task.train_batch(cfg.routine.batch_size, generator)
-                         for _ in range(cfg.routine.n_batches)]
+        fixed[seed] = [task.train_batch(cfg.routine.batch_size, generator)
+                       for _ in range(cfg.routine.n_batches)]
     evaluators = {s: Trainer(m, task, cfg.train, cfg.model.d_model, s)
                   for s, m in zip(seeds, models, strict=True)}
-    before = {s: _fixed_loss(evaluators[s], batches[s]) for s in seeds}
-    with console.status(f"smoke training: {len(seeds)} seeds x {cfg.routine.steps} steps"):
-        fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
-                  batches=batches, metrics={s: TaggedLog(run.metrics, seed=s) for s in seeds})
+    before = {s: _fixed_loss(evaluators[s], fixed[s]) for s in seeds}
+    steps = int(cfg.routine.steps)
+    logs = {s: TaggedLog(metrics, seed=s) if several else metrics for s in seeds}
+    label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
+    with console.status(f"smoke training: {label}"):
+        fit_seeds(cfg, seeds, steps, task=task, models=models, batches=fixed, metrics=logs)
     wall = clock.lap() / len(seeds)
     rows, afters = [], []
     for seed, trained in zip(seeds, models, strict=True):
-        after = _fixed_loss(evaluators[seed], batches[seed])
+        after = _fixed_loss(evaluators[seed], fixed[seed])
         afters.append(after)
         drop = (before[seed] - after) / before[seed] if before[seed] > 0 else 0.0
         ok = math.isfinite(after) and drop >= cfg.routine.min_drop
-        detail = f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}"
+        detail = (f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}" if several
+                  else f"loss {before[seed]:.4f} -> {after:.4f} in {steps} steps")
         if not ok:
-            detail += f"; {diagnose(cfg, trained, batches[seed][0], drop)}"
-        rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]", status(ok), "relative_drop",
-                             drop, cfg.routine.min_drop, wall, detail))
+            detail += f"; {diagnose(cfg, trained, fixed[seed][0], drop)}"
+        rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
+                             "smoke_loss_falls", status(ok), "relative_drop", drop,
+                             cfg.routine.min_drop, wall, detail))
     return rows, sum(afters) / len(afters)
 
 
@@ -175,12 +163,8 @@ def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     clock = Stopwatch()
     task, model, batches = smoke_setup(cfg)
     rows = forward_backward_check(cfg, model, batches[0])
-    if int(cfg.routine.get("seeds", 1)) > 1:
-        seed_rows, after = smoke_training_seeds(cfg, model, task, run)
-        rows += seed_rows
-    else:
-        smoke_row, _, after = smoke_training(cfg, model, task, run, batches)
-        rows.append(smoke_row)
+    smoke_rows, after = smoke_training(cfg, model, task, run.metrics, batches)
+    rows += smoke_rows
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     console.print(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)

@@ -33,7 +33,7 @@ from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome, compare, reverse
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
-from transformer_lab.routines.variants import StageRun, merged
+from transformer_lab.routines.variants import merged, stage_log
 from transformer_lab.tasks import Task
 
 # What to look at when a step fails (the rows' details say more).
@@ -72,10 +72,11 @@ def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     if any(not row.passed for row in rows):
         return rows
     try:
-        smoke_row, _, _ = smoke_training(cfg, model, task, StageRun(run, "smoke"), batches)
+        smoke_rows, _ = smoke_training(cfg, model, task, stage_log(run.metrics, "smoke"),
+                                       batches)
     except Diverged as exc:
-        smoke_row = CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")
-    return [*rows, smoke_row]
+        smoke_rows = [CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")]
+    return [*rows, *smoke_rows]
 
 
 def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], dict]:

@@ -17,29 +17,13 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer_lab.config_tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
-from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
+from transformer_lab.results import CsvLog, TaggedLog
 
 
 def stage_log(log: CsvLog | None, stage: str, variant: str = "",
               seed: int | None = None) -> TaggedLog:
     """``log`` with the ``stage``, ``variant`` and ``seed`` columns of one trained model."""
     return TaggedLog(log, stage=stage, variant=variant, seed=seed)
-
-
-class StageRun:
-    """A view of a ``RunDirectory`` whose ``metrics`` rows carry stage/variant/seed tags.
-
-    Lets a routine written for a whole run (``smoke_training(cfg, model, task, run, ...)``)
-    write into a run that holds several stages.
-    """
-
-    def __init__(self, run: RunDirectory, stage: str, variant: str = "",
-                 seed: int | None = None) -> None:
-        self._run = run
-        self.metrics = stage_log(run.metrics, stage, variant, seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._run, name)
 
 
 def load_choice(group: str, choice: str) -> DictConfig:
