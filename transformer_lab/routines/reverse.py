@@ -60,7 +60,6 @@ from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, st
 from transformer_lab.routines.nope_control import (
     NOPE,
     control_on_thread,
-    train_to_target,
     train_with_control,
 )
 from transformer_lab.routines.variants import stage_log, with_choice
@@ -221,15 +220,9 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
     label, arch = pe_label(cfg), arch_name(cfg)
     with_control = bool(routine.get("control", True)) and label != NOPE
     seeds = [int(cfg.seed) + offset for offset in range(int(routine.get("seeds", 1)))]
-    if len(seeds) > 1:
+    if len(seeds) > 1 or not with_control:
         pairs = seeded_reversals(cfg, seeds, log, stage, with_control)
-    elif not with_control:
-        with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps"):
-            result, params = train_to_target(cfg, stage_log(log, stage, label, cfg.seed),
-                                             max_steps, target)
-        pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result, params,
-                              expected_outcome(cfg)), None)]
-    else:
+    else:  # one seed with its control: the control may train beside it (nope_control.py)
         nope_cfg = with_choice(cfg, "pe", NOPE)
         on_thread = control_on_thread(cfg)
         with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; "
@@ -253,9 +246,9 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
 
 def seeded_reversals(cfg: DictConfig, seeds: list[int], log: CsvLog | None, stage: str,
                      with_control: bool) -> list[tuple[ReversalRun, ReversalRun | None]]:
-    """``routine.seeds`` > 1: the chosen PE with every seed (``multiseed.fit_seeds``: one
-    vectorised model where that pays), then the NoPE controls, each for as many steps as the
-    chosen PE took with its seed."""
+    """The chosen PE with every seed (``multiseed.fit_seeds``: one vectorised model where that
+    pays), then (``with_control``) the NoPE controls, each for as many steps as the chosen PE
+    took with its seed."""
     chosen = train_seeds(cfg, "chosen", seeds, int(cfg.routine.max_steps), log, stage)
     if not with_control:
         return [(run, None) for run in chosen]
@@ -272,7 +265,8 @@ def train_seeds(cfg: DictConfig, role: str, seeds: list[int], steps: int | dict[
     from transformer_lab.multiseed import build_seeded_models, fit_seeds
 
     target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
-    with console.status(f"reversal: pe={name}, arch={arch}, seeds {seeds[0]}-{seeds[-1]}"):
+    which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    with console.status(f"reversal: pe={name}, arch={arch}, {which}"):
         task = build_task(cfg)  # (also sets model.vocab_size)
         models = build_seeded_models(cfg, seeds)
         results = fit_seeds(cfg, seeds, steps, task=task, models=models,
