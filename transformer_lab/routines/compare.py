@@ -59,7 +59,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.results import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CheckRow, Stopwatch, status
-from transformer_lab.routines.variants import stage_log, with_choice
+from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.train import count_parameters
 
@@ -141,11 +141,11 @@ def check_config(cfg: DictConfig, task: Task) -> None:
                               f"{', '.join(valid)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"--activations lists an activation twice: {','.join(names)}")
-    for key in ("steps", "seeds"):
-        value = routine.get(key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"routine.{key}={value} is not valid (--{key}); it must be an "
-                              "integer >= 1")
+    steps = routine.get("steps")
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise ConfigError(f"routine.steps={steps} is not valid (--steps); it must be an "
+                          "integer >= 1")
+    seed_list(cfg)
     target = routine.get("loss_target")
     if target is not None and (not isinstance(target, int | float) or target <= 0):
         raise ConfigError(f"routine.loss_target={target} is not valid; use a positive loss or "
@@ -232,13 +232,12 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
     """Train every activation with seeds ``seed .. seed + routine.seeds - 1`` (the seeds of one
     activation together, see ``train_seeds``); each finished (activation, seed) pair is
     appended to ``compare_runs.csv``."""
-    activations, n_seeds = activation_list(cfg), int(cfg.routine.seeds)
-    seeds = [int(cfg.seed) + offset for offset in range(n_seeds)]
+    activations, seeds = activation_list(cfg), seed_list(cfg)
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []
     for activation in activations:
         variant = with_choice(cfg, "activation", activation)
-        with console.status(f"{activation}, {n_seeds} seed{'s' if n_seeds > 1 else ''}: "
+        with console.status(f"{activation}, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}: "
                             f"{cfg.routine.steps} steps"):
             seed_runs = train_seeds(variant, seeds, run.metrics, stage)
         runs.extend(seed_runs)

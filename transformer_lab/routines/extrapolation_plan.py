@@ -17,7 +17,7 @@ from omegaconf import DictConfig, ListConfig
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.errors import ConfigError
-from transformer_lab.routines.variants import load_choice
+from transformer_lab.routines.variants import load_choice, seed_list
 
 # Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
 RATIO_SCALINGS = ("linear", "ntk", "yarn")
@@ -158,9 +158,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     if scaled and not any(supports_scaling(node) for node in nodes.values()):
         raise ConfigError(f"routine.scalings={scaled} applies to RoPE only, and none of "
                           f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
-    n_seeds = r.get("seeds", 1)
-    if not isinstance(n_seeds, int) or n_seeds < 1:
-        raise ConfigError(f"routine.seeds={n_seeds} is not valid; give the number of seeds (>= 1)")
+    seeds = seed_list(cfg)
     finetune_steps = r.get("finetune_steps", 0) or 0
     if not isinstance(finetune_steps, int) or finetune_steps < 0:
         raise ConfigError(f"routine.finetune_steps={finetune_steps} is not valid; use 0 (none) "
@@ -172,5 +170,5 @@ def make_plan(cfg: DictConfig) -> Plan:
     if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
         raise ConfigError(f"routine.max_len={max_len} is not valid; use null or an integer >= 1")
     return Plan(pes, nodes, train_len, eval_lens, scalings,
-                [int(cfg.seed) + i for i in range(n_seeds)], finetune_steps, float(finetune_lr),
+                seeds, finetune_steps, float(finetune_lr),
                 max_len)

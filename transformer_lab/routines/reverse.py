@@ -62,7 +62,7 @@ from transformer_lab.routines.nope_control import (
     control_on_thread,
     train_with_control,
 )
-from transformer_lab.routines.variants import stage_log, with_choice
+from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.train import TrainResult, count_parameters
@@ -127,10 +127,7 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
         raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
                           ">= 1")
-    seeds = routine.get("seeds", 1)
-    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 1:
-        raise ConfigError(f"routine.seeds={seeds} is not valid (--seeds); it must be an "
-                          "integer >= 1")
+    seed_list(cfg)
     if not isinstance(routine.get("control", True), bool):
         raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
                           "false")
@@ -219,7 +216,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
 
     label, arch = pe_label(cfg), arch_name(cfg)
     with_control = bool(routine.get("control", True)) and label != NOPE
-    seeds = [int(cfg.seed) + offset for offset in range(int(routine.get("seeds", 1)))]
+    seeds = seed_list(cfg)
     if len(seeds) > 1 or not with_control:
         pairs = seeded_reversals(cfg, seeds, log, stage, with_control)
     else:  # one seed with its control: the control may train beside it (nope_control.py)

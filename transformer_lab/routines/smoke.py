@@ -23,6 +23,7 @@ from transformer_lab.parameter_count import parameter_breakdown
 from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
+from transformer_lab.routines.variants import seed_list
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.train import Trainer, count_parameters, sequence_loss
 
@@ -101,7 +102,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     from transformer_lab.multiseed import build_seeded_models, fit_seeds
 
     clock = Stopwatch()
-    seeds = [int(cfg.seed) + i for i in range(int(cfg.routine.get("seeds", 1)))]
+    seeds = seed_list(cfg)
     several = len(seeds) > 1
     models = [model, *build_seeded_models(cfg, seeds[1:])]
     fixed = {seeds[0]: batches}
@@ -136,11 +137,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
 
 def check_config(cfg: DictConfig, task) -> None:
     """``routine.seeds`` must be a positive integer."""
-    from transformer_lab.errors import ConfigError
-
-    seeds = cfg.routine.get("seeds", 1)
-    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
-        raise ConfigError(f"routine.seeds={seeds} is not valid; it must be an integer >= 1")
+    seed_list(cfg)
 
 
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:

@@ -26,6 +26,15 @@ def stage_log(log: CsvLog | None, stage: str, variant: str = "",
     return TaggedLog(log, stage=stage, variant=variant, seed=seed)
 
 
+def seed_list(cfg: DictConfig) -> list[int]:
+    """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1); ``ConfigError``
+    when ``routine.seeds`` is not an integer >= 1."""
+    n = cfg.routine.get("seeds", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ConfigError(f"routine.seeds={n} is not valid (--seeds); it must be an integer >= 1")
+    return [int(cfg.seed) + offset for offset in range(n)]
+
+
 def load_choice(group: str, choice: str) -> DictConfig:
     """The YAML of ``<config tree>/<group>/<choice>.yaml`` (interpolations left unresolved)."""
     path = choice_file(group, choice)
