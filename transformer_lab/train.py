@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
@@ -76,6 +76,24 @@ def adamw_param_groups(params: Sequence[torch.Tensor], weight_decay: float,
     no_decay = [p for p in params if p.dim() - leading_dims < 2]
     return [{"params": decay, "weight_decay": weight_decay},
             {"params": no_decay, "weight_decay": 0.0}]
+
+
+@torch.no_grad()
+def evaluate_model(model: nn.Module, task: Task, batch: Batch,
+                   precision: AbstractContextManager = nullcontext(),
+                   exact_match: bool = True) -> dict[str, float]:
+    """Loss, token accuracy and (where the task has it, if ``exact_match``) exact match of
+    ``model`` in eval mode on ``batch``, under ``precision`` (e.g. bf16 autocast); the model's
+    train/eval mode is restored."""
+    was_training = model.training
+    model.eval()
+    with precision:
+        logits = model(batch.inputs)  # (B, T, V)
+        match = task.exact_match(model, batch) if exact_match else None
+    model.train(was_training)
+    return {"loss": sequence_loss(logits, batch.targets).item(),
+            "accuracy": token_accuracy(logits, batch.targets),
+            "exact_match": math.nan if match is None else match}
 
 
 class PlainConfig(SimpleNamespace):
@@ -161,20 +179,11 @@ class Trainer:
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
 
-    @torch.no_grad()
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
-        """Loss, token accuracy and (where the task has it) exact match on ``batch``
-        (default: the task's held-out batch)."""
+        """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision
+        of training."""
         batch = (batch or self.task.eval_batch()).to(self.device)
-        self.model.eval()
-        with self.autocast:  # the precision of training, exact match included
-            logits = self.model(batch.inputs)
-            match = self.task.exact_match(self.model, batch) if exact_match else None
-        result = {"loss": sequence_loss(logits, batch.targets).item(),
-                  "accuracy": token_accuracy(logits, batch.targets)}
-        result["exact_match"] = math.nan if match is None else match
-        self.model.train()
-        return result
+        return evaluate_model(self.model, self.task, batch, self.autocast, exact_match)
 
     def log(self, row: dict) -> None:
         row["elapsed_s"] = time.perf_counter() - self.started

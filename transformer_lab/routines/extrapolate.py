@@ -72,7 +72,7 @@ from transformer_lab.routines.extrapolation_report import (
     results_table,
 )
 from transformer_lab.tasks import Task
-from transformer_lab.train import Trainer, count_parameters, sequence_loss, token_accuracy
+from transformer_lab.train import Trainer, count_parameters, evaluate_model
 
 # --------------------------------------------------------------------------------------------
 # configs, tasks and models per length
@@ -135,18 +135,9 @@ def scaled_model(model: TransformerModel, cfg_pe: DictConfig, settings: Mapping[
     return scaled
 
 
-@torch.no_grad()
 def evaluate(model: TransformerModel, task: Task, device: torch.device) -> dict[str, float]:
     """Held-out loss, token accuracy and exact match (NaN where the task has none), fp32."""
-    batch = task.eval_batch().to(device)
-    was_training = model.training
-    model.eval()
-    logits = model(batch.inputs)  # (B, T, V)
-    match = task.exact_match(model, batch)
-    model.train(was_training)
-    return {"loss": sequence_loss(logits.float(), batch.targets).item(),
-            "accuracy": token_accuracy(logits, batch.targets),
-            "exact_match": math.nan if match is None else match}
+    return evaluate_model(model, task, task.eval_batch().to(device))
 
 
 # --------------------------------------------------------------------------------------------
