@@ -56,18 +56,11 @@ def _wide_console(monkeypatch):
 def smoke_sweep(tmp_path_factory) -> Path:
     """A real 4-job sweep (basic launcher, default layout under out_root): pe=none,rope x
     seed=0,1 of experiment=smoke. Shared by test_sweeps and test_report; do not modify it (copy
-    it first). Torch runs one thread: tiny jobs on a loaded 2-core machine are faster so."""
-    import torch
-
+    it first). Each job runs on train.threads=1, the default."""
     from transformer_lab.run import main
 
     root = tmp_path_factory.mktemp("smoke_sweep")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        code = main(["-m", "experiment=smoke", "pe=none,rope", "seed=0,1", f"out_root={root}"])
-    finally:
-        torch.set_num_threads(threads)
+    code = main(["-m", "experiment=smoke", "pe=none,rope", "seed=0,1", f"out_root={root}"])
     assert code == 0
     (sweep_dir,) = (root / "multirun" / "smoke").iterdir()
     return sweep_dir

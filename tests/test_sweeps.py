@@ -15,24 +15,12 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
 from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
 from transformer_lab.run import main
 from transformer_lab.sweeps import SWEEP_COLUMNS, append_row, quote_value
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("OMP_NUM_THREADS", "1")  # submitit's job processes inherit it
-        yield
-    torch.set_num_threads(threads)
-
 
 
 def run_json(path: Path) -> dict:
