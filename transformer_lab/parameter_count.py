@@ -32,14 +32,22 @@ def gated_feedforward_params(d_model: int, d_ff: int, bias: bool, match_params: 
     return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
 
 
+_FFN = f"{_PKG}.feedforward.FeedForward"
+_GATED_FFN = f"{_PKG}.feedforward.GatedFeedForward"
+
+
 def _ffn(cfg: DictConfig) -> int | None:
     a = cfg.activation
     target = a.get("_target_")
-    if target == f"{_PKG}.feedforward.FeedForward":
+    if target == _FFN:
         return feedforward_params(a.d_model, a.d_ff, a.bias)
-    if target == f"{_PKG}.feedforward.GatedFeedForward":
+    if target == _GATED_FFN:
         return gated_feedforward_params(a.d_model, a.d_ff, a.bias, a.match_params)
     return None
+
+
+def _is_gated(cfg: DictConfig) -> bool:
+    return cfg.activation.get("_target_") == _GATED_FFN
 
 
 _NORM_PARAMS = {f"{_PKG}.norms.LayerNorm": 2, f"{_PKG}.norms.RMSNorm": 1,
@@ -64,12 +72,8 @@ def _pe(cfg: DictConfig) -> int | None:
 def parameter_breakdown(cfg: DictConfig) -> dict[str, int | None]:
     """Parameters per component for ``cfg`` (vocab_size filled in); None where unknown."""
     m = cfg.model
-    per_norm = _NORM_PARAMS.get(cfg.norm_layer.get("_target_"))
-    placement = _NORMS_PER_BLOCK.get(cfg.norm.get("_target_"))
-    norms = None
-    if per_norm is not None and placement is not None:
-        in_blocks, final = placement
-        norms = per_norm * m.d_model * (in_blocks * m.n_layers + final)
+    block_norms, final_norm = norm_params_per_layer(cfg)
+    norms = None if block_norms is None else block_norms * m.n_layers + final_norm
     ffn = _ffn(cfg)
     parts = {
         "token_embedding": m.vocab_size * m.d_model,
@@ -101,9 +105,9 @@ def ffn_hidden_size(cfg: DictConfig) -> int | None:
     """Width of the FFN hidden activation: ``d_ff`` (gated: ``gated_hidden_size``)."""
     a = cfg.activation
     target = a.get("_target_")
-    if target == f"{_PKG}.feedforward.FeedForward":
+    if target == _FFN:
         return int(a.d_ff)
-    if target == f"{_PKG}.feedforward.GatedFeedForward":
+    if target == _GATED_FFN:
         return gated_hidden_size(int(a.d_ff), bool(a.match_params))
     return None
 
@@ -126,7 +130,7 @@ def matmul_weight_params(cfg: DictConfig) -> int | None:
     hidden = ffn_hidden_size(cfg)
     if hidden is None:
         return None
-    n_ffn_matrices = 3 if cfg.activation.get("_target_", "").endswith("GatedFeedForward") else 2
+    n_ffn_matrices = 3 if _is_gated(cfg) else 2
     per_layer = 4 * m.d_model * m.d_model + n_ffn_matrices * m.d_model * hidden
     return m.n_layers * per_layer + m.d_model * m.vocab_size
 
@@ -180,7 +184,7 @@ def layer_activation_terms(cfg: DictConfig, batch: int, seq_len: int,
     d = cfg.model.d_model
     tokens = batch * seq_len * bytes_per_element
     rotary = 2 if cfg.pe.get("_target_", "").endswith("RotaryPositionalEncoding") else 0
-    gated = cfg.activation.get("_target_", "").endswith("GatedFeedForward")
+    gated = _is_gated(cfg)
     return {
         "norm_inputs": placement[0] * tokens * d,
         "linear_inputs": tokens * (3 * d + hidden),
