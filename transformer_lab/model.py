@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -127,23 +128,29 @@ class TransformerModel(nn.Module):
             mask = mask + self._causal_mask(seq_len, device)
         return mask
 
+    @staticmethod
+    def _cached(store: dict, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """``store[key]``, made once (one allocation per length and device, not per step). Not
+        cached under inference mode: an inference tensor cannot be used in training later."""
+        if torch.is_inference_mode_enabled():
+            return make()
+        if key not in store:
+            store[key] = make()
+        return store[key]
+
     def _positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """``arange(seq_len)`` on ``device``, cached (one allocation per length, not per step)."""
-        if torch.is_inference_mode_enabled():  # an inference tensor must not be cached
-            return torch.arange(seq_len, device=device)
-        key = (seq_len, device)
-        if key not in self._position_cache:
-            self._position_cache[key] = torch.arange(seq_len, device=device)
-        return self._position_cache[key]
+        """``arange(seq_len)`` on ``device``, cached."""
+        return self._cached(self._position_cache, (seq_len, device),
+                            lambda: torch.arange(seq_len, device=device))
 
     def _causal_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        key = (seq_len, device)
-        if key not in self._causal_masks:
+        """(T, T): 0 on and below the diagonal, -inf above it; cached."""
+
+        def make() -> torch.Tensor:
             future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
-            self._causal_masks[key] = torch.zeros(seq_len, seq_len, device=device).masked_fill(
-                future, float("-inf")
-            )
-        return self._causal_masks[key]
+            return torch.zeros(seq_len, seq_len, device=device).masked_fill(future, float("-inf"))
+
+        return self._cached(self._causal_masks, (seq_len, device), make)
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, vocab). With ``need_weights`` each attention module
