@@ -6,7 +6,6 @@ from __future__ import annotations
 import time
 
 import pytest
-import torch
 from helpers import assert_refused, read_csv
 
 from transformer_lab.routines.reverse import (
@@ -275,7 +274,6 @@ def test_cli_options_are_checked(tmp_path, option, value):
 def test_reverse_is_deterministic(cfg_for):
     cfg = cfg_for("experiment=reverse", "pe=learned", "routine.max_steps=20",
                   "routine.control=false", *FAST)
-    torch.set_num_threads(1)
     first = reversal_runs(cfg)[1][0].result
     second = reversal_runs(cfg)[1][0].result
     assert first.train_losses == second.train_losses

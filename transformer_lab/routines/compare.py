@@ -15,9 +15,10 @@ synthetic language-model task (``task=lm arch=decoder``) was the first choice, s
 perplexity the way the seed's table means it, but its corpus is an order-1 Markov chain: the
 embedding and output head learn the bigram table and the FFN hardly matters. Measured at 200
 steps: relu, gelu, swish and leaky_relu all plateau at held-out ppl 3.63 by step ~100 with
-indistinguishable curves (near the chain's floor: exp of its entropy rate is 3.46). 8-token reversal needs the FFN and is still being learned at
-step 200, so final loss, perplexity (``exp`` of the held-out cross-entropy per target token) and
-the gradient-norm spread differ between activations. Any task works: ``task=lm arch=decoder``
+indistinguishable curves (near the chain's floor: exp of its entropy rate is 3.46). 8-token
+reversal needs the FFN and is still being learned at step 200, so final loss, perplexity
+(``exp`` of the held-out cross-entropy per target token) and the gradient-norm spread differ
+between activations. Any task works: ``task=lm arch=decoder``
 for a language model; inside ``tlab validate`` step 4 uses the run's own task.
 
 ``comparison.csv`` (one row per activation, numbers averaged over seeds):
