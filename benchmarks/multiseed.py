@@ -53,10 +53,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformer_lab.config import build_task, compose
+    from transformer_lab.config.compose import compose
+    from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
-    from transformer_lab.multiseed import fit_seeds
-    from transformer_lab.train import Trainer
+    from transformer_lab.training.multiseed import fit_seeds
+    from transformer_lab.training.trainer import Trainer
 
     size = dataclasses.replace(SIZES[args.size], seq_len=args.seq_len or SIZES[args.size].seq_len,
                                batch=args.batch or SIZES[args.size].batch)

@@ -152,10 +152,11 @@ def tlab_overrides(size: BenchSize, device: str, precision: str) -> list[str]:
 def build_tlab(size: BenchSize, device: torch.device, precision: str,
                compile_model: bool) -> tuple[Contender, object]:
     """tlab through its public path; also returns the task (for the with-data row)."""
-    from transformer_lab.config import build_task, compose
+    from transformer_lab.config.compose import compose
+    from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
     from transformer_lab.tasks import Batch
-    from transformer_lab.train import Trainer
+    from transformer_lab.training.trainer import Trainer
 
     cfg = compose(tlab_overrides(size, device.type, precision))
     task = build_task(cfg)

@@ -43,7 +43,7 @@ from benchmarks.peers import (
     build_torch,
     build_x_transformers,
 )
-from transformer_lab.train import count_parameters
+from transformer_lab.training.trainer import count_parameters
 
 RESULTS = Path(__file__).resolve().parent / "results.csv"
 COLUMNS = ["size", "impl", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", "batch",

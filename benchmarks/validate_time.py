@@ -52,7 +52,7 @@ def time_validate(runs: int, extra: list[str]) -> dict:
 def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str]) -> list[dict]:
     import torch
 
-    from transformer_lab.config import compose
+    from transformer_lab.config.compose import compose
     from transformer_lab.routines.nope_control import train_to_target
 
     torch.set_num_threads(1)

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lab.config import compose
-from transformer_lab.console import console, err_console
+from transformer_lab.config.compose import compose
+from transformer_lab.results.console import console, err_console
 
 # Tiny models run fastest on one thread, and the suite shares small machines; subprocesses
 # (the `tlab` console-script tests) inherit the variable.
@@ -30,8 +30,9 @@ def cfg_for():
 
 @pytest.fixture
 def tlab(capsys):
-    """Run ``transformer_lab.run.main(args)`` in-process; returns (exit code, stdout, stderr)."""
-    from transformer_lab.run import main
+    """Run ``transformer_lab.app.hydra_app.main(args)``
+    in-process; returns (exit code, stdout, stderr)."""
+    from transformer_lab.app.hydra_app import main
 
     def call(*args: str | Path) -> tuple[int, str, str]:
         handlers = list(logging.root.handlers)
@@ -57,7 +58,7 @@ def smoke_sweep(tmp_path_factory) -> Path:
     """A real 4-job sweep (basic launcher, default layout under out_root): pe=none,rope x
     seed=0,1 of experiment=smoke. Shared by test_sweeps and test_report; do not modify it (copy
     it first). Each job runs on train.threads=1, the default."""
-    from transformer_lab.run import main
+    from transformer_lab.app.hydra_app import main
 
     root = tmp_path_factory.mktemp("smoke_sweep")
     code = main(["-m", "experiment=smoke", "pe=none,rope", "seed=0,1", f"out_root={root}"])

@@ -12,15 +12,17 @@ from torch import nn
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
-from transformer_lab.config import CONFIG_DIR, build_task, compose, group_choices
-from transformer_lab.memory import saved_activation_bytes
-from transformer_lab.model import build_model
-from transformer_lab.parameter_count import (
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.tree import CONFIG_DIR, group_choices
+from transformer_lab.measures.memory import saved_activation_bytes
+from transformer_lab.measures.parameters import (
     attention_params,
     feedforward_params,
     ffn_activation_bytes,
     training_flops_per_token,
 )
+from transformer_lab.model import build_model
 from transformer_lab.routines.budget import (
     BUDGET_COLUMNS,
     measure_activations,

@@ -12,13 +12,14 @@ from torch import nn
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
-from transformer_lab.component_checks import rope_relative_violation
 from transformer_lab.components.positional import (
     RotaryPositionalEncoding,
     apply_rotary,
     sinusoidal_table,
 )
-from transformer_lab.config import build_task, compose
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.measures.properties import rope_relative_violation
 from transformer_lab.model import build_model
 from transformer_lab.routines.check import (
     CHECK_TABLE_COLUMNS,

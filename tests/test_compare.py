@@ -56,7 +56,7 @@ def test_compare_cli_writes_rows_for_each_activation(tlab, tmp_path):
 def test_every_activation_sees_the_same_init_and_batches(cfg_for):
     cfg = cfg_for("experiment=compare_activations", *FAST, "routine.steps=3", "train.lr=0")
     relu, gelu = (with_choice(cfg, "activation", name) for name in ("relu", "gelu"))
-    from transformer_lab.config import build_task
+    from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
 
     weights = []
@@ -78,7 +78,7 @@ def test_every_activation_sees_the_same_init_and_batches(cfg_for):
 @pytest.mark.parametrize("vectorise", [True, False], ids=["vectorised", "one-after-another"])
 def test_seeds_trained_together_match_runs_of_their_own(cfg_for, monkeypatch, vectorise):
     """compare-activations --seeds 3 gives each seed the numbers of a one-seed comparison."""
-    from transformer_lab import multiseed
+    from transformer_lab.training import multiseed
 
     monkeypatch.setattr(multiseed, "worth_vectorising", lambda *args: vectorise)
     cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),

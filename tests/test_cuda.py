@@ -7,10 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_lab.config import build_task, compose
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
-from transformer_lab.multiseed import fit_seeds
-from transformer_lab.train import Trainer
+from transformer_lab.training.multiseed import fit_seeds
+from transformer_lab.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 

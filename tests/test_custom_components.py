@@ -12,7 +12,7 @@ import pytest
 import torch
 from helpers import assert_refused, read_csv
 
-from transformer_lab.components.protocol import check_protocols
+from transformer_lab.config.protocols import check_protocols
 from transformer_lab.errors import ConfigError
 
 REPO = Path(__file__).resolve().parent.parent
@@ -109,7 +109,7 @@ def test_compare_activations_takes_an_ffn_from_the_users_config_dir(tlab, tmp_pa
 
 
 def _model(cfg):
-    from transformer_lab.config import build_task
+    from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
 
     task = build_task(cfg)

@@ -1,4 +1,4 @@
-"""Tests for ``tlab extrapolate`` (transformer_lab.routines.extrapolate).
+"""Tests for ``tlab extrapolate`` (transformer_lab.routines.extrapolate.routine).
 
 Reference frequencies are computed here from the papers' formulas in plain Python, independently
 of ``rope_scaling.py``; the CSV tests run the real routine on a tiny model.
@@ -15,18 +15,19 @@ import pytest
 import torch
 from helpers import read_csv
 
-from transformer_lab.commands.common import hydra_list
-from transformer_lab.config import build_task, compose
+from transformer_lab.cli.common import hydra_list
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.routines.extrapolate import config_for, scaled_model, task_at
-from transformer_lab.routines.extrapolation_plan import (
+from transformer_lab.routines.extrapolate.plan import (
     Scaling,
     make_plan,
     parse_eval_length,
     parse_scaling,
 )
-from transformer_lab.routines.extrapolation_report import EXTRAPOLATION_COLUMNS
+from transformer_lab.routines.extrapolate.routine import config_for, scaled_model, task_at
+from transformer_lab.routines.extrapolate.tables import EXTRAPOLATION_COLUMNS
 
 TINY = ["model=tiny", "train.steps=12", "train.lr=2e-2", "task.eval_size=16", "routine.train_len=3",
         "train.log_every=4"]

@@ -7,9 +7,10 @@ import itertools
 import pytest
 import torch
 
-from transformer_lab.config import build_task, group_choices
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.tree import group_choices
+from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.model import build_model
-from transformer_lab.parameter_count import parameter_breakdown
 
 PES = group_choices("pe")
 NORMS = group_choices("norm")

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from transformer_lab.config import build_task, compose
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
-from transformer_lab.multiseed import fit_seeds, vectorisable
-from transformer_lab.train import Trainer
+from transformer_lab.training.multiseed import fit_seeds, vectorisable
+from transformer_lab.training.trainer import Trainer
 
 SEEDS = [0, 1, 2]
 
@@ -68,7 +69,7 @@ def test_bf16_seeds_run_one_after_another_with_their_own_numbers():
 
 
 def test_fixed_batches_and_metrics_per_seed(tmp_path):
-    from transformer_lab.results import METRIC_COLUMNS, CsvLog
+    from transformer_lab.results.run_directory import METRIC_COLUMNS, CsvLog
 
     cfg = config("pe=sinusoidal")
     task = build_task(cfg)
@@ -101,7 +102,7 @@ def test_seeds_with_their_own_budgets_keep_the_weights_of_their_last_step():
     cfg = config("pe=rope", "train.schedule=warmup_cosine", "train.warmup=2",
                  "train.eval_every=0")
     budgets = {0: 4, 1: 9, 2: 6}
-    from transformer_lab.multiseed import build_seeded_models
+    from transformer_lab.training.multiseed import build_seeded_models
 
     build_task(cfg)  # fills model.vocab_size
     models = build_seeded_models(cfg, SEEDS)
@@ -129,7 +130,7 @@ def test_stateful_components_fall_back_to_sequential_runs():
 
 
 def test_auto_choice_batches_small_steps_only():
-    from transformer_lab.multiseed import worth_vectorising
+    from transformer_lab.training.multiseed import worth_vectorising
 
     tiny = config()  # batch 16 x T 4 x d 8 = 512
     assert worth_vectorising(tiny, build_task(tiny))

@@ -8,8 +8,8 @@ import sys
 import pytest
 import torch
 
-from transformer_lab import optim
-from transformer_lab.train import adamw_param_groups
+from transformer_lab.training import optim
+from transformer_lab.training.trainer import adamw_param_groups
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:
@@ -59,7 +59,7 @@ def test_adamw_matches_torch_optim(fused: bool):
 
 def test_training_does_not_import_dynamo():
     """The reason for optim.AdamW: a training step must not pull in torch._dynamo (~1.5 s)."""
-    code = ("import sys, torch; from transformer_lab.optim import AdamW; "
+    code = ("import sys, torch; from transformer_lab.training.optim import AdamW; "
             "p = torch.nn.Parameter(torch.ones(3)); p.grad = torch.ones(3); "
             "AdamW([{'params': [p]}], lr=0.1).step(); "
             "print('torch._dynamo' in sys.modules)")

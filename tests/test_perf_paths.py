@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from transformer_lab.config import build_task, compose
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.train import Trainer, clip_gradients
+from transformer_lab.training.trainer import Trainer, clip_gradients
 
 
 def trainer_for(*overrides: str, seed: int = 0) -> Trainer:
@@ -104,7 +105,7 @@ def test_bf16_autocast_path_trains_on_cpu():
 
 
 def test_cuda_device_is_validated():
-    from transformer_lab.config import validate_config
+    from transformer_lab.app.validation import validate_config
 
     cfg = compose(["experiment=smoke", "train.device=cuda"])
     if torch.cuda.is_available():

@@ -21,7 +21,8 @@ from torch import nn
 
 from transformer_lab.components.attention import AttentionInputs
 from transformer_lab.components.positional import alibi_slopes, apply_rotary, t5_relative_bucket
-from transformer_lab.config import build_task, compose
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
 
 NO_TRANSFORMERS = "transformers is not installed (pip install 'transformer_lab[reference]')"

@@ -14,8 +14,8 @@ from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
-from transformer_lab.report import free_prefix, make_report, mean_std
-from transformer_lab.report_gather import gather
+from transformer_lab.results.gather import gather
+from transformer_lab.results.report import free_prefix, make_report, mean_std
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -145,7 +145,7 @@ def test_unknown_metric_names_the_available_ones(smoke_sweep, tmp_path):
 
 
 def test_the_report_summarises_every_number_of_summary_csv():
-    from transformer_lab.report_gather import METRICS
-    from transformer_lab.results import NUMBER_COLUMNS
+    from transformer_lab.results.gather import METRICS
+    from transformer_lab.results.run_directory import NUMBER_COLUMNS
 
     assert sorted(METRICS) == sorted(NUMBER_COLUMNS)

@@ -176,7 +176,7 @@ def test_ctrl_c_with_the_control_on_a_thread_keeps_both_models_rows(tlab, tmp_pa
     both models' rows are kept, the run says interrupted, exit 130, and nothing hangs."""
     import threading
 
-    from transformer_lab.train import Trainer
+    from transformer_lab.training.trainer import Trainer
 
     real_step = Trainer.train_step
 
@@ -219,7 +219,7 @@ def test_lockstep_follower_stops_where_a_failing_leader_stopped():
     """A leader that dies at step 7 must not leave the follower waiting: it stops at 7."""
     import threading
 
-    from transformer_lab.lockstep import Lockstep
+    from transformer_lab.training.lockstep import Lockstep
 
     lockstep, taken = Lockstep(), []
 

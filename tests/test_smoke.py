@@ -10,10 +10,12 @@ import pandas as pd
 import pytest
 from helpers import TLAB
 
-from transformer_lab.config import compose, group_choices, validate_config
-from transformer_lab.console import console
-from transformer_lab.results import METRIC_COLUMNS, SUMMARY_COLUMNS, RunDirectory
-from transformer_lab.routines.checks import CHECK_COLUMNS
+from transformer_lab.app.validation import validate_config
+from transformer_lab.config.compose import compose
+from transformer_lab.config.tree import group_choices
+from transformer_lab.results.check_rows import CHECK_COLUMNS
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import METRIC_COLUMNS, SUMMARY_COLUMNS, RunDirectory
 from transformer_lab.routines.smoke import run_smoke
 
 GRID = {g: group_choices(g) for g in ("pe", "norm", "activation", "arch")}

@@ -18,9 +18,9 @@ import pytest
 from helpers import read_csv
 from typer.testing import CliRunner
 
+from transformer_lab.app.hydra_app import main
+from transformer_lab.app.sweeps import SWEEP_COLUMNS, append_row, quote_value
 from transformer_lab.cli import app
-from transformer_lab.run import main
-from transformer_lab.sweeps import SWEEP_COLUMNS, append_row, quote_value
 
 
 def run_json(path: Path) -> dict:
@@ -95,7 +95,7 @@ def test_joblib_sweep_isolates_the_failing_job(failing_sweep):
 
 @pytest.mark.slow
 def test_report_groups_the_failing_sweep_by_the_swept_value(failing_sweep, tmp_path):
-    from transformer_lab.report import make_report
+    from transformer_lab.results.report import make_report
 
     sweep_dir, _ = failing_sweep
     report = make_report(sweep_dir, tmp_path)
@@ -204,7 +204,7 @@ def test_bad_sweeps_are_one_line_errors_and_write_nothing(tmp_path, tlab, overri
 
 
 def test_slurm_launcher_without_slurm_is_a_clear_error(tmp_path, tlab, monkeypatch):
-    import transformer_lab.preflight as preflight
+    import transformer_lab.app.arguments as preflight
 
     monkeypatch.setattr(preflight.shutil, "which", lambda command: None)
     code, _, err = tlab("-m", "experiment=smoke", "seed=0,1", "hydra/launcher=slurm",

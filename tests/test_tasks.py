@@ -8,7 +8,6 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from transformer_lab.schedules import SCHEDULES
 from transformer_lab.tasks import (
     IGNORE_INDEX,
     CopyTask,
@@ -17,6 +16,7 @@ from transformer_lab.tasks import (
     TextTask,
 )
 from transformer_lab.tasks.sequence import SEP
+from transformer_lab.training.schedules import SCHEDULES
 
 
 def test_encoder_reverse_layout():

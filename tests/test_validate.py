@@ -7,7 +7,7 @@ import json
 import pytest
 from helpers import assert_refused, read_csv
 
-from transformer_lab.routines.checks import CHECK_COLUMNS
+from transformer_lab.results.check_rows import CHECK_COLUMNS
 
 # Shorter step 4 and a smaller held-out set than the defaults; everything else as shipped.
 FAST = ["routine.compare.routine.steps=20", "task.eval_size=128"]
@@ -53,7 +53,8 @@ def test_validate_fails_at_step_3_without_a_pe(tlab, tmp_path):
 
 
 def test_validate_stops_after_a_failing_step_1(tlab, tmp_path, monkeypatch):
-    from transformer_lab.routines import checks, validate
+    from transformer_lab.results import check_rows as checks
+    from transformer_lab.routines import validate
 
     real = validate.forward_backward_check
 

@@ -11,51 +11,18 @@ if/elif over component names here.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable
-from typing import Any
 
 import torch
-from hydra._internal.utils import _locate
-from hydra.utils import instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from torch import nn
 
 from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
 from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
+from transformer_lab.config.instantiate import instantiate_component, resolve_component
 from transformer_lab.errors import ConfigError
-
-_HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")
-
-
-def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
-    """The node of config group ``group`` as a plain dict with interpolations resolved."""
-    return OmegaConf.to_container(cfg[group], resolve=True)
-
-
-def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
-    """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
-
-    Flat specs are built directly (``_target_(**spec, **kwargs)``, or a partial with
-    ``_partial_``); anything richer goes through ``hydra.utils.instantiate``. Any failure
-    (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
-    """
-    spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
-    name = spec.pop("name", spec.get("_target_"))
-    try:
-        nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
-        if nested or any(key in spec for key in _HYDRA_KEYS):
-            return instantiate(spec, **kwargs)
-        target = _locate(spec.pop("_target_"))
-        partial = spec.pop("_partial_", False)
-        return functools.partial(target, **spec, **kwargs) if partial else target(**spec, **kwargs)
-    except Exception as exc:
-        while exc.__cause__ is not None:
-            exc = exc.__cause__
-        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-        raise ConfigError(f"{group}={name}: {message}") from exc
 
 
 def embedding_scale(setting: str | float, d_model: int) -> float:

@@ -19,7 +19,7 @@ ROUTINES: dict[str, str] = {
     "budget": "transformer_lab.routines.budget:run_budget",
     "check": "transformer_lab.routines.check:run_check",
     "plot_pe": "transformer_lab.routines.plot_pe:run_plot_pe",
-    "extrapolate": "transformer_lab.routines.extrapolate:run_extrapolate",
+    "extrapolate": "transformer_lab.routines.extrapolate.routine:run_extrapolate",
     "reverse": "transformer_lab.routines.reverse:run_reverse",
     "compare_activations": "transformer_lab.routines.compare:run_compare",
     "validate": "transformer_lab.routines.validate:run_validate",

@@ -2,19 +2,20 @@
 checked against the model actually built from it.
 
 Parameters per component (token embedding, PE, attention Q/K/V/O, FFN, norms, output head; per
-layer and total) come from :mod:`transformer_lab.parameter_count` and are compared with
+layer and total) come from :mod:`transformer_lab.measures.parameters` and are compared with
 ``sum(p.numel())`` of the built model's modules: any mismatch is a FAIL (exit 1). With the
 defaults (d_model 768, d_ff 3072, 12 heads, FFN with bias, attention without) the table shows
 the seed's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
 
 Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
-measured on the built model on CPU with :func:`transformer_lab.memory.saved_activation_bytes`
-(saved-tensor hooks). It measures one forward at batch 1 and one at batch 2
-and extrapolates exactly to B, since saved bytes are affine in B. The seed's first FFN
+measured on the built model on CPU with
+:func:`transformer_lab.measures.memory.saved_activation_bytes` (saved-tensor hooks). It
+measures one forward at batch 1 and one at batch 2 and extrapolates exactly to B, since saved
+bytes are affine in B. The seed's first FFN
 activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
 
 FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
-:func:`transformer_lab.parameter_count.training_flops_per_token`); the ``6 N`` part is checked
+:func:`transformer_lab.measures.parameters.training_flops_per_token`); the ``6 N`` part is checked
 against ``torch.utils.flop_counter`` on a short pass.
 """
 
@@ -30,11 +31,9 @@ from omegaconf import DictConfig
 from rich.table import Table
 from torch import nn
 
-from transformer_lab.console import console
 from transformer_lab.errors import ConfigError
-from transformer_lab.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
-from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.parameter_count import (
+from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
+from transformer_lab.measures.parameters import (
     DTYPE_BYTES,
     attention_params,
     attention_projection_params,
@@ -47,7 +46,9 @@ from transformer_lab.parameter_count import (
     parameter_breakdown,
     training_flops_per_token,
 )
-from transformer_lab.results import RunDirectory
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import RoutineOutcome
 
 BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",

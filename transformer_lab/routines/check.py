@@ -2,7 +2,7 @@
 
 Which checks run for which PE is one registry, ``CHECKS_BY_PE`` (a PE's config name -> its
 checks); ``routine.pe=all`` runs every PE's, ``--pe NAME`` one PE's. The measurements are in
-:mod:`transformer_lab.component_checks`:
+:mod:`transformer_lab.measures.properties`:
 
     rope_relative            RoPE scores depend only on m - n: several offsets, bases
                              (``routine.rope_bases`` plus the configured one) and both pairings
@@ -30,17 +30,18 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
-from transformer_lab.component_checks import (
+from transformer_lab.config.instantiate import instantiate_component
+from transformer_lab.errors import ConfigError
+from transformer_lab.measures.properties import (
     permutation_error,
     rope_relative_violation,
     shift_positions,
     sinusoidal_shift_residual,
     swap_attention_error,
 )
-from transformer_lab.console import console
-from transformer_lab.errors import ConfigError
-from transformer_lab.model import TransformerModel, build_model, instantiate_component
-from transformer_lab.results import RunDirectory
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import RoutineOutcome
 from transformer_lab.routines.variants import with_choice
 
@@ -258,8 +259,8 @@ def pes_to_check(cfg: DictConfig) -> list[str]:
 
 def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> ComponentCheck:
     """Train on the run's task (reversal) for ``routine.train_steps`` steps, then swap-test."""
-    from transformer_lab.config import build_task
-    from transformer_lab.train import Trainer
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.training.trainer import Trainer
 
     task = build_task(cfg)
     model = build_for_check(cfg).train()

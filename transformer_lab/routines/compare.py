@@ -53,16 +53,16 @@ from omegaconf import DictConfig, ListConfig
 from rich import box
 from rich.table import Table
 
-from transformer_lab.config import build_task
-from transformer_lab.config_tree import group_choices
-from transformer_lab.console import console
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.tree import group_choices
 from transformer_lab.errors import ConfigError
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
-from transformer_lab.routines.checks import CheckRow, Stopwatch, status
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks import Task
-from transformer_lab.train import count_parameters
+from transformer_lab.training.trainer import count_parameters
 
 COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
                       "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
@@ -163,7 +163,7 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
     warm-up and to other processes); seeds trained as one model share the wall time, so every
     activation of a comparison is measured the same way.
     """
-    from transformer_lab.multiseed import build_seeded_models, fit_seeds
+    from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
 
     activation = str(cfg.activation.get("name"))
     task = build_task(cfg)
@@ -295,7 +295,7 @@ def _cell(value: object) -> str:
 
 def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     """Smoothed training loss per activation: mean over seeds, min-max band."""
-    from transformer_lab.plots import plt, save
+    from transformer_lab.results.plots import plt, save
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
     by_activation: dict[str, list[SeedRun]] = {}

@@ -2,9 +2,9 @@
 
 The control (``pe=none``, same model, seed and data) trains for as many steps as the chosen PE
 used: after it, or - where a core is free (``control_on_thread``) - beside it on a second thread,
-one step behind it (``transformer_lab.lockstep.Lockstep``), with the numbers it would get trained
-after it. Its metrics rows are held back (``BufferedLog``) so that ``metrics.csv`` reads as in a
-serial run. The checks on the results are in ``reverse.py``.
+one step behind it (``transformer_lab.training.lockstep.Lockstep``), with the numbers it would
+get trained after it. Its metrics rows are held back (``BufferedLog``) so that ``metrics.csv``
+reads as in a serial run. The checks on the results are in ``reverse.py``.
 """
 
 from __future__ import annotations
@@ -14,13 +14,13 @@ import threading
 import torch
 from omegaconf import DictConfig
 
-from transformer_lab.config import build_task
-from transformer_lab.lockstep import Lockstep
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
-from transformer_lab.results import CsvLog, TaggedLog
+from transformer_lab.results.run_directory import CsvLog, TaggedLog
 from transformer_lab.routines.variants import stage_log
-from transformer_lab.threads import available_cores
-from transformer_lab.train import Trainer, TrainResult, count_parameters
+from transformer_lab.training.lockstep import Lockstep
+from transformer_lab.training.threads import available_cores
+from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
 
 NOPE = "none"
 

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab import plots
-from transformer_lab.console import console
+from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.errors import ConfigError
-from transformer_lab.model import instantiate_component
-from transformer_lab.results import RunDirectory
+from transformer_lab.results import plots
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import RoutineOutcome
 
 

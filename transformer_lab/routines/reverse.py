@@ -50,13 +50,12 @@ from dataclasses import dataclass
 import torch
 from omegaconf import DictConfig
 
-from transformer_lab.config import build_task
-from transformer_lab.console import console
+from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.errors import ConfigError
-from transformer_lab.model import instantiate_component
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome
-from transformer_lab.routines.checks import CheckRow, Stopwatch, check_table, status
 from transformer_lab.routines.nope_control import (
     NOPE,
     control_on_thread,
@@ -65,7 +64,7 @@ from transformer_lab.routines.nope_control import (
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
-from transformer_lab.train import TrainResult, count_parameters
+from transformer_lab.training.trainer import TrainResult, count_parameters
 
 REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
                    "target", "steps", "params", "wall_s", "tokens_per_s", "expected"]
@@ -259,7 +258,7 @@ def train_seeds(cfg: DictConfig, role: str, seeds: list[int], steps: int | dict[
                 log: CsvLog | None, stage: str) -> list[ReversalRun]:
     """Every seed of ``cfg`` until solved or its budget (``steps``, or ``steps[seed]``), with
     the schedule planned for ``routine.max_steps`` as in a one-seed run."""
-    from transformer_lab.multiseed import build_seeded_models, fit_seeds
+    from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
 
     target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"

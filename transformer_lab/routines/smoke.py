@@ -16,16 +16,22 @@ import math
 import torch
 from omegaconf import DictConfig
 
-from transformer_lab.config import build_task
-from transformer_lab.console import console
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.parameter_count import parameter_breakdown
-from transformer_lab.results import CsvLog, RunDirectory, TaggedLog
+from transformer_lab.results.check_rows import (
+    CHECK_COLUMNS,
+    CheckRow,
+    Stopwatch,
+    check_table,
+    status,
+)
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import RoutineOutcome
-from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table, status
 from transformer_lab.routines.variants import seed_list
 from transformer_lab.tasks import Batch, Task
-from transformer_lab.train import Trainer, count_parameters, sequence_loss
+from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
 PE_SWAMP_RATIO = 5.0  # PE norm this many times the embedding norm swamps the tokens
 
@@ -99,7 +105,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     initial weights and fixed batches of its own single run (``model`` and ``batches`` are the
     first seed's): one check row per seed, metrics rows with a ``seed`` column. Returns the rows
     and the mean loss after training."""
-    from transformer_lab.multiseed import build_seeded_models, fit_seeds
+    from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
 
     clock = Stopwatch()
     seeds = seed_list(cfg)

@@ -26,11 +26,11 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from transformer_lab.console import console
 from transformer_lab.errors import ConfigError, Diverged
-from transformer_lab.results import CsvLog, RunDirectory
+from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import RoutineOutcome, compare, reverse
-from transformer_lab.routines.checks import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, stage_log
 from transformer_lab.tasks import Task

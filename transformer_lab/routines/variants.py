@@ -15,9 +15,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer_lab.config_tree import choice_file, group_choices
+from transformer_lab.config.tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
-from transformer_lab.results import CsvLog, TaggedLog
+from transformer_lab.results.run_directory import CsvLog, TaggedLog
 
 
 def stage_log(log: CsvLog | None, stage: str, variant: str = "",

@@ -1,0 +1,231 @@
+"""Check Hydra arguments before anything is written: unknown choices or keys, malformed
+overrides, invalid sizes, and an output directory that already holds a run all become one
+``ConfigError`` line (exit code 2) instead of a Hydra traceback or a half-made run directory.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from transformer_lab.app.validation import validate_config
+from transformer_lab.config.compose import compose
+from transformer_lab.config.tree import CONFIG_DIR, config_dirs, group_choices, set_user_config_dirs
+from transformer_lab.errors import ConfigError
+from transformer_lab.results.run_directory import holds_run
+
+# Hydra flags that take a value (the value is not an override).
+_FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
+                     "-cn", "--config-dir", "-cd", "--experimental-rerun"}
+_SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--help", "-h", "--hydra-help",
+               "--shell-completion", "-sc", "--experimental-rerun"}
+_CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
+# Every flag Hydra's command line knows (anything else starting with '-' is a typo).
+HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
+               "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc",
+               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
+               "--experimental-rerun", "--info", "-i"}
+_INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
+                   "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
+# Launchers that submit to a scheduler need its command on PATH (submitit looks for srun).
+LAUNCHER_COMMANDS = {"submitit_slurm": "srun", "slurm": "srun"}
+# The module each extra installs (a preset in configs/hydra/launcher needs its plugin too).
+EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
+                 "submitit": "hydra_plugins.hydra_submitit_launcher",
+                 "ray": "hydra_plugins.hydra_ray_launcher"}
+
+
+def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
+    """Separate Hydra flags (with their values) from overrides."""
+    flags, overrides, i = [], [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-"):
+            flags.append(arg)
+            takes_value = arg in _FLAGS_WITH_VALUE or (
+                arg in ("--info", "-i") and i + 1 < len(args) and args[i + 1] in _INFO_TOPICS
+            )
+            if takes_value and i + 1 < len(args):
+                flags.append(args[i + 1])
+                i += 1
+        else:
+            overrides.append(arg)
+        i += 1
+    return flags, overrides
+
+
+def _parse(overrides: list[str]) -> list:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    parsed = []
+    for text in overrides:
+        try:
+            parsed.extend(parser.parse_overrides([text]))
+        except OverrideParseException as exc:
+            raise ConfigError(_parse_error(text, str(exc))) from None
+    return parsed
+
+
+def _parse_error(text: str, message: str) -> str:
+    """One line for a Hydra grammar error (its own text has a URL and the token list)."""
+    lines = [line for line in message.strip().splitlines()
+             if not line.startswith(("See https://", "Error parsing override"))]
+    detail = (lines[0] if lines else message).split(" expecting {")[0]
+    if "empty choice" in detail:
+        return f"the sweep '{text}' has no values"
+    if text.rstrip().endswith(",") or ",," in text:
+        detail = "a sweep value is missing next to ','"
+    return (f"malformed override '{text}': {detail}; expected key=value or a sweep key=a,b, "
+            "e.g. pe=rope or seed=0,1,2")
+
+
+def _values(override) -> list[str]:
+    if override.is_sweep_override():
+        return list(override.sweep_string_iterator())
+    return [override.get_value_element_as_str()]
+
+
+def _check_group_choice(group: str, values: list[str], running: bool = True) -> None:
+    if group.startswith("hydra/"):
+        available = group_choices_hydra(group.split("/", 1)[1])
+        for value in values:
+            extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
+            if value not in available or (extra and not _installed(EXTRA_MODULES[extra])):
+                hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
+                        else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
+                raise ConfigError(f"{group}={value} is not available (installed: "
+                                  f"{', '.join(available) or 'none'}){hint}")
+            command = LAUNCHER_COMMANDS.get(value) if group == "hydra/launcher" else None
+            if running and command and shutil.which(command) is None:
+                raise ConfigError(f"{group}={value} submits to SLURM but '{command}' is not on "
+                                  "PATH: run it on the cluster's login node (to try the sweep "
+                                  "here use hydra/launcher=submitit_local)")
+        return
+    choices = group_choices(group)
+    if not choices:
+        return
+    for value in values:
+        if value not in choices and value != "null":
+            raise ConfigError(f"unknown {group} '{value}'; valid: {', '.join(choices)}")
+
+
+def _installed(module: str) -> bool:
+    from importlib.util import find_spec
+
+    try:
+        return find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def group_choices_hydra(kind: str) -> list[str]:
+    """Choices of a Hydra group such as hydra/launcher (installed plugins included)."""
+    from transformer_lab.config.hydra_adapter import group_options
+
+    return group_options(CONFIG_DIR, f"hydra/{kind}")
+
+
+def check_output_dir(path: Path, sweep: bool) -> None:
+    if holds_run(path) or (sweep and (path / "sweep.csv").exists()):
+        raise ConfigError(f"'{path}' already holds a run; choose another output directory "
+                          "(runs are never overwritten)")
+    if sweep and path.is_dir() and any(holds_run(p) for p in path.iterdir() if p.is_dir()):
+        raise ConfigError(f"'{path}' already holds a sweep's runs; choose another directory")
+
+
+def preflight(args: list[str], resume: bool = False) -> None:
+    """Raise ``ConfigError`` for arguments that cannot make a valid run.
+
+    ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
+    hold runs."""
+    flags, overrides = split_arguments(args)
+    if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
+        return  # another primary config, or help: let Hydra handle it
+    search_path = user_config_dir_overrides(flags)
+    unknown = [f for f in flags if f.split("=", 1)[0] not in HYDRA_FLAGS and f.startswith("-")]
+    if unknown:
+        raise ConfigError(f"unknown option '{unknown[0]}'; Hydra's flags are --multirun/-m, "
+                          "--cfg job|hydra|all, --info [topic], --resolve, --package; a "
+                          "command's own options are listed by --help")
+    printing = [f for f in flags if f in ("--cfg", "-c", "--info", "-i")]
+    if printing and any(f in ("-m", "--multirun") for f in flags):
+        raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
+                          "see the first job's config (sweep values are then single values)")
+    parsed = _parse(overrides)
+    first_values = []
+    for override in parsed:
+        key = override.key_or_group
+        values = _values(override)
+        if override.is_sweep_override() and not values:
+            raise ConfigError(f"the sweep '{override.input_line}' has no values")
+        if key == "hydra.run.dir" or (key == "hydra.sweep.dir" and not resume):
+            check_output_dir(Path(values[0]), sweep=key == "hydra.sweep.dir")
+        if override.is_delete():
+            first_values.append(override.input_line)
+            continue
+        if "." not in key and ("/" in key or key in group_choices_top()):
+            _check_group_choice(key, values, running=not printing)
+        if override.is_sweep_override():
+            head = override.input_line.split("=", 1)[0]
+            first_values.append(f"{head}={values[0]}")
+        else:
+            first_values.append(override.input_line)
+    try:
+        cfg = compose(search_path + first_values)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+        raise ConfigError(_unknown_key_message(message, search_path + first_values)
+                          or f"invalid override: {message}") from None
+    validate_config(cfg)
+
+
+def user_config_dir_overrides(flags: list[str]) -> list[str]:
+    """``--config-dir DIR``: check DIR, search it for config choices from now on, and return
+    the override that makes ``compose`` search it as Hydra's app will."""
+    dirs = []
+    for i, flag in enumerate(flags):
+        name, _, value = flag.partition("=")
+        if name in _CONFIG_DIR_FLAGS:
+            value = value or (flags[i + 1] if i + 1 < len(flags) else "")
+            if not Path(value).is_dir():
+                raise ConfigError(f"--config-dir '{value}' is not a directory; give a folder "
+                                  "holding config groups, e.g. DIR/pe/my_pe.yaml")
+            dirs.append(Path(value).resolve())
+    set_user_config_dirs(dirs)
+    if not dirs:
+        return []
+    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
+
+
+def group_choices_top() -> set[str]:
+    return {p.name for d in config_dirs() if d.is_dir() for p in d.iterdir() if p.is_dir()}
+
+
+def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
+    """"Could not override 'model.foo'" -> the keys that ``model`` does have."""
+    import re
+
+    from omegaconf import DictConfig, OmegaConf
+
+    match = re.match(r"Could not override '([^']+)'", message)
+    if not match:
+        return None
+    key = match.group(1)
+    parent, _, leaf = key.rpartition(".")
+    rest = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != key]
+    try:
+        cfg = compose(rest, return_hydra_config=key.startswith("hydra"))
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+    except Exception:
+        return None
+    if not isinstance(node, DictConfig):
+        return None
+    keys = ", ".join(str(k) for k in node)
+    where = parent or "the top level"
+    return (f"unknown key '{key}' ('{leaf}' is not in {where}; its keys: {keys}); "
+            f"to add a new key write +{key}=...")

@@ -1,0 +1,80 @@
+"""Run one job: create its run directory, validate, run the routine, record the outcome.
+
+Statuses: ``passed``, ``failed`` (a check failed), ``diverged`` (NaN/inf loss), ``error``
+(invalid configuration or a crash), ``interrupted`` (Ctrl-C). Exit codes as in DESIGN.md.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from transformer_lab.errors import (
+    EXIT_FAILED,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    ConfigError,
+    Diverged,
+)
+from transformer_lab.results.console import print_error
+from transformer_lab.results.run_directory import SUMMARY_COLUMNS, RunDirectory
+
+
+def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
+    """The component choices and sizes of ``cfg`` plus the routine's numbers."""
+    m = cfg.model
+    row = {
+        "routine": cfg.routine.name, "arch": "decoder" if cfg.arch.causal else "encoder",
+        "pe": cfg.pe.get("name"), "norm": cfg.norm.get("name"),
+        "norm_layer": cfg.norm_layer.get("name"), "activation": cfg.activation.get("name"),
+        "d_model": m.d_model, "n_heads": m.n_heads, "n_layers": m.n_layers, "d_ff": m.d_ff,
+        "seq_len": cfg.task.get("seq_len"), "vocab_size": m.vocab_size, "seed": cfg.seed,
+    }
+    row.update(numbers)
+    return row
+
+
+def execute(cfg: DictConfig, run_dir: Path) -> int:
+    """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code."""
+    from transformer_lab.app.validation import validate_config
+    from transformer_lab.routines import get_routine
+    from transformer_lab.training.threads import torch_threads
+
+    try:
+        run = RunDirectory.create(run_dir, cfg)
+    except ConfigError as exc:
+        print_error(str(exc))
+        return EXIT_USAGE
+    status, error, code, numbers = "error", None, EXIT_FAILED, {}
+    try:
+        validate_config(cfg)  # also fills in model.vocab_size from the task
+        with torch_threads(cfg.train.get("threads")):
+            run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
+            outcome = get_routine(cfg.routine.name)(cfg, run)
+        numbers = outcome.summary
+        status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
+        error = None if outcome.passed else outcome.message or None
+    except ConfigError as exc:
+        error, code = str(exc), EXIT_USAGE
+        print_error(error)
+    except Diverged as exc:
+        status, error, code = "diverged", str(exc), EXIT_FAILED
+        print_error(f"run diverged: {exc}; rows so far are kept in {run.path / 'metrics.csv'}")
+    except KeyboardInterrupt:
+        status, error, code = "interrupted", "interrupted by the user", EXIT_INTERRUPTED
+        raise
+    except Exception as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        error = f"{type(exc).__name__}: {exc}"
+        print_error(f"{error} (set HYDRA_FULL_ERROR=1 for the traceback)")
+    finally:
+        run.write_config()
+        row = summary_row(cfg, **numbers, status=status, error=error)
+        run.write_table("summary", [row], SUMMARY_COLUMNS)
+        run.finish(status, error, exit_code=code)
+    return code

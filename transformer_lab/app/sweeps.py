@@ -1,0 +1,341 @@
+"""Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, ``--resume``.
+
+Layout (DESIGN.md)::
+
+    outputs/multirun/<experiment>/<timestamp>/   the sweep directory (hydra.sweep.dir)
+        multirun.yaml                            Hydra: the sweep's config and overrides
+        sweep.csv                                one row per finished job attempt (below)
+        <job>/                                   one run per job (hydra.job.num): run.json, ...
+        <job>.failed-<n>/                        an earlier failed attempt, moved aside by --resume
+
+Each job appends its own row to ``sweep.csv`` when it finishes, in whatever process the launcher
+ran it (joblib worker, submitit/SLURM job): the row is one ``write`` of a full line under an
+exclusive lock, so parallel jobs never interleave. The sweep's exit code is computed in the
+launching process from those recorded statuses (the latest row of each job), so it is right
+whichever process ran the jobs.
+
+``--resume DIR`` runs the sweep recorded in ``DIR/multirun.yaml`` again with
+``hydra.sweep.dir=DIR``: each job looks at its own directory and returns at once if its recorded
+status is ``passed``; a failed, diverged, crashed or interrupted attempt is renamed
+``<job>.failed-<n>`` (never deleted) and the job runs again.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import re
+import shutil
+import socket
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from transformer_lab.results.run_directory import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
+
+try:  # POSIX; elsewhere one O_APPEND write of a whole line is the only guard
+    import fcntl
+except ImportError:  # pragma: no cover
+    fcntl = None
+
+SWEEP_FILE = "sweep.csv"
+RESUME_ENV = "TLAB_RESUME"  # set in the jobs of a --resume sweep through hydra.job.env_set
+SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *NUMBER_COLUMNS,
+                 "error", "run_dir", "host", "end_time"]
+_STATUS_CODES = {"passed": EXIT_OK, "failed": EXIT_FAILED, "diverged": EXIT_FAILED,
+                 "error": EXIT_FAILED, "interrupted": 130, "running": EXIT_FAILED}
+
+# Sweep directories started in this process (filled by SweepCallback.on_multirun_start).
+STARTED_SWEEPS: list[Path] = []
+
+
+class SweepCallback(Callback):
+    """Registered in ``configs/config.yaml`` (``hydra.callbacks.tlab_sweep``): remembers, in the
+    launching process, where a sweep writes, so ``run.main`` can read the jobs' statuses."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
+        STARTED_SWEEPS.append(sweep_dir)
+
+
+# --- the job side ---------------------------------------------------------------------------
+
+def recorded_status(run_dir: Path) -> str | None:
+    """Status in ``run_dir/run.json``; ``None`` if no run is there; ``"unreadable"`` if broken."""
+    from transformer_lab.results.run_directory import holds_run
+
+    if not holds_run(run_dir):
+        return None
+    try:
+        return str(json.loads((run_dir / "run.json").read_text())["status"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return "unreadable"
+
+
+def move_aside(run_dir: Path) -> Path:
+    """Rename the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n).
+
+    ``.hydra`` is copied (Hydra has already written this attempt's copy) and ``*.log`` files are
+    copied and stay, because the job's log handler is writing to them."""
+    n = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.failed-{n}")).exists():
+        n += 1
+    target.mkdir()
+    for entry in list(run_dir.iterdir()):
+        if entry.name == ".hydra" and entry.is_dir():
+            shutil.copytree(entry, target / entry.name)
+        elif entry.suffix == ".log":
+            shutil.copy2(entry, target / entry.name)
+        else:
+            entry.rename(target / entry.name)
+    return target
+
+
+def previous_attempts(run_dir: Path) -> int:
+    return sum(1 for p in run_dir.parent.glob(f"{run_dir.name}.failed-*")
+               if is_failed_attempt_dir(p))
+
+
+def _read_one_row(path: Path) -> dict[str, str]:
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return next(csv.DictReader(f), {}) or {}
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return {}
+
+
+def job_row(job: int | str, attempt: int, overrides: list[str], run_dir: Path,
+            exit_code: int) -> dict[str, Any]:
+    """The ``sweep.csv`` row of one finished job, read back from the files the run wrote."""
+    info = read_json(run_dir / "run.json")
+    summary = _read_one_row(run_dir / "summary.csv")
+    row: dict[str, Any] = {key: summary.get(key, "") for key in NUMBER_COLUMNS}
+    row.update(job=job, attempt=attempt, status=info.get("status", summary.get("status", "")),
+               exit_code=exit_code, overrides=" ".join(overrides),
+               error=info.get("error") or summary.get("error") or "",
+               run_dir=run_dir.name, host=socket.gethostname(),
+               end_time=info.get("end_time") or datetime.now(timezone.utc).isoformat())
+    return row
+
+
+def append_row(sweep_csv: Path, row: dict[str, Any]) -> None:
+    """Append one row (and the header if the file is new) with a single locked write."""
+    sweep_csv.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(sweep_csv, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        buffer = io.StringIO()
+        writer = csv.DictWriter(buffer, fieldnames=SWEEP_COLUMNS, extrasaction="ignore",
+                                lineterminator="\n")
+        if os.fstat(fd).st_size == 0:
+            writer.writeheader()
+        writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in SWEEP_COLUMNS})
+        os.write(fd, buffer.getvalue().encode("utf-8"))
+    finally:
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -> int:
+    """Run one job of a sweep (inside the Hydra job): resume logic, then ``sweep.csv``."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer_lab.results.console import console
+
+    hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
+    sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
+    overrides = list(hydra_cfg.overrides.task)
+    job = hydra_cfg.job.get("num", run_dir.name)
+    if os.environ.get(RESUME_ENV) == "1":
+        previous = recorded_status(run_dir)
+        if previous == "passed":
+            console.print(f"job {job} ({' '.join(overrides)}) passed in an earlier attempt: "
+                          "skipped")
+            return EXIT_OK
+        if previous is not None:
+            moved = move_aside(run_dir)
+            console.print(f"job {job}: earlier attempt ({previous}) kept in {moved}; running it "
+                          "again")
+    attempt = previous_attempts(run_dir) + 1
+    code = execute(cfg, run_dir)
+    append_row(sweep_dir / SWEEP_FILE, job_row(job, attempt, overrides, run_dir, code))
+    return code
+
+
+# --- the launching side ---------------------------------------------------------------------
+
+def read_sweep_csv(sweep_dir: Path) -> list[dict[str, str]]:
+    """Rows of ``sweep.csv`` (empty if missing); a malformed line is skipped."""
+    path = sweep_dir / SWEEP_FILE
+    if not path.exists():
+        return []
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            return [row for row in csv.DictReader(f) if row.get("job")]
+    except (OSError, csv.Error, UnicodeDecodeError):
+        return []
+
+
+def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
+    """The last recorded row of each job (a resumed job's new attempt replaces the old one)."""
+    return {row["job"]: row for row in read_sweep_csv(sweep_dir)}
+
+
+def _code_of(row: dict[str, str]) -> int:
+    try:
+        return int(row.get("exit_code", ""))
+    except ValueError:
+        return _STATUS_CODES.get(row.get("status", ""), EXIT_FAILED)
+
+
+def sweep_exit_code(sweep_dir: Path) -> int:
+    """Worst exit code over the sweep's jobs: their latest ``sweep.csv`` rows, plus job folders
+    that hold a run but no row (a job killed before it could record one)."""
+    rows = latest_rows(sweep_dir)
+    codes = [_code_of(row) for row in rows.values()]
+    if sweep_dir.is_dir():
+        for job_dir in sweep_dir.iterdir():
+            if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir):
+                status = recorded_status(job_dir)
+                if status is not None:
+                    info = read_json(job_dir / "run.json")
+                    code = info.get("exit_code")
+                    codes.append(code if isinstance(code, int)
+                                 else _STATUS_CODES.get(status, EXIT_FAILED))
+    return max(codes, default=EXIT_OK)
+
+
+def print_sweep_summary(sweep_dir: Path, max_rows: int = 30) -> None:
+    """A rich table of the sweep's jobs (latest attempt each), or counts and failures if big."""
+    from rich.table import Table
+
+    from transformer_lab.results.console import console
+
+    rows = sorted(latest_rows(sweep_dir).values(),
+                  key=lambda r: int(r["job"]) if r["job"].isdigit() else 10**9)
+    if not rows:
+        return
+    counts: dict[str, int] = {}
+    for row in rows:
+        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    shown = rows if len(rows) <= max_rows else [r for r in rows if r["status"] != "passed"]
+    table = Table(title=f"sweep {sweep_dir}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
+    for column in ("job", "overrides", "status", "final_loss", "best_exact_match", "error"):
+        table.add_column(column, overflow="fold")
+    colours = {"passed": "green"}
+    for row in shown[:max_rows]:
+        colour = colours.get(row["status"], "bold red")
+        table.add_row(row["job"], row["overrides"], f"[{colour}]{row['status']}[/]",
+                      row.get("final_loss", ""), row.get("best_exact_match", ""),
+                      (row.get("error") or "")[:120])
+    console.print(table)
+    console.print(f"sweep.csv: {sweep_dir / SWEEP_FILE}  (tlab report {sweep_dir})")
+
+
+# --- --resume -------------------------------------------------------------------------------
+
+def pop_resume(args: list[str]) -> tuple[list[str], Path | None]:
+    """Take ``--resume DIR`` / ``--resume=DIR`` out of the arguments."""
+    rest, resume, i = [], None, 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "--resume":
+            if i + 1 >= len(args):
+                raise ConfigError("--resume needs a sweep directory, e.g. --resume "
+                                  "outputs/multirun/smoke/2026-01-01_12-00-00-000000")
+            resume, i = Path(args[i + 1]), i + 2
+            continue
+        if arg.startswith("--resume="):
+            resume = Path(arg.split("=", 1)[1])
+        else:
+            rest.append(arg)
+        i += 1
+    return rest, resume
+
+
+def _key(override: str) -> str:
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _is_hydra_override(override: str) -> bool:
+    key = _key(override)
+    return key == "hydra" or key.startswith(("hydra.", "hydra/"))
+
+
+def quote_value(value: str) -> str:
+    """A path as a Hydra override value (quoted when it has characters the grammar reserves)."""
+    if re.fullmatch(r"[\w./~@%+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+_DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode",
+                      f"hydra.job.env_set.{RESUME_ENV}")
+
+
+def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
+    """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it.
+
+    ``args`` may repeat the recorded overrides (or a subset, e.g. the ``experiment=`` a command
+    adds) and may change Hydra settings such as the launcher; a task override that is not part
+    of the recorded sweep is refused."""
+    from transformer_lab.app.arguments import split_arguments
+
+    recorded_file = sweep_dir / "multirun.yaml"
+    if not sweep_dir.is_dir():
+        raise ConfigError(f"--resume {sweep_dir}: no such directory")
+    if not recorded_file.exists():
+        raise ConfigError(f"--resume {sweep_dir}: no multirun.yaml there, so it is not a sweep "
+                          "directory (resume the folder that holds sweep.csv and the job folders)")
+    try:
+        recorded = OmegaConf.load(recorded_file).hydra.overrides
+        recorded_task = [str(o) for o in recorded.task]
+        recorded_hydra = [str(o) for o in recorded.hydra]
+    except Exception as exc:
+        raise ConfigError(f"--resume {sweep_dir}: multirun.yaml is unreadable "
+                          f"({type(exc).__name__})") from None
+    flags, overrides = split_arguments(args)
+    user_task = [o for o in overrides if not _is_hydra_override(o)]
+    user_hydra = [o for o in overrides if _is_hydra_override(o)]
+    foreign = [o for o in user_task if o not in recorded_task]
+    if foreign:
+        raise ConfigError(f"--resume {sweep_dir}: {' '.join(foreign)} is not part of the sweep "
+                          f"recorded there ({' '.join(recorded_task)}); give the same overrides "
+                          "or none")
+    for override in user_hydra:
+        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
+            raise ConfigError(f"--resume {sweep_dir} already names the sweep directory; drop "
+                              f"'{override}' (or --out)")
+    # a launcher (sweeper) chosen now replaces the recorded one and the settings made for it
+    replaced = tuple(f"hydra.{_key(o).split('/', 1)[1]}." for o in user_hydra
+                     if _key(o) in ("hydra/launcher", "hydra/sweeper"))
+    hydra_overrides = {_key(o): o for o in recorded_hydra
+                       if _key(o) not in _DROPPED_ON_RESUME and not _key(o).startswith(replaced)}
+    hydra_overrides.update({_key(o): o for o in user_hydra})
+    flags = [f for f in flags if f not in ("-m", "--multirun")]
+    return ["--multirun", *flags, *recorded_task, *hydra_overrides.values(),
+            f"hydra.sweep.dir={quote_value(str(sweep_dir))}",
+            f"+hydra.job.env_set.{RESUME_ENV}=1"]
+
+
+def keep_multirun_yaml(sweep_dir: Path) -> None:
+    """Hydra rewrites ``multirun.yaml`` on every launch: keep the earlier one as
+    ``multirun-<n>.yaml`` before a resume."""
+    source = sweep_dir / "multirun.yaml"
+    if not source.exists():
+        return
+    n = 1
+    while (target := sweep_dir / f"multirun-{n}.yaml").exists():
+        n += 1
+    shutil.copy2(source, target)
+

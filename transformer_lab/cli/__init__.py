@@ -1,0 +1,45 @@
+"""The ``tlab`` command line (Typer): one module per command in this package.
+
+A command turns its options into Hydra overrides and hands them to the Hydra app
+(:mod:`transformer_lab.app`); see ``docs/architecture.md``.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from transformer_lab.cli import extrapolate, listing, run, smoke
+from transformer_lab.cli import report as report_command
+from transformer_lab.cli.budget import budget as budget_command
+from transformer_lab.cli.check import check as check_command
+from transformer_lab.cli.common import pass_hydra_flags
+from transformer_lab.cli.compare_activations import compare_activations
+from transformer_lab.cli.plot_pe import plot_pe as plot_pe_command
+from transformer_lab.cli.reverse_task import reverse_task
+from transformer_lab.cli.validate import validate
+
+app = typer.Typer(
+    name="tlab",
+    help="tlab: check and compare Transformer components (positional encodings, FFN "
+    "activations, normalisation) on small models. Results go to CSV tables and PNG plots.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+app.command("smoke")(smoke.smoke)
+app.command("run", context_settings=run.CONTEXT)(run.run)
+app.command("list")(listing.list_choices)
+app.command("report")(report_command.report)
+app.command("extrapolate")(extrapolate.extrapolate)
+app.command("budget")(budget_command)
+app.command("check")(check_command)
+app.command("plot-pe")(plot_pe_command)
+app.command("reverse-task")(reverse_task)
+app.command("compare-activations")(compare_activations)
+app.command("validate")(validate)
+pass_hydra_flags(app)  # after every app.command: --cfg job, --info ... on each command
+
+
+if __name__ == "__main__":
+    app()

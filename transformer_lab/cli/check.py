@@ -1,0 +1,31 @@
+"""``tlab check``: correctness checks of the positional encodings."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from transformer_lab.cli.common import Multirun, Out, Overrides, Resume, launch
+
+
+def check(
+    overrides: Overrides = None,
+    pe: Annotated[str | None, typer.Option("--pe", help="Only this PE's checks (default: all "
+                                           "PEs with checks).")] = None,
+    trained: Annotated[bool, typer.Option("--trained", help="Also run the swap test on a "
+                                          "model just trained on reversal.")] = False,
+    steps: Annotated[int | None, typer.Option(help="Training steps for --trained (default "
+                                              "300).")] = None,
+    multirun: Multirun = False,
+    out: Out = None,
+    resume: Resume = None,
+) -> None:
+    """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).
+
+    RoPE relative-position and pairing checks, the sinusoidal shift map, NoPE permutation
+    equivariance and the seed's swap test (--trained: also after training on reversal).
+    """
+    options = {"pe": pe, "routine.pe": pe, "routine.trained": trained or None,
+               "routine.train_steps": steps}
+    launch("check", options, overrides, multirun, out, resume=resume)

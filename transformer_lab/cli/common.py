@@ -1,0 +1,79 @@
+"""Options shared by the commands, and the one way every command runs: the Hydra app."""
+
+from __future__ import annotations
+
+from inspect import signature
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+
+Overrides = Annotated[
+    list[str] | None,
+    typer.Argument(help="Hydra overrides, e.g. model.d_model=16 train.lr=3e-3 (sweeps with -m).",
+                   show_default=False),
+]
+Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Run a Hydra sweep over the "
+                                        "comma-separated values in the overrides.")]
+Out = Annotated[Path | None, typer.Option("--out", help="Run directory (sweep directory with "
+                                          "-m); it must not already hold a run.")]
+Resume = Annotated[Path | None, typer.Option(
+    "--resume", help="Re-run the sweep in this directory: jobs that passed are skipped, missing "
+    "or failed ones run again (a failed attempt is renamed <job>.failed-<n>, never deleted).",
+    show_default=False)]
+Pe = Annotated[str | None, typer.Option("--pe", help="Positional encoding (tlab list).")]
+Norm = Annotated[str | None, typer.Option("--norm", help="Norm placement: post, pre, sandwich, "
+                                          "deepnorm.")]
+Activation = Annotated[str | None, typer.Option("--activation", help="FFN activation (tlab list).")]
+Arch = Annotated[str | None, typer.Option("--arch", help="encoder or decoder.")]
+Seeds = Annotated[int | None, typer.Option(
+    "--seeds", min=1, help="Seeds seed..seed+N-1 (routine.seeds, default 1), trained together: "
+    "one vectorised model where that pays, each seed with the numbers of a run of its own.",
+    show_default=False)]
+ConfigDir = Annotated[Path | None, typer.Option(
+    "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "
+    "to tlab's (tlab's own file wins where a name is in both); choose from it as usual "
+    "(pe=my_pe).", show_default=False)]
+
+
+def pass_hydra_flags(app: typer.Typer) -> None:
+    """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
+    ``--info``, ...): Click hands an option it does not know to the overrides argument, and
+    ``preflight`` refuses one that is not Hydra's. Call after all commands are registered."""
+    for info in app.registered_commands:
+        if info.callback is not None and "overrides" in signature(info.callback).parameters:
+            info.context_settings = {"ignore_unknown_options": True,
+                                     **(info.context_settings or {})}
+
+
+def hydra_list(text: str | None) -> str | None:
+    """``"1x, 2x,4x"`` -> ``"[1x,2x,4x]"`` (a Hydra list override value); None stays None."""
+    if text is None:
+        return None
+    return "[" + ",".join(item.strip() for item in text.split(",") if item.strip()) + "]"
+
+
+def overrides_from(options: dict[str, object]) -> list[str]:
+    """``{"pe": "rope", "norm": None}`` -> ``["pe=rope"]`` (None values are left out)."""
+    return [f"{key}={value}" for key, value in options.items() if value is not None]
+
+
+def launch(experiment: str, options: dict[str, object], overrides: list[str] | None,
+           multirun: bool = False, out: Path | None = None,
+           resume: Path | None = None, config_dir: Path | None = None) -> NoReturn:
+    """Run ``experiment`` through the Hydra app and exit with its code.
+
+    ``resume``: an earlier sweep directory to complete (``--resume``; implies ``-m``)."""
+    args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
+    if resume is not None:
+        args += ["--resume", str(resume)]
+        multirun = True
+    if out is not None:
+        args.append(f"hydra.{'sweep' if multirun else 'run'}.dir={out}")
+    if multirun:
+        args.append("--multirun")
+    if config_dir is not None:
+        args += ["--config-dir", str(config_dir)]
+    from transformer_lab.app.hydra_app import main
+
+    raise typer.Exit(main(args))

@@ -1,0 +1,49 @@
+"""``tlab compare-activations``: step 4 of the validation routine, FFN activations side by side."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from transformer_lab.cli.common import (
+    Arch,
+    ConfigDir,
+    Multirun,
+    Norm,
+    Out,
+    Overrides,
+    Pe,
+    Resume,
+    Seeds,
+    hydra_list,
+    launch,
+)
+
+Activations = Annotated[str | None, typer.Option(
+    "--activations", help="Comma-separated choices of the activation group, e.g. "
+    "relu,gelu,swish,leaky_relu (default relu,gelu; tlab list).", show_default=False)]
+Steps = Annotated[int | None, typer.Option(
+    "--steps", min=1, help="Training steps per activation and seed (default 200).",
+    show_default=False)]
+
+
+def compare_activations(
+    overrides: Overrides = None,
+    activations: Activations = None,
+    steps: Steps = None,
+    seeds: Seeds = None,
+    pe: Pe = None,
+    norm: Norm = None,
+    arch: Arch = None,
+    config_dir: ConfigDir = None,
+    multirun: Multirun = False,
+    out: Out = None,
+    resume: Resume = None,
+) -> None:
+    """Train the same model with each activation (same init seed, same batches) on the
+    synthetic language task; writes comparison.csv and loss_curves.png."""
+    options = {"routine.activations": hydra_list(activations), "routine.steps": steps,
+               "routine.seeds": seeds, "pe": pe, "norm": norm, "arch": arch}
+    launch("compare_activations", options, overrides, multirun, out, resume=resume,
+           config_dir=config_dir)

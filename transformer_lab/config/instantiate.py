@@ -1,0 +1,60 @@
+"""From a config group to an object: ``_target_`` instantiation with one-line errors, and the
+task of a config.
+
+A group's node is ``{_target_: dotted.path, name: label, **keyword arguments}``; ``name`` is a
+label for tables and messages, not an argument.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.config.hydra_adapter import locate
+from transformer_lab.errors import ConfigError
+
+_HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")
+
+
+def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
+    """The node of config group ``group`` as a plain dict with interpolations resolved."""
+    return OmegaConf.to_container(cfg[group], resolve=True)
+
+
+def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
+    """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
+
+    Flat specs are built directly (``_target_(**spec, **kwargs)``, or a partial with
+    ``_partial_``); anything richer goes through ``hydra.utils.instantiate``. Any failure
+    (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
+    """
+    spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
+    name = spec.pop("name", spec.get("_target_"))
+    try:
+        nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
+        if nested or any(key in spec for key in _HYDRA_KEYS):
+            from hydra.utils import instantiate
+
+            return instantiate(spec, **kwargs)
+        target = locate(spec.pop("_target_"))
+        partial = spec.pop("_partial_", False)
+        return functools.partial(target, **spec, **kwargs) if partial else target(**spec, **kwargs)
+    except Exception as exc:
+        while exc.__cause__ is not None:
+            exc = exc.__cause__
+        message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+        raise ConfigError(f"{group}={name}: {message}") from exc
+
+
+def build_task(cfg: DictConfig) -> Any:
+    """Instantiate ``cfg.task`` and copy its vocabulary size into ``cfg.model.vocab_size``."""
+    from transformer_lab.tasks.language import LanguageModelTask
+
+    task = instantiate_component(cfg, "task")
+    if isinstance(task, LanguageModelTask) and not cfg.arch.causal:
+        raise ConfigError(f"task={cfg.task.name} is next-token prediction and needs "
+                          "arch=decoder (an encoder would see the token it must predict)")
+    cfg.model.vocab_size = task.vocab_size
+    return task

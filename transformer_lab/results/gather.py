@@ -1,0 +1,229 @@
+"""Reading the runs under a folder for ``tlab report`` (``report.py``): which folders are runs,
+their ``summary.csv``, ``metrics.csv`` loss curves, ``run.json`` status and Hydra overrides, and
+which settings were swept (keys whose value differs between runs; see ``report.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.results.run_directory import (
+    SETTING_COLUMNS,
+    holds_run,
+    is_failed_attempt_dir,
+    read_json,
+)
+
+# The summary numbers (results.NUMBER_COLUMNS) summarised over seeds, in the report's column
+# order; a column absent from every run is left out.
+METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "wall_s",
+           "tokens_per_s"]
+_NOT_GROUPED = {"seed"}
+_SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
+_CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
+               OSError)
+
+
+@dataclass
+class Gathered:
+    """The runs under a folder, ready to summarise."""
+
+    root: Path
+    runs: pd.DataFrame                     # one row per run (and per summary.csv row)
+    curves: pd.DataFrame                   # run_dir, step, loss: the training-loss rows
+    group_keys: list[str]                  # swept keys the pivot groups by (seed excluded)
+    swept_keys: list[str]                  # every key that varies, seed included
+    skipped: list[tuple[Path, str]] = field(default_factory=list)  # unreadable files, why
+    superseded: int = 0                    # <job>.failed-<n> folders left out
+
+
+
+
+def find_run_dirs(root: Path) -> tuple[list[Path], int]:
+    """Run folders under ``root`` (``root`` itself included) and the count of superseded ones.
+
+    The walk does not go into a run folder, Hydra's own folders or ``<job>.failed-<n>``."""
+    runs, superseded = [], 0
+    for current, dirs, _files in os.walk(root):
+        path = Path(current)
+        if holds_run(path):
+            runs.append(path)
+            dirs[:] = []
+            continue
+        kept = []
+        for name in sorted(dirs):
+            if name in _SKIPPED_DIRS:
+                continue
+            if is_failed_attempt_dir(path / name):
+                superseded += 1
+                continue
+            kept.append(name)
+        dirs[:] = kept
+    return sorted(runs, key=_natural_key), superseded
+
+
+def _natural_key(path: Path) -> list[Any]:
+    return [int(part) if part.isdigit() else part for part in path.parts]
+
+
+def _load_yaml(path: Path) -> Any:
+    from omegaconf import OmegaConf
+
+    try:
+        return OmegaConf.load(path) if path.exists() else None
+    except Exception:
+        return None
+
+
+def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
+    """(task overrides as key -> raw value, group choices and job number) from ``.hydra``."""
+    overrides: dict[str, str] = {}
+    listed = _load_yaml(run_dir / ".hydra" / "overrides.yaml")
+    for item in listed or []:
+        key, _, value = str(item).partition("=")
+        overrides[key.lstrip("+~")] = value
+    hydra_cfg = _load_yaml(run_dir / ".hydra" / "hydra.yaml")
+    extra: dict[str, Any] = {}
+    if hydra_cfg is not None:
+        from omegaconf import OmegaConf
+
+        choices = OmegaConf.select(hydra_cfg, "hydra.runtime.choices")
+        extra["choices"] = {str(k): v for k, v in (choices or {}).items()}
+        extra["job"] = OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
+    return overrides, extra
+
+
+def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
+    from omegaconf import OmegaConf
+
+    if run_dir not in cache:
+        cache[run_dir] = _load_yaml(run_dir / "config.yaml")
+    cfg = cache[run_dir]
+    if cfg is None:
+        return None
+    try:
+        value = OmegaConf.select(cfg, key, default=None)
+    except Exception:
+        return None
+    return value if value is None or isinstance(value, str | int | float | bool) else str(value)
+
+
+def read_summary(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``summary.csv`` (raises a ``_CSV_ERRORS`` member if the file is corrupt), or a
+    row made from ``run.json`` for a run that has not written its summary yet."""
+    path = run_dir / "summary.csv"
+    info = read_json(run_dir / "run.json")
+    if path.exists():
+        table = pd.read_csv(path)
+        if table.empty:
+            raise ValueError("no rows")
+        if "status" not in table.columns:
+            raise ValueError("no 'status' column")
+        return table.to_dict("records")
+    return [{"status": info.get("status", "unknown"), "seed": info.get("seed"),
+             "routine": info.get("routine"), "error": info.get("error")}]
+
+
+def read_curve(run_dir: Path) -> pd.DataFrame | None:
+    """Training-loss rows (step, loss) of ``metrics.csv``; ``None`` if absent."""
+    path = run_dir / "metrics.csv"
+    if not path.exists():
+        return None
+    table = pd.read_csv(path)
+    if not {"step", "loss"} <= set(table.columns):
+        raise ValueError("no 'step'/'loss' columns")
+    if "split" in table.columns:
+        table = table[table["split"] == "train"]
+    table = table.assign(step=pd.to_numeric(table["step"], errors="coerce"),
+                         loss=pd.to_numeric(table["loss"], errors="coerce"))
+    return table[["step", "loss"]].dropna()
+
+
+def _reason(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}"[:160] if text else type(exc).__name__
+
+
+def gather(root: Path) -> Gathered:
+    """Read every run under ``root``. Raises ``ConfigError`` if there is none to read."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ConfigError(f"'{root}' is not a directory; give a sweep or a folder of runs")
+    run_dirs, superseded = find_run_dirs(root)
+    if not run_dirs:
+        raise ConfigError(f"no runs under '{root}' (a run is a folder with run.json, "
+                          "summary.csv or metrics.csv)")
+    rows: list[dict[str, Any]] = []
+    curves: list[pd.DataFrame] = []
+    skipped: list[tuple[Path, str]] = []
+    overrides_by_run: dict[str, dict[str, str]] = {}
+    choices_by_run: dict[str, dict[str, Any]] = {}
+    for run_dir in run_dirs:
+        name = str(run_dir.relative_to(root)) if run_dir != root else "."
+        try:
+            summary_rows = read_summary(run_dir)
+        except _CSV_ERRORS as exc:
+            skipped.append((run_dir / "summary.csv", _reason(exc)))
+            continue
+        try:
+            curve = read_curve(run_dir)
+            if curve is not None and not curve.empty:
+                curves.append(curve.assign(run_dir=name))
+        except _CSV_ERRORS as exc:
+            skipped.append((run_dir / "metrics.csv", _reason(exc) + " (loss curve left out)"))
+        overrides, extra = hydra_settings(run_dir)
+        overrides_by_run[name] = overrides
+        choices_by_run[name] = extra.get("choices", {})
+        info = read_json(run_dir / "run.json")
+        for summary in summary_rows:
+            row = {"run_dir": name, "job": extra.get("job"), **summary}
+            if pd.isna(row.get("status")):
+                row["status"] = info.get("status", "unknown")
+            rows.append(row)
+    if not rows:
+        raise ConfigError(f"no readable runs under '{root}': "
+                          + "; ".join(f"{p}: {why}" for p, why in skipped))
+    runs = pd.DataFrame(rows)
+    swept = _swept_keys(root, runs, overrides_by_run, choices_by_run)
+    for key, values in swept.items():
+        runs[key] = runs["run_dir"].map(values)
+    for metric in METRICS:
+        if metric in runs.columns:
+            runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
+    curve_table = (pd.concat(curves, ignore_index=True) if curves
+                   else pd.DataFrame(columns=["step", "loss", "run_dir"]))
+    group_keys = [k for k in swept if k not in _NOT_GROUPED]
+    return Gathered(root, runs, curve_table, group_keys, list(swept), skipped, superseded)
+
+
+def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],
+                choices_by_run: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """key -> {run_dir: value} for every key whose value differs between runs."""
+    config_cache: dict[Path, Any] = {}
+    keys = sorted({k for overrides in overrides_by_run.values() for k in overrides},
+                  key=lambda k: (k == "seed", k))
+    swept: dict[str, dict[str, Any]] = {}
+    for key in keys:
+        values: dict[str, Any] = {}
+        for name, overrides in overrides_by_run.items():
+            run_dir = root / name
+            if key in choices_by_run[name]:
+                value = choices_by_run[name][key]
+            else:
+                value = _config_value(run_dir, key, config_cache)
+                if value is None:
+                    value = overrides.get(key)
+            values[name] = value
+        if len({str(v) for v in values.values()}) > 1:
+            swept[key] = values
+    if not [k for k in swept if k not in _NOT_GROUPED]:  # no Hydra overrides tell: use choices
+        for column in SETTING_COLUMNS:
+            if column in runs.columns and runs[column].astype(str).nunique() > 1:
+                swept[column] = dict(zip(runs["run_dir"], runs[column], strict=False))
+    return swept

@@ -1,0 +1,259 @@
+"""``tlab report DIR``: gather every run under a folder (a sweep, or any folder of runs) into one
+table, a pivot over the swept settings, and plots.
+
+A run is a folder holding ``run.json``, ``summary.csv`` or ``metrics.csv`` (``results.py``). For
+each run the report reads ``summary.csv`` (one row per run: choices, sizes, numbers, status),
+``run.json`` (the status of a run that has not finished: partial sweeps work) and Hydra's
+``.hydra/overrides.yaml`` + ``.hydra/hydra.yaml`` (the overrides and group choices it ran with).
+
+Swept keys are the override keys whose value differs between runs (a group key such as ``pe``
+takes the group's choice, a value key such as ``model.n_heads`` the resolved config value, so a
+run that left a key at its default still gets a value). The pivot groups the runs by the swept
+keys other than ``seed`` and gives, per group, the number of runs, how many passed and
+``mean ± std`` over the seeds of each summary number (sample std, ddof=1).
+
+Files (into DIR or ``--out``; an earlier report is never overwritten: the first report is
+``report.*``, later ones ``report-2.*``, ``report-3.*``, ...):
+
+    report.csv              one row per run: run_dir, job, status, swept keys, summary columns
+    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed)
+    report.md               the pivot as a markdown table, plus failed and skipped runs
+    report-<metric>.png     the final metric per group (mean, std error bars)
+    report-loss.png         training-loss curves, one line per group (mean over seeds, std band)
+
+Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
+A run whose ``summary.csv`` cannot be parsed is skipped and named; an unreadable ``metrics.csv``
+only drops that run's loss curve.
+
+Files: ``report_gather.py`` reads the runs and finds the swept keys; this file summarises them,
+plots and writes the report.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.results.gather import METRICS, Gathered, gather
+
+
+@dataclass
+class Report:
+    gathered: Gathered
+    pivot: pd.DataFrame
+    metric: str | None
+    files: list[Path]
+
+
+# --- summarising ----------------------------------------------------------------------------
+
+def metrics_present(runs: pd.DataFrame) -> list[str]:
+    return [m for m in METRICS if m in runs.columns and runs[m].notna().any()]
+
+
+def pivot_table(gathered: Gathered) -> pd.DataFrame:
+    """One row per group of the swept keys (seed excluded): counts and mean/std of metrics."""
+    runs = gathered.runs.copy()
+    keys = gathered.group_keys
+    if not keys:
+        runs["group"] = "all runs"
+        keys = ["group"]
+    for key in keys:
+        runs[key] = runs[key].astype(str)
+    metrics = metrics_present(runs)
+    grouped = runs.groupby(keys, sort=False, dropna=False)
+    table = grouped.agg(n_runs=("run_dir", "size"),
+                        n_passed=("status", lambda s: int((s == "passed").sum())))
+    if "seed" in runs.columns:
+        table["seeds"] = grouped["seed"].agg(
+            lambda s: ",".join(str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
+                               for v in sorted(s.dropna().unique())))
+    for metric in metrics:
+        table[f"{metric}_mean"] = grouped[metric].mean()
+        table[f"{metric}_std"] = grouped[metric].std(ddof=1)
+        table[f"{metric}_n"] = grouped[metric].count()  # runs that have it (e.g. solved ones)
+    return table.reset_index()
+
+
+def mean_std(mean: float, std: float) -> str:
+    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+        return "–"
+    if std is None or (isinstance(std, float) and math.isnan(std)) or std == 0:
+        return f"{mean:.4g}"
+    return f"{mean:.4g} ± {std:.2g}"
+
+
+def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tuple[list[str],
+                                                                                   list[list[str]]]:
+    header = [*keys, "runs", "passed", *(["seeds"] if "seeds" in pivot.columns else []),
+              *metrics]
+    body = []
+    for _, row in pivot.iterrows():
+        cells = [str(row[k]) for k in keys] + [str(row["n_runs"]), str(row["n_passed"])]
+        if "seeds" in pivot.columns:
+            cells.append(str(row["seeds"]))
+        for m in metrics:
+            cell = mean_std(row[f"{m}_mean"], row[f"{m}_std"])
+            if 0 < row[f"{m}_n"] < row["n_runs"]:  # e.g. solved_step of the seeds that solved
+                cell += f" ({row[f'{m}_n']} of {row['n_runs']})"
+            cells.append(cell)
+        body.append(cells)
+    return header, body
+
+
+def markdown_table(header: list[str], body: list[list[str]]) -> str:
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ")
+
+    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
+             "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
+    return "\n".join(lines)
+
+
+def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
+    present = metrics_present(runs)
+    if requested is not None:
+        if requested not in present:
+            raise ConfigError(f"--metric {requested} has no values in these runs; available: "
+                              f"{', '.join(present) or 'none'}")
+        return requested
+    return next((m for m in ("best_exact_match", "final_loss") if m in present), None)
+
+
+def free_prefix(out_dir: Path) -> str:
+    """``report`` or the first ``report-<n>`` whose files do not exist yet."""
+    n = 1
+    while True:
+        prefix = "report" if n == 1 else f"report-{n}"
+        if not any((out_dir / f"{prefix}{suffix}").exists()
+                   for suffix in (".csv", ".md", "-pivot.csv", "-loss.png")):
+            return prefix
+        n += 1
+
+
+# --- plots ----------------------------------------------------------------------------------
+
+def _group_labels(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
+    if not keys:
+        return pd.Series(["all runs"] * len(frame), index=frame.index)
+    return frame[keys].astype(str).apply(
+        lambda row: ", ".join(f"{k}={v}" for k, v in zip(keys, row, strict=False)), axis=1)
+
+
+def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -> Path:
+    from transformer_lab.results.plots import plt, save
+
+    labels = _group_labels(pivot, keys).tolist()
+    means = pivot[f"{metric}_mean"].to_numpy(dtype=float)
+    stds = pivot[f"{metric}_std"].fillna(0.0).to_numpy(dtype=float)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(labels) + 2), 4))
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 3 else 0, ha="right"
+                  if len(labels) > 3 else "center", fontsize=8)
+    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_title(f"{metric} at the end of each run, per choice")
+    return save(fig, path)
+
+
+def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
+    if gathered.curves.empty:
+        return None
+    from transformer_lab.results.plots import distinct_styles, plt, save
+
+    labels = _group_labels(gathered.runs.drop_duplicates("run_dir"), gathered.group_keys)
+    label_of = dict(zip(gathered.runs.drop_duplicates("run_dir")["run_dir"], labels,
+                        strict=False))
+    curves = gathered.curves.assign(group=gathered.curves["run_dir"].map(label_of))
+    groups = list(curves.groupby("group", sort=False))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (group, rows), style in zip(groups, distinct_styles(len(groups)), strict=True):
+        by_step = rows.groupby("step")["loss"]
+        mean, std = by_step.mean(), by_step.std(ddof=1).fillna(0.0)
+        ax.plot(mean.index, mean.to_numpy(), label=str(group), **style)
+        ax.fill_between(mean.index, (mean - std).to_numpy(), (mean + std).to_numpy(),
+                        color=style["color"], alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean over seeds)")
+    ax.set_title("loss curves per group")
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
+
+# --- the report -----------------------------------------------------------------------------
+
+def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None) -> Report:
+    """Gather, summarise and write the report files; return what was written."""
+    gathered = gather(Path(root))
+    chosen = choose_metric(gathered.runs, metric)
+    pivot = pivot_table(gathered)
+    out_dir = Path(out_dir) if out_dir is not None else Path(root)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prefix = free_prefix(out_dir)
+    files = []
+    leading = ["run_dir", "job", "status", *gathered.swept_keys]
+    columns = [c for c in leading if c in gathered.runs.columns]
+    columns += [c for c in gathered.runs.columns if c not in columns]
+    runs_csv = out_dir / f"{prefix}.csv"
+    gathered.runs[columns].to_csv(runs_csv, index=False)
+    pivot_csv = out_dir / f"{prefix}-pivot.csv"
+    pivot.to_csv(pivot_csv, index=False)
+    files += [runs_csv, pivot_csv]
+    keys = gathered.group_keys or ["group"]
+    if chosen is not None:
+        files.append(plot_metric(pivot, gathered.group_keys, chosen,
+                                 out_dir / f"{prefix}-{chosen}.png"))
+    curve_png = plot_loss_curves(gathered, out_dir / f"{prefix}-loss.png")
+    if curve_png is not None:
+        files.append(curve_png)
+    md = out_dir / f"{prefix}.md"
+    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files]))
+    files.insert(2, md)
+    return Report(gathered, pivot, chosen, files)
+
+
+def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
+                    files: list[str]) -> str:
+    runs = gathered.runs
+    header, body = display_rows(pivot, keys, metrics_present(runs))
+    counts = runs["status"].value_counts().to_dict()
+    lines = [f"# Report: {gathered.root}", "",
+             f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); "
+             f"grouped by {', '.join(gathered.group_keys) or 'nothing (one group)'}; "
+             "mean ± std over seeds (sample std).", "", markdown_table(header, body), ""]
+    failed = runs[runs["status"] != "passed"]
+    if not failed.empty:
+        keys = [k for k in gathered.swept_keys if k in runs.columns]
+        lines += ["## Runs that did not pass", "",
+                  markdown_table(["run_dir", *keys, "status", "error"],
+                                 [[str(r["run_dir"]), *(str(r[k]) for k in keys),
+                                   str(r["status"]),
+                                   "" if pd.isna(r.get("error")) else str(r.get("error"))]
+                                  for _, r in failed.iterrows()]), ""]
+    if gathered.skipped:
+        lines += ["## Skipped files", ""]
+        lines += [f"- `{path}`: {why}" for path, why in gathered.skipped]
+        lines.append("")
+    if gathered.superseded:
+        lines += [f"{gathered.superseded} superseded attempt(s) (`<job>.failed-<n>`, kept by "
+                  "`--resume`) are not counted.", ""]
+    lines += ["Files: " + ", ".join(f"`{name}`" for name in files), ""]
+    return "\n".join(lines)
+
+
+def rich_table(report: Report):
+    from rich.table import Table
+
+    gathered = report.gathered
+    keys = gathered.group_keys or ["group"]
+    header, body = display_rows(report.pivot, keys, metrics_present(gathered.runs))
+    table = Table(title=f"tlab report - {gathered.root} ({len(gathered.runs)} runs)")
+    for column in header:
+        table.add_column(column, overflow="fold")
+    for row in body:
+        table.add_row(*row)
+    return table

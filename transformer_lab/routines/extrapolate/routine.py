@@ -1,0 +1,287 @@
+"""``tlab extrapolate``: train at one length, evaluate at longer ones (the seed's pitfall 6.2).
+
+For every positional encoding in ``routine.pes`` and every seed, one model is trained on the task
+at ``routine.train_len`` (``task.seq_len``; for ``reverse``/``copy`` under ``arch=decoder`` the
+model sees ``2 * train_len`` positions, ``source SEP target``). The trained model is then
+evaluated, without retraining, on a task made with the same ``data_seed`` at each length of
+``routine.eval_lens`` (``"2x"`` = twice ``train_len``, ``24`` = 24 tokens): held-out loss, token
+accuracy and (reverse/copy) exact match by greedy decoding.
+
+RoPE models are evaluated once per entry of ``routine.scalings`` (context-extension remedies,
+see :func:`transformer_lab.components.positional.rope_inverse_frequencies`), with
+``original_max_len`` = the training model length ``L`` and, at an evaluation length ``L'``:
+
+======================= =================================================================
+entry                   what the model's RoPE becomes at ``L'``
+======================= =================================================================
+``none``                unchanged: plain extrapolation
+``linear``              position interpolation (Chen et al. 2023): ``theta_i / s``
+``ntk``                 NTK-aware base ``base * s^(d/(d-2))`` (bloc97 2023)
+``dynamic``             dynamic NTK: ``s`` recomputed from the current length (factor 1)
+``yarn``                YaRN (Peng et al. 2023): per-pair ramp + attention temperature
+``base:N``              a plain larger base ``N`` (e.g. 500000, the LLaMA 3 value)
+======================= =================================================================
+
+with ``s = max(1, L'/L)`` unless a factor is written after a colon (``yarn:4``). Positional
+encodings without a ``scaling`` setting (sinusoidal, learned, ALiBi, T5, NoPE) are evaluated as
+trained (``scaling=none``) only. Training with a larger base from the start is ``pe.base=500000``.
+
+With ``routine.finetune_steps > 0`` each (model, scaling) pair is also fine-tuned for that many
+steps at every evaluation length longer than ``train_len`` and evaluated again (the position
+interpolation recipe: PI + a short fine-tune; with ``none`` it is plain fine-tuning at the longer
+length, the paper's baseline).
+
+Every model is built for its training length: ``model.max_len`` (the learned table size) is the
+training model length unless ``routine.max_len`` is set. A learned table asked for positions it
+does not have (``pe.interpolate=false``) cannot be evaluated there: its rows in
+``extrapolation.csv`` get ``status=error`` and the reason, the other encodings still run (this is
+the seed's "learned PE fails past its max length"). Bad requests stop the run before anything is
+trained (``ConfigError``, exit 2): an evaluation length below 1, an unknown scaling, a factor
+<= 0, a scaling with no RoPE encoding in ``routine.pes``, a length the task cannot generate.
+
+Writes ``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`, one row per pe, scaling, seed,
+evaluation length and fine-tune setting), ``extrapolation.png`` (metric vs length per encoding)
+and the training rows of every model in ``metrics.csv`` (tagged with ``pe``, ``scaling``,
+``seed``, ``phase``).
+
+Files: ``extrapolation_plan.py`` reads and checks ``cfg.routine`` (the plan), this file trains and
+evaluates, ``extrapolation_report.py`` makes the curves, the plot and the terminal table.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.config.instantiate import build_task, instantiate_component
+from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.results.console import console, print_warning
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
+from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines.extrapolate.plan import Plan, Scaling, make_plan, supports_scaling
+from transformer_lab.routines.extrapolate.tables import (
+    EXTRAPOLATION_COLUMNS,
+    plot_extrapolation,
+    results_table,
+)
+from transformer_lab.tasks import Task
+from transformer_lab.training.trainer import Trainer, count_parameters, evaluate_model
+
+# --------------------------------------------------------------------------------------------
+# configs, tasks and models per length
+
+
+def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | None) -> DictConfig:
+    """A copy of ``cfg`` with PE ``node`` and ``task.seq_len = seq_len``; ``model.max_len`` is
+    ``max_len`` when given (the training model length for the models this routine builds)."""
+    out = copy.deepcopy(cfg)
+    with_flag = OmegaConf.is_struct(out)
+    OmegaConf.set_struct(out, False)
+    out.pe = copy.deepcopy(node)
+    out.task.seq_len = seq_len
+    if max_len is not None:
+        out.model.max_len = max_len
+    OmegaConf.set_struct(out, with_flag)
+    return out
+
+
+def task_at(cfg: DictConfig, seq_len: int, what: str) -> Task:
+    """The task at ``seq_len`` (same ``data_seed``); a task that cannot make it is a
+    ``ConfigError`` naming ``what`` (e.g. "evaluation length 64")."""
+    try:
+        return build_task(config_for(cfg, cfg.pe, seq_len, None))
+    except ConfigError as exc:
+        raise ConfigError(f"{what} ({seq_len} tokens) cannot be generated: {exc}") from None
+
+
+def tasks_by_length(cfg: DictConfig, plan: Plan) -> dict[int, Task]:
+    """The training task and one task per evaluation length, all with the same ``data_seed``
+    (the held-out split is the same hash rule at every length)."""
+    tasks = {plan.train_len: task_at(cfg, plan.train_len, "the training length")}
+    for length in plan.eval_lens:
+        if length not in tasks:
+            tasks[length] = task_at(cfg, length, f"evaluation length {length}")
+    return tasks
+
+
+def positions_reachable(model: TransformerModel, length: int) -> str | None:
+    """None if the model's PE can encode ``length`` positions, else the PE's reason."""
+    if model.pe_kind != "additive":
+        return None
+    try:
+        model.positional(torch.arange(length))
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def scaled_model(model: TransformerModel, cfg_pe: DictConfig, settings: Mapping[str, Any]
+                 ) -> TransformerModel:
+    """``model`` with its RoPE rebuilt from ``cfg_pe.pe`` plus ``settings`` (no copy when
+    ``settings`` is empty). RoPE has no parameters, so the trained weights are shared."""
+    if not settings:
+        return model
+    spec = {**OmegaConf.to_container(cfg_pe.pe, resolve=True), **settings}
+    scaled = copy.copy(model)  # shallow: shares the trained weights
+    scaled._modules = dict(model._modules)
+    scaled._modules["positional"] = instantiate_component(spec, "pe")
+    return scaled
+
+
+def evaluate(model: TransformerModel, task: Task, device: torch.device) -> dict[str, float]:
+    """Held-out loss, token accuracy and exact match (NaN where the task has none), fp32."""
+    return evaluate_model(model, task, task.eval_batch().to(device))
+
+
+# --------------------------------------------------------------------------------------------
+# the routine
+
+
+def check_config(cfg: DictConfig, task: Task) -> None:
+    """Pre-flight checks (``routines.check_routine``): the plan parses, every evaluation length
+    can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
+    plan = make_plan(cfg)
+    train_task = tasks_by_length(cfg, plan)[plan.train_len]
+    for pe in plan.pes:
+        cfg_pe = config_for(cfg, plan.pe_nodes[pe], plan.train_len,
+                            plan.max_len or train_task.model_seq_len)
+        cfg_pe.model.vocab_size = train_task.vocab_size
+        build_model(cfg_pe)  # errors name the pe group
+
+
+def run_extrapolate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+    started = time.perf_counter()
+    plan = make_plan(cfg)
+    device = torch.device(cfg.train.device)
+    rows: list[dict[str, Any]] = []
+    params: dict[str, int] = {}
+    table = run.log("extrapolation", EXTRAPOLATION_COLUMNS)
+    tasks = tasks_by_length(cfg, plan)
+    scaled = [s.label for s in plan.scalings if s.name != "none"]
+    unscalable = [pe for pe in plan.pes if not supports_scaling(plan.pe_nodes[pe])]
+    if scaled and unscalable:
+        print_warning(f"{', '.join(unscalable)}: no RoPE scaling, evaluated as trained only "
+                      f"(not with {', '.join(scaled)})")
+    for pe in plan.pes:
+        for seed in plan.seeds:
+            new_rows, params[pe] = _study_one_model(cfg, plan, tasks, pe, seed, device, run,
+                                                    table)
+            rows.extend(new_rows)
+    plot_path = plot_extrapolation(rows, run.path / "extrapolation.png", plan.train_len)
+    console.print(results_table(rows, f"tlab extrapolate - {run.path}"))
+    console.print(f"wrote {table.path}" + (f" and {plot_path}" if plot_path else ""))
+    ok_rows = [row for row in rows if row["status"] == "ok"]
+    train_rows = [row for row in ok_rows if row["eval_len"] == plan.train_len
+                  and row["scaling"] == "none" and not row["finetune_steps"]]
+    return RoutineOutcome(
+        passed=bool(ok_rows),
+        summary={
+            "pe": ",".join(plan.pes), "seq_len": plan.train_len,
+            "params": max(params.values(), default=None), "steps": int(cfg.train.steps),
+            "final_loss": _mean([row["loss"] for row in train_rows]),
+            "best_exact_match": max((row["exact_match"] for row in ok_rows
+                                     if not math.isnan(row["exact_match"])), default=None),
+            "wall_s": time.perf_counter() - started,
+        },
+        message="" if ok_rows else "no evaluation could run; see extrapolation.csv",
+    )
+
+
+def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
+                     device: torch.device, run: RunDirectory, table: CsvLog
+                     ) -> tuple[list[dict[str, Any]], int]:
+    """Train one model at ``plan.train_len``; evaluate it at every length and scaling. Each row
+    is written to ``table`` as soon as it exists (an interrupted run keeps them)."""
+    node = plan.pe_nodes[pe]
+    train_task = tasks[plan.train_len]
+    original_max_len = train_task.model_seq_len
+    cfg_pe = config_for(cfg, node, plan.train_len, plan.max_len or original_max_len)
+    cfg_pe.model.vocab_size = train_task.vocab_size
+    torch.manual_seed(seed)
+    model = build_model(cfg_pe).to(device)
+    base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed,
+                "train_steps": int(cfg.train.steps)}
+    log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
+                    seq_len=plan.train_len)
+    trainer = Trainer(model, train_task, cfg.train, cfg.model.d_model, seed, log)
+    try:
+        with console.status(f"extrapolate: training pe={pe} seed={seed} at length "
+                            f"{plan.train_len} ({cfg.train.steps} steps)"):
+            trainer.fit(int(cfg.train.steps))
+    except Diverged as exc:
+        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
+                for scaling in plan.scalings_for(pe) for length in plan.eval_lens]
+        table.write_all(rows)
+        return rows, 0
+    rows: list[dict[str, Any]] = []
+
+    def emit(row: dict[str, Any]) -> None:
+        table.write(row)
+        rows.append(row)
+
+    for length in plan.eval_lens:
+        eval_task = tasks[length]
+        ratio = length / plan.train_len
+        for scaling in plan.scalings_for(pe):
+            settings = scaling.pe_settings(ratio, original_max_len)
+            row = {**base_row, "scaling": scaling.label, "eval_len": length,
+                   "length_ratio": ratio, "model_seq_len": eval_task.model_seq_len,
+                   "factor": settings.get("factor"),
+                   "base": settings.get("base", node.get("base")) if supports_scaling(node)
+                   else None}
+            scaled = scaled_model(model, cfg_pe, settings)
+            emit(_evaluated_row(row, scaled, eval_task, device, finetune_steps=0))
+            if plan.finetune_steps and length > plan.train_len:
+                tuned = copy.deepcopy(scaled)
+                reason = positions_reachable(tuned, eval_task.model_seq_len)
+                if reason is None:
+                    reason = _finetune(cfg, plan, tuned, eval_task, seed, run, pe, scaling, length)
+                emit(_evaluated_row(row, tuned, eval_task, device,
+                                    finetune_steps=plan.finetune_steps, reason=reason))
+    return rows, count_parameters(model)
+
+
+def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, seed: int,
+              run: RunDirectory, pe: str, scaling: Scaling, length: int) -> str | None:
+    """Fine-tune ``model`` in place at ``length``; returns an error reason or None."""
+    train_cfg = copy.deepcopy(cfg.train)
+    train_cfg.lr = plan.finetune_lr
+    train_cfg.warmup = 0
+    log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed, phase="finetune",
+                    seq_len=length)
+    trainer = Trainer(model, task, train_cfg, cfg.model.d_model, seed, log)
+    try:
+        with console.status(f"extrapolate: fine-tuning pe={pe} {scaling.label} at length "
+                            f"{length} ({plan.finetune_steps} steps)"):
+            trainer.fit(plan.finetune_steps)
+    except Diverged as exc:
+        return f"fine-tuning diverged: {exc}"
+    return None
+
+
+def _evaluated_row(row: dict[str, Any], model: TransformerModel, task: Task,
+                   device: torch.device, finetune_steps: int,
+                   reason: str | None = None) -> dict[str, Any]:
+    row = {**row, "finetune_steps": finetune_steps}
+    reason = reason or positions_reachable(model, task.model_seq_len)
+    if reason is not None:
+        return {**row, "status": "error", "error": reason}
+    return {**row, **evaluate(model, task, device), "status": "ok"}
+
+
+def _error_row(base_row: dict[str, Any], scaling: str, length: int, reason: str
+               ) -> dict[str, Any]:
+    return {**base_row, "scaling": scaling, "eval_len": length, "finetune_steps": 0,
+            "length_ratio": length / base_row["train_len"], "status": "error", "error": reason}
+
+
+def _mean(values: list[float]) -> float | None:
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else None
