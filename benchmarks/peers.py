@@ -141,8 +141,8 @@ def tlab_overrides(size: BenchSize, device: str, precision: str) -> list[str]:
     return [
         "model=small", f"model.d_model={size.d_model}", f"model.n_heads={size.n_heads}",
         f"model.n_layers={size.n_layers}", f"model.d_ff={size.d_ff}",
-        f"model.max_len={max(64, size.seq_len)}", "pe=learned", "norm=pre",
-        "norm_layer=layernorm", "activation=gelu", "arch=encoder", "task=reverse",
+        f"model.max_len={max(64, size.seq_len)}", "pe=learned", "block=pre",
+        "norm_layer=layernorm", "ffn=gelu", "arch=encoder", "task=reverse",
         f"task.seq_len={size.seq_len}", f"task.vocab_size={size.vocab}",
         f"train.batch_size={size.batch}", f"train.lr={LR}", "train.schedule=constant",
         f"train.grad_clip={GRAD_CLIP}", f"train.device={device}", f"train.precision={precision}",

@@ -1,4 +1,4 @@
-"""`tlab budget`: the seed's three numbers, formula vs built model for every component choice,
+"""`tlab budget`: the article's three numbers, formula vs built model for every component choice,
 a mismatch is a FAIL, the activation measurement and its batch extrapolation, bad input."""
 
 from __future__ import annotations
@@ -59,15 +59,15 @@ def test_budget_defaults_reproduce_the_seed(tlab, tmp_path):
     assert first.status == "PASS"
     flops = row(table, "weights", "flops")  # 6N, counted by torch's flop counter
     assert flops.status == "PASS" and flops.expected == flops.measured
-    seed = table[table.section == "seed"].set_index("component")
-    assert seed.loc["attention Q,K,V,O without bias", "status"] == "PASS"
-    assert seed.loc["first FFN activation", "status"] == "PASS"
-    # the seed prints 4,721,664 for the FFN with biases; its own sum is 4,722,432
-    assert seed.loc["FFN 768-3072-768 with biases", "expected"] == 4_721_664
-    assert seed.loc["FFN 768-3072-768 with biases", "measured"] == 4_722_432
-    assert seed.loc["FFN 768-3072-768 with biases", "status"] == "DIFF"
+    article = table[table.section == "article"].set_index("component")
+    assert article.loc["attention Q,K,V,O without bias", "status"] == "PASS"
+    assert article.loc["first FFN activation", "status"] == "PASS"
+    # the source article prints 4,721,664 for the FFN with biases; its own sum is 4,722,432
+    assert article.loc["FFN 768-3072-768 with biases", "expected"] == 4_721_664
+    assert article.loc["FFN 768-3072-768 with biases", "measured"] == 4_722_432
+    assert article.loc["FFN 768-3072-768 with biases", "status"] == "DIFF"
     share = table[(table.component == "ffn_share") & (table.scope == "per layer")].iloc[0]
-    assert 66 < share.measured < 67  # the seed: FFN about 2/3 of a layer
+    assert 66 < share.measured < 67  # the article: FFN about 2/3 of a layer
     assert "50,331,648" in stdout and "2,359,296" in stdout
 
 
@@ -77,7 +77,7 @@ def test_formulas_match_every_component_choice():
     base = budget_cfg("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_layers=2",
                       "routine.seq_len=16", "routine.vocab_size=50",
                       "model.gated_match_params=true")
-    for group in ("pe", "norm", "norm_layer", "activation"):
+    for group in ("pe", "block", "norm_layer", "ffn"):
         for choice in group_choices(group):
             for bias in (True, False):
                 cfg = base.copy()

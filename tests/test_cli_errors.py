@@ -11,8 +11,8 @@ from helpers import TLAB, assert_refused
     "args, expected",
     [
         (["pe=rotary"], "unknown pe 'rotary'; valid: alibi, learned, none, rope"),
-        (["norm=middle"], "unknown norm 'middle'; valid: deepnorm, post, pre, sandwich"),
-        (["activation=mish"], "unknown activation 'mish'; valid: geglu, gelu"),
+        (["block=middle"], "unknown block 'middle'; valid: deepnorm, post, pre, sandwich"),
+        (["ffn=mish"], "unknown ffn 'mish'; valid: geglu, gelu"),
         (["arch=seq2seq"], "unknown arch 'seq2seq'; valid: decoder, encoder"),
         (["model.d_model=10", "model.n_heads=3"],
          "model.d_model=10 is not divisible by model.n_heads=3"),
@@ -71,3 +71,21 @@ def test_default_run_dirs_never_collide(tlab, tmp_path, monkeypatch):
         assert tlab("experiment=smoke", "out_root=outs")[0] == 0
     runs = list((tmp_path / "outs" / "smoke").iterdir())
     assert len(runs) == 2
+
+
+@pytest.mark.parametrize("old, new", [("norm=post", "block"), ("activation=relu", "ffn")])
+def test_old_group_names_still_work_with_a_deprecation_line(tlab, tmp_path, old, new):
+    out = tmp_path / "run"
+    code, _, err = tlab("experiment=smoke", old, f"hydra.run.dir={out}")
+    assert code == 0, err
+    assert f"'{old.split('=')[0]}=' is now '{new}='" in " ".join(err.split())
+    assert f"{new}={old.split('=')[1]}" in (out / ".hydra" / "overrides.yaml").read_text()
+    summary = (out / "summary.csv").read_text().splitlines()
+    column = summary[0].split(",").index({"block": "norm", "ffn": "activation"}[new])
+    assert summary[1].split(",")[column] == old.split("=")[1]  # the CSV column keeps its name
+
+
+def test_an_old_group_name_with_a_bad_choice_names_the_new_group(tlab, tmp_path):
+    out = tmp_path / "run"
+    assert_refused(tlab("experiment=smoke", "activation=mish", f"hydra.run.dir={out}"), out,
+                   "unknown ffn 'mish'")

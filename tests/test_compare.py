@@ -55,7 +55,7 @@ def test_compare_cli_writes_rows_for_each_activation(tlab, tmp_path):
 
 def test_every_activation_sees_the_same_init_and_batches(cfg_for):
     cfg = cfg_for("experiment=compare_activations", *FAST, "routine.steps=3", "train.lr=0")
-    relu, gelu = (with_choice(cfg, "activation", name) for name in ("relu", "gelu"))
+    relu, gelu = (with_choice(cfg, "ffn", name) for name in ("relu", "gelu"))
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
 
@@ -70,7 +70,7 @@ def test_every_activation_sees_the_same_init_and_batches(cfg_for):
     # With lr=0 nothing moves: equal inits and equal batches give the same losses exactly
     # for the same activation, different ones for a different activation.
     (first,) = train_seeds(relu, [0], None)
-    (again,) = train_seeds(with_choice(cfg, "activation", "relu"), [0], None)
+    (again,) = train_seeds(with_choice(cfg, "ffn", "relu"), [0], None)
     assert first.train_losses == again.train_losses
     assert train_seeds(gelu, [0], None)[0].train_losses != first.train_losses
 
@@ -82,7 +82,7 @@ def test_seeds_trained_together_match_runs_of_their_own(cfg_for, monkeypatch, ve
 
     monkeypatch.setattr(multiseed, "worth_vectorising", lambda *args: vectorise)
     cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),
-                      "activation", "swish")
+                      "ffn", "swish")
     together = train_seeds(cfg, [4, 5, 6], None)
     for run in together:
         variant = cfg.copy()

@@ -31,7 +31,7 @@ def test_seed_ffn_parameter_count():
     assert sum(p.numel() for p in ffn.parameters()) == 4_722_432
     weights_and_first_bias = ffn.up_proj.weight.numel() + ffn.up_proj.bias.numel() + (
         ffn.down_proj.weight.numel())
-    assert weights_and_first_bias == 4_721_664  # the seed's number
+    assert weights_and_first_bias == 4_721_664  # the source article's number
     no_bias = FeedForward(d_model=768, d_ff=3072, bias=False)
     assert sum(p.numel() for p in no_bias.parameters()) == 2 * 768 * 3072
 

@@ -35,7 +35,7 @@ def validate(tlab, out, *overrides):
 
 def test_correct_custom_pe_ffn_and_norm_pass(tlab, tmp_path):
     out = tmp_path / "ok"
-    code, stdout, _ = validate(tlab, out, "pe=my_sinusoidal", "activation=my_ffn",
+    code, stdout, _ = validate(tlab, out, "pe=my_sinusoidal", "ffn=my_ffn",
                                "norm_layer=my_rmsnorm")
     assert code == 0, stdout
     rows = read_csv(out / "validation.csv")
@@ -79,7 +79,7 @@ def test_correct_custom_rope_passes_the_relative_check(cfg_for):
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
-    (["activation=wrong_shape_ffn"], "an FFN must map (B, T, d_model) -> (B, T, d_model)"),
+    (["ffn=wrong_shape_ffn"], "an FFN must map (B, T, d_model) -> (B, T, d_model)"),
     (["pe._target_=examples.my_components.NoSuchPE"], "NoSuchPE"),
     (["pe._target_=no_such_package.MyPE"], "no_such_package"),
     (["pe=my_ropee"], "unknown pe 'my_ropee'; valid: alibi, learned, mismatched_rope, my_rope"),

@@ -13,16 +13,16 @@ from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.model import build_model
 
 PES = group_choices("pe")
-NORMS = group_choices("norm")
+NORMS = group_choices("block")
 NORM_LAYERS = group_choices("norm_layer")
-ACTIVATIONS = group_choices("activation")
+ACTIVATIONS = group_choices("ffn")
 
 
 @pytest.mark.parametrize("norm, norm_layer", list(itertools.product(NORMS, NORM_LAYERS)))
 @pytest.mark.parametrize("pe", PES)
 def test_parameter_count_equals_formula(cfg_for, pe, norm, norm_layer):
-    cfg = cfg_for(f"pe={pe}", f"norm={norm}", f"norm_layer={norm_layer}", "model=small",
-                  "activation=swiglu", "model.gated_match_params=true", "model.ffn_bias=false")
+    cfg = cfg_for(f"pe={pe}", f"block={norm}", f"norm_layer={norm_layer}", "model=small",
+                  "ffn=swiglu", "model.gated_match_params=true", "model.ffn_bias=false")
     build_task(cfg)
     model = build_model(cfg)
     assert parameter_breakdown(cfg)["total"] == sum(p.numel() for p in model.parameters())
@@ -30,7 +30,7 @@ def test_parameter_count_equals_formula(cfg_for, pe, norm, norm_layer):
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
 def test_parameter_count_per_activation(cfg_for, activation):
-    cfg = cfg_for(f"activation={activation}", "model.attn_bias=false")
+    cfg = cfg_for(f"ffn={activation}", "model.attn_bias=false")
     build_task(cfg)
     model = build_model(cfg)
     parts = parameter_breakdown(cfg)
@@ -41,7 +41,7 @@ def test_parameter_count_per_activation(cfg_for, activation):
 
 def _encoder(cfg_for, pe: str):
     cfg = cfg_for(f"pe={pe}", "model.d_model=16", "model.n_heads=2", "model.n_layers=2",
-                  "arch=encoder", "norm=pre", "model.init_std=0.3")  # visible attention
+                  "arch=encoder", "block=pre", "model.init_std=0.3")  # visible attention
     build_task(cfg)
     torch.manual_seed(0)
     model = build_model(cfg).eval()

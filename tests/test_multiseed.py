@@ -28,10 +28,10 @@ def config(*overrides: str):
 
 
 @pytest.mark.parametrize("overrides", [
-    ("pe=rope", "norm=pre", "activation=gelu"),
-    ("pe=learned", "norm=post", "activation=swiglu", "train.schedule=warmup_cosine",
+    ("pe=rope", "block=pre", "ffn=gelu"),
+    ("pe=learned", "block=post", "ffn=swiglu", "train.schedule=warmup_cosine",
      "train.warmup=3", "train.weight_decay=0.1"),
-    ("pe=alibi", "arch=decoder", "norm=sandwich", "train.grad_clip=0.05"),
+    ("pe=alibi", "arch=decoder", "block=sandwich", "train.grad_clip=0.05"),
 ])
 def test_vectorised_seeds_match_separate_runs(overrides):
     cfg = config(*overrides)
@@ -120,10 +120,10 @@ def test_seeds_with_their_own_budgets_keep_the_weights_of_their_last_step():
 
 
 def test_stateful_components_fall_back_to_sequential_runs():
-    cfg = config("norm_layer=batchnorm", "norm=post")
+    cfg = config("norm_layer=batchnorm", "block=post")
     assert "batchnorm" in vectorisable(cfg)
     results = fit_seeds(cfg, [0, 1], 4)
-    alone, _ = separate_run(config("norm_layer=batchnorm", "norm=post"), 1, 4)
+    alone, _ = separate_run(config("norm_layer=batchnorm", "block=post"), 1, 4)
     assert results[1].train_losses == alone.train_losses  # the same code path: exact
     dropout = config("model.dropout.ffn=0.1")
     assert "dropout" in vectorisable(dropout)

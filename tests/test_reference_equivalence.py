@@ -144,7 +144,7 @@ def _copy_into_torch_layer(block: nn.Module, layer: nn.TransformerEncoderLayer) 
 @pytest.mark.parametrize("train_mode", [False, True])
 def test_pre_ln_gelu_block_matches_torch_encoder_layer(d_model: int, n_heads: int, d_ff: int,
                                                        train_mode: bool) -> None:
-    cfg = compose(["experiment=smoke", "norm=pre", "activation=gelu", "pe=none",
+    cfg = compose(["experiment=smoke", "block=pre", "ffn=gelu", "pe=none",
                    "norm_layer=layernorm", "arch=encoder", f"model.d_model={d_model}",
                    f"model.n_heads={n_heads}", f"model.d_ff={d_ff}", "model.n_layers=1",
                    "model.attn_bias=true", "model.ffn_bias=true"])

@@ -18,7 +18,7 @@ from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import METRIC_COLUMNS, SUMMARY_COLUMNS, RunDirectory
 from transformer_lab.routines.smoke import run_smoke
 
-GRID = {g: group_choices(g) for g in ("pe", "norm", "activation", "arch")}
+GRID = {g: group_choices(g) for g in ("pe", "block", "ffn", "arch")}
 
 
 def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):

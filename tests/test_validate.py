@@ -32,7 +32,7 @@ def test_validate_passes_on_a_working_configuration(tlab, tmp_path):
     assert (out / "loss_curves.png").exists()
     stages = {r["stage"] for r in read_csv(out / "metrics.csv")}
     assert stages == {"smoke", "reverse", "compare"}
-    # Step 1 ran the seed's minimal model: 4 tokens, d_model 8.
+    # Step 1 ran the source article's minimal model: 4 tokens, d_model 8.
     shape = next(r for r in rows if r["check"] == "output_shape")["detail"]
     assert shape.startswith("(8, 4, 10)")
     (summary,) = read_csv(out / "summary.csv")

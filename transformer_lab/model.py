@@ -165,15 +165,15 @@ def build_model(cfg: DictConfig) -> TransformerModel:
     except TypeError as exc:
         raise ConfigError(f"pe={cfg.pe.get('name')}: {exc}") from exc
     make_norm = instantiate_component(cfg, "norm_layer")  # a partial: d_model -> norm module
-    feedforward_spec = resolve_component(cfg, "activation")
-    block_spec = resolve_component(cfg, "norm")
+    feedforward_spec = resolve_component(cfg, "ffn")
+    block_spec = resolve_component(cfg, "block")
     blocks = []
     for _ in range(m.n_layers):
         attention = MultiHeadAttention(
             m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention, init_std=m.init_std
         )
-        feedforward = instantiate_component(feedforward_spec, "activation")
-        block = instantiate_component(block_spec, "norm", attention=attention,
+        feedforward = instantiate_component(feedforward_spec, "ffn")
+        block = instantiate_component(block_spec, "block", attention=attention,
                                       feedforward=feedforward, make_norm=make_norm)
         blocks.append(block)
     final_norm = make_norm(m.d_model) if blocks and blocks[0].needs_final_norm else None

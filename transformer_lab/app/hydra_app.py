@@ -52,6 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         args, resume_dir = sweeps.pop_resume(args)
         if resume_dir is not None:
             args = sweeps.resume_arguments(resume_dir, args)
+        args = renamed_group_aliases(args)
         preflight(args, resume=resume_dir is not None)
     except ConfigError as exc:
         print_error(str(exc))
@@ -81,6 +82,20 @@ def main(argv: list[str] | None = None) -> int:
         sweeps.print_sweep_summary(sweep_dir)
         codes.append(sweeps.sweep_exit_code(sweep_dir))
     return max(codes, default=0)
+
+
+def renamed_group_aliases(args: list[str]) -> list[str]:
+    """The arguments with old config-group names renamed (``activation=`` -> ``ffn=``,
+    ``norm=`` -> ``block=``), saying so once per old name on stderr."""
+    from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
+    from transformer_lab.results.console import print_warning
+
+    flags, overrides = split_arguments(args)
+    overrides, used = rename_group_aliases(overrides)
+    for old in dict.fromkeys(used):
+        print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
+                      "0.3)")
+    return [*flags, *overrides]
 
 
 if __name__ == "__main__":

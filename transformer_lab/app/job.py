@@ -1,7 +1,7 @@
 """Run one job: create its run directory, validate, run the routine, record the outcome.
 
 Statuses: ``passed``, ``failed`` (a check failed), ``diverged`` (NaN/inf loss), ``error``
-(invalid configuration or a crash), ``interrupted`` (Ctrl-C). Exit codes as in DESIGN.md.
+(invalid configuration or a crash), ``interrupted`` (Ctrl-C). Exit codes as in the README.
 """
 
 from __future__ import annotations
@@ -29,8 +29,8 @@ def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
     m = cfg.model
     row = {
         "routine": cfg.routine.name, "arch": "decoder" if cfg.arch.causal else "encoder",
-        "pe": cfg.pe.get("name"), "norm": cfg.norm.get("name"),
-        "norm_layer": cfg.norm_layer.get("name"), "activation": cfg.activation.get("name"),
+        "pe": cfg.pe.get("name"), "norm": cfg.block.get("name"),
+        "norm_layer": cfg.norm_layer.get("name"), "activation": cfg.ffn.get("name"),
         "d_model": m.d_model, "n_heads": m.n_heads, "n_layers": m.n_layers, "d_ff": m.d_ff,
         "seq_len": cfg.task.get("seq_len"), "vocab_size": m.vocab_size, "seed": cfg.seed,
     }

@@ -1,6 +1,6 @@
 """Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, ``--resume``.
 
-Layout (DESIGN.md)::
+Layout (README, "What a run writes")::
 
     outputs/multirun/<experiment>/<timestamp>/   the sweep directory (hydra.sweep.dir)
         multirun.yaml                            Hydra: the sweep's config and overrides

@@ -50,5 +50,5 @@ def budget(
     options = {"model.d_model": d_model, "model.d_ff": d_ff, "model.n_heads": n_heads,
                "model.n_layers": n_layers, "routine.vocab_size": vocab,
                "routine.seq_len": seq_len, "routine.batch_size": batch, "routine.dtype": dtype,
-               "pe": pe, "norm": norm, "activation": activation, "arch": arch}
+               "pe": pe, "block": norm, "ffn": activation, "arch": arch}
     launch("budget", options, overrides, multirun, out, resume=resume)

@@ -24,7 +24,7 @@ def check(
     """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).
 
     RoPE relative-position and pairing checks, the sinusoidal shift map, NoPE permutation
-    equivariance and the seed's swap test (--trained: also after training on reversal).
+    equivariance and the source article's swap test (--trained: also after training on reversal).
     """
     options = {"pe": pe, "routine.pe": pe, "routine.trained": trained or None,
                "routine.train_steps": steps}

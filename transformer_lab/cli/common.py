@@ -54,7 +54,7 @@ def hydra_list(text: str | None) -> str | None:
 
 
 def overrides_from(options: dict[str, object]) -> list[str]:
-    """``{"pe": "rope", "norm": None}`` -> ``["pe=rope"]`` (None values are left out)."""
+    """``{"pe": "rope", "block": None}`` -> ``["pe=rope"]`` (None values are left out)."""
     return [f"{key}={value}" for key, value in options.items() if value is not None]
 
 

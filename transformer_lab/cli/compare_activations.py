@@ -44,6 +44,6 @@ def compare_activations(
     """Train the same model with each activation (same init seed, same batches) on the
     synthetic language task; writes comparison.csv and loss_curves.png."""
     options = {"routine.activations": hydra_list(activations), "routine.steps": steps,
-               "routine.seeds": seeds, "pe": pe, "norm": norm, "arch": arch}
+               "routine.seeds": seeds, "pe": pe, "block": norm, "arch": arch}
     launch("compare_activations", options, overrides, multirun, out, resume=resume,
            config_dir=config_dir)

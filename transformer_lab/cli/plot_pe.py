@@ -32,7 +32,7 @@ def plot_pe(
 ) -> None:
     """PE curves per dimension and a position x dimension heat map, as PNG.
 
-    The seed's figure (PE value vs position for a few dimensions); RoPE: score vs distance;
+    The article's figure (PE value vs position for a few dimensions); RoPE: score vs distance;
     ALiBi / T5: bias per head. PNGs and pe_values.csv in the run directory.
     """
     options = {"pe": pe, "routine.max_len": max_len, "model.d_model": d_model,

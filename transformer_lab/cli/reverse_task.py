@@ -60,7 +60,7 @@ def reverse_task(
 ) -> None:
     """Train sequence reversal until held-out exact match >= --target (PASS) or --max-steps
     (FAIL), beside the same model without a PE; writes reverse.csv."""
-    options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
+    options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch,
                "task.seq_len": seq_len, "task.vocab_size": vocab, "routine.max_steps": max_steps,
                "routine.target": target, "routine.seeds": seeds}
     launch("reverse", options, overrides, multirun, out, resume=resume,

@@ -33,6 +33,6 @@ def smoke(
     resume: Resume = None,
 ) -> None:
     """Tiny config forward/backward check, then <= 10-step smoke training on fixed batches."""
-    options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
+    options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch,
                "routine.steps": steps, "routine.seeds": seeds}
     launch("smoke", options, overrides, multirun, out, resume)

@@ -39,7 +39,7 @@ def validate(
 ) -> None:
     """Steps 1-4 in order (forward/backward, smoke training, reversal with a NoPE control,
     activation comparison); one PASS/FAIL table and validation.csv; exit 0 only if all pass."""
-    options = {"pe": pe, "norm": norm, "activation": activation, "arch": arch,
+    options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch,
                "task.seq_len": seq_len, "task.vocab_size": vocab, "routine.max_steps": max_steps,
                "routine.target": target,
                "routine.compare.routine.activations": hydra_list(activations),

@@ -64,6 +64,10 @@ class TransformerBlock(nn.Module):
 class PostNormBlock(TransformerBlock):
     """Original Transformer: ``x = N(x + s * f(x))`` after each sublayer."""
 
+    #: norm layers inside one block (the parameter and activation-memory formulas); whether a
+    #: final norm follows is ``needs_final_norm``
+    norms_per_block = 2
+
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         x = self.norm1(x + self.branch_attention(x, inputs))
         return self.norm2(x + self.branch_feedforward(x))
@@ -73,6 +77,8 @@ class PreNormBlock(TransformerBlock):
     """Pre-LN: ``x = x + s * f(N(x))``; the model adds a final norm."""
 
     needs_final_norm = True
+    #: norm layers inside one block (the parameter and activation-memory formulas)
+    norms_per_block = 2
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         x = x + self.branch_attention(self.norm1(x), inputs)
@@ -83,6 +89,8 @@ class SandwichNormBlock(TransformerBlock):
     """Sandwich-LN: a norm before and after each sublayer, ``x = x + s * N_out(f(N_in(x)))``."""
 
     needs_final_norm = True
+    #: norm layers inside one block (the parameter and activation-memory formulas)
+    norms_per_block = 4
 
     def __init__(
         self,
@@ -110,6 +118,9 @@ class DeepNormBlock(TransformerBlock):
     ``alpha``/``beta`` default to the paper's values for an encoder-only or decoder-only stack of
     ``n_layers``; ``residual_scale`` is not used (alpha plays that role).
     """
+
+    #: norm layers inside one block (the parameter and activation-memory formulas); no final norm
+    norms_per_block = 2
 
     def __init__(
         self,

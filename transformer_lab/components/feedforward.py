@@ -5,7 +5,7 @@ Shazeer 2020 (arXiv 2002.05202), GLU variants:   FFN(x) = (act(x W_gate) * (x W_
     swiglu: act = Swish/SiLU, geglu: act = GELU, reglu: act = ReLU.
 
 Shapes: input (B, T, d_model) -> hidden (B, T, d_ff) -> output (B, T, d_model).
-Initialisation as in the seed article: weights N(0, init_std=0.02), biases zero.
+Initialisation as in the source article: weights N(0, init_std=0.02), biases zero.
 """
 
 from __future__ import annotations
@@ -42,10 +42,23 @@ class FeedForward(nn.Module):
     """Two-matrix FFN: ``down(dropout(act(up(x))))``.
 
     Parameters: 2 * d_model * d_ff (+ d_ff + d_model with bias). For d_model 768, d_ff 3072 with
-    bias that is 4,722,432 (the seed prints 4,721,664, which leaves out the output bias).
+    bias that is 4,722,432 (the source article prints 4,721,664, which leaves out the output bias).
     """
 
     gated = False
+    # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
+    #: weight matrices that multiply activations (up, down): the ``6N`` FLOPs rule counts them
+    weight_matrices = 2
+
+    @classmethod
+    def hidden_size(cls, d_ff: int) -> int:
+        """Width of the hidden activation: ``d_ff``."""
+        return d_ff
+
+    @classmethod
+    def count_parameters(cls, d_model: int, d_ff: int, bias: bool = True) -> int:
+        """``2 D F`` weights (+ ``F + D`` biases)."""
+        return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
     def __init__(
         self,
@@ -86,6 +99,21 @@ class GatedFeedForward(nn.Module):
     """
 
     gated = True
+    # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
+    #: weight matrices that multiply activations (gate, up, down): the ``6N`` FLOPs rule
+    weight_matrices = 3
+
+    @classmethod
+    def hidden_size(cls, d_ff: int, match_params: bool = False) -> int:
+        """Width of the hidden activation: ``gated_hidden_size(d_ff, match_params)``."""
+        return gated_hidden_size(d_ff, match_params)
+
+    @classmethod
+    def count_parameters(cls, d_model: int, d_ff: int, bias: bool = True,
+                         match_params: bool = False) -> int:
+        """``3 D H`` weights (+ ``2 H + D`` biases), ``H = hidden_size(d_ff, match_params)``."""
+        hidden = gated_hidden_size(d_ff, match_params)
+        return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
 
     def __init__(
         self,

@@ -4,7 +4,7 @@ LayerNorm (Ba et al. 2016, arXiv 1607.06450): y = (x - mean(x)) / sqrt(var(x) + 
     statistics over the feature axis of each token.
 RMSNorm (Zhang & Sennrich 2019, arXiv 1910.07467): y = x / sqrt(mean(x^2) + eps) * g.
 BatchNorm (Ioffe & Szegedy 2015, arXiv 1502.03167): statistics over the batch and sequence axes
-    for each feature; kept here for the seed's LayerNorm-vs-BatchNorm experiment.
+    for each feature; kept here for the source article's LayerNorm-vs-BatchNorm experiment.
 
 All take and return (B, T, d_model).
 """
@@ -18,12 +18,28 @@ from torch import nn
 class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` over the last axis: (B, T, D) -> (B, T, D)."""
 
+    #: module state updated in place in training (it would forbid vectorised seeds): none
+    keeps_running_statistics = False
+
+    @classmethod
+    def count_parameters(cls, d_model: int) -> int:
+        """Parameters of one norm: gain and bias, ``2 D``."""
+        return 2 * d_model
+
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__(d_model, eps=eps)
 
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm without centring or bias: (B, T, D) -> (B, T, D)."""
+
+    #: module state updated in place in training (it would forbid vectorised seeds): none
+    keeps_running_statistics = False
+
+    @classmethod
+    def count_parameters(cls, d_model: int) -> int:
+        """Parameters of one norm: the gain, ``D``."""
+        return d_model
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -39,10 +55,19 @@ class SequenceBatchNorm(nn.BatchNorm1d):
     """BatchNorm over batch and positions for each feature: (B, T, D) -> (B, T, D).
 
     In training it uses the current batch's statistics, in eval the running averages: the
-    train/eval drift the seed article warns about for language data. In a causal decoder the
+    train/eval drift the source article warns about for language data. In a causal decoder the
     training statistics also include later positions, a small leak across the causal mask
     (every token's output depends on the batch's future tokens through mean and variance).
     """
+
+    #: running mean and variance are module state updated in place in training: seeds of a
+    #: model with this norm cannot train as one vectorised model (``training/multiseed.py``)
+    keeps_running_statistics = True
+
+    @classmethod
+    def count_parameters(cls, d_model: int) -> int:
+        """Parameters of one norm: gain and bias, ``2 D`` (the running statistics are buffers)."""
+        return 2 * d_model
 
     def __init__(self, d_model: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(d_model, eps=eps, momentum=momentum)

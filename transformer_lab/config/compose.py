@@ -3,13 +3,34 @@ is in :mod:`transformer_lab.config.tree`."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.tree import CONFIG_DIR
 
-__all__ = ["compose", "register_resolvers"]
+__all__ = ["GROUP_ALIASES", "compose", "register_resolvers", "rename_group_aliases"]
+
+# Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
+GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
+_OVERRIDE_HEAD = re.compile(
+    r"^(?P<prefix>[~+]*)(?P<group>[A-Za-z_][A-Za-z0-9_]*)(?P<rest>[./@=].*)?$", re.S)
+
+
+def rename_group_aliases(overrides: list[str] | tuple[str, ...]) -> tuple[list[str], list[str]]:
+    """``["activation=relu", "norm=post"]`` -> ``(["ffn=relu", "block=post"], ["activation",
+    "norm"])``: overrides with the old group names of ``GROUP_ALIASES`` renamed, and the old
+    names that were used (for a deprecation line). Other overrides are returned unchanged."""
+    renamed, used = [], []
+    for text in overrides:
+        match = _OVERRIDE_HEAD.match(text)
+        old = match.group("group") if match else None
+        if old in GROUP_ALIASES:
+            text = f"{match.group('prefix')}{GROUP_ALIASES[old]}{match.group('rest') or ''}"
+            used.append(old)
+        renamed.append(text)
+    return renamed, used
 
 
 def _div(a: int, b: int) -> int:
@@ -29,10 +50,12 @@ register_resolvers()
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path = CONFIG_DIR,
             return_hydra_config: bool = False) -> DictConfig:
-    """Compose the config outside a Hydra app (tests, pre-flight checks)."""
+    """Compose the config outside a Hydra app (tests, pre-flight checks); old group names
+    (``GROUP_ALIASES``) are renamed silently."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 
+    overrides, _ = rename_group_aliases(overrides)
     with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-        return hydra_compose("config", overrides=list(overrides),
+        return hydra_compose("config", overrides=overrides,
                              return_hydra_config=return_hydra_config)

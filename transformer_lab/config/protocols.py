@@ -86,7 +86,7 @@ def _check_shape_preserving(label: str, name: str, module: object, d_model: int,
 
 def check_feedforward(cfg: DictConfig, ffn: object, d_model: int, seq_len: int) -> None:
     _check_shape_preserving(
-        _label(cfg, "activation", ffn), "ffn", ffn, d_model, seq_len,
+        _label(cfg, "ffn", ffn), "ffn", ffn, d_model, seq_len,
         "an FFN must be a torch.nn.Module built with d_model and d_ff keywords",
         "an FFN must map (B, T, d_model) -> (B, T, d_model)")
 

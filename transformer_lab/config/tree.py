@@ -14,7 +14,7 @@ CONFIG_DIR = next(
     _PACKAGE_DIR.parent / "configs",
 )
 # Groups whose choices are components or settings a user picks (shown by `tlab list`).
-GROUPS = ("experiment", "model", "pe", "norm", "norm_layer", "activation", "arch", "task", "train")
+GROUPS = ("experiment", "model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train")
 
 
 # Config trees of the user's own (``--config-dir``), searched after ``CONFIG_DIR`` as Hydra

@@ -1,22 +1,29 @@
-"""Parameter counts by formula, independent of the modules, for the built-in components.
+"""Parameter counts by formula, independent of the modules.
 
     token embedding      V * D                      output head     D * V (no bias)
-    attention (fused)    4 D^2 (+ 4 D bias)         FFN             2 D F (+ F + D bias)
-    gated FFN            3 D H (+ 2 H + D bias), H = F or round(2F/3)
-    norms                LayerNorm / BatchNorm 2 D, RMSNorm D; 2 per block (4 for sandwich),
-                         plus a final one for pre / sandwich
-    PE                   learned: max_len * D, T5: num_buckets * n_heads, others 0
+    attention (fused)    4 D^2 (+ 4 D bias)
 
-Returns None for a component it does not know (a user's own ``_target_``).
+The chosen components' counts are what their classes declare
+(:mod:`transformer_lab.config.knowledge`), e.g. for the built-ins:
+
+    FFN                  ``FeedForward.count_parameters``: 2 D F (+ F + D bias)
+    gated FFN            ``GatedFeedForward.count_parameters``: 3 D H (+ 2 H + D bias),
+                         H = F or round(2F/3)
+    norms                ``count_parameters`` of the norm layer (LayerNorm / BatchNorm 2 D,
+                         RMSNorm D) times the block's ``norms_per_block`` (2, 4 for sandwich),
+                         plus a final one where the block ``needs_final_norm`` (pre / sandwich)
+    PE                   ``count_parameters`` of the PE: learned max_len * D,
+                         T5 num_buckets * n_heads, others 0
+
+Returns None for a component whose class declares nothing (a user's own ``_target_``).
 """
 
 from __future__ import annotations
 
 from omegaconf import DictConfig
 
-from transformer_lab.components.feedforward import gated_hidden_size
-
-_PKG = "transformer_lab.components"
+from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
+from transformer_lab.config.knowledge import component_class, declared
 
 
 def attention_params(d_model: int, bias: bool) -> int:
@@ -24,49 +31,45 @@ def attention_params(d_model: int, bias: bool) -> int:
 
 
 def feedforward_params(d_model: int, d_ff: int, bias: bool) -> int:
-    return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
+    """The two-matrix FFN (``FeedForward.count_parameters``)."""
+    return FeedForward.count_parameters(d_model, d_ff, bias)
 
 
 def gated_feedforward_params(d_model: int, d_ff: int, bias: bool, match_params: bool) -> int:
-    hidden = gated_hidden_size(d_ff, match_params)
-    return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
+    """The gated FFN (``GatedFeedForward.count_parameters``)."""
+    return GatedFeedForward.count_parameters(d_model, d_ff, bias, match_params)
 
 
-_FFN = f"{_PKG}.feedforward.FeedForward"
-_GATED_FFN = f"{_PKG}.feedforward.GatedFeedForward"
+def _count(declared_value: object) -> int | None:
+    """A declared count as an int; None for anything else (undeclared)."""
+    if isinstance(declared_value, bool) or not isinstance(declared_value, int):
+        return None
+    return int(declared_value)
 
 
 def _ffn(cfg: DictConfig) -> int | None:
-    a = cfg.activation
-    target = a.get("_target_")
-    if target == _FFN:
-        return feedforward_params(a.d_model, a.d_ff, a.bias)
-    if target == _GATED_FFN:
-        return gated_feedforward_params(a.d_model, a.d_ff, a.bias, a.match_params)
-    return None
+    """Parameters of one FFN, as its class declares them (``count_parameters``)."""
+    return _count(declared(cfg.ffn, "count_parameters"))
 
 
-def _is_gated(cfg: DictConfig) -> bool:
-    return cfg.activation.get("_target_") == _GATED_FFN
+def ffn_weight_matrices(cfg: DictConfig) -> int | None:
+    """Weight matrices of the FFN that multiply activations (2; gated 3), as declared."""
+    return _count(declared(cfg.ffn, "weight_matrices"))
 
 
-_NORM_PARAMS = {f"{_PKG}.norms.LayerNorm": 2, f"{_PKG}.norms.RMSNorm": 1,
-                f"{_PKG}.norms.SequenceBatchNorm": 2}
-_NORMS_PER_BLOCK = {f"{_PKG}.block.PostNormBlock": (2, 0), f"{_PKG}.block.PreNormBlock": (2, 1),
-                    f"{_PKG}.block.SandwichNormBlock": (4, 1),
-                    f"{_PKG}.block.DeepNormBlock": (2, 0)}
+def norms_per_layer(cfg: DictConfig) -> tuple[int | None, int | None]:
+    """(norms inside one block, norms after the last block) as the block class declares them
+    (``norms_per_block``; a final one when it ``needs_final_norm``); (None, None) if undeclared."""
+    in_block = _count(declared(cfg.block, "norms_per_block"))
+    if in_block is None:
+        return None, None
+    final = bool(getattr(component_class(cfg.block), "needs_final_norm", False))
+    return in_block, int(final)
 
 
 def _pe(cfg: DictConfig) -> int | None:
-    pe = cfg.pe
-    target = pe.get("_target_", "")
-    if target.endswith("LearnedPositionalEncoding"):
-        return pe.max_len * pe.d_model
-    if target.endswith("T5RelativeBias"):
-        return pe.num_buckets * pe.n_heads
-    if target.startswith(f"{_PKG}.positional"):
-        return 0
-    return None
+    """Parameters of the PE, as its class declares them (``count_parameters``)."""
+    return _count(declared(cfg.pe, "count_parameters"))
 
 
 def parameter_breakdown(cfg: DictConfig) -> dict[str, int | None]:
@@ -96,30 +99,24 @@ DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 def attention_projection_params(d_model: int, bias: bool) -> dict[str, int]:
     """Q, K, V and O: each ``D * D`` weights (+ ``D`` bias). Their sum is ``attention_params``;
-    for D = 768 without bias that is 4 * 768^2 = 2,359,296 (the seed's figure)."""
+    for D = 768 without bias that is 4 * 768^2 = 2,359,296 (the source article's figure)."""
     each = d_model * d_model + (d_model if bias else 0)
     return {"q": each, "k": each, "v": each, "o": each}
 
 
 def ffn_hidden_size(cfg: DictConfig) -> int | None:
-    """Width of the FFN hidden activation: ``d_ff`` (gated: ``gated_hidden_size``)."""
-    a = cfg.activation
-    target = a.get("_target_")
-    if target == _FFN:
-        return int(a.d_ff)
-    if target == _GATED_FFN:
-        return gated_hidden_size(int(a.d_ff), bool(a.match_params))
-    return None
+    """Width of the FFN hidden activation, as the FFN class declares it (``hidden_size``:
+    ``d_ff``; gated: ``gated_hidden_size``)."""
+    return _count(declared(cfg.ffn, "hidden_size"))
 
 
 def norm_params_per_layer(cfg: DictConfig) -> tuple[int | None, int | None]:
     """(parameters of the norms inside one block, parameters of the final norm)."""
-    per_norm = _NORM_PARAMS.get(cfg.norm_layer.get("_target_"))
-    placement = _NORMS_PER_BLOCK.get(cfg.norm.get("_target_"))
-    if per_norm is None or placement is None:
+    per_norm = _count(declared(cfg.norm_layer, "count_parameters", d_model=cfg.model.d_model))
+    in_blocks, final = norms_per_layer(cfg)
+    if per_norm is None or in_blocks is None or final is None:
         return None, None
-    in_blocks, final = placement
-    return per_norm * cfg.model.d_model * in_blocks, per_norm * cfg.model.d_model * final
+    return per_norm * in_blocks, per_norm * final
 
 
 def matmul_weight_params(cfg: DictConfig) -> int | None:
@@ -128,9 +125,9 @@ def matmul_weight_params(cfg: DictConfig) -> int | None:
     element-wise, so they are left out. None for an unknown FFN."""
     m = cfg.model
     hidden = ffn_hidden_size(cfg)
-    if hidden is None:
+    n_ffn_matrices = ffn_weight_matrices(cfg)
+    if hidden is None or n_ffn_matrices is None:
         return None
-    n_ffn_matrices = 3 if _is_gated(cfg) else 2
     per_layer = 4 * m.d_model * m.d_model + n_ffn_matrices * m.d_model * hidden
     return m.n_layers * per_layer + m.d_model * m.vocab_size
 
@@ -153,7 +150,7 @@ def training_flops_per_token(cfg: DictConfig, seq_len: int) -> dict[str, int | N
 
 def ffn_activation_bytes(batch: int, seq_len: int, d_ff: int, bytes_per_element: int) -> int:
     """The FFN hidden activation of one layer, ``B * T * d_ff * bytes``: at B 8, T 512,
-    d_ff 3072, fp32 that is 50,331,648 bytes = 48 MiB (the seed's figure)."""
+    d_ff 3072, fp32 that is 50,331,648 bytes = 48 MiB (the source article's figure)."""
     return batch * seq_len * d_ff * bytes_per_element
 
 
@@ -178,15 +175,17 @@ def layer_activation_terms(cfg: DictConfig, batch: int, seq_len: int,
     measurement counts tensors that share storage once. None for an unknown norm or FFN.
     """
     hidden = ffn_hidden_size(cfg)
-    placement = _NORMS_PER_BLOCK.get(cfg.norm.get("_target_"))
-    if hidden is None or placement is None:
+    n_norms, _ = norms_per_layer(cfg)
+    n_ffn_matrices = ffn_weight_matrices(cfg)
+    if hidden is None or n_norms is None or n_ffn_matrices is None:
         return None
     d = cfg.model.d_model
     tokens = batch * seq_len * bytes_per_element
-    rotary = 2 if cfg.pe.get("_target_", "").endswith("RotaryPositionalEncoding") else 0
-    gated = _is_gated(cfg)
+    # a rotary PE (``kind = "rotary"``) returns rotated q and k: two new tensors
+    rotary = 2 if getattr(component_class(cfg.pe), "kind", None) == "rotary" else 0
+    gated = n_ffn_matrices == 3
     return {
-        "norm_inputs": placement[0] * tokens * d,
+        "norm_inputs": n_norms * tokens * d,
         "linear_inputs": tokens * (3 * d + hidden),
         "attention_qkv_out": tokens * d * (4 + rotary),
         "ffn_hidden": tokens * hidden * (3 if gated else 1),

@@ -5,7 +5,7 @@
                                  (Vaswani et al. 2017, sec. 3.5)
     permutation_error            f(P x) vs P f(x): zero for a position-free (NoPE) encoder
     swap_attention_error         swap two tokens: attention rows and columns must permute
-                                 exactly without a PE (the seed's "我打你" / "你打我" test)
+                                 exactly without a PE (the article's "我打你" / "你打我" test)
 
 The functions take callables and modules, so a deliberately broken component can be passed in
 (the tests do). All return a relative or absolute error as a float; ``tlab check`` decides

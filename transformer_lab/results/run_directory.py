@@ -1,4 +1,4 @@
-"""Run directories and the CSV files a run writes (see DESIGN.md, "What a run writes").
+"""Run directories and the CSV files a run writes (README, "What a run writes").
 
     config.yaml   resolved config            run.json     seed, commit, versions, times, status
     metrics.csv   one row per logged step    summary.csv  one row per run

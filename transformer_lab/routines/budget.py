@@ -5,13 +5,13 @@ Parameters per component (token embedding, PE, attention Q/K/V/O, FFN, norms, ou
 layer and total) come from :mod:`transformer_lab.measures.parameters` and are compared with
 ``sum(p.numel())`` of the built model's modules: any mismatch is a FAIL (exit 1). With the
 defaults (d_model 768, d_ff 3072, 12 heads, FFN with bias, attention without) the table shows
-the seed's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
+the article's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
 
 Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
 measured on the built model on CPU with
 :func:`transformer_lab.measures.memory.saved_activation_bytes` (saved-tensor hooks). It
 measures one forward at batch 1 and one at batch 2 and extrapolates exactly to B, since saved
-bytes are affine in B. The seed's first FFN
+bytes are affine in B. The source article's first FFN
 activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
 
 FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
@@ -41,6 +41,7 @@ from transformer_lab.measures.parameters import (
     feedforward_params,
     ffn_activation_bytes,
     ffn_hidden_size,
+    ffn_weight_matrices,
     layer_activation_terms,
     norm_params_per_layer,
     parameter_breakdown,
@@ -148,12 +149,12 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
                           lambda block: numel(block.attention)))
     ffn = None if formulas["feedforward"] is None else formulas["feedforward"] // max(layers, 1)
     hidden = ffn_hidden_size(cfg)
-    gated = cfg.activation.get("_target_", "").endswith("GatedFeedForward")
+    gated = ffn_weight_matrices(cfg) == 3  # gate, up, down (as the FFN class declares)
     ffn_formula = (f"3*D*H{' + 2*H + D' if m.ffn_bias else ''}, H={hidden}" if gated
                    else f"2*D*F{' + F + D' if m.ffn_bias else ''}")
     rows.append(per_layer("feedforward", ffn_formula, ffn, lambda block: numel(block.feedforward)))
     block_norms, final_norm = norm_params_per_layer(cfg)
-    rows.append(per_layer("norms", f"norm={cfg.norm.get('name')}, "
+    rows.append(per_layer("norms", f"block={cfg.block.get('name')}, "
                           f"{cfg.norm_layer.get('name')}", block_norms,
                           lambda block: numel(block) - numel(block.attention)
                           - numel(block.feedforward)))
@@ -181,7 +182,7 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     if model.blocks:
         share = 100 * numel(model.blocks[0].feedforward) / max(numel(model.blocks[0]), 1)
         rows.append(BudgetRow("parameters", "ffn_share", "per layer", "FFN / layer", None,
-                              round(share, 2), "%", "INFO", "the seed: about 2/3"))
+                              round(share, 2), "%", "INFO", "the source article: about 2/3"))
     return rows
 
 
@@ -271,32 +272,33 @@ def flop_rows(cfg: DictConfig, model: TransformerModel, seq_len: int,
     ]
 
 
-# The seed's printed figures (DESIGN.md, "The seeds' claims").
-SEED_FFN_WITH_BIAS = 4_721_664
+# The source article's printed figures (README, "Checking the source articles' claims").
+ARTICLE_FFN_WITH_BIAS = 4_721_664
 
 
-def seed_rows() -> list[BudgetRow]:
-    """The seed's numbers next to this module's formulas at the seed's sizes (d_model 768,
-    d_ff 3072, batch 8, seq 512, fp32). The seed prints ``768*3072 + 3072 + 3072*768 + 768 =
+def article_rows() -> list[BudgetRow]:
+    """The article's numbers next to this module's formulas at the article's sizes (d_model 768,
+    d_ff 3072, batch 8, seq 512, fp32). The article prints ``768*3072 + 3072 + 3072*768 + 768 =
     4,721,664`` for the FFN with biases; that sum is 4,722,432 (the figure leaves out the
     output bias, 768), so that row says DIFF instead of PASS. It does not fail the run: the
     built model is checked against the formula in the parameter rows."""
     ffn_bias = feedforward_params(768, 3072, True)
     rows = [
-        BudgetRow("seed", "attention Q,K,V,O without bias", "seed layer", "4*768^2", 2_359_296,
-                  attention_params(768, False), "params"),
-        BudgetRow("seed", "FFN 768-3072-768 without bias", "seed layer", "2*768*3072", 4_718_592,
-                  feedforward_params(768, 3072, False), "params"),
-        BudgetRow("seed", "FFN 768-3072-768 with biases", "seed layer",
-                  "768*3072 + 3072 + 3072*768 + 768", SEED_FFN_WITH_BIAS, ffn_bias, "params"),
-        BudgetRow("seed", "first FFN activation", "seed layer", "8*512*3072*4", 50_331_648,
+        BudgetRow("article", "attention Q,K,V,O without bias", "article layer", "4*768^2",
+                  2_359_296, attention_params(768, False), "params"),
+        BudgetRow("article", "FFN 768-3072-768 without bias", "article layer", "2*768*3072",
+                  4_718_592, feedforward_params(768, 3072, False), "params"),
+        BudgetRow("article", "FFN 768-3072-768 with biases", "article layer",
+                  "768*3072 + 3072 + 3072*768 + 768", ARTICLE_FFN_WITH_BIAS, ffn_bias, "params"),
+        BudgetRow("article", "first FFN activation", "article layer", "8*512*3072*4", 50_331_648,
                   ffn_activation_bytes(8, 512, 3072, 4), "bytes"),
     ]
     for row in rows:
         row.status = "PASS" if row.expected == row.measured else "DIFF"
-        row.detail = "expected: the seed's figure; measured: tlab's formula"
-    rows[2].detail += (f"; the seed's own sum is {ffn_bias:,}: its {SEED_FFN_WITH_BIAS:,} "
-                       f"leaves out the output bias ({ffn_bias - SEED_FFN_WITH_BIAS})")
+        row.detail = "expected: the source article's figure; measured: tlab's formula"
+    left_out = ffn_bias - ARTICLE_FFN_WITH_BIAS
+    rows[2].detail += (f"; the source article's own sum is {ffn_bias:,}: its "
+                       f"{ARTICLE_FFN_WITH_BIAS:,} leaves out the output bias ({left_out})")
     return rows
 
 
@@ -339,7 +341,7 @@ def run_budget(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
     rows += activation_rows(cfg, measured, batch, seq_len, dtype,
                             int(cfg.routine.measure_batch))
     rows += flop_rows(cfg, model, seq_len, measure)
-    rows += seed_rows()
+    rows += article_rows()
     run.write_table("budget", [r.as_row() for r in rows], BUDGET_COLUMNS)
     console.print(budget_table(rows, f"tlab budget - {run.path}"))
     failed = [f"{r.component} ({r.scope})" for r in rows if r.status == "FAIL"]

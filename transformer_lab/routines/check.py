@@ -1,7 +1,9 @@
 """``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``.
 
-Which checks run for which PE is one registry, ``CHECKS_BY_PE`` (a PE's config name -> its
-checks); ``routine.pe=all`` runs every PE's, ``--pe NAME`` one PE's. The measurements are in
+Which checks apply to a PE is what its class declares (``property_checks``: names of the
+registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property_checks =
+("sinusoidal_shift", "permutation")``); ``routine.pe=all`` runs them for every choice of the
+``pe`` group whose class declares some, ``--pe NAME`` for one. The measurements are in
 :mod:`transformer_lab.measures.properties`:
 
     rope_relative            RoPE scores depend only on m - n: several offsets, bases
@@ -11,7 +13,7 @@ checks); ``routine.pe=all`` runs every PE's, ``--pe NAME`` one PE's. The measure
     sinusoidal_shift         PE(pos + k) is one linear map of PE(pos) for every pos
     permutation_equivariant  the NoPE encoder: f(P x) = P f(x)
     pe_breaks_permutation    every PE: f(P x) != P f(x)
-    swap_attention           the seed's test: swap two tokens; NoPE attention rows and columns
+    swap_attention           the article's test: swap two tokens; NoPE attention rows and columns
                              permute exactly, a PE's do not. With ``--trained`` also on a model
                              just trained on reversal (``routine.train_steps`` steps).
 
@@ -31,6 +33,8 @@ from omegaconf import DictConfig, OmegaConf
 from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
+from transformer_lab.config.knowledge import declared
+from transformer_lab.config.tree import choice_file, group_choices
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     permutation_error,
@@ -115,7 +119,7 @@ def rope_relative_rows(make_rotary: RotaryFactory, head_dim: int, bases: list[fl
             rows.append(at_most("rope_relative", f"{component} {style} base={base:g}",
                                 value, ROPE_TOLERANCE,
                                 "max spread of q.k/(|q||k|) over shifts 0,5,17,64 of (m,n) = "
-                                "(2,5) [the seed: = (7,10)], (0,3), (10,4), (1,30)"))
+                                "(2,5) [the source article: = (7,10)], (0,3), (10,4), (1,30)"))
     return rows
 
 
@@ -213,8 +217,9 @@ def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
 
 def sinusoidal_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
                       component: str) -> list[ComponentCheck]:
-    suffix = " (at init)" if cfg.pe.get("name") == "sinusoidal_learned" else ""
     pe = instantiate_component(pe_with_length(cfg, 4 * int(cfg.model.d_model) + 512), "pe")
+    # a learned table (sinusoidal_learned) is checked as initialised, before any training
+    suffix = " (at init)" if any(True for _ in pe.parameters()) else ""
     with torch.no_grad():
         return [sinusoidal_shift_row(pe, component + suffix)]
 
@@ -235,25 +240,51 @@ def equivariance_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.
 
 
 Check = Callable[[DictConfig, TransformerModel, torch.Tensor, str], list[ComponentCheck]]
-CHECKS_BY_PE: dict[str, tuple[Check, ...]] = {
-    "none": (equivariance_checks,),
-    "sinusoidal": (sinusoidal_checks, equivariance_checks),
-    "sinusoidal_learned": (sinusoidal_checks, equivariance_checks),
-    "learned": (equivariance_checks,),
-    "rope": (rope_checks, equivariance_checks),
-    "alibi": (equivariance_checks,),
-    "t5": (equivariance_checks,),
+# The property checks by name. A PE class lists the names that apply to it in its
+# ``property_checks`` (a tuple, or a classmethod of its config arguments returning one).
+PROPERTY_CHECKS: dict[str, Check] = {
+    "rope_relative": rope_checks,  # rows rope_relative and rope_pairing_mismatch
+    "sinusoidal_shift": sinusoidal_checks,
+    "permutation": equivariance_checks,  # rows permutation_equivariant / pe_breaks_permutation
+                                         # and swap_attention
 }
+
+
+def declared_checks(pe: DictConfig) -> tuple[str, ...]:
+    """The check names the class of the pe node ``pe`` declares (``property_checks``); () when
+    it declares none. ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
+    names = declared(pe, "property_checks")
+    if isinstance(names, str):
+        names = (names,)
+    if not isinstance(names, tuple | list):
+        return ()
+    unknown = [name for name in names if name not in PROPERTY_CHECKS]
+    if unknown:
+        raise ConfigError(f"pe={pe.get('name')} declares property_checks {unknown} that tlab "
+                          f"does not have; checks: {', '.join(PROPERTY_CHECKS)}")
+    return tuple(names)
+
+
+def checks_of(cfg: DictConfig, name: str) -> tuple[str, ...]:
+    """The checks of ``pe=name`` (() for a choice that does not exist)."""
+    if cfg.pe.get("name") != name and choice_file("pe", name) is None:
+        return ()
+    return declared_checks(pe_config(cfg, name).pe)
+
+
+def pes_with_checks(cfg: DictConfig) -> list[str]:
+    """Every choice of the ``pe`` group whose class declares checks, in name order."""
+    return [name for name in group_choices("pe") if checks_of(cfg, name)]
 
 
 def pes_to_check(cfg: DictConfig) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice = str(cfg.routine.pe)
     if choice == "all":
-        return list(CHECKS_BY_PE)
-    if choice not in CHECKS_BY_PE:
+        return pes_with_checks(cfg)
+    if not checks_of(cfg, choice):
         raise ConfigError(f"--pe {choice} has no checks; pes with checks: "
-                          f"{', '.join(CHECKS_BY_PE)}")
+                          f"{', '.join(pes_with_checks(cfg))}")
     return [choice]
 
 
@@ -297,7 +328,7 @@ def run_check(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
         model = build_for_check(pe_cfg)
         tokens = check_tokens(pe_cfg, int(cfg.routine.seq_len))
         component = f"pe={name}"
-        checks: list[Check] = list(CHECKS_BY_PE[name])
+        checks: list[Check] = [PROPERTY_CHECKS[check] for check in declared_checks(pe_cfg.pe)]
         if cfg.routine.trained:
             checks.append(trained_swap_check)
         for check in checks:

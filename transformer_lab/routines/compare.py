@@ -1,4 +1,4 @@
-"""``tlab compare-activations``: step 4 of the validation routine, the seed's activation table
+"""``tlab compare-activations``: step 4 of the validation routine, the article's activation table
 (ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity, gradient stability) made
 runnable.
 
@@ -12,7 +12,7 @@ generator is seeded with the seed), so the curves differ by the activation only.
 
 Default task: 8-token reversal (vocabulary 16) in an encoder, at the ``small`` model. The
 synthetic language-model task (``task=lm arch=decoder``) was the first choice, since it gives a
-perplexity the way the seed's table means it, but its corpus is an order-1 Markov chain: the
+perplexity the way the article's table means it, but its corpus is an order-1 Markov chain: the
 embedding and output head learn the bigram table and the FFN hardly matters. Measured at 200
 steps: relu, gelu, swish and leaky_relu all plateau at held-out ppl 3.63 by step ~100 with
 indistinguishable curves (near the chain's floor: exp of its entropy rate is 3.46). 8-token
@@ -133,7 +133,7 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
     routine = cfg.routine
     names = activation_list(cfg)
-    valid = group_choices("activation")
+    valid = group_choices("ffn")
     if not names:
         raise ConfigError(f"routine.activations is empty; give one or more of: {', '.join(valid)}")
     for name in names:
@@ -165,7 +165,7 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
     """
     from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
 
-    activation = str(cfg.activation.get("name"))
+    activation = str(cfg.ffn.get("name"))
     task = build_task(cfg)
     models = build_seeded_models(cfg, seeds)
     logged: dict[int, list[tuple[int, float]]] = {s: [] for s in seeds}  # (step, perf_counter)
@@ -237,7 +237,7 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []
     for activation in activations:
-        variant = with_choice(cfg, "activation", activation)
+        variant = with_choice(cfg, "ffn", activation)
         with console.status(f"{activation}, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}: "
                             f"{cfg.routine.steps} steps"):
             seed_runs = train_seeds(variant, seeds, run.metrics, stage)

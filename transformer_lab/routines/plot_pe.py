@@ -2,7 +2,7 @@
 
 By the PE's ``kind`` (one registry, ``PLOTTERS``):
 
-    additive  pe_curves.png   PE value vs position for ``routine.dims`` (the seed's figure:
+    additive  pe_curves.png   PE value vs position for ``routine.dims`` (the article's figure:
                               dims 0, 1, 3, 7, 15, 31 of a 128-wide table, 100 positions);
                               low dims oscillate fast, high dims slowly
               pe_heatmap.png  position x dimension

@@ -30,8 +30,10 @@ Two checks more make the result mean something:
   RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
   fails it, even when it still trains.
 
-What each PE is expected to do, per architecture, is ``EXPECTED`` below (measured numbers in
-``experiments/reverse_expectations.md``).
+What each PE is expected to do, per architecture, is what its class declares
+(``expected_reversal``: a dict arch -> text, or a classmethod of the arch and the PE's config
+arguments, as ALiBi's depends on ``symmetric``); measured numbers are in
+``experiments/reverse_expectations.md``.
 
 ``routine.seeds`` = N > 1 (``--seeds``): seeds ``seed .. seed+N-1`` train together
 (``multiseed.fit_seeds``), then their controls, each for its own seed's number of steps; PASS
@@ -45,12 +47,14 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 from __future__ import annotations
 
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task, instantiate_component
+from transformer_lab.config.knowledge import declared
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
 from transformer_lab.results.console import console
@@ -74,23 +78,8 @@ NO_BETTER_MARGIN = 0.05
 # largest magnitude (float32 rounding of the rotation angles).
 ROTARY_TOLERANCE = 1e-4
 
-# What a correct implementation does on 4-token reversal at the reverse-task defaults (2 layers,
-# held-out exact match 0.99 within 600 steps); measured in experiments/reverse_expectations.md.
-EXPECTED: dict[str, dict[str, str]] = {
-    "none": {"encoder": "cannot: a NoPE encoder is permutation-equivariant (~0.07)",
-             "decoder": "may learn it: the causal mask leaks position (NoPE decoder)"},
-    "sinusoidal": {"encoder": "solves", "decoder": "solves"},
-    "learned": {"encoder": "solves", "decoder": "solves"},
-    "sinusoidal_learned": {"encoder": "solves", "decoder": "solves"},
-    "rope": {"encoder": "solves (relative only: needs 2 layers; absolute position comes from "
-                        "the sequence edges)", "decoder": "solves"},
-    "t5": {"encoder": "solves (relative only: needs 2 layers)", "decoder": "solves"},
-    "alibi(abs)": {"encoder": "slow, not 0.99 in 600 steps: -m|i-j| cannot tell left from "
-                              "right (one layer: NoPE level); two layers get ~0.9 from the edges"},
-    "alibi(split)": {"encoder": "slow, not 0.99 in 600 steps (~0.9): the slopes of 2 heads per "
-                                "direction are small at 4 tokens"},
-    "alibi": {"decoder": "slow: 0.97-0.99 in 600 steps (small slopes over 8 positions)"},
-}
+# The expected outcome of a PE whose class declares none (``expected_reversal``).
+UNKNOWN_EXPECTATION = "unknown (your own component)"
 
 
 def arch_name(cfg: DictConfig) -> str:
@@ -98,20 +87,25 @@ def arch_name(cfg: DictConfig) -> str:
 
 
 def pe_label(cfg: DictConfig) -> str:
-    """The PE as a table shows it: its group name, ``alibi(abs|split)`` for encoders, or the
-    class name of a user's own ``_target_``."""
+    """The PE as a table shows it: its group name (the class name of a user's own
+    ``_target_``), as the class's ``variant_label`` rewrites it where it declares one (ALiBi in
+    an encoder: ``alibi(abs|split)``)."""
     target = str(cfg.pe.get("_target_", ""))
-    if not target.startswith("transformer_lab."):
-        return target.rsplit(".", 1)[-1] or str(cfg.pe.get("name"))
     name = str(cfg.pe.get("name"))
-    if name == "alibi" and not cfg.arch.causal:
-        return f"alibi({cfg.pe.get('symmetric', 'abs')})"
-    return name
+    if not target.startswith("transformer_lab."):
+        name = target.rsplit(".", 1)[-1] or name
+    label = declared(cfg.pe, "variant_label", name=name, arch=arch_name(cfg))
+    return label if isinstance(label, str) else name
 
 
 def expected_outcome(cfg: DictConfig) -> str:
-    label = pe_label(cfg)
-    return EXPECTED.get(label, {}).get(arch_name(cfg), "unknown (your own component)")
+    """What the PE is expected to do on reversal in this arch, as its class declares it
+    (``expected_reversal``); ``UNKNOWN_EXPECTATION`` where it declares nothing."""
+    arch = arch_name(cfg)
+    expected = declared(cfg.pe, "expected_reversal", arch=arch)
+    if isinstance(expected, Mapping):
+        expected = expected.get(arch)
+    return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
 
 
 def check_config(cfg: DictConfig, task: Task) -> None:

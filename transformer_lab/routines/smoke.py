@@ -1,11 +1,11 @@
-"""``tlab smoke``: steps 1 and 2 of the seed's validation routine.
+"""``tlab smoke``: steps 1 and 2 of the source article's validation routine.
 
 Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
 and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
 finite gradient and the parameter count equals the formula (``parameter_count``).
 Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
 PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
-it checks the seed's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
+it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
 and parameters whose gradient is all zeros.
 """
 
@@ -79,7 +79,7 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
 
 
 def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float) -> str:
-    """The seed's suspects when the smoke loss does not fall."""
+    """The source article's suspects when the smoke loss does not fall."""
     hints = []
     lr = float(cfg.train.lr)
     if drop < 0:

@@ -1,6 +1,6 @@
-"""``tlab validate``: the seed's four-step validation routine on one configuration.
+"""``tlab validate``: the source article's four-step validation routine on one configuration.
 
-    step 1  the seed's minimal model (4 tokens, d_model 8, one layer) runs forward and backward:
+    step 1  the article's minimal model (4 tokens, d_model 8, one layer) runs forward and backward:
             output shape, finite loss, a finite gradient for every parameter, parameter count
     step 2  <= 10 optimiser steps on fixed batches: the loss must fall (else: learning rate,
             PE-to-embedding scale, dead gradients)

@@ -79,11 +79,16 @@ OnStep = Callable[[int, int, float], None]
 
 
 def vectorisable(cfg: DictConfig) -> str | None:
-    """None if ``cfg``'s seeds can train as one batched model, else the reason they cannot."""
-    if "batchnorm" in str(cfg.norm_layer.get("name", "")).lower() or "BatchNorm" in str(
-        cfg.norm_layer.get("_target_", "")
-    ):
-        return "norm_layer=batchnorm keeps running statistics (module state)"
+    """None if ``cfg``'s seeds can train as one batched model, else the reason they cannot.
+
+    A component whose class declares ``keeps_running_statistics = True`` (BatchNorm) holds
+    module state updated in place, which vmap cannot give each seed."""
+    from transformer_lab.config.knowledge import declared
+
+    for group in ("norm_layer", "block", "ffn", "pe"):
+        if group in cfg and declared(cfg[group], "keeps_running_statistics") is True:
+            return (f"{group}={cfg[group].get('name')} keeps running statistics "
+                    "(module state)")
     dropouts = {k: float(v) for k, v in cfg.model.dropout.items() if v}
     if dropouts:
         return f"dropout {dropouts} draws random numbers that vmap cannot reproduce per seed"
@@ -111,7 +116,8 @@ def worth_vectorising(cfg: DictConfig, task: Task,
 
 def _has_module_state(model: nn.Module) -> str | None:
     for module in model.modules():
-        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+        if getattr(type(module), "keeps_running_statistics", False) is True or isinstance(
+                module, nn.modules.batchnorm._BatchNorm):
             return f"{type(module).__name__} keeps running statistics (module state)"
         if isinstance(module, nn.Dropout) and module.p > 0:
             return f"dropout p={module.p} draws random numbers that vmap cannot reproduce"

@@ -64,6 +64,35 @@ class ALiBiPositionalBias(nn.Module):
 
     kind = "bias"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
+    property_checks: tuple[str, ...] = ("permutation",)
+
+    @classmethod
+    def count_parameters(cls) -> int:
+        """Parameters the module holds: none (the slopes are fixed)."""
+        return 0
+
+    @classmethod
+    def variant_label(cls, name: str, arch: str, symmetric: str = "abs") -> str:
+        """How tables name this PE: an encoder's bias form is part of the name
+        (``alibi(abs)``, ``alibi(split)``); a decoder uses the causal form whatever
+        ``symmetric`` says."""
+        return f"{name}({symmetric})" if arch == "encoder" else name
+
+    @classmethod
+    def expected_reversal(cls, arch: str, symmetric: str = "abs") -> str | None:
+        """What it does on the 4-token reversal task (``tlab reverse-task``, ``reverse.csv``)."""
+        if arch == "decoder":
+            return "slow: 0.97-0.99 in 600 steps (small slopes over 8 positions)"
+        if symmetric == "split":
+            return ("slow, not 0.99 in 600 steps (~0.9): the slopes of 2 heads per direction "
+                    "are small at 4 tokens")
+        if symmetric == "abs":
+            return ("slow, not 0.99 in 600 steps: -m|i-j| cannot tell left from right (one "
+                    "layer: NoPE level); two layers get ~0.9 from the edges")
+        return None
+
     def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs") -> None:
         super().__init__()
         if n_heads < 1:

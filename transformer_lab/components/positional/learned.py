@@ -35,6 +35,23 @@ class LearnedPositionalEncoding(nn.Module):
 
     kind = "additive"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
+    expected_reversal: dict[str, str] = {"encoder": "solves", "decoder": "solves"}
+
+    @classmethod
+    def count_parameters(cls, d_model: int, max_len: int) -> int:
+        """Parameters the module holds: the ``(max_len, d_model)`` table."""
+        return max_len * d_model
+
+    @classmethod
+    def property_checks(cls, init: str = "normal") -> tuple[str, ...]:
+        """Property checks of ``tlab check`` that apply (names in ``routines/check.py``): a table
+        initialised from the sinusoidal one is also checked for the shift property (at init)."""
+        if init == "sinusoidal":
+            return ("sinusoidal_shift", "permutation")
+        return ("permutation",)
+
     def __init__(
         self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False
     ) -> None:

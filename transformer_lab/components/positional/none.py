@@ -20,5 +20,19 @@ class NoPositionalEncoding(nn.Module):
 
     kind = "none"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
+    property_checks: tuple[str, ...] = ("permutation",)
+    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
+    expected_reversal: dict[str, str] = {
+        "encoder": "cannot: a NoPE encoder is permutation-equivariant (~0.07)",
+        "decoder": "may learn it: the causal mask leaks position (NoPE decoder)",
+    }
+
+    @classmethod
+    def count_parameters(cls) -> int:
+        """Parameters the module holds: none."""
+        return 0
+
     def __init__(self) -> None:
         super().__init__()

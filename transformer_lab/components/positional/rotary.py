@@ -127,6 +127,23 @@ class RotaryPositionalEncoding(nn.Module):
 
     kind = "rotary"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    # ``kind = "rotary"`` also tells the activation-memory formula that q and k are rotated
+    # into new tensors.
+    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
+    property_checks: tuple[str, ...] = ("rope_relative", "permutation")
+    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
+    expected_reversal: dict[str, str] = {
+        "encoder": "solves (relative only: needs 2 layers; absolute position comes from the "
+                   "sequence edges)",
+        "decoder": "solves",
+    }
+
+    @classmethod
+    def count_parameters(cls) -> int:
+        """Parameters the module holds: none (cos/sin are computed)."""
+        return 0
+
     def __init__(
         self,
         head_dim: int,

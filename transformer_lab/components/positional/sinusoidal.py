@@ -61,6 +61,17 @@ class SinusoidalPositionalEncoding(nn.Module):
 
     kind = "additive"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
+    property_checks: tuple[str, ...] = ("sinusoidal_shift", "permutation")
+    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
+    expected_reversal: dict[str, str] = {"encoder": "solves", "decoder": "solves"}
+
+    @classmethod
+    def count_parameters(cls) -> int:
+        """Parameters the module holds: none (the table is a buffer)."""
+        return 0
+
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__()
         if max_len < 1:

@@ -74,6 +74,18 @@ class T5RelativeBias(nn.Module):
 
     kind = "bias"
 
+    # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
+    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
+    property_checks: tuple[str, ...] = ("permutation",)
+    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
+    expected_reversal: dict[str, str] = {"encoder": "solves (relative only: needs 2 layers)",
+                                         "decoder": "solves"}
+
+    @classmethod
+    def count_parameters(cls, num_buckets: int, n_heads: int) -> int:
+        """Parameters the module holds: the ``(num_buckets, n_heads)`` table."""
+        return num_buckets * n_heads
+
     def __init__(
         self,
         n_heads: int,

@@ -1,4 +1,4 @@
-"""``tlab extrapolate``: train at one length, evaluate at longer ones (the seed's pitfall 6.2).
+"""``tlab extrapolate``: train at one length, evaluate at longer ones (the article's pitfall 6.2).
 
 For every positional encoding in ``routine.pes`` and every seed, one model is trained on the task
 at ``routine.train_len`` (``task.seq_len``; for ``reverse``/``copy`` under ``arch=decoder`` the
@@ -35,7 +35,7 @@ Every model is built for its training length: ``model.max_len`` (the learned tab
 training model length unless ``routine.max_len`` is set. A learned table asked for positions it
 does not have (``pe.interpolate=false``) cannot be evaluated there: its rows in
 ``extrapolation.csv`` get ``status=error`` and the reason, the other encodings still run (this is
-the seed's "learned PE fails past its max length"). Bad requests stop the run before anything is
+the article's "learned PE fails past its max length"). Bad requests stop the run before anything is
 trained (``ConfigError``, exit 2): an evaluation length below 1, an unknown scaling, a factor
 <= 0, a scaling with no RoPE encoding in ``routine.pes``, a length the task cannot generate.
 
