@@ -23,10 +23,10 @@ from transformer_lab.measures.properties import rope_relative_violation
 from transformer_lab.model import build_model
 from transformer_lab.routines.check import (
     CHECK_TABLE_COLUMNS,
-    CHECKS_BY_PE,
     check_tokens,
     equivariance_row,
     pairing_mismatch_row,
+    pes_with_checks,
     rope_relative_rows,
     sinusoidal_shift_row,
     swap_row,
@@ -198,7 +198,8 @@ def test_a_pe_without_checks_exits_2(tlab, tmp_path):
     assert not (tmp_path / "x").exists()
     assert_refused(tlab("experiment=check", "routine.pe=rotary2",
                         f"hydra.run.dir={tmp_path / 'y'}"), tmp_path / "y",
-                   "--pe rotary2 has no checks; pes with checks: " + ", ".join(CHECKS_BY_PE))
+                   "--pe rotary2 has no checks; pes with checks: "
+                   + ", ".join(pes_with_checks(check_cfg())))
 
 
 def test_check_refuses_a_decoder(tlab, tmp_path):

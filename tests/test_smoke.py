@@ -33,8 +33,8 @@ def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
         cfg = base.copy()
         for group, choice in zip(GRID, combo, strict=True):
             cfg[group] = nodes[group][choice]
-        validate_config(cfg)
-        outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg))
+        inputs = validate_config(cfg)
+        outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg), inputs)
         if not outcome.passed:
             failures.append((combo, outcome.message))
     assert i + 1 == 7 * 4 * 8 * 2

@@ -152,12 +152,16 @@ class TransformerModel(nn.Module):
         return tokens[:, prefix.shape[1] :]
 
 
-def build_model(cfg: DictConfig) -> TransformerModel:
-    """Build the model described by ``cfg`` (groups model, pe, norm, norm_layer, activation, arch).
+def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
+    """Build the model described by ``cfg`` (groups model, pe, block, norm_layer, ffn, arch).
 
-    The caller seeds torch beforehand; initialisation is N(0, model.init_std) for every weight
-    matrix and embedding, zero biases, ones for norm gains.
+    With ``seed`` torch's global generator is seeded first (``torch.manual_seed(seed)``), so the
+    same seed gives the same initial weights; without it the caller's generator state is used.
+    Initialisation is N(0, model.init_std) for every weight matrix and embedding, zero biases,
+    ones for norm gains.
     """
+    if seed is not None:
+        torch.manual_seed(int(seed))
     m = cfg.model
     positional = instantiate_component(cfg, "pe")
     try:

@@ -1,16 +1,21 @@
-"""Check Hydra arguments before anything is written: unknown choices or keys, malformed
-overrides, invalid sizes, and an output directory that already holds a run all become one
+"""Check a command line before anything is written: it is parsed once (``check_arguments``)
+and the first job's config composed once (``compose_first_job``); unknown choices or keys,
+malformed overrides and an output directory that already holds a run all become one
 ``ConfigError`` line (exit code 2) instead of a Hydra traceback or a half-made run directory.
+The composed config is then validated once by :mod:`transformer_lab.app.validation`.
 """
 
 from __future__ import annotations
 
 import shutil
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from transformer_lab.app.validation import validate_config
+from omegaconf import DictConfig
+
 from transformer_lab.config.compose import compose
-from transformer_lab.config.tree import CONFIG_DIR, config_dirs, group_choices, set_user_config_dirs
+from transformer_lab.config.tree import CONFIG_DIR, config_dirs, group_choices
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import holds_run
 
@@ -88,7 +93,8 @@ def _values(override) -> list[str]:
     return [override.get_value_element_as_str()]
 
 
-def _check_group_choice(group: str, values: list[str], running: bool = True) -> None:
+def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
+                        running: bool = True) -> None:
     if group.startswith("hydra/"):
         available = group_choices_hydra(group.split("/", 1)[1])
         for value in values:
@@ -104,7 +110,7 @@ def _check_group_choice(group: str, values: list[str], running: bool = True) -> 
                                   "PATH: run it on the cluster's login node (to try the sweep "
                                   "here use hydra/launcher=submitit_local)")
         return
-    choices = group_choices(group)
+    choices = group_choices(group, user_dirs)
     if not choices:
         return
     for value in values:
@@ -136,27 +142,46 @@ def check_output_dir(path: Path, sweep: bool) -> None:
         raise ConfigError(f"'{path}' already holds a sweep's runs; choose another directory")
 
 
-def preflight(args: list[str], resume: bool = False) -> None:
-    """Raise ``ConfigError`` for arguments that cannot make a valid run.
+@dataclass
+class Arguments:
+    """A command line, parsed once and checked: what ``hydra_app.main`` runs."""
+
+    flags: list[str]                # Hydra's flags (-m, --cfg job, --config-dir DIR, ...)
+    overrides: list[str]            # the overrides, as Hydra gets them
+    first_job: list[str] = field(default_factory=list)  # a sweep's first values (its 1st job)
+    config_dirs: list[Path] = field(default_factory=list)  # --config-dir trees
+    multirun: bool = False
+    printing: bool = False          # --cfg / --info: Hydra prints, nothing runs
+    hydra_only: bool = False        # --help, another primary config: Hydra handles it all
+
+    @property
+    def single_run(self) -> bool:
+        return not (self.multirun or self.printing or self.hydra_only)
+
+
+def check_arguments(args: list[str], resume: bool = False) -> Arguments:
+    """Parse the command line once and check it; raise ``ConfigError`` for arguments that
+    cannot make a valid run (unknown flags, malformed overrides, unknown choices, an output
+    directory that already holds a run).
 
     ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
     hold runs."""
     flags, overrides = split_arguments(args)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
-        return  # another primary config, or help: let Hydra handle it
-    search_path = user_config_dir_overrides(flags)
+        return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
+    dirs = user_config_dirs_of(flags)
     unknown = [f for f in flags if f.split("=", 1)[0] not in HYDRA_FLAGS and f.startswith("-")]
     if unknown:
         raise ConfigError(f"unknown option '{unknown[0]}'; Hydra's flags are --multirun/-m, "
                           "--cfg job|hydra|all, --info [topic], --resolve, --package; a "
                           "command's own options are listed by --help")
     printing = [f for f in flags if f in ("--cfg", "-c", "--info", "-i")]
-    if printing and any(f in ("-m", "--multirun") for f in flags):
+    multirun = any(f in ("-m", "--multirun") for f in flags)
+    if printing and multirun:
         raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
                           "see the first job's config (sweep values are then single values)")
-    parsed = _parse(overrides)
     first_values = []
-    for override in parsed:
+    for override in _parse(overrides):
         key = override.key_or_group
         values = _values(override)
         if override.is_sweep_override() and not values:
@@ -166,27 +191,37 @@ def preflight(args: list[str], resume: bool = False) -> None:
         if override.is_delete():
             first_values.append(override.input_line)
             continue
-        if "." not in key and ("/" in key or key in group_choices_top()):
-            _check_group_choice(key, values, running=not printing)
+        if "." not in key and ("/" in key or key in group_choices_top(dirs)):
+            _check_group_choice(key, values, dirs, running=not printing)
         if override.is_sweep_override():
             head = override.input_line.split("=", 1)[0]
             first_values.append(f"{head}={values[0]}")
         else:
             first_values.append(override.input_line)
+    return Arguments(flags, overrides, first_values, dirs, multirun, bool(printing))
+
+
+def compose_first_job(arguments: Arguments) -> tuple[Any, DictConfig]:
+    """Compose the config of the (first) job once, as Hydra's app will; returns the Hydra
+    handle that can run it and the config, its ``config_dirs`` filled in. Errors become one
+    ``ConfigError`` line (an unknown key lists the keys its parent has)."""
+    from omegaconf import open_dict
+
+    from transformer_lab.config.hydra_adapter import compose_app_config
+
     try:
-        cfg = compose(search_path + first_values)
-    except ConfigError:
-        raise
+        hydra, cfg = compose_app_config(CONFIG_DIR, arguments.config_dirs, arguments.first_job)
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-        raise ConfigError(_unknown_key_message(message, search_path + first_values)
+        raise ConfigError(_unknown_key_message(message, arguments.first_job)
                           or f"invalid override: {message}") from None
-    validate_config(cfg)
+    with open_dict(cfg):
+        cfg.config_dirs = [str(d) for d in arguments.config_dirs]
+    return hydra, cfg
 
 
-def user_config_dir_overrides(flags: list[str]) -> list[str]:
-    """``--config-dir DIR``: check DIR, search it for config choices from now on, and return
-    the override that makes ``compose`` search it as Hydra's app will."""
+def user_config_dirs_of(flags: list[str]) -> list[Path]:
+    """The ``--config-dir DIR`` trees of ``flags`` (each checked to be a directory)."""
     dirs = []
     for i, flag in enumerate(flags):
         name, _, value = flag.partition("=")
@@ -196,14 +231,12 @@ def user_config_dir_overrides(flags: list[str]) -> list[str]:
                 raise ConfigError(f"--config-dir '{value}' is not a directory; give a folder "
                                   "holding config groups, e.g. DIR/pe/my_pe.yaml")
             dirs.append(Path(value).resolve())
-    set_user_config_dirs(dirs)
-    if not dirs:
-        return []
-    return ["hydra.searchpath=[" + ",".join(f"file://{d}" for d in dirs) + "]"]
+    return dirs
 
 
-def group_choices_top() -> set[str]:
-    return {p.name for d in config_dirs() if d.is_dir() for p in d.iterdir() if p.is_dir()}
+def group_choices_top(user_dirs: list[Path]) -> set[str]:
+    return {p.name for d in config_dirs(user_dirs) if d.is_dir() for p in d.iterdir()
+            if p.is_dir()}
 
 
 def _unknown_key_message(message: str, overrides: list[str]) -> str | None:

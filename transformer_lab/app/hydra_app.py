@@ -1,87 +1,121 @@
-"""The bare Hydra application. ``tlab run ARGS`` and ``python -m transformer_lab.run ARGS`` are
-the same program; every other command builds Hydra overrides and comes through here, so
-``-m``, ``--cfg job``, ``--info``, ``hydra/launcher=...`` work everywhere as in any Hydra app.
+"""The Hydra application. ``tlab run ARGS`` and ``python -m transformer_lab.run ARGS`` are the
+same program; every other command builds Hydra overrides and comes through here, so ``-m``,
+``--cfg job``, ``--info``, ``hydra/launcher=...`` work everywhere as in any Hydra app.
+
+One pass per run (``main``): the command line is parsed once and checked
+(``arguments.check_arguments``), the first job's config is composed once
+(``arguments.compose_first_job``) and validated once, which builds the task and the model once
+(``validation.validate_config``). A single run then goes straight to its job with those
+(``job.execute``); a sweep, or a flag that only prints (``--cfg``, ``--info``), goes through
+Hydra's own command line, where each job composes and validates its own config.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-import hydra
-from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.app.arguments import preflight, split_arguments
+from transformer_lab.app.arguments import (
+    Arguments,
+    check_arguments,
+    compose_first_job,
+    split_arguments,
+)
 from transformer_lab.config.tree import CONFIG_DIR
 from transformer_lab.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
 
-# Exit codes of the jobs that ran in this process (single runs and in-process sweeps).
-JOB_EXIT_CODES: list[int] = []
 
-
-@hydra.main(config_path=str(CONFIG_DIR), config_name="config", version_base="1.3")
-def hydra_app(cfg: DictConfig) -> int:
+def hydra_job(cfg: DictConfig) -> int:
+    """One job started by Hydra's command line (a sweep's job, in whichever process the
+    launcher runs it): validates its own config, runs, records its ``sweep.csv`` row."""
+    from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
+    from omegaconf import open_dict
 
     from transformer_lab.app.job import execute
-    from transformer_lab.config.tree import set_user_config_dirs
 
     hydra_cfg = HydraConfig.get()
-    # --config-dir trees, so that routines find their choices too (e.g. --activations)
-    set_user_config_dirs([Path(source.path) for source in hydra_cfg.runtime.config_sources
-                          if source.provider == "command-line" and source.schema == "file"])
+    with open_dict(cfg):  # --config-dir trees, so that routines find their choices too
+        cfg.config_dirs = [source.path for source in hydra_cfg.runtime.config_sources
+                           if source.provider == "command-line" and source.schema == "file"]
     if hydra_cfg.mode == RunMode.MULTIRUN:
         from transformer_lab.app.sweeps import run_sweep_job
 
-        code = run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
-    else:
-        code = execute(cfg, Path(hydra_cfg.runtime.output_dir))
-    JOB_EXIT_CODES.append(code)
-    return code
+        return run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
+    return execute(cfg, Path(hydra_cfg.runtime.output_dir))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Check the arguments, run the Hydra app with them, return the worst job exit code."""
+    """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
     from transformer_lab.app import sweeps
     from transformer_lab.results.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
-    try:
-        args, resume_dir = sweeps.pop_resume(args)
+    with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
+        try:
+            args, resume_dir = sweeps.pop_resume(args)
+            if resume_dir is not None:
+                args = sweeps.resume_arguments(resume_dir, args)
+            arguments = check_arguments(renamed_group_aliases(args), resume=resume_dir is not None)
+            if arguments.hydra_only:
+                return _run_hydra(arguments)
+            hydra, cfg = compose_first_job(arguments)
+            from transformer_lab.app.validation import validate_config
+
+            inputs = validate_config(cfg)
+        except ConfigError as exc:
+            print_error(str(exc))
+            return EXIT_USAGE
         if resume_dir is not None:
-            args = sweeps.resume_arguments(resume_dir, args)
-        args = renamed_group_aliases(args)
-        preflight(args, resume=resume_dir is not None)
-    except ConfigError as exc:
-        print_error(str(exc))
-        return EXIT_USAGE
-    if resume_dir is not None:
-        sweeps.keep_multirun_yaml(resume_dir)
-    flags, overrides = split_arguments(args)
-    args = [*flags, *overrides]  # Hydra's parser wants its flags before the overrides
-    if os.getcwd() not in sys.path:  # a user's own components: _target_=my_module.MyPE
-        sys.path.insert(0, os.getcwd())
-    JOB_EXIT_CODES.clear()
-    sweeps.STARTED_SWEEPS.clear()
-    saved_argv = sys.argv
-    sys.argv = [saved_argv[0] if saved_argv else "tlab", *args]
+            sweeps.keep_multirun_yaml(resume_dir)
+        try:
+            if arguments.single_run:
+                return _run_single(hydra, cfg, inputs)
+            if not arguments.multirun:
+                return _run_hydra(arguments)  # --cfg, --info: Hydra prints
+            sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
+            code = _run_hydra(arguments, sweep_dir)
+        except KeyboardInterrupt:
+            print_error("interrupted; rows logged so far are kept")
+            return EXIT_INTERRUPTED
+        # The jobs may have run in other processes (joblib, submitit): read their statuses.
+        sweeps.print_sweep_summary(sweep_dir)
+        return max(code, sweeps.sweep_exit_code(sweep_dir))
+
+
+def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
+    """The single run of ``cfg``, in the run directory Hydra makes, with the task and model
+    built while validating it."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from transformer_lab.app.job import execute
+    from transformer_lab.config.hydra_adapter import run_job
+
+    def task_function(job_cfg: DictConfig) -> int:
+        return execute(job_cfg, Path(HydraConfig.get().runtime.output_dir), inputs)
+
+    return int(run_job(hydra, cfg, task_function))
+
+
+def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None) -> int:
+    """Hydra's own command line (help, printing, sweeps); a sweep is pinned to ``sweep_dir``
+    (the directory the checked config names), so its jobs' statuses can be read afterwards."""
+    from transformer_lab.app.sweeps import quote_value
+    from transformer_lab.config.hydra_adapter import run_hydra
+
+    overrides = list(arguments.overrides)
+    if sweep_dir is not None and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+        overrides.append(f"hydra.sweep.dir={quote_value(str(sweep_dir))}")
     try:
-        hydra_app()
-    except KeyboardInterrupt:
-        print_error("interrupted; rows logged so far are kept")
-        return EXIT_INTERRUPTED
+        run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR)
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
-    finally:
-        sys.argv = saved_argv
-    # Jobs may have run in other processes (joblib, submitit): read their recorded statuses.
-    codes = list(JOB_EXIT_CODES)
-    for sweep_dir in sweeps.STARTED_SWEEPS:
-        sweeps.print_sweep_summary(sweep_dir)
-        codes.append(sweeps.sweep_exit_code(sweep_dir))
-    return max(codes, default=0)
+    return 0
 
 
 def renamed_group_aliases(args: list[str]) -> list[str]:
@@ -96,6 +130,21 @@ def renamed_group_aliases(args: list[str]) -> list[str]:
         print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
                       "0.3)")
     return [*flags, *overrides]
+
+
+@contextmanager
+def working_directory_importable() -> Iterator[None]:
+    """The working directory on ``sys.path`` while a command runs (removed afterwards), so a
+    ``_target_`` such as ``my_module.MyPE`` next to the user imports, in pre-flight too."""
+    cwd = os.getcwd()
+    added = cwd not in sys.path
+    if added:
+        sys.path.insert(0, cwd)
+    try:
+        yield
+    finally:
+        if added and cwd in sys.path:
+            sys.path.remove(cwd)
 
 
 if __name__ == "__main__":

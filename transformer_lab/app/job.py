@@ -22,6 +22,7 @@ from transformer_lab.errors import (
 )
 from transformer_lab.results.console import print_error
 from transformer_lab.results.run_directory import SUMMARY_COLUMNS, RunDirectory
+from transformer_lab.routines import JobInputs
 
 
 def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
@@ -38,8 +39,11 @@ def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
     return row
 
 
-def execute(cfg: DictConfig, run_dir: Path) -> int:
-    """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code."""
+def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> int:
+    """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code.
+
+    ``inputs``: the task and model that the launching process built while validating ``cfg``
+    (a single run); without them (a sweep's job) the config is validated here, once."""
     from transformer_lab.app.validation import validate_config
     from transformer_lab.routines import get_routine
     from transformer_lab.training.threads import torch_threads
@@ -51,10 +55,11 @@ def execute(cfg: DictConfig, run_dir: Path) -> int:
         return EXIT_USAGE
     status, error, code, numbers = "error", None, EXIT_FAILED, {}
     try:
-        validate_config(cfg)  # also fills in model.vocab_size from the task
+        if inputs is None:
+            inputs = validate_config(cfg)  # also fills in model.vocab_size from the task
         with torch_threads(cfg.train.get("threads")):
             run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
-            outcome = get_routine(cfg.routine.name)(cfg, run)
+            outcome = get_routine(cfg.routine.name)(cfg, run, inputs)
         numbers = outcome.summary
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
         error = None if outcome.passed else outcome.message or None

@@ -34,10 +34,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.errors import EXIT_FAILED, EXIT_OK, ConfigError
+from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from transformer_lab.results.run_directory import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
 
 try:  # POSIX; elsewhere one O_APPEND write of a whole line is the only guard
@@ -50,20 +49,8 @@ RESUME_ENV = "TLAB_RESUME"  # set in the jobs of a --resume sweep through hydra.
 SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *NUMBER_COLUMNS,
                  "error", "run_dir", "host", "end_time"]
 _STATUS_CODES = {"passed": EXIT_OK, "failed": EXIT_FAILED, "diverged": EXIT_FAILED,
-                 "error": EXIT_FAILED, "interrupted": 130, "running": EXIT_FAILED}
-
-# Sweep directories started in this process (filled by SweepCallback.on_multirun_start).
-STARTED_SWEEPS: list[Path] = []
-
-
-class SweepCallback(Callback):
-    """Registered in ``configs/config.yaml`` (``hydra.callbacks.tlab_sweep``): remembers, in the
-    launching process, where a sweep writes, so ``run.main`` can read the jobs' statuses."""
-
-    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(str(config.hydra.sweep.dir)).resolve()
-        STARTED_SWEEPS.append(sweep_dir)
-
+                 "error": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED,
+                 "running": EXIT_FAILED}
 
 # --- the job side ---------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
 """Checking a composed config once, before a run starts: sizes, settings, the task and the model
-(built once, each component run at the task's length), then the routine's own settings.
+(built once, each component run at the task's length), then the routine's own settings. The
+task and the model built here are handed to the routine (``JobInputs``): nothing is built twice.
 
 Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2).
 """
@@ -12,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
+from transformer_lab.routines import JobInputs, check_routine
 from transformer_lab.training.threads import check_threads
 
 
@@ -22,8 +24,8 @@ def _positive(cfg: DictConfig, keys: list[str]) -> None:
             raise ConfigError(f"{key}={value} is not valid; it must be a positive number")
 
 
-def validate_config(cfg: DictConfig) -> Any:
-    """Check sizes, build the task and the model once; return the task.
+def validate_config(cfg: DictConfig) -> JobInputs:
+    """Check sizes, build the task and the model once; return them for the routine.
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
@@ -46,11 +48,12 @@ def validate_config(cfg: DictConfig) -> Any:
     _check_device(cfg.train.device)
     check_threads(cfg.train.get("threads"))
     task = build_task(cfg)
-    _check_model(cfg, task.model_seq_len)
-    from transformer_lab.routines import check_routine
+    inputs = JobInputs(task=task, model=_checked_model(cfg, task.model_seq_len))
+    import torch
 
-    check_routine(cfg, task)  # the routine's own settings (e.g. extrapolate's lengths)
-    return task
+    with torch.random.fork_rng(devices=[]):
+        check_routine(cfg, inputs)  # the routine's own settings (e.g. extrapolate's lengths)
+    return inputs
 
 
 def _check_device(device: str) -> None:
@@ -62,11 +65,18 @@ def _check_device(device: str) -> None:
         raise ConfigError(f"train.device='{device}' but torch sees no CUDA device; use cpu")
 
 
-def _check_model(cfg: DictConfig, seq_len: int) -> None:
-    """Build the model once (errors name the group) and run each component at the task length
-    (e.g. a learned PE asked for more positions than its table has)."""
+def _checked_model(cfg: DictConfig, seq_len: int) -> Any:
+    """Build the run's model once, seeded with ``cfg.seed`` (errors name the group), and run
+    each component at the task length (e.g. a learned PE asked for more positions than its
+    table has). The checks draw from their own generator in eval mode, so the model and torch's
+    global generator are left as a run that builds the model itself would have them."""
+    import torch
+
     from transformer_lab.config.protocols import check_protocols
     from transformer_lab.model import build_model
 
-    model = build_model(cfg)
-    check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
+    model = build_model(cfg, seed=cfg.seed)
+    model.eval()  # e.g. BatchNorm's running statistics stay untouched
+    with torch.random.fork_rng(devices=[]):
+        check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
+    return model.train()

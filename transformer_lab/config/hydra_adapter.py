@@ -6,6 +6,7 @@ uses Hydra's public API only; if a Hydra release moves these names, this file is
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,3 +27,63 @@ def group_options(config_dir: Path, group: str) -> list[str]:
 
     loader = ConfigLoaderImpl(config_search_path=create_config_search_path(str(config_dir)))
     return sorted(loader.get_group_options(group))
+
+
+def _search_path(config_dir: Path, user_dirs: list[Path]) -> Any:
+    """tlab's tree plus the ``--config-dir`` trees after it, as ``hydra.main`` builds the search
+    path (``--config-dir`` goes before the structured-config schemas, after the app's tree: a
+    name in both trees is tlab's)."""
+    from hydra._internal.utils import create_automatic_config_search_path
+    from hydra.core.config_search_path import SearchPathQuery
+
+    search_path = create_automatic_config_search_path(None, None, str(config_dir))
+    for user_dir in user_dirs:
+        search_path.prepend(provider="command-line", path=f"file://{Path(user_dir).resolve()}",
+                            anchor=SearchPathQuery(provider="schema"))
+    return search_path
+
+
+def compose_app_config(config_dir: Path, user_dirs: list[Path], overrides: list[str]) -> Any:
+    """The config of one run exactly as ``hydra.main`` composes it (the ``hydra`` node and its
+    runtime fields included), plus the handle :func:`run_job` needs to run it."""
+    from hydra._internal.hydra import Hydra
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    GlobalHydra.instance().clear()
+    hydra = Hydra.create_main_hydra2(task_name="run",
+                                     config_search_path=_search_path(config_dir, user_dirs))
+    try:
+        cfg = hydra.compose_config("config", overrides, run_mode=RunMode.RUN,
+                                   with_log_configuration=True)
+    finally:
+        GlobalHydra.instance().clear()  # as after hydra.main; the handle still runs the job
+    return hydra, cfg
+
+
+def run_job(hydra: Any, cfg: Any, task_function: Callable[[Any], Any]) -> Any:
+    """Run ``task_function`` on the composed ``cfg`` as ``hydra.main`` runs a single job: run
+    directory, ``.hydra/`` files, logging, callbacks; returns what the task function returned."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job as hydra_run_job
+    from hydra.types import HydraContext
+
+    callbacks = Callbacks(cfg)
+    callbacks.on_run_start(config=cfg, config_name="config")
+    result = hydra_run_job(hydra_context=HydraContext(config_loader=hydra.config_loader,
+                                                      callbacks=callbacks),
+                           task_function=task_function, config=cfg,
+                           job_dir_key="hydra.run.dir", job_subdir_key=None)
+    callbacks.on_run_end(config=cfg, config_name="config", job_return=result)
+    return result.return_value
+
+
+def run_hydra(argv: list[str], task_function: Callable[[Any], Any], config_dir: Path) -> None:
+    """Hydra's own command line on ``argv`` (sweeps, ``--cfg``, ``--info``, ``--help``), as
+    ``hydra.main`` runs it, without reading or changing ``sys.argv``."""
+    from hydra._internal.utils import _run_hydra, get_args_parser
+
+    parser = get_args_parser()
+    args = parser.parse_args(argv)
+    _run_hydra(args=args, args_parser=parser, task_function=task_function,
+               config_path=str(config_dir), config_name="config")

@@ -6,7 +6,9 @@ The tree lives in ``configs/`` at the repository root and is copied into the whe
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 _PACKAGE_DIR = Path(__file__).resolve().parent.parent  # transformer_lab/
 CONFIG_DIR = next(
@@ -17,26 +19,23 @@ CONFIG_DIR = next(
 GROUPS = ("experiment", "model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train")
 
 
-# Config trees of the user's own (``--config-dir``), searched after ``CONFIG_DIR`` as Hydra
-# does; set once per process by the pre-flight check and by the runner of each job.
-_USER_CONFIG_DIRS: list[Path] = []
+def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
+    """``CONFIG_DIR`` then the user's own config trees (``--config-dir``), in Hydra's order."""
+    return [CONFIG_DIR, *(Path(d) for d in user_dirs)]
 
 
-def set_user_config_dirs(dirs: list[Path]) -> None:
-    _USER_CONFIG_DIRS[:] = [Path(d) for d in dirs]
+def user_config_dirs(cfg: Any) -> list[Path]:
+    """The ``--config-dir`` trees a composed config was made with (its ``config_dirs`` key,
+    filled in by the app), so routines find the user's choices too."""
+    return [Path(d) for d in (cfg.get("config_dirs") or ())]
 
 
-def config_dirs() -> list[Path]:
-    """``CONFIG_DIR`` then the user's config trees, in Hydra's search order."""
-    return [CONFIG_DIR, *_USER_CONFIG_DIRS]
-
-
-def group_choices(group: str) -> list[str]:
+def group_choices(group: str, user_dirs: Iterable[Path | str] = ()) -> list[str]:
     """The YAML files of a config group in every searched tree, without extension, sorted."""
-    return sorted({p.stem for d in config_dirs() for p in (d / group).glob("*.yaml")})
+    return sorted({p.stem for d in config_dirs(user_dirs) for p in (d / group).glob("*.yaml")})
 
 
-def choice_file(group: str, choice: str) -> Path | None:
+def choice_file(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Path | None:
     """The YAML of ``group=choice`` that Hydra would load (the first tree that has it)."""
-    return next((d / group / f"{choice}.yaml" for d in config_dirs()
+    return next((d / group / f"{choice}.yaml" for d in config_dirs(user_dirs)
                  if (d / group / f"{choice}.yaml").is_file()), None)

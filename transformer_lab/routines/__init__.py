@@ -1,8 +1,10 @@
 """Routines: what a run does once its config is composed. ``routine.name`` picks one.
 
-A routine is ``fn(cfg, run) -> RoutineOutcome``; it writes its tables into ``run`` and returns
-whether it passed plus the numbers for ``summary.csv``. Registered here by import path so that
-importing this module stays cheap.
+A routine is ``fn(cfg, run, inputs) -> RoutineOutcome``: ``inputs`` holds the task and the
+model that the app built (once) while validating the config; the routine writes its tables into
+``run`` and returns whether it passed plus the numbers for ``summary.csv``. A routine's module
+may define ``check_config(cfg, inputs)`` for its own settings (run before anything is written).
+Registered here by import path so that importing this module stays cheap.
 """
 
 from __future__ import annotations
@@ -27,6 +29,16 @@ ROUTINES: dict[str, str] = {
 
 
 @dataclass
+class JobInputs:
+    """What the app built once for a run, while validating its config, and hands to the
+    routine: the task (``cfg.model.vocab_size`` taken from it) and the model of ``cfg``, built
+    with ``build_model(cfg, seed=cfg.seed)`` and checked against the component protocols."""
+
+    task: Any
+    model: Any
+
+
+@dataclass
 class RoutineOutcome:
     passed: bool
     summary: dict[str, Any] = field(default_factory=dict)  # summary.csv fields
@@ -40,8 +52,8 @@ def get_routine(name: str) -> Callable[..., RoutineOutcome]:
     return getattr(import_module(module), function)
 
 
-def check_routine(cfg: Any, task: Any) -> None:
-    """The routine's own pre-flight checks: its module may define ``check_config(cfg, task)``,
+def check_routine(cfg: Any, inputs: JobInputs) -> None:
+    """The routine's own pre-flight checks: its module may define ``check_config(cfg, inputs)``,
     which raises ``ConfigError`` for bad routine settings (called by ``validate_config``, so bad
     input stops with exit 2 before anything is written)."""
     from omegaconf import OmegaConf
@@ -51,4 +63,4 @@ def check_routine(cfg: Any, task: Any) -> None:
         return  # get_routine reports it
     check = getattr(import_module(ROUTINES[name].split(":")[0]), "check_config", None)
     if check is not None:
-        check(cfg, task)
+        check(cfg, inputs)

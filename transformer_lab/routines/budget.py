@@ -50,7 +50,7 @@ from transformer_lab.measures.parameters import (
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 
 BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",
                   "status", "detail"]
@@ -96,7 +96,7 @@ def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
     return int(r.vocab_size), int(r.seq_len), int(r.batch_size), str(r.dtype)
 
 
-def check_config(cfg: DictConfig, task: object) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): the routine's sizes and dtype."""
     budget_settings(cfg)
 
@@ -324,12 +324,11 @@ def budget_table(rows: list[BudgetRow], title: str) -> Table:
     return table
 
 
-def run_budget(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     vocab, seq_len, batch, dtype = budget_settings(cfg)
     cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg)
+    model = build_model(cfg, seed=cfg.seed)
     rows = parameter_rows(cfg, model)
     measure = bool(cfg.routine.measure)
     measured = None

@@ -34,7 +34,7 @@ from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
-from transformer_lab.config.tree import choice_file, group_choices
+from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     permutation_error,
@@ -46,7 +46,7 @@ from transformer_lab.measures.properties import (
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import with_choice
 
 CHECK_TABLE_COLUMNS = ["check", "component", "status", "value", "tolerance", "detail", "wall_s"]
@@ -192,8 +192,7 @@ def pe_config(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def build_for_check(cfg: DictConfig) -> TransformerModel:
-    torch.manual_seed(int(cfg.seed))
-    model = build_model(cfg)
+    model = build_model(cfg, seed=int(cfg.seed))
     return model.eval()
 
 
@@ -267,14 +266,14 @@ def declared_checks(pe: DictConfig) -> tuple[str, ...]:
 
 def checks_of(cfg: DictConfig, name: str) -> tuple[str, ...]:
     """The checks of ``pe=name`` (() for a choice that does not exist)."""
-    if cfg.pe.get("name") != name and choice_file("pe", name) is None:
+    if cfg.pe.get("name") != name and choice_file("pe", name, user_config_dirs(cfg)) is None:
         return ()
     return declared_checks(pe_config(cfg, name).pe)
 
 
 def pes_with_checks(cfg: DictConfig) -> list[str]:
     """Every choice of the ``pe`` group whose class declares checks, in name order."""
-    return [name for name in group_choices("pe") if checks_of(cfg, name)]
+    return [name for name in group_choices("pe", user_config_dirs(cfg)) if checks_of(cfg, name)]
 
 
 def pes_to_check(cfg: DictConfig) -> list[str]:
@@ -311,7 +310,7 @@ def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.T
         return [trained_swap_row(cfg, tokens, component)]
 
 
-def check_config(cfg: DictConfig, task: object) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): an encoder, and a PE that has checks."""
     if cfg.arch.causal:
         raise ConfigError("tlab check needs arch=encoder: a causal mask breaks permutation "
@@ -319,7 +318,7 @@ def check_config(cfg: DictConfig, task: object) -> None:
     pes_to_check(cfg)
 
 
-def run_check(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_check(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     rows: list[ComponentCheck] = []
     table = run.log("checks", CHECK_TABLE_COLUMNS)

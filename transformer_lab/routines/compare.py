@@ -54,14 +54,13 @@ from rich import box
 from rich.table import Table
 
 from transformer_lab.config.instantiate import build_task
-from transformer_lab.config.tree import group_choices
+from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
-from transformer_lab.tasks import Task
 from transformer_lab.training.trainer import count_parameters
 
 COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
@@ -129,11 +128,11 @@ def activation_list(cfg: DictConfig) -> list[str]:
     return [a.strip() for a in str(value or "").split(",") if a.strip()]
 
 
-def check_config(cfg: DictConfig, task: Task) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
     routine = cfg.routine
     names = activation_list(cfg)
-    valid = group_choices("ffn")
+    valid = group_choices("ffn", user_config_dirs(cfg))
     if not names:
         raise ConfigError(f"routine.activations is empty; give one or more of: {', '.join(valid)}")
     for name in names:
@@ -318,7 +317,7 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     return save(figure, path)
 
 
-def run_compare(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     runs = compare_runs(cfg, run)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"))

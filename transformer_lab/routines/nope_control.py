@@ -27,9 +27,9 @@ NOPE = "none"
 
 def prepare_trainer(cfg: DictConfig, metrics: TaggedLog | BufferedLog | None) -> Trainer:
     """Seed, build the task and the model of ``cfg``, and wrap them in a ``Trainer``."""
-    torch.manual_seed(cfg.seed)
     task = build_task(cfg)
-    return Trainer(build_model(cfg), task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
+    model = build_model(cfg, seed=cfg.seed)
+    return Trainer(model, task, cfg.train, cfg.model.d_model, cfg.seed, metrics)
 
 
 def train_to_target(cfg: DictConfig, metrics: TaggedLog | None, max_steps: int,

@@ -33,7 +33,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.results import plots
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 
 
 def checked_dims(dims: list[int], width: int, what: str) -> list[int]:
@@ -133,7 +133,7 @@ PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[P
 }
 
 
-def check_config(cfg: DictConfig, task: object) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
     and dimensions that the PE has."""
     if int(cfg.routine.max_len) < 2:
@@ -149,7 +149,7 @@ def check_config(cfg: DictConfig, task: object) -> None:
         checked_dims(list(cfg.routine.dims), int(pe.head_dim), "head_dim")
 
 
-def run_plot_pe(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     torch.manual_seed(int(cfg.seed))
     pe = instantiate_component(cfg, "pe")

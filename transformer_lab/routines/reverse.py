@@ -59,14 +59,13 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.nope_control import (
     NOPE,
     control_on_thread,
     train_with_control,
 )
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
-from transformer_lab.tasks import Task
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.training.trainer import TrainResult, count_parameters
 
@@ -108,7 +107,7 @@ def expected_outcome(cfg: DictConfig) -> str:
     return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
 
 
-def check_config(cfg: DictConfig, task: Task) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
     routine = cfg.routine
     target = routine.get("target")
@@ -127,7 +126,7 @@ def check_config(cfg: DictConfig, task: Task) -> None:
     if routine.get("control_thread", "auto") not in ("auto", True, False):
         raise ConfigError(f"routine.control_thread={routine.get('control_thread')} is not "
                           "valid; use auto, true or false")
-    if not isinstance(task, SequenceTransformTask):
+    if not isinstance(inputs.task, SequenceTransformTask):
         raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")
 
@@ -322,7 +321,7 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
-def run_reverse(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_reverse(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     rows, runs = reversal_runs(cfg, run.metrics)
     run.write_table("reverse", [r.as_row() for r in runs], REVERSE_COLUMNS)

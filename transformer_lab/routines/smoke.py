@@ -28,7 +28,7 @@ from transformer_lab.results.check_rows import (
 )
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import seed_list
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
@@ -141,7 +141,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     return rows, sum(afters) / len(afters)
 
 
-def check_config(cfg: DictConfig, task) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """``routine.seeds`` must be a positive integer."""
     seed_list(cfg)
 
@@ -151,20 +151,23 @@ def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
     return sum(losses) / len(losses)
 
 
-def smoke_setup(cfg: DictConfig) -> tuple[Task, TransformerModel, list[Batch]]:
-    """The seeded task, model and fixed batches of steps 1-2."""
-    torch.manual_seed(cfg.seed)
-    task = build_task(cfg)
-    model = build_model(cfg)
+def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
+                ) -> tuple[Task, TransformerModel, list[Batch]]:
+    """The task, the model (seeded with ``cfg.seed``) and the fixed batches of steps 1-2;
+    ``inputs``: the task and model already built for ``cfg`` (by the app's validation)."""
+    if inputs is None:
+        task = build_task(cfg)
+        inputs = JobInputs(task=task, model=build_model(cfg, seed=cfg.seed))
+    task, model = inputs.task, inputs.model
     generator = torch.Generator().manual_seed(cfg.seed)
     batches = [task.train_batch(cfg.routine.batch_size, generator)
                for _ in range(cfg.routine.n_batches)]
     return task, model, batches
 
 
-def run_smoke(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
-    task, model, batches = smoke_setup(cfg)
+    task, model, batches = smoke_setup(cfg, inputs)
     rows = forward_backward_check(cfg, model, batches[0])
     smoke_rows, after = smoke_training(cfg, model, task, run.metrics, batches)
     rows += smoke_rows

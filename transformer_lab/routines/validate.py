@@ -30,10 +30,9 @@ from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import RoutineOutcome, compare, reverse
+from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, stage_log
-from transformer_lab.tasks import Task
 
 # What to look at when a step fails (the rows' details say more).
 STEP_HINTS = {
@@ -50,7 +49,7 @@ def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
             "compare": merged(cfg, cfg.routine.compare)}
 
 
-def check_config(cfg: DictConfig, task: Task) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks of every step's settings (called by ``validate_config``)."""
     configs = step_configs(cfg)
     smoke = configs["smoke"].routine
@@ -59,9 +58,9 @@ def check_config(cfg: DictConfig, task: Task) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"routine.smoke.routine.{key}={value} is not valid; it must be "
                               "an integer >= 1")
-    reverse.check_config(cfg, task)
+    reverse.check_config(cfg, inputs)
     compare_cfg = configs["compare"]
-    compare.check_config(compare_cfg, task)  # the compare patch leaves the task as it is
+    compare.check_config(compare_cfg, inputs)  # the compare patch leaves the task as it is
 
 
 def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
@@ -111,7 +110,7 @@ def skipped(step: int, reason: str) -> CheckRow:
     return CheckRow(step, "not_run", "SKIP", detail=reason)
 
 
-def run_validate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock, total = Stopwatch(), Stopwatch()
     configs = step_configs(cfg)
     log = run.log("validation", CHECK_COLUMNS)

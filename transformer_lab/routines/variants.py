@@ -10,12 +10,13 @@ it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the c
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer_lab.config.tree import choice_file, group_choices
+from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CsvLog, TaggedLog
 
@@ -35,19 +36,22 @@ def seed_list(cfg: DictConfig) -> list[int]:
     return [int(cfg.seed) + offset for offset in range(n)]
 
 
-def load_choice(group: str, choice: str) -> DictConfig:
-    """The YAML of ``<config tree>/<group>/<choice>.yaml`` (interpolations left unresolved)."""
-    path = choice_file(group, choice)
+def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:
+    """The YAML of ``<config tree>/<group>/<choice>.yaml`` (interpolations left unresolved);
+    ``user_dirs``: the user's ``--config-dir`` trees, searched after tlab's."""
+    path = choice_file(group, choice, user_dirs)
     if path is None:
-        raise ConfigError(f"unknown {group} '{choice}'; valid: {', '.join(group_choices(group))}")
+        valid = ", ".join(group_choices(group, user_dirs))
+        raise ConfigError(f"unknown {group} '{choice}'; valid: {valid}")
     return OmegaConf.load(path)
 
 
 def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
+    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``),
+    found in tlab's tree or the ``--config-dir`` trees ``cfg`` was composed with."""
     variant = copy.deepcopy(cfg)
     with open_dict(variant):
-        variant[group] = load_choice(group, choice)
+        variant[group] = load_choice(group, choice, user_config_dirs(cfg))
     return variant
 
 

@@ -9,8 +9,8 @@ seed its own gradient, each seed's gradient is clipped by its own norm, and one 
 stacked tensors is N independent AdamWs (its update is element-wise; the step count and the
 schedule are shared because every seed takes the same steps).
 
-Each seed gets exactly what a single run with that seed gets: ``torch.manual_seed(seed)`` then
-``build_model(cfg)`` (same initial weights), a data generator seeded with ``seed`` (same
+Each seed gets exactly what a single run with that seed gets: ``build_model(cfg,
+seed=seed)`` (same initial weights), a data generator seeded with ``seed`` (same
 batches; or the caller's fixed ``batches``), the same schedule, clipping and evaluations. The
 numbers agree with N separate ``Trainer`` runs up to float rounding of batched matmuls (tested
 to 1e-5 on the losses in ``tests/test_multiseed.py``).
@@ -140,8 +140,7 @@ def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module
 
     models = []
     for seed in seeds:
-        torch.manual_seed(seed)
-        models.append(build_model(cfg).to(cfg.train.device))
+        models.append(build_model(cfg, seed=seed).to(cfg.train.device))
     return models
 
 

@@ -16,6 +16,7 @@ from typing import Any
 from omegaconf import DictConfig, ListConfig
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
+from transformer_lab.config.tree import user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.routines.variants import load_choice, seed_list
 
@@ -131,7 +132,7 @@ def pe_node(cfg: DictConfig, name: str) -> DictConfig:
     if cfg.pe.get("name") == name:
         return cfg.pe
     try:
-        return load_choice("pe", name)
+        return load_choice("pe", name, user_config_dirs(cfg))
     except ConfigError as exc:
         raise ConfigError(f"routine.pes: {exc}") from None
 

@@ -64,7 +64,7 @@ from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console, print_warning
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
-from transformer_lab.routines import RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.extrapolate.plan import Plan, Scaling, make_plan, supports_scaling
 from transformer_lab.routines.extrapolate.tables import (
     EXTRAPOLATION_COLUMNS,
@@ -144,7 +144,7 @@ def evaluate(model: TransformerModel, task: Task, device: torch.device) -> dict[
 # the routine
 
 
-def check_config(cfg: DictConfig, task: Task) -> None:
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks (``routines.check_routine``): the plan parses, every evaluation length
     can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
     plan = make_plan(cfg)
@@ -156,7 +156,7 @@ def check_config(cfg: DictConfig, task: Task) -> None:
         build_model(cfg_pe)  # errors name the pe group
 
 
-def run_extrapolate(cfg: DictConfig, run: RunDirectory) -> RoutineOutcome:
+def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     plan = make_plan(cfg)
     device = torch.device(cfg.train.device)
@@ -204,8 +204,7 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     original_max_len = train_task.model_seq_len
     cfg_pe = config_for(cfg, node, plan.train_len, plan.max_len or original_max_len)
     cfg_pe.model.vocab_size = train_task.vocab_size
-    torch.manual_seed(seed)
-    model = build_model(cfg_pe).to(device)
+    model = build_model(cfg_pe, seed=seed).to(device)
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed,
                 "train_steps": int(cfg.train.steps)}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",

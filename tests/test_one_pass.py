@@ -1,0 +1,78 @@
+"""One pass per run: ``tlab smoke`` parses its arguments, composes its config, validates it and
+builds its model once each, and the model the routine trains is the one validation built."""
+
+from __future__ import annotations
+
+import argparse
+from collections import Counter
+
+import pytest
+from hydra._internal.hydra import Hydra
+
+import transformer_lab.app.hydra_app as hydra_app
+import transformer_lab.app.validation as validation
+from transformer_lab.model import TransformerModel
+
+
+@pytest.fixture
+def counts(monkeypatch) -> Counter:
+    """Counts of argument parses (tlab's and Hydra's argparse), Hydra composes, validations
+    and model constructions while a command runs."""
+    counter: Counter = Counter()
+
+    def counting(name, function):
+        def wrapper(*args, **kwargs):
+            counter[name] += 1
+            return function(*args, **kwargs)
+        return wrapper
+
+    monkeypatch.setattr(hydra_app, "check_arguments",
+                        counting("parse", hydra_app.check_arguments))
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args",
+                        counting("parse", argparse.ArgumentParser.parse_args))
+    monkeypatch.setattr(Hydra, "compose_config", counting("compose", Hydra.compose_config))
+    monkeypatch.setattr(validation, "validate_config",
+                        counting("validate", validation.validate_config))
+    monkeypatch.setattr(TransformerModel, "__init__",
+                        counting("build_model", TransformerModel.__init__))
+    return counter
+
+
+def test_smoke_parses_composes_validates_and_builds_once(tlab, tmp_path, counts):
+    code, _, err = tlab("experiment=smoke", "pe=rope", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0, err
+    assert dict(counts) == {"parse": 1, "compose": 1, "validate": 1, "build_model": 1}
+
+
+def test_a_sweep_composes_and_validates_each_job(tlab, tmp_path, counts):
+    """A sweep checks its first job up front, then Hydra composes each job, which validates
+    its own config (jobs may run in other processes): 1 + 2 of each for two jobs."""
+    code, _, err = tlab("experiment=smoke", "pe=rope,none", "--multirun",
+                        f"hydra.sweep.dir={tmp_path / 'sweep'}")
+    assert code == 0, err
+    assert counts["compose"] == 1 + 2 and counts["validate"] == 1 + 2
+
+
+def test_the_routine_trains_the_model_validation_built(monkeypatch, tmp_path, tlab):
+    built: list[TransformerModel] = []
+    trained: list[TransformerModel] = []
+    original = validation.validate_config
+
+    def keep(cfg):
+        inputs = original(cfg)
+        built.append(inputs.model)
+        return inputs
+
+    import transformer_lab.routines.smoke as smoke
+
+    original_training = smoke.smoke_training
+
+    def spy(cfg, model, *args, **kwargs):
+        trained.append(model)
+        return original_training(cfg, model, *args, **kwargs)
+
+    monkeypatch.setattr(validation, "validate_config", keep)
+    monkeypatch.setattr(smoke, "smoke_training", spy)
+    code, _, err = tlab("experiment=smoke", f"hydra.run.dir={tmp_path / 'run'}")
+    assert code == 0, err
+    assert len(built) == 1 and trained == built
