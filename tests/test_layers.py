@@ -1,0 +1,105 @@
+"""The package's layers (docs/architecture.md): every ``transformer_lab`` import, at module level
+or inside a function, goes to the same package or a lower layer, and no modules import each other
+in a cycle."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import transformer_lab
+
+PACKAGE = Path(transformer_lab.__file__).parent
+
+# Lowest first. Packages on one line are siblings: they may not import each other.
+LAYERS: list[set[str]] = [
+    {"errors"},
+    {"components", "tasks"},
+    {"config"},
+    {"model"},
+    {"measures", "mutants"},   # mutants: deliberately broken components (tlab mutants)
+    {"results"},
+    {"training"},
+    {"routines"},
+    {"app"},
+    {"cli", "api", "testing"},
+    {"run", "__main__", "__init__"},
+]
+RANK = {name: rank for rank, names in enumerate(LAYERS) for name in names}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top(module: str) -> str:
+    """``transformer_lab.app.job`` -> ``app``; the package itself -> ``__init__``."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "__init__"
+
+
+def _imports(path: Path) -> set[str]:
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("transformer_lab"))
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0 \
+                and node.module.startswith("transformer_lab"):
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        graph[name] = {m for m in _imports(path) if m in modules and m != name}
+    return graph
+
+
+def test_every_package_has_a_layer():
+    tops = {_top(name) for name in _graph()}
+    assert tops <= set(RANK), f"packages without a layer: {sorted(tops - set(RANK))}"
+
+
+def test_imports_only_go_down():
+    upward = []
+    for importer, imported in _graph().items():
+        for module in imported:
+            a, b = _top(importer), _top(module)
+            if a != b and RANK.get(b, -1) >= RANK.get(a, -1):
+                upward.append(f"{importer} -> {module}")
+    assert not upward, "imports that go up or sideways:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = "open"
+        for child in graph[node]:
+            if state.get(child) == "open":
+                cycles.append(" -> ".join([*stack[stack.index(child):], child]))
+            elif child not in state:
+                visit(child, [*stack, child])
+        state[node] = "done"
+
+    for node in graph:
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_components_are_pure_torch():
+    for path in (PACKAGE / "components").rglob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        assert "omegaconf" not in text and "import hydra" not in text \
+            and "from hydra" not in text, path
+
+
+def test_hydra_internals_only_in_the_adapter():
+    users = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+             if "hydra._internal" in p.read_text(encoding="utf-8")]
+    assert users == ["config/hydra_adapter.py"], users
