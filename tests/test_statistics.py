@@ -1,0 +1,271 @@
+"""Paired statistics over seeds (transformer_lab.measures.statistics): intervals, sign-flip
+p-values, Holm, verdicts, seeds needed, the per-variant verdict table."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pandas as pd
+import pytest
+from scipy import stats
+
+from transformer_lab.measures.statistics import (
+    BASELINE,
+    BETTER,
+    NO_DIFFERENCE,
+    WORSE,
+    describe,
+    holm,
+    mean_interval,
+    paired_comparison,
+    paired_t_power,
+    seeds_needed,
+    sign_flip_p_value,
+    verdict,
+    verdict_table,
+)
+
+
+def _mean(x, axis):
+    return np.mean(x, axis=axis)
+
+
+def _runs(values: dict[str, list[float]]) -> pd.DataFrame:
+    """Long rows (activation, seed, final_loss) from {variant: one value per seed}."""
+    return pd.DataFrame([(name, seed, value) for name, column in values.items()
+                         for seed, value in enumerate(column)],
+                        columns=["activation", "seed", "final_loss"])
+
+
+def test_mean_interval_is_students_t_interval():
+    values = np.random.default_rng(0).normal(2.0, 0.3, size=7)
+    interval = mean_interval(values, confidence=0.9)
+    low, high = stats.t.interval(0.9, 6, loc=values.mean(), scale=values.std(ddof=1) / 7**0.5)
+    assert interval.n == 7 and interval.dropped == 0
+    assert interval.mean == pytest.approx(values.mean(), rel=1e-12)
+    assert (interval.low, interval.high) == pytest.approx((low, high), rel=1e-12)
+
+
+def test_mean_interval_drops_nan_and_handles_one_or_constant_values():
+    with_nan = mean_interval([1.0, math.nan, 2.0, 4.0])
+    assert (with_nan.n, with_nan.dropped) == (3, 1)
+    clean = mean_interval([1.0, 2.0, 4.0])
+    assert (with_nan.mean, with_nan.low, with_nan.high) == (clean.mean, clean.low, clean.high)
+    one = mean_interval([2.5])
+    assert one.mean == 2.5 and one.n == 1 and math.isnan(one.low) and math.isnan(one.high)
+    constant = mean_interval([3.0] * 4)
+    assert constant.low == constant.high == constant.mean == 3.0
+    assert math.isnan(mean_interval([math.nan]).mean)
+
+
+def test_paired_comparison_matches_scipy_on_the_differences():
+    rng = np.random.default_rng(1)
+    baseline = rng.normal(2.0, 0.2, size=9)
+    variant = baseline + rng.normal(-0.02, 0.05, size=9)
+    pair = paired_comparison(variant, baseline)
+    differences = variant - baseline
+    expected = stats.permutation_test((differences,), _mean, vectorized=True,
+                                      permutation_type="samples", n_resamples=np.inf)
+    assert pair.p_value == pytest.approx(expected.pvalue, rel=1e-12)
+    assert len(expected.null_distribution) == 2**9  # all sign flips: exact
+    sem = differences.std(ddof=1) / 3
+    low, high = stats.t.interval(0.95, 8, loc=differences.mean(), scale=sem)
+    assert (pair.diff, pair.low, pair.high) == pytest.approx((differences.mean(), low, high))
+    assert pair.sd == pytest.approx(differences.std(ddof=1))
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0])
+def test_one_signed_differences_reach_the_minimum_p(sign):
+    baseline = np.linspace(1.0, 2.0, 8)
+    variant = baseline + sign * np.linspace(0.01, 0.08, 8)
+    assert paired_comparison(variant, baseline).p_value == 2 / 256
+    assert paired_comparison(variant[:5], baseline[:5]).p_value == 2 / 32  # 0.0625 > 0.05
+    assert paired_comparison(variant[:6], baseline[:6]).p_value == 2 / 64
+
+
+def test_monte_carlo_p_beyond_exact_range_is_close_and_reproducible():
+    differences = np.random.default_rng(2).normal(0.3, 1.0, size=17)
+    exact = stats.permutation_test((differences,), _mean, vectorized=True,
+                                   permutation_type="samples", n_resamples=np.inf).pvalue
+    monte_carlo = sign_flip_p_value(differences)  # 17 > EXACT_UP_TO: sampled flips
+    assert monte_carlo != exact
+    assert monte_carlo == pytest.approx(exact, abs=0.01)
+    assert sign_flip_p_value(differences) == monte_carlo
+
+
+def test_paired_comparison_drops_pairs_with_nan_and_needs_two():
+    pair = paired_comparison([1.0, math.nan, 3.0, 5.0], [0.0, 1.0, math.nan, 3.0])
+    assert (pair.n, pair.dropped, pair.diff) == (2, 2, 1.5)
+    single = paired_comparison([1.0, math.nan], [0.5, 0.2])
+    assert (single.n, single.dropped, single.diff) == (1, 1, 0.5)
+    assert math.isnan(single.p_value) and math.isnan(single.low) and math.isnan(single.sd)
+    with pytest.raises(ValueError, match="length"):
+        paired_comparison([1.0, 2.0], [1.0])
+
+
+def test_identical_values_give_p_one_and_a_constant_shift_a_point_interval():
+    values = [1.0, 1.5, 2.0, 2.5, 3.0, 3.5]
+    same = paired_comparison(values, values)
+    assert same.diff == 0.0 and same.p_value == 1.0 and same.low == same.high == 0.0
+    shifted = paired_comparison(np.add(values, 0.1), values)
+    assert shifted.sd == pytest.approx(0.0, abs=1e-12)
+    assert shifted.low == pytest.approx(0.1) and shifted.high == pytest.approx(0.1)
+    assert shifted.p_value == 2 / 64
+
+
+def test_holm_by_hand():
+    # sorted: 0.005*4 = 0.02, 0.01*3 = 0.03, 0.03*2 = 0.06, 0.04*1 = 0.04 -> running max 0.06
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, 0.6]).tolist() == [1.0, 1.0]  # capped at 1
+    with_nan = holm([0.01, math.nan, 0.02])  # NaN: not a test, m = 2
+    assert with_nan[0] == pytest.approx(0.02) and with_nan[2] == pytest.approx(0.02)
+    assert math.isnan(with_nan[1])
+    assert holm([0.02]).tolist() == [0.02]
+
+
+def test_holm_is_monotone_and_never_below_the_raw_p():
+    p = np.random.default_rng(3).uniform(0, 0.2, size=12)
+    adjusted = holm(p)
+    order = np.argsort(p)
+    assert np.all(np.diff(adjusted[order]) >= 0)
+    assert np.all(adjusted >= p) and np.all(adjusted <= 1)
+    assert adjusted[order[0]] == pytest.approx(12 * p[order[0]])
+
+
+def test_verdict_direction_and_alpha():
+    assert verdict(-0.1, 0.01) == BETTER and verdict(0.1, 0.01) == WORSE
+    assert verdict(-0.1, 0.01, lower_is_better=False) == WORSE  # e.g. accuracy
+    assert verdict(-0.1, 0.06) == NO_DIFFERENCE
+    assert verdict(-0.1, 0.06, alpha=0.1) == BETTER
+    assert verdict(-0.1, math.nan) == NO_DIFFERENCE
+
+
+def test_verdict_table_better_worse_noise_over_eight_seeds():
+    base = [2.00, 2.10, 1.95, 2.05, 2.20, 1.90, 2.02, 2.08]
+    noise = [0.05, -0.04, 0.03, -0.03, 0.02, -0.02, 0.01, -0.01]
+    runs = _runs({"relu": base,
+                  "gelu": [b - 0.1 + 0.01 * (i % 3) for i, b in enumerate(base)],
+                  "swish": [b + n for b, n in zip(base, noise, strict=True)],
+                  "tanh": [b + 0.1 - 0.01 * (i % 2) for i, b in enumerate(base)]})
+    table = verdict_table(runs, "activation")
+    assert table.index.tolist() == ["relu", "gelu", "swish", "tanh"]
+    assert table.loc["relu", "verdict"] == BASELINE
+    assert math.isnan(table.loc["relu", "p_value"]) and table.loc["relu", "seeds_needed"] is None
+    assert table.loc["gelu", "verdict"] == BETTER and table.loc["tanh", "verdict"] == WORSE
+    assert table.loc["swish", "verdict"] == NO_DIFFERENCE and table.loc["swish", "p_value"] > 0.5
+    assert table.loc["gelu", "p_value"] == 2 / 256
+    assert table.loc["gelu", "p_adjusted"] == pytest.approx(3 * 2 / 256)  # Holm over 3 tests
+    assert table.loc["swish", "p_adjusted"] == pytest.approx(table.loc["swish", "p_value"])
+    low, high = table.loc["gelu", ["final_loss_ci_low", "final_loss_ci_high"]]
+    gelu = runs[runs.activation == "gelu"].final_loss
+    assert (low, high) == pytest.approx((mean_interval(gelu).low, mean_interval(gelu).high))
+    assert low < gelu.mean() < high
+    assert table.loc["gelu", "diff_ci_high"] < 0 < table.loc["tanh", "diff_ci_low"]
+    assert table.loc["gelu", "paired_seeds"] == 8
+    assert table.loc["swish", "seeds_needed"] > 8  # the noise would need many more seeds
+
+
+def test_verdict_table_higher_is_better_and_baseline_choice():
+    runs = _runs({"a": [0.5, 0.6, 0.55, 0.52, 0.58, 0.61], "b": [0.7, 0.8, 0.75, 0.71, 0.79, 0.8]})
+    runs = runs.rename(columns={"final_loss": "accuracy"})
+    table = verdict_table(runs, "activation", value="accuracy", lower_is_better=False)
+    assert table.loc["b", "verdict"] == BETTER and "accuracy_ci_low" in table.columns
+    flipped = verdict_table(runs, "activation", value="accuracy", baseline="b",
+                            lower_is_better=False)
+    assert flipped.loc["b", "verdict"] == BASELINE and flipped.loc["a", "verdict"] == WORSE
+    with pytest.raises(ValueError, match="baseline 'c'"):
+        verdict_table(runs, "activation", value="accuracy", baseline="c")
+    with pytest.raises(ValueError, match="twice"):
+        verdict_table(pd.concat([runs, runs.iloc[:1]]), "activation", value="accuracy")
+
+
+def test_five_seeds_cannot_decide_and_say_six_are_needed():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95]
+    table = verdict_table(_runs({"relu": base, "gelu": [b - 0.5 for b in base]}), "activation")
+    row = table.loc["gelu"]
+    assert row["p_value"] == 0.0625 and row["verdict"] == NO_DIFFERENCE
+    assert row["seeds_needed"] == 6
+    assert "6 paired seeds would detect it" in describe("gelu", row, "relu")
+
+
+def test_verdict_table_nan_seed_and_single_seed():
+    runs = _runs({"relu": [2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 2.07],
+                  "gelu": [1.8, math.nan, 1.7, 1.85, 1.75, 1.81, 1.86]})
+    row = verdict_table(runs, "activation").loc["gelu"]
+    assert row["paired_seeds"] == 6 and "1 seed dropped" in row["note"]
+    assert row["p_value"] == 2 / 64 and row["verdict"] == BETTER
+    single = verdict_table(_runs({"relu": [2.0], "gelu": [1.5]}), "activation").loc["gelu"]
+    assert math.isnan(single["p_value"]) and single["verdict"] == NO_DIFFERENCE
+    assert single["diff_vs_baseline"] == -0.5 and single["seeds_needed"] is None
+    assert "1 paired seed: no test" in single["note"]
+    assert math.isnan(single["final_loss_ci_low"])
+    line = describe("gelu", single, "relu")
+    assert "0.5 lower" in line and line.endswith(NO_DIFFERENCE)
+
+
+def test_identical_variants_get_p_one_and_no_seeds_needed():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.02]
+    row = verdict_table(_runs({"relu": base, "copy": base}), "activation").loc["copy"]
+    assert row["p_value"] == 1.0 and row["verdict"] == NO_DIFFERENCE
+    assert row["seeds_needed"] is None
+
+
+def test_seeds_needed_matches_a_direct_noncentral_t_power_computation():
+    for effect in (0.5, 0.8, 1.0):
+        n = seeds_needed(0.1 * effect, 0.1)
+        critical = stats.t.ppf(0.975, n - 1)
+        power = stats.nct.sf(critical, n - 1, effect * n**0.5) + stats.nct.cdf(
+            -critical, n - 1, effect * n**0.5)
+        critical = stats.t.ppf(0.975, n - 2)
+        below = stats.nct.sf(critical, n - 2, effect * (n - 1)**0.5)
+        assert power >= 0.8 > below and n >= 6
+        assert paired_t_power(n, effect) == pytest.approx(power)
+    # the G*Power table for a two-tailed one-sample t-test at 80% power: 34, 15, 10 pairs
+    assert [seeds_needed(d, 1.0) for d in (0.5, 0.8, 1.0)] == [34, 15, 10]
+
+
+def test_seeds_needed_limits():
+    assert seeds_needed(-0.5, 1.0) == seeds_needed(0.5, 1.0)
+    assert seeds_needed(2.0, 1.0) == seeds_needed(4.0, 1.0) == 6  # t needs 4: sign-flip floor
+    assert seeds_needed(0.3, 1.0) > seeds_needed(0.6, 1.0)  # larger effect, fewer seeds
+    assert seeds_needed(0.1, 0.0) == 6 and seeds_needed(0.1, 0.0, alpha=0.01) == 8
+    assert seeds_needed(0.0, 1.0) is None and seeds_needed(math.nan, 1.0) is None
+    assert seeds_needed(0.1, math.nan) is None
+    assert seeds_needed(0.1, 1.0, cap=100) is None  # needs 787
+    # Holm over 3 variants: its strictest step is alpha / 3, so 2 / 2^n <= 0.0167 -> n >= 7
+    assert seeds_needed(0.1, 0.0, comparisons=3) == 7
+    assert seeds_needed(0.5, 1.0, comparisons=3) > seeds_needed(0.5, 1.0)
+
+
+def test_six_seeds_cannot_decide_between_three_variants_and_say_seven_are_needed():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.02]
+    table = verdict_table(_runs({"relu": base, **{name: [b - 0.5 for b in base]
+                                                  for name in ("gelu", "swish", "silu")}}),
+                          "activation")
+    assert table["p_value"].iloc[1:].tolist() == [2 / 64] * 3
+    assert table["p_adjusted"].iloc[1:].tolist() == pytest.approx([3 * 2 / 64] * 3)  # 0.094
+    assert (table["verdict"].iloc[1:] == NO_DIFFERENCE).all()
+    assert table["seeds_needed"].iloc[1:].tolist() == [7] * 3
+
+
+def test_describe_reads_in_the_direction_of_the_difference():
+    base = [2.00, 2.10, 1.95, 2.05, 2.20, 1.90, 2.02, 2.08]
+    table = verdict_table(_runs({"relu": base, "gelu": [b - 0.012 - 0.001 * (i % 3)
+                                                        for i, b in enumerate(base)]}),
+                          "activation")
+    row = table.loc["gelu"]
+    line = describe("gelu", row, "relu")
+    assert line.startswith(f"gelu vs relu: final_loss {-row['diff_vs_baseline']:.3g} lower ")
+    assert f"95% CI {-row['diff_ci_high']:.3g} to {-row['diff_ci_low']:.3g}" in line
+    assert f"p = {row['p_value']:.2g}, Holm {row['p_adjusted']:.2g} -> better" in line
+    assert describe("relu", table.loc["relu"], "relu") == "relu: baseline"
+
+
+def test_module_imports_no_torch_hydra_or_omegaconf():
+    code = ("import sys, transformer_lab.measures.statistics; "
+            "print(sorted(m for m in ('torch', 'hydra', 'omegaconf') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

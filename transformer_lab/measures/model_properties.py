@@ -1,0 +1,423 @@
+"""Cheap forward-pass properties of a built model (no training): is the component correct?
+
+    causality            decoders: the output at t does not change when a token after t does
+    position_injectivity distinct positions get distinct representations, up to ``max_len``
+    finite_at_max_len    a forward at ``max_len`` tokens is finite (not only at 4 tokens)
+    batch_independence   in eval mode a sequence's output does not depend on the others'
+    train_eval_agreement without dropout, ``model.train()`` and ``model.eval()`` agree
+    ffn_gain             an FFN does not multiply the scale of its input (it would explode
+                         with depth)
+    output_dtype         every module returns the model's dtype (a float64 table is a bug)
+    device_placement     nothing is built on the CPU regardless of the model's device
+
+Each check returns a :class:`PropertyResult` and never raises: an exception inside the forward
+is a FAIL naming it. The invariance checks (causality, injectivity, batch independence,
+train/eval) run on :func:`amplified_copy`: at ``init_std=0.02`` attention is nearly uniform and
+a dependence through it is at float-noise level; an exact invariance holds for any weights.
+:func:`model_properties` runs them all (a few tens of ms on the tiny model).
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
+RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
+FFN_GAIN_LIMIT = 10.0
+# built-ins at init: ~0.01 (init_std 0.02) to ~1 (init_std 0.3)
+AMPLIFIED_STD = 0.3  # weight-matrix std of the copy measured by position_injectivity
+
+
+@dataclass
+class PropertyResult:
+    """One property: ``passed`` is None when it does not apply (e.g. causality in an encoder)."""
+
+    name: str
+    passed: bool | None
+    value: float | None = None
+    tolerance: float | None = None
+    detail: str = ""
+
+
+def _eval_outputs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) in eval mode, without gradients; the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            return model(tokens).float()
+    finally:
+        model.train(was_training)
+
+
+def _tokens(vocab_size: int, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randint(0, vocab_size, (batch, seq_len), generator=generator)  # (B, T)
+
+
+def _relative(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """|diff| over the mean norm of ``reference``'s rows, per row: (..., V) -> (...)."""
+    scale = reference.norm(dim=-1).mean().clamp_min(1e-30)
+    return diff.norm(dim=-1) / scale
+
+
+def _failure(name: str, exc: Exception) -> PropertyResult:
+    message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
+    return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}: "
+                          f"{message[:200]}")
+
+
+def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
+    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes.
+
+    A decoder trained with teacher forcing and a future leak (a norm over the sequence axis, an
+    FFN mixing in position t+1) learns to copy the answer: the loss looks perfect and greedy
+    decoding fails. Sequence ``s`` of the batch changes token ``s`` only; the worst change of an
+    earlier output, relative to the outputs' norm, must stay below float noise.
+    """
+    name = "causality"
+    if not getattr(model, "causal", False):
+        return PropertyResult(name, None, detail="encoder: bidirectional by design")
+    base = _tokens(vocab_size, 1, seq_len)  # (1, T)
+    changed = base.repeat(seq_len, 1)  # (T, T): row s changes token s
+    rows = torch.arange(seq_len)
+    changed[rows, rows] = (changed[rows, rows] + 1) % vocab_size
+    try:
+        out = _eval_outputs(amplified_copy(model), torch.cat([base, changed]))  # (1+T, T, V)
+    except Exception as exc:
+        return _failure(name, exc)
+    delta = _relative(out[1:] - out[:1], out[:1])  # (S, T): change at t when token s changed
+    earlier = torch.ones(seq_len, seq_len, dtype=torch.bool).tril(-1)  # (S, T): t < s
+    delta = torch.where(earlier, delta, torch.zeros(()))
+    worst = float(delta.max())
+    if worst <= RELATIVE_TOLERANCE:
+        return PropertyResult(name, True, worst, RELATIVE_TOLERANCE, "no future leak")
+    s, t = (int(i) for i in torch.nonzero(delta > RELATIVE_TOLERANCE)[0])  # first leak
+    return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
+                          f"output at position {t} changed when token {s} changed "
+                          f"(relative change {float(delta[s, t]):.2g}): a future leak")
+
+
+def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
+    """The PE's own ``max_len`` where it has one (a learned table), else ``default``."""
+    return int(getattr(model.positional, "max_len", None) or default)
+
+
+@contextmanager
+def _without_causal_mask(model: nn.Module) -> Iterator[None]:
+    causal = model.causal
+    model.causal = False
+    try:
+        yield
+    finally:
+        model.causal = causal
+
+
+def _swap_pairs(max_len: int) -> list[int]:
+    """Left positions ``i`` of the adjacent pairs (i, i + 1) to test: 0-4, then doubling, and
+    the last pair (a PE that clamps past any index fails there)."""
+    left, i = [0, 1, 2, 3], 4
+    while i < max_len - 1:
+        left += [i - 1, i]
+        i *= 2
+    return sorted({p for p in [*left, max_len - 2] if 0 <= p < max_len - 1})
+
+
+def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
+    """A copy of ``model`` whose every weight matrix (parameter of 2 or more dims: projections,
+    embeddings, learned PE tables and bias tables) is rescaled to standard deviation ``std``.
+    At ``init_std=0.02`` attention is nearly uniform and a relative PE moves the outputs by
+    ~1e-6 of their norm, the float32 noise level; the rescaled copy makes it visible. A model
+    blind to position stays blind whatever its weights, so the property is unchanged."""
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in copied.parameters():
+            if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:
+                parameter.mul_(std / parameter.std())
+    return copied
+
+
+def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
+    """How far ``out'[i], out'[i + 1]`` (tokens i and i + 1 swapped) are from
+    ``out[i + 1], out[i]``, relative to the outputs' norm: 0 if the two positions look alike."""
+    base = _tokens(vocab_size, 1, length, seed=1 + i)[0]  # (L,)
+    if base[i] == base[i + 1]:
+        base[i + 1] = (base[i] + 1) % vocab_size  # the swapped tokens differ
+    swapped = base.clone()
+    swapped[i], swapped[i + 1] = base[i + 1], base[i]
+    out = _eval_outputs(model, torch.stack([base, swapped]))  # (2, L, V)
+    pairs = torch.stack([out[1, i] - out[0, i + 1], out[1, i + 1] - out[0, i]])  # (2, V)
+    return float(_relative(pairs, out[0]).min())
+
+
+def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None = None,
+                         window: int = 6) -> PropertyResult:
+    """Distinct positions get distinct representations, for every position below ``max_len``.
+
+    Swap the tokens at positions i and i + 1 of a random sequence (of ``i + 2 + window``
+    tokens, at most ``max_len``): a model that cannot tell
+    the two positions apart (no PE, a PE that ignores ``positions`` or clamps them) gives the
+    swapped outputs exactly (``out'[i] == out[i + 1]``); a model with a working PE does not.
+    Measured on :func:`amplified_copy` (visible attention) of the model. Decoders are
+    measured with the causal mask lifted (only for this check): the mask alone
+    lets a position-free decoder count tokens, so it would hide a blind PE. Relative PEs
+    (rotary, bias) pass too: the swapped token sees different neighbours at each distance.
+    A constant-token input would not do: under a relative PE every position then attends to
+    identical values and gives identical outputs. ``pe=none`` fails by design (the control).
+    """
+    name = "position_injectivity"
+    max_len = max_len or position_max_len(model)
+    if max_len < 2:
+        return PropertyResult(name, None, detail=f"max_len={max_len}: one position")
+    left = _swap_pairs(max_len)
+    gaps = []
+    try:
+        copied = amplified_copy(model)
+        with _without_causal_mask(copied):
+            for i in left:
+                gaps.append(_swap_gap(copied, vocab_size, i, min(max_len, i + 2 + window)))
+    except Exception as exc:
+        return _failure(name, exc)
+    worst = min(gaps)
+    if not all(math.isfinite(g) for g in gaps):
+        return PropertyResult(name, False, math.nan, RELATIVE_TOLERANCE,
+                              "non-finite outputs while swapping positions up to "
+                              f"{max_len} (see finite_at_max_len)")
+    if worst > RELATIVE_TOLERANCE:
+        return PropertyResult(name, True, worst, RELATIVE_TOLERANCE,
+                              f"{len(left)} pairs of positions up to {max_len} told apart")
+    blind = [i for i, g in zip(left, gaps, strict=True) if g <= RELATIVE_TOLERANCE]
+    first = blind[0]
+    return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
+                          f"positions {first} and {first + 1} get the same representation "
+                          f"(swapping their tokens swaps the outputs); {len(blind)} of "
+                          f"{len(left)} tested pairs up to {max_len} are indistinguishable")
+
+
+def finite_at_max_len(model: nn.Module, vocab_size: int,
+                      max_len: int | None = None) -> PropertyResult:
+    """A forward at ``max_len`` tokens is finite. The smoke test runs at 4 tokens; a table
+    that overflows (an exponential, a division by ``max_len - pos``) past position 32 only
+    shows at length. On a failure the shortest non-finite length is found by bisection."""
+    name = "finite_at_max_len"
+    max_len = max_len or position_max_len(model)
+
+    def finite(length: int) -> bool:
+        return bool(torch.isfinite(_eval_outputs(model, _tokens(vocab_size, 2, length))).all())
+
+    try:
+        if finite(max_len):
+            return PropertyResult(name, True, float(max_len), None,
+                                  f"finite at {max_len} tokens")
+        low, high = 1, max_len  # finite(low) is assumed, finite(high) is False
+        while high - low > 1:
+            middle = (low + high) // 2
+            low, high = (middle, high) if finite(middle) else (low, middle)
+    except Exception as exc:
+        return _failure(name, exc)
+    return PropertyResult(name, False, float(high), float(max_len),
+                          f"inf/NaN in the output from sequence length {high} on "
+                          f"(position {high - 1}); finite up to {high - 1} tokens")
+
+
+def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
+                       batch: int = 4) -> PropertyResult:
+    """In eval mode sequence 0's output must not depend on the other sequences of the batch:
+    evaluation scores and generation would change with the batch size or with its contents
+    (a PE or norm that pools over the batch). BatchNorm in eval uses running statistics."""
+    name = "batch_independence"
+    tokens = _tokens(vocab_size, batch, seq_len, seed=2)  # (B, T)
+    others = tokens.clone()
+    others[1:] = _tokens(vocab_size, batch - 1, seq_len, seed=3)
+    try:
+        copied = amplified_copy(model)
+        full, alone = _eval_outputs(copied, tokens)[0], _eval_outputs(copied, tokens[:1])[0]
+        other = _eval_outputs(copied, others)[0]  # (T, V) each
+    except Exception as exc:
+        return _failure(name, exc)
+    worst = float(torch.maximum(_relative(full - alone, full),
+                                 _relative(full - other, full)).max())
+    passed = worst <= RELATIVE_TOLERANCE
+    return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
+                          "independent" if passed else f"sequence 0's output changed by "
+                          f"{worst:.2g} (relative) when the other sequences of its batch changed")
+
+
+def _running_statistics(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
+@contextmanager
+def _train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
+    """``model.train()`` with every dropout probability 0 and modules with running statistics
+    (torch BatchNorm: train mode uses the batch's statistics, by design) left in eval mode.
+    Yields the names of those modules; restores the modes and probabilities afterwards."""
+    from transformer_lab.components.attention import MultiHeadAttention
+
+    was_training, saved = model.training, []
+    model.train()
+    exempt = [n for n, m in model.named_modules() if _running_statistics(m)]
+    for module in model.modules():
+        if _running_statistics(module):
+            module.eval()
+        if isinstance(module, nn.modules.dropout._DropoutNd | MultiHeadAttention):
+            attribute = "p" if isinstance(module, nn.modules.dropout._DropoutNd) else "dropout"
+            saved.append((module, attribute, getattr(module, attribute)))
+            setattr(module, attribute, 0.0)
+    try:
+        yield exempt
+    finally:
+        for module, attribute, value in saved:
+            setattr(module, attribute, value)
+        model.train(was_training)
+
+
+def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
+    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs.
+
+    A component that adds noise or skips a branch in one mode is trained as one function and
+    evaluated as another: the held-out numbers do not measure the trained model. torch
+    BatchNorm modules (running statistics) are the documented exception and stay in eval mode.
+    """
+    name = "train_eval_agreement"
+    tokens = _tokens(vocab_size, 2, seq_len, seed=4)
+    try:
+        copied = amplified_copy(model)
+        evaluated = _eval_outputs(copied, tokens)
+        with _train_mode_without_dropout(copied) as exempt, torch.no_grad():
+            trained = copied(tokens).float()
+    except Exception as exc:
+        return _failure(name, exc)
+    worst = float(_relative(trained - evaluated, evaluated).max())
+    passed = worst <= RELATIVE_TOLERANCE
+    note = f"; {', '.join(exempt)} exempt (BatchNorm)" if exempt else ""
+    return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
+                          ("agree" if passed else f"train-mode outputs differ from eval-mode "
+                           f"ones by {worst:.2g} (relative) with dropout off") + note)
+
+
+def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
+                    inspect: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
+    """Forward (eval, no grad) calling ``inspect(name, module, output)`` on every tensor
+    output of every submodule."""
+    names = {module: name for name, module in model.named_modules()}
+
+    def hook(module: nn.Module, _args: object, output: object) -> None:
+        outputs = output if isinstance(output, tuple | list) else (output,)
+        for value in outputs:
+            if isinstance(value, torch.Tensor):
+                inspect(names[module] or "model", module, value)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        _eval_outputs(model, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Every submodule returns the dtype of the model's activations (the token embedding's).
+    A float64 table silently promotes the residual stream (the next matmul then fails, or the
+    model runs at half speed); a user's component must follow the activations' dtype."""
+    name = "output_dtype"
+    expected = model.token_embedding.weight.dtype
+    wrong: list[str] = []
+
+    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
+        if value.is_floating_point() and value.dtype != expected:
+            wrong.append(f"{module_name} ({type(module).__name__}) returned {value.dtype}")
+
+    try:
+        _hooked_forward(model, _tokens(vocab_size, 2, seq_len, seed=5), inspect)
+    except Exception as exc:
+        if not wrong:
+            return _failure(name, exc)
+    if wrong:
+        return PropertyResult(name, False, detail=f"{wrong[0]} for {expected} activations")
+    return PropertyResult(name, True, detail=f"every module returns {expected}")
+
+
+def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Nothing in the forward is built on the CPU regardless of the model's device.
+
+    On a CPU-only machine a tensor made without ``device=`` (``torch.arange(T)``, a table
+    built in ``forward``) looks correct and crashes only on a GPU. Measured by provenance
+    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`): such a tensor meeting the
+    model's tensors, or returned by a module, fails. Not caught: an explicit ``device="cpu"``.
+    """
+    from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
+
+    name = "device_placement"
+    returned: list[str] = []
+
+    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
+        if host_tensor(value):
+            returned.append(f"{module_name} ({type(module).__name__})")
+
+    audit, tokens = DeviceAudit(), _tokens(vocab_size, 2, seq_len, seed=6)
+    try:
+        with audit:
+            _hooked_forward(model, tokens, inspect)
+    except Exception as exc:
+        return _failure(name, exc)
+    if returned or audit.violations:
+        where = f"{returned[0]} returned a tensor made without device=" if returned else ""
+        what = "; ".join([where, *audit.violations[:1]]).strip("; ")
+        return PropertyResult(name, False, float(len(returned) + len(audit.violations)), 0.0,
+                              f"{what} (on the CPU whatever the model's device)")
+    return PropertyResult(name, True, 0.0, 0.0, "every tensor follows the model's device")
+
+
+def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs.
+
+    An FFN that multiplies the scale of its input (a forgotten ``1/sqrt(d)``, an init std of
+    1, an output gain) makes the residual stream grow by that factor per layer: activations
+    explode with depth. Built-ins at init: ~0.01 (init_std 0.02); limit :data:`FFN_GAIN_LIMIT`.
+    """
+    name = "ffn_gain"
+    gains: list[tuple[float, str]] = []
+    handles = []
+    for index, block in enumerate(getattr(model, "blocks", [])):
+        def hook(_m: nn.Module, args: tuple, out: torch.Tensor, index: int = index) -> None:
+            rms_in = args[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
+            gains.append((float(out.float().pow(2).mean().sqrt() / rms_in), f"block {index}"))
+        handles.append(block.feedforward.register_forward_hook(hook))
+    try:
+        _eval_outputs(model, _tokens(vocab_size, 2, seq_len, seed=7))
+    except Exception as exc:
+        return _failure(name, exc)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not gains:
+        return PropertyResult(name, None, detail="no FFN")
+    gain, where = max(gains)
+    passed = math.isfinite(gain) and gain <= FFN_GAIN_LIMIT
+    return PropertyResult(name, passed, gain, FFN_GAIN_LIMIT,
+                          f"largest FFN gain {gain:.3g} ({where})" if passed else
+                          f"the FFN of {where} multiplies its input's RMS by {gain:.3g}: "
+                          "activations explode with depth")
+
+
+def model_properties(model: nn.Module, vocab_size: int,
+                     max_len: int | None = None) -> list[PropertyResult]:
+    """Every check above on ``model`` (its weights and modes are left as they were)."""
+    return [
+        output_dtype(model, vocab_size),
+        device_placement(model, vocab_size),
+        causality(model, vocab_size),
+        finite_at_max_len(model, vocab_size, max_len),  # before injectivity: it names an inf
+        position_injectivity(model, vocab_size, max_len),
+        batch_independence(model, vocab_size),
+        train_eval_agreement(model, vocab_size),
+        ffn_gain(model, vocab_size),
+    ]

@@ -1,0 +1,274 @@
+"""Paired statistics over seeds: the verdict columns of every comparison (DESIGN.md, "Additions",
+bullet Verdicts).
+
+A comparison trains every variant with the same seeds ``s_1 .. s_n``; within a seed the variants
+share the initial weights (where shapes allow) and the batches, so the seed is a block and the
+variant's effect is measured on the paired differences ``d_i = x_variant(s_i) - x_baseline(s_i)``:
+
+    mean_interval        Student-t CI of a mean over seeds (``Interval``)
+    paired_comparison    mean of d, its t-interval, sign-flip permutation p (``PairedComparison``)
+    holm                 Holm step-down adjustment over the variants
+    verdict              better | worse | no detectable difference, on the adjusted p
+    seeds_needed         paired seeds for 80% power at the observed effect
+    verdict_table        per-(variant, seed) rows -> the per-variant columns of comparison.csv
+    describe             one plain-language line per variant for the terminal
+
+NaN values (a diverged seed) are dropped, never propagated, and the number dropped is reported.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+BASELINE = "baseline"
+BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
+EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
+MONTE_CARLO_RESAMPLES = 99_999
+SEEDS_CAP = 10_000
+
+
+@dataclass(frozen=True)
+class Interval:
+    """A mean over ``n`` finite values with its two-sided t-interval (``dropped`` NaNs left out).
+    ``n = 1``: ``low = high = nan`` (no spread to estimate); ``n = 0``: everything nan."""
+
+    mean: float
+    low: float
+    high: float
+    n: int
+    dropped: int = 0
+
+
+def _finite(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, int]:
+    array = np.asarray(values, dtype=float).ravel()
+    keep = ~np.isnan(array)
+    return array[keep], int((~keep).sum())
+
+
+def _t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
+    """``mean -/+ t_{(1+c)/2, n-1} * s / sqrt(n)`` (Student 1908); zero spread -> (mean, mean)."""
+    n = len(values)
+    if n < 2:
+        return math.nan, math.nan
+    mean, sem = float(values.mean()), float(stats.sem(values))
+    if sem == 0.0:
+        return mean, mean
+    low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
+    return float(low), float(high)
+
+
+def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
+    """Mean of the finite ``values`` over seeds and its Student-t confidence interval."""
+    finite, dropped = _finite(values)
+    mean = float(finite.mean()) if len(finite) else math.nan
+    return Interval(mean, *_t_interval(finite, confidence), n=len(finite), dropped=dropped)
+
+
+@dataclass(frozen=True)
+class PairedComparison:
+    """Variant minus baseline over ``n`` seeds where both are finite (``dropped`` pairs left out).
+    ``sd``: sample standard deviation of the differences (nan for ``n < 2``)."""
+
+    diff: float
+    low: float
+    high: float
+    p_value: float
+    sd: float
+    n: int
+    dropped: int = 0
+
+
+def _mean_statistic(x: np.ndarray, axis: int) -> np.ndarray:
+    return np.mean(x, axis=axis)
+
+
+def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
+    """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0``.
+
+    Under H0 (the variant does not matter) every difference is as likely to be ``+d_i`` as
+    ``-d_i``; the p-value is the share of the ``2^n`` sign patterns whose mean is at least as
+    extreme as the observed one (two-sided: twice the smaller tail, capped at 1; Fisher 1935,
+    Good, "Permutation Tests", 2005). It fits comparisons over few seeds: exact at any n, no
+    normality assumed (a loss over 5 seeds is rarely normal; one slow seed breaks a t-test).
+    Its price: the smallest attainable p is ``2 / 2^n``. n = 5 gives 0.0625, which can never
+    reach alpha = 0.05; n = 6 gives 0.031, n = 8 gives 0.0078 (room for a Holm correction over
+    a few variants). So 6 paired seeds is the least for any verdict at 0.05, 8 a sound default.
+    All ``2^n`` flips for ``n <= EXACT_UP_TO``, else a Monte Carlo with a fixed ``seed``.
+    """
+    n = len(differences)
+    resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
+    result = stats.permutation_test((differences,), _mean_statistic, vectorized=True,
+                                    permutation_type="samples", alternative="two-sided",
+                                    n_resamples=resamples, rng=np.random.default_rng(seed))
+    return float(result.pvalue)
+
+
+def paired_comparison(variant: Sequence[float] | np.ndarray,
+                      baseline: Sequence[float] | np.ndarray,
+                      confidence: float = 0.95) -> PairedComparison:
+    """Mean paired difference ``variant - baseline`` (index i = seed i in both), its t-interval
+    and sign-flip p-value. Pairs with a NaN on either side are dropped; fewer than 2 pairs
+    leave the interval and the p-value nan."""
+    x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
+    keep = ~(np.isnan(x) | np.isnan(y))
+    differences = x[keep] - y[keep]  # (n,)
+    n, dropped = len(differences), int((~keep).sum())
+    diff = float(differences.mean()) if n else math.nan
+    if n < 2:
+        return PairedComparison(diff, math.nan, math.nan, math.nan, math.nan, n, dropped)
+    low, high = _t_interval(differences, confidence)
+    return PairedComparison(diff, low, high, sign_flip_p_value(differences),
+                            float(differences.std(ddof=1)), n, dropped)
+
+
+def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
+    """Holm (1979) step-down adjustment over m tests: with ``p_(1) <= .. <= p_(m)``,
+    ``p_adj_(k) = max_{j<=k} min(1, (m - j + 1) p_(j))``. Controls the family-wise error rate
+    without assumptions on how the tests depend. NaN p-values stay NaN and do not count in m."""
+    p = np.asarray(p_values, dtype=float)
+    adjusted = np.full_like(p, math.nan)
+    tested = np.flatnonzero(~np.isnan(p))
+    order = tested[np.argsort(p[tested], kind="stable")]
+    m = len(order)
+    scaled = np.minimum(1.0, (m - np.arange(m)) * p[order])  # (m,) in ascending-p order
+    adjusted[order] = np.maximum.accumulate(scaled)
+    return adjusted
+
+
+def verdict(diff: float, p_adjusted: float, alpha: float = 0.05,
+            lower_is_better: bool = True) -> str:
+    """``better`` / ``worse`` when the adjusted p is at most ``alpha`` (the sign of the mean
+    difference variant - baseline decides which), else ``no detectable difference``."""
+    if math.isnan(p_adjusted) or p_adjusted > alpha or diff == 0 or math.isnan(diff):
+        return NO_DIFFERENCE
+    return BETTER if (diff < 0) == lower_is_better else WORSE
+
+
+def paired_t_power(n: int | np.ndarray, effect: float, alpha: float = 0.05) -> np.ndarray:
+    """Power of the two-sided paired t-test with n pairs at effect size ``mean(d) / sd(d)``:
+    ``P(|T| > t_{1-a/2, n-1})`` for ``T ~ nct(df = n - 1, nc = effect * sqrt(n))``."""
+    n = np.asarray(n, dtype=float)
+    df, nc = n - 1, abs(effect) * np.sqrt(n)
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
+
+
+def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8,
+                 comparisons: int = 1, cap: int = SEEDS_CAP) -> int | None:
+    """Smallest number of paired seeds that would detect ``diff`` (mean of variant - baseline,
+    with ``sd`` the standard deviation of the differences): the paired t-test reaches
+    ``power`` at level ``a = alpha / comparisons`` (``paired_t_power``, Cohen 1988) AND the
+    sign-flip test can reach it at all (``2 / 2^n <= a``). ``comparisons`` > 1: the variants
+    are Holm-adjusted together; ``a`` is Holm's strictest step (Bonferroni), so the number
+    holds whatever the variant's rank (3 variants: the floor is 7 seeds, not 6). ``None`` when
+    ``diff`` is 0 or nan (nothing to detect), ``sd`` is nan, or no n up to ``cap`` suffices.
+    ``sd = 0``: the second condition only.
+    """
+    if math.isnan(diff) or diff == 0 or math.isnan(sd):
+        return None
+    level = alpha / max(1, comparisons)
+    least = max(2, math.ceil(math.log2(2 / level)))  # 2 / 2^n <= level
+    if sd == 0:
+        return least if least <= cap else None
+    start = least
+    while start <= cap:  # growing blocks: cheap for large effects, exact smallest n for all
+        block = np.arange(start, min(cap, 2 * start) + 1)
+        reached = np.flatnonzero(paired_t_power(block, diff / sd, level) >= power)
+        if len(reached):
+            return int(block[reached[0]])
+        start = int(block[-1]) + 1
+    return None
+
+
+VERDICT_COLUMNS = ["diff_vs_baseline", "diff_ci_low", "diff_ci_high", "p_value", "p_adjusted",
+                   "verdict", "seeds_needed", "paired_seeds", "note"]
+
+
+def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "final_loss",
+                  baseline: str | None = None, alpha: float = 0.05, confidence: float = 0.95,
+                  lower_is_better: bool = True) -> pd.DataFrame:
+    """One row per variant (order of first appearance, indexed by ``variant``) from rows of
+    (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
+    then against ``baseline`` (default: the first variant), pairing rows by seed, the columns
+    ``VERDICT_COLUMNS``; Holm runs over the variants that have a p-value, ``seeds_needed``
+    counts every non-baseline variant as a comparison (see ``seeds_needed``). The baseline's
+    paired columns are empty and its verdict is ``baseline``; ``note`` says why a row has no
+    test, or how many seeds were dropped."""
+    names = list(dict.fromkeys(runs[variant]))
+    if not names:
+        raise ValueError("no rows to compare")
+    m = len(names) - 1  # comparisons against the baseline
+    baseline = names[0] if baseline is None else baseline
+    if baseline not in names:
+        raise ValueError(f"baseline '{baseline}' is not among the variants: {', '.join(names)}")
+    if runs.duplicated([variant, "seed"]).any():
+        raise ValueError(f"a ({variant}, seed) pair appears twice")
+    wide = runs.pivot(index="seed", columns=variant, values=value)  # (seeds, variants)
+    rows: dict[str, dict] = {}
+    for name in names:
+        interval = mean_interval(wide[name].to_numpy(), confidence)
+        row = {f"{value}_ci_low": interval.low, f"{value}_ci_high": interval.high,
+               "diff_vs_baseline": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan,
+               "p_value": math.nan, "p_adjusted": math.nan, "verdict": BASELINE,
+               "seeds_needed": None, "paired_seeds": None, "note": ""}
+        if name != baseline:
+            pair = paired_comparison(wide[name].to_numpy(), wide[baseline].to_numpy(),
+                                     confidence)
+            row.update(diff_vs_baseline=pair.diff, diff_ci_low=pair.low, diff_ci_high=pair.high,
+                       p_value=pair.p_value, paired_seeds=pair.n,
+                       seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
+                       note=_note(pair))
+        rows[name] = row
+    table = pd.DataFrame.from_dict(rows, orient="index")
+    table.index.name = variant
+    table["p_adjusted"] = holm(table["p_value"].to_numpy())
+    table["verdict"] = [
+        BASELINE if name == baseline else verdict(row.diff_vs_baseline, row.p_adjusted, alpha,
+                                                  lower_is_better)
+        for name, row in table.iterrows()]
+    for column in ("seeds_needed", "paired_seeds"):  # ints or None (an empty CSV cell)
+        table[column] = pd.Series([None if pd.isna(v) else int(v) for v in table[column]],
+                                  index=table.index, dtype=object)
+    return table
+
+
+def _note(pair: PairedComparison) -> str:
+    parts = []
+    if pair.n < 2:
+        parts.append(f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)")
+    if pair.dropped:
+        plural = "" if pair.dropped == 1 else "s"
+        parts.append(f"{pair.dropped} seed{plural} dropped (NaN or missing)")
+    return "; ".join(parts)
+
+
+def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "final_loss",
+             confidence: float = 0.95) -> str:
+    """One line for the terminal, e.g. ``gelu vs relu: final_loss 0.012 lower (95% CI 0.004 to
+    0.020), p = 0.008, Holm 0.016 -> better``; the CI is in the same direction as the word."""
+    if row["verdict"] == BASELINE:
+        return f"{name}: baseline"
+    diff = row["diff_vs_baseline"]
+    head = f"{name} vs {baseline}: {value}"
+    if math.isnan(diff):
+        return f"{head}: no paired seeds -> {row['verdict']}"
+    sign = -1.0 if diff < 0 else 1.0
+    line = f"{head} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}"
+    if math.isnan(row["p_value"]):
+        return f"{line} ({row['note']}) -> {row['verdict']}"
+    low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
+    line += (f" ({confidence:.0%} CI {low:.3g} to {high:.3g}), p = {row['p_value']:.2g}, "
+             f"Holm {row['p_adjusted']:.2g} -> {row['verdict']}")
+    if row["verdict"] == NO_DIFFERENCE and row["seeds_needed"] is not None:
+        line += f" ({row['seeds_needed']} paired seeds would detect it at 80% power)"
+    if row["note"]:
+        line += f"; {row['note']}"
+    return line

@@ -1,0 +1,125 @@
+"""A catalogue of deliberately broken components: does the validation routine catch them?
+
+Each :class:`Mutant` names a config group, the ``_target_`` and settings that replace that
+group's node, the architecture it is run in, and where it is expected to be caught:
+
+    preflight            the protocol check before the run (exit code 2)
+    step1:<check>        a property of :mod:`transformer_lab.measures.model_properties`
+    step2 / step3 / ...  the routine's training steps (step3:rotary_relative is RoPE's check)
+    harmless             nothing: the component is correct in this architecture
+
+Build one with :func:`mutant_config`; the modules ``positional``, ``feedforward`` and ``norms``
+hold the broken classes (each docstring says what is broken).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+_M = "transformer_lab.mutants"
+_D = "${model.d_model}"
+_HEAD_DIM = "${tlab.div:${model.d_model},${model.n_heads}}"
+_FFN = {"d_model": _D, "d_ff": "${model.d_ff}", "activation": "gelu",
+        "init_std": "${model.init_std}"}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken component and the routine's step/check expected to catch it."""
+
+    name: str
+    group: str  # pe | ffn (formerly activation) | norm_layer
+    target: str  # the _target_
+    arch: str  # encoder | decoder
+    expected: str  # preflight | step1:<check> | step2 | step3[:check] | harmless
+    settings: dict[str, Any] = field(default_factory=dict)
+    partial: bool = False  # norm_layer nodes are partials: d_model -> module
+
+    def node(self) -> dict[str, Any]:
+        """The config node that replaces ``cfg[group]``."""
+        node = {"name": self.name, "_target_": self.target, **self.settings}
+        return {**node, "_partial_": True} if self.partial else node
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    # position information lost
+    Mutant("position_blind", "pe", f"{_M}.positional.PositionBlindPE", "encoder",
+           "step1:position_injectivity", {"d_model": _D}),
+    Mutant("clamped_pe", "pe", f"{_M}.positional.ClampedPE", "encoder",
+           "step1:position_injectivity", {"d_model": _D, "clamp_at": 16}),
+    Mutant("batch_dependent_rope", "pe", f"{_M}.positional.BatchDependentRoPE", "encoder",
+           "step1:batch_independence", {"head_dim": _HEAD_DIM}),
+    # relative property broken
+    Mutant("mixed_pairing_rope", "pe", f"{_M}.positional.MixedPairingRoPE", "encoder",
+           "step3:rotary_relative", {"head_dim": _HEAD_DIM}),
+    Mutant("flipped_sign_rope", "pe", f"{_M}.positional.FlippedSignRoPE", "encoder",
+           "step3:rotary_relative", {"head_dim": _HEAD_DIM}),
+    # future leaks in a decoder
+    Mutant("sequence_axis_norm", "norm_layer", f"{_M}.norms.SequenceAxisNorm", "decoder",
+           "step1:causality", partial=True),
+    Mutant("token_shift_ffn", "ffn", f"{_M}.feedforward.TokenShiftFFN", "decoder",
+           "step1:causality", _FFN),
+    Mutant("future_bias_alibi", "pe", f"{_M}.positional.FutureBiasALiBi", "decoder",
+           "harmless", {"n_heads": "${model.n_heads}", "causal": True}),
+    # numerical
+    Mutant("overflow_pe", "pe", f"{_M}.positional.OverflowPE", "decoder",
+           "step1:finite_at_max_len", {"d_model": _D, "limit": 32}),
+    Mutant("exploding_ffn", "ffn", f"{_M}.feedforward.ExplodingFFN", "decoder",
+           "step1:ffn_gain", _FFN),
+    # train/eval inconsistency
+    Mutant("noisy_train_ffn", "ffn", f"{_M}.feedforward.NoisyTrainFFN", "encoder",
+           "step1:train_eval_agreement", _FFN),
+    Mutant("skip_in_eval_ffn", "ffn", f"{_M}.feedforward.SkipInEvalFFN", "encoder",
+           "step1:train_eval_agreement", _FFN),
+    # protocol
+    Mutant("wrong_shape_pe", "pe", f"{_M}.positional.WrongShapePE", "encoder", "preflight",
+           {"d_model": _D}),
+    Mutant("wrong_shape_ffn", "ffn", f"{_M}.feedforward.WrongShapeFFN", "encoder",
+           "preflight", _FFN),
+    Mutant("float64_pe", "pe", f"{_M}.positional.Float64PE", "encoder", "step1:output_dtype",
+           {"d_model": _D}),
+    Mutant("cpu_table_pe", "pe", f"{_M}.positional.CPUTablePE", "decoder",
+           "step1:device_placement", {"d_model": _D}),
+)
+
+BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
+
+# The built-in correct components (the negatives of ``tlab mutants``); pe=none is the control.
+BUILT_IN_PES = ("sinusoidal", "learned", "sinusoidal_learned", "rope", "alibi", "t5")
+BUILT_IN_FFNS = ("relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "swiglu", "geglu", "reglu")
+BUILT_IN_BLOCKS = ("post", "pre", "sandwich", "deepnorm")
+BUILT_IN_NORM_LAYERS = ("layernorm", "rmsnorm", "batchnorm")
+
+
+def built_in_negatives() -> list[tuple[str, str, str, list[str]]]:
+    """``(name, group, arch, overrides)`` of every built-in PE x arch, FFN (decoder: a future
+    leak shows there) and block x norm layer (decoder, 2 layers: the wiring between blocks)."""
+    rows = [(f"pe={pe}/{arch}", "pe", arch, [f"pe={pe}", f"arch={arch}"])
+            for pe in BUILT_IN_PES for arch in ("encoder", "decoder")]
+    rows += [(f"ffn={ffn}", "ffn", "decoder", [f"ffn={ffn}", "arch=decoder"])
+             for ffn in BUILT_IN_FFNS]
+    rows += [(f"block={block}/{layer}", "block", "decoder",
+              [f"block={block}", f"norm_layer={layer}", "arch=decoder",
+               "routine.smoke.model.n_layers=2"])
+             for block in BUILT_IN_BLOCKS for layer in BUILT_IN_NORM_LAYERS]
+    return rows
+
+
+# a config group under its other name (the tree renamed activation -> ffn, norm -> block)
+_OTHER_NAME = {"ffn": "activation", "activation": "ffn", "block": "norm", "norm": "block"}
+
+
+def mutant_config(mutant: Mutant, overrides: list[str] | tuple[str, ...] = (),
+                  experiment: str = "smoke") -> Any:
+    """The composed config (``experiment``, default smoke) with ``mutant``'s arch and its node
+    in place of ``cfg[mutant.group]`` (interpolations resolve against the config)."""
+    from omegaconf import OmegaConf, open_dict
+
+    from transformer_lab.config.compose import compose
+
+    cfg = compose([f"experiment={experiment}", f"arch={mutant.arch}", *overrides])
+    group = mutant.group if mutant.group in cfg else _OTHER_NAME.get(mutant.group, mutant.group)
+    with open_dict(cfg):
+        cfg[group] = OmegaConf.create(mutant.node())
+    return cfg

@@ -1,0 +1,51 @@
+"""Broken FFNs: each a few lines on top of the built-in two-matrix FFN (see the catalogue in
+:mod:`transformer_lab.mutants` for the check expected to catch each)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from transformer_lab.components.feedforward import FeedForward
+
+
+class TokenShiftFFN(FeedForward):
+    """Mixes in the next position (a token shift from t + 1): a future leak in a decoder."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)  # (B, T, D)
+        return y + F.pad(y[:, 1:], (0, 0, 0, 1))  # y[t] + y[t + 1] (0 at the end)
+
+
+class ExplodingFFN(FeedForward):
+    """Adds ``gain * x`` to its output (a residual-branch scale of 100 instead of 1/100): the
+    stream is multiplied at every layer and explodes with depth."""
+
+    def __init__(self, d_model: int, d_ff: int, gain: float = 100.0, **kwargs: object) -> None:
+        super().__init__(d_model, d_ff, **kwargs)
+        self.gain = gain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.gain * x + super().forward(x)  # (B, T, D)
+
+
+class NoisyTrainFFN(FeedForward):
+    """Adds Gaussian noise in train mode only: trained as one function, evaluated as another."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = super().forward(x)  # (B, T, D)
+        return y + 0.1 * torch.randn_like(y) if self.training else y
+
+
+class SkipInEvalFFN(FeedForward):
+    """Skips its branch in eval mode (returns zeros): the evaluated model has no FFN."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x) if self.training else torch.zeros_like(x)
+
+
+class WrongShapeFFN(FeedForward):
+    """Drops the last output feature: (B, T, D) -> (B, T, D - 1)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(x)[..., :-1]  # (B, T, D - 1)

@@ -1,0 +1,110 @@
+"""Broken positional encodings: each a few lines on top of a correct built-in (see the
+catalogue in :mod:`transformer_lab.mutants` for the check expected to catch each)."""
+
+from __future__ import annotations
+
+import torch
+
+from transformer_lab.components.positional import (
+    ALiBiPositionalBias,
+    RotaryPositionalEncoding,
+    SinusoidalPositionalEncoding,
+    apply_rotary,
+    sinusoidal_table,
+)
+
+
+class PositionBlindPE(SinusoidalPositionalEncoding):
+    """Ignores ``positions``: every position gets the encoding of position 0."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return super().forward(torch.zeros_like(positions))  # (T, d_model), all rows equal
+
+
+class ClampedPE(SinusoidalPositionalEncoding):
+    """Silently clamps: every position from ``clamp_at`` on gets the same encoding."""
+
+    def __init__(self, d_model: int, clamp_at: int = 16) -> None:
+        super().__init__(d_model)
+        self.clamp_at = clamp_at
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return super().forward(positions.clamp(max=self.clamp_at))  # (T, d_model)
+
+
+class OverflowPE(SinusoidalPositionalEncoding):
+    """Adds ``log(1 - pos / limit)`` to every dimension: small and finite at 4 tokens, -inf at
+    ``pos = limit`` and NaN past it (a decay with a singularity)."""
+
+    def __init__(self, d_model: int, limit: int = 32) -> None:
+        super().__init__(d_model)
+        self.limit = limit
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        decay = torch.log1p(-positions.float() / self.limit)  # (T,): NaN past limit
+        return super().forward(positions) + decay[:, None]  # (T, d_model)
+
+
+class Float64PE(SinusoidalPositionalEncoding):
+    """Returns its table in float64 (whatever the activations' dtype)."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return super().forward(positions).double()  # (T, d_model) float64
+
+
+class CPUTablePE(SinusoidalPositionalEncoding):
+    """Builds its table in ``forward`` without ``device=``: on the CPU whatever the model's
+    device (fine on a CPU-only machine, a device error on a GPU)."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        table = sinusoidal_table(int(positions.max()) + 1, self.d_model)  # (T, d) on the CPU
+        return table[positions]  # (T, d_model)
+
+
+class WrongShapePE(SinusoidalPositionalEncoding):
+    """Returns half the model width: (T, d_model // 2)."""
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return super().forward(positions)[:, : self.d_model // 2]  # (T, d_model // 2)
+
+
+class BatchDependentRoPE(RotaryPositionalEncoding):
+    """RoPE whose frequencies are scaled by a statistic of the batch (``1 + mean |q|``): a
+    sequence's encoding depends on the other sequences of its batch."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        scale = 1.0 + q.detach().abs().mean()  # () over the whole batch
+        return super().forward(q, k, positions.float() * scale)
+
+
+class MixedPairingRoPE(RotaryPositionalEncoding):
+    """Rotates q with the ``half`` pairing and k with the ``interleaved`` one: q_m . k_n no
+    longer depends on n - m only."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (apply_rotary(q, positions, style="half"),
+                apply_rotary(k, positions, style="interleaved"))
+
+
+class FlippedSignRoPE(RotaryPositionalEncoding):
+    """Rotates k by ``-n theta`` instead of ``+n theta``: q_m . k_n depends on m + n."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return apply_rotary(q, positions), apply_rotary(k, -positions)
+
+
+class FutureBiasALiBi(ALiBiPositionalBias):
+    """Causal ALiBi plus ``value`` (large, positive) on every key above the diagonal. In a
+    decoder the model's causal mask (-inf) must win: HARMLESS, the model is plain ALiBi."""
+
+    def __init__(self, n_heads: int, causal: bool = True, value: float = 1e4) -> None:
+        super().__init__(n_heads, causal=causal)
+        self.value = value
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        bias = super().forward(q_len, k_len)  # (H, Tq, Tk)
+        future = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).triu(1)
+        return bias + self.value * future  # (H, Tq, Tk)
