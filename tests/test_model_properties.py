@@ -108,7 +108,7 @@ def test_each_step1_mutant_fails_its_check_with_a_detail_naming_it(mutant):
 
 
 def test_the_catalogue_covers_the_issue_and_every_target_imports():
-    from hydra._internal.utils import _locate
+    from transformer_lab.config.hydra_adapter import locate as _locate
 
     assert set(DETAILS) == {m.name for m in STEP1_MUTANTS}
     for mutant in MUTANTS:

@@ -100,7 +100,7 @@ def test_each_seed_has_its_single_models_logits_and_gradients(case):
 
 def seed_grads(stacked: nn.Module, s: int) -> dict[str, torch.Tensor]:
     """Seed s's gradients under the single model's names and shapes."""
-    from transformer_lab.training.seed_stack_layers import SeedStackedLayer
+    from transformer_lab.components.seed_stacked import SeedStackedLayer
 
     grads = {}
     for prefix, module in stacked.named_modules():
@@ -205,7 +205,7 @@ def test_each_seed_is_clipped_by_its_own_norm():
 
 def test_stacked_learned_table_interpolates_and_refuses_like_the_single_one():
     from transformer_lab.components.positional import LearnedPositionalEncoding
-    from transformer_lab.training.seed_stack_layers import SeedStackedLearnedPE
+    from transformer_lab.components.seed_stacked import SeedStackedLearnedPE
 
     tables = []
     for seed in SEEDS:

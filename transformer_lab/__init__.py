@@ -1,3 +1,26 @@
-"""tlab: a command-line experiment runner for Transformer components."""
+"""tlab: a command-line experiment runner for Transformer components.
+
+The Python API (``transformer_lab.api``) is loaded on first use, so that ``import
+transformer_lab`` (and ``tlab --help``) stays cheap::
+
+    import transformer_lab as tl
+    tl.validate(pe=MyPE, arch="decoder")     # also smoke, reverse_task, compare_activations, check
+"""
+
+from typing import Any
 
 __version__ = "0.1.0"
+
+_API = ("validate", "smoke", "reverse_task", "compare_activations", "check", "Result")
+__all__ = [*_API, "testing"]
+
+
+def __getattr__(name: str) -> Any:
+    """``tl.validate`` etc. from ``transformer_lab.api``, ``tl.testing``, imported lazily."""
+    from importlib import import_module
+
+    if name in _API:
+        return getattr(import_module("transformer_lab.api"), name)
+    if name == "testing":
+        return import_module("transformer_lab.testing")
+    raise AttributeError(f"module 'transformer_lab' has no attribute '{name}'")

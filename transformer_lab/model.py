@@ -39,6 +39,26 @@ def embedding_scale(setting: str | float, d_model: int) -> float:
         ) from None
 
 
+def add_positional(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
+    """x (B, T, D) plus an additive PE (T, D). In a seed-stacked model (``training.seed_stack``)
+    x is (S*B, T, D), seed-major, and a learned PE is per seed, (S, T, D): added via (S, B, T, D).
+    """
+    if pe.dim() == 2:
+        return x + pe
+    seeds = pe.shape[0]
+    return (x.view(seeds, -1, *x.shape[1:]) + pe.unsqueeze(1)).view(x.shape)
+
+
+def expand_seed_mask(mask: torch.Tensor, rows: int) -> torch.Tensor:
+    """A per-seed attention mask (S, H, T, T) (T5 bias of a seed-stacked model) as SDPA's
+    (S*B, H, T, T) for ``rows`` = S*B sequences; a shared (H, T, T) mask is returned as is."""
+    if mask.dim() != 4:
+        return mask
+    seeds = mask.shape[0]
+    return mask.unsqueeze(1).expand(seeds, rows // seeds, *mask.shape[1:]).reshape(
+        rows, *mask.shape[1:])  # (S*B, H, T, T)
+
+
 class TransformerModel(nn.Module):
     """Token embedding, positional encoding, a stack of blocks and an output head."""
 
@@ -54,6 +74,9 @@ class TransformerModel(nn.Module):
         pe_scale: float = 1.0,
         embed_dropout: float = 0.0,
         init_std: float = 0.02,
+        embed_norm: nn.Module | None = None,
+        tie_embeddings: bool = False,
+        output_head: bool = True,
     ) -> None:
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
@@ -67,6 +90,13 @@ class TransformerModel(nn.Module):
         self.pe_scale = pe_scale
         nn.init.normal_(self.token_embedding.weight, mean=0.0, std=init_std)
         nn.init.normal_(self.lm_head.weight, mean=0.0, std=init_std)
+        # knobs of real architectures (model.embed_norm, model.tie_embeddings; interop)
+        if embed_norm is not None:
+            self.embed_norm = embed_norm  # (BERT) a norm on the embeddings, before dropout
+        if tie_embeddings:  # (GPT-2, T5) one matrix for the input and the output
+            self.lm_head.weight = self.token_embedding.weight
+        self.output_head = output_head  # False: forward returns the final hidden states
+        self._aux_sources: list[nn.Module] | None = None  # modules with an ``aux_loss``
         self._causal_masks: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._position_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
@@ -80,8 +110,10 @@ class TransformerModel(nn.Module):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         if self.pe_kind == "additive":
-            pe = self.positional(positions)  # (T, D) broadcast over B
-            x = x + (pe if self.pe_scale == 1.0 else self.pe_scale * pe)
+            pe = self.positional(positions)  # (T, D), or (S, T, D) in a seed-stacked model
+            x = add_positional(x, pe if self.pe_scale == 1.0 else self.pe_scale * pe)
+        if "embed_norm" in self._modules:
+            x = self.embed_norm(x)
         if self.training and self.embed_dropout.p > 0.0:
             x = self.embed_dropout(x)
         return x
@@ -120,12 +152,15 @@ class TransformerModel(nn.Module):
         return self._cached(self._causal_masks, (seq_len, device), make)
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, vocab). With ``need_weights`` each attention module
-        keeps its probabilities (B, H, T, T) in ``last_weights`` (see ``attention_maps``)."""
+        """tokens (B, T) -> logits (B, T, vocab), or the final hidden states (B, T, D) when the
+        model has no ``output_head`` (imported without one). With ``need_weights`` each
+        attention module keeps its probabilities (B, H, T, T) in ``last_weights``."""
         seq_len = tokens.shape[1]
         positions = self._positions(seq_len, tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
-        mask = self.attention_mask(seq_len, tokens.device)
+        mask = self.attention_mask(seq_len, tokens.device)  # (H, T, T), (S, H, T, T) or None
+        if mask is not None:
+            mask = expand_seed_mask(mask, tokens.shape[0])
         inputs = AttentionInputs(
             positions=positions,
             rotary=self.positional if self.pe_kind == "rotary" else None,
@@ -135,7 +170,27 @@ class TransformerModel(nn.Module):
         )
         for block in self.blocks:
             x = block(x, inputs)
+        if not self.output_head:
+            return self.final_norm(x)  # (B, T, D)
         return self.lm_head(self.final_norm(x))  # (B, T, vocab)
+
+    def auxiliary_loss(self) -> torch.Tensor | None:
+        """Sum of the ``aux_loss`` the modules left from the last forward (e.g. a Mixture of
+        Experts' load-balancing loss, already weighted), to add to the training loss; None
+        when no module has one."""
+        if self._aux_sources is None:  # found once: most models have none
+            self._aux_sources = [m for m in self.modules() if hasattr(m, "aux_loss")]
+        losses = [m.aux_loss for m in self._aux_sources if isinstance(m.aux_loss, torch.Tensor)]
+        return torch.stack(losses).sum() if losses else None
+
+    def auxiliary_metrics(self) -> dict[str, float]:
+        """Numbers the modules report about the last forward (``aux_metrics``), averaged over
+        the modules that report the same name (e.g. per-expert token fractions)."""
+        gathered: dict[str, list[float]] = {}
+        for module in self.modules():
+            for name, value in (getattr(module, "aux_metrics", None) or {}).items():
+                gathered.setdefault(name, []).append(float(value))
+        return {name: sum(v) / len(v) for name, v in gathered.items()}
 
     def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """Attention probabilities of every layer for ``tokens``: a list of (B, H, T, T)."""
@@ -172,15 +227,18 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
     feedforward_spec = resolve_component(cfg, "ffn")
     block_spec = resolve_component(cfg, "block")
     blocks = []
+    parallel = {"parallel": True} if m.get("parallel_block") else {}  # model.parallel_block
     for _ in range(m.n_layers):
         attention = MultiHeadAttention(
-            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention, init_std=m.init_std
+            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention, init_std=m.init_std,
+            **attention_knobs(m),
         )
         feedforward = instantiate_component(feedforward_spec, "ffn")
         block = instantiate_component(block_spec, "block", attention=attention,
-                                      feedforward=feedforward, make_norm=make_norm)
+                                      feedforward=feedforward, make_norm=make_norm, **parallel)
         blocks.append(block)
     final_norm = make_norm(m.d_model) if blocks and blocks[0].needs_final_norm else None
+    embed_norm = make_norm(m.d_model) if m.get("embed_norm") else None
     return TransformerModel(
         vocab_size=m.vocab_size,
         d_model=m.d_model,
@@ -192,4 +250,14 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
         pe_scale=m.pe_scale,
         embed_dropout=m.dropout.embedding,
         init_std=m.init_std,
+        embed_norm=embed_norm,
+        tie_embeddings=bool(m.get("tie_embeddings", False)),
     )
+
+
+def attention_knobs(m: DictConfig) -> dict:
+    """The attention keywords of ``cfg.model`` beyond the original Transformer's (GQA, head
+    size, logit scale, separate biases); a model config without them gets the defaults."""
+    return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
+            "scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
+            "out_bias": m.get("out_bias")}

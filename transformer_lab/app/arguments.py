@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from transformer_lab.config.compose import compose
 from transformer_lab.config.tree import CONFIG_DIR, config_dirs, group_choices
 from transformer_lab.errors import ConfigError
-from transformer_lab.results.run_directory import holds_run
+from transformer_lab.results.run_directory import claimed_by, holds_run
 
 # Hydra flags that take a value (the value is not an override).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
@@ -88,6 +88,9 @@ def _parse_error(text: str, message: str) -> str:
 
 
 def _values(override) -> list[str]:
+    if override.is_interval_sweep():  # an Optuna search's interval(a,b): check with a
+        start = override.value().start
+        return [str(int(start)) if float(start).is_integer() else str(start)]
     if override.is_sweep_override():
         return list(override.sweep_string_iterator())
     return [override.get_value_element_as_str()]
@@ -135,9 +138,16 @@ def group_choices_hydra(kind: str) -> list[str]:
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:
+    """Refuse an output directory that holds a run, a sweep, or is claimed by a running one."""
     if holds_run(path) or (sweep and (path / "sweep.csv").exists()):
         raise ConfigError(f"'{path}' already holds a run; choose another output directory "
                           "(runs are never overwritten)")
+    if not sweep and ((path / "sweep.csv").exists() or (path / "multirun.yaml").exists()):
+        raise ConfigError(f"'{path}' is a sweep's folder; a single run needs a directory of its "
+                          "own (tlab report reads the sweep there)")
+    if (owner := claimed_by(path)) is not None:
+        raise ConfigError(f"'{path}' is already taken by another run: {owner}; choose another "
+                          "output directory")
     if sweep and path.is_dir() and any(holds_run(p) for p in path.iterdir() if p.is_dir()):
         raise ConfigError(f"'{path}' already holds a sweep's runs; choose another directory")
 

@@ -28,6 +28,7 @@ from transformer_lab.app.arguments import (
 )
 from transformer_lab.config.tree import CONFIG_DIR
 from transformer_lab.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
+from transformer_lab.results.run_directory import claim_directory
 
 
 def hydra_job(cfg: DictConfig) -> int:
@@ -44,21 +45,26 @@ def hydra_job(cfg: DictConfig) -> int:
         cfg.config_dirs = [source.path for source in hydra_cfg.runtime.config_sources
                            if source.provider == "command-line" and source.schema == "file"]
     if hydra_cfg.mode == RunMode.MULTIRUN:
+        from transformer_lab.app.search import trial_value, uses_optuna_sweeper
         from transformer_lab.app.sweeps import run_sweep_job
 
-        return run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
+        code = run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
+        if uses_optuna_sweeper(hydra_cfg):  # Optuna's sweeper reads the routine's objective
+            return trial_value(Path(hydra_cfg.runtime.output_dir))
+        return code
     return execute(cfg, Path(hydra_cfg.runtime.output_dir))
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
-    from transformer_lab.app import sweeps
+    from transformer_lab.app import search, sweeps
     from transformer_lab.results.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
         try:
             args, resume_dir = sweeps.pop_resume(args)
+            args = quieted(forced(args))
             if resume_dir is not None:
                 args = sweeps.resume_arguments(resume_dir, args)
             arguments = check_arguments(renamed_group_aliases(args), resume=resume_dir is not None)
@@ -68,24 +74,67 @@ def main(argv: list[str] | None = None) -> int:
             from transformer_lab.app.validation import validate_config
 
             inputs = validate_config(cfg)
+            if arguments.multirun and search.uses_optuna(arguments.overrides):
+                search.require_objective(str(cfg.routine.name))  # a search needs one
+            sweep_dir = None
+            if arguments.single_run:  # claimed before Hydra writes .hydra/ there
+                claim_directory(pin_run_dir(cfg))
+            elif arguments.multirun:
+                sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
+                if resume_dir is None:
+                    claim_directory(sweep_dir)
         except ConfigError as exc:
             print_error(str(exc))
+            return EXIT_USAGE
+        except Exception as exc:  # a bad value that no check above names: still one line
+            if os.environ.get("HYDRA_FULL_ERROR") == "1":
+                raise
+            first = (str(exc).strip().splitlines() or [""])[0]
+            print_error(f"invalid configuration: {type(exc).__name__}: {first} (set "
+                        "HYDRA_FULL_ERROR=1 for the traceback)")
             return EXIT_USAGE
         if resume_dir is not None:
             sweeps.keep_multirun_yaml(resume_dir)
         try:
             if arguments.single_run:
                 return _run_single(hydra, cfg, inputs)
-            if not arguments.multirun:
+            if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
-            sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
-            code = _run_hydra(arguments, sweep_dir)
+            code = _run_hydra(arguments, sweep_dir, cfg)
         except KeyboardInterrupt:
             print_error("interrupted; rows logged so far are kept")
             return EXIT_INTERRUPTED
         # The jobs may have run in other processes (joblib, submitit): read their statuses.
         sweeps.print_sweep_summary(sweep_dir)
         return max(code, sweeps.sweep_exit_code(sweep_dir))
+
+
+def forced(args: list[str]) -> list[str]:
+    """``--force`` (any command) -> the override ``force=true``: run even when the pre-flight
+    estimate says the run cannot fit in memory."""
+    if "--force" not in args:
+        return args
+    return [*(a for a in args if a != "--force"), "force=true"]
+
+
+def quieted(args: list[str]) -> list[str]:
+    """``--quiet`` / ``-q`` (any command) -> ``logger.progress=false``: no progress bars."""
+    if "--quiet" not in args and "-q" not in args:
+        return args
+    return [*(a for a in args if a not in ("--quiet", "-q")), "logger.progress=false"]
+
+
+def pin_run_dir(cfg: DictConfig) -> Path:
+    """Resolve ``hydra.run.dir`` once (its ``${now:}`` would give a new time on each read) and
+    write it back, so the directory claimed is the one Hydra runs the job in."""
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict, read_write
+
+    HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices.experiment}
+    run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute()
+    with read_write(cfg.hydra.run), open_dict(cfg.hydra.run):
+        cfg.hydra.run.dir = str(run_dir)
+    return run_dir
 
 
 def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
@@ -102,17 +151,29 @@ def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
     return int(run_job(hydra, cfg, task_function))
 
 
-def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None) -> int:
+def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
+               cfg: DictConfig | None = None) -> int:
     """Hydra's own command line (help, printing, sweeps); a sweep is pinned to ``sweep_dir``
-    (the directory the checked config names), so its jobs' statuses can be read afterwards."""
+    (the directory the checked config names), so its jobs' statuses can be read afterwards.
+    An Optuna search (``cfg``: the first job's config) gets tlab's study settings."""
+    from contextlib import nullcontext
+
+    from transformer_lab.app import search
+    from transformer_lab.app.isolation import LAUNCHER_ENV
     from transformer_lab.app.sweeps import quote_value
     from transformer_lab.config.hydra_adapter import run_hydra
 
     overrides = list(arguments.overrides)
     if sweep_dir is not None and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
         overrides.append(f"hydra.sweep.dir={quote_value(str(sweep_dir))}")
+    if sweep_dir is not None:  # jobs in other processes run isolated (app.isolation)
+        overrides.append(f"+hydra.job.env_set.{LAUNCHER_ENV}={os.getpid()}")
+    optuna = sweep_dir is not None and cfg is not None and search.uses_optuna(overrides)
+    if optuna:
+        overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
     try:
-        run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR)
+        with search.continued_study() if optuna else nullcontext():
+            run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR)
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

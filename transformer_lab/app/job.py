@@ -46,6 +46,7 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
     (a single run); without them (a sweep's job) the config is validated here, once."""
     from transformer_lab.app.validation import validate_config
     from transformer_lab.routines import get_routine
+    from transformer_lab.routines.objective import objective_value
     from transformer_lab.training.threads import torch_threads
 
     try:
@@ -62,6 +63,7 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
             outcome = get_routine(cfg.routine.name)(cfg, run, inputs)
         numbers = outcome.summary
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
+        run.info["objective"] = objective_value(cfg, run.path, numbers)  # for a search
         error = None if outcome.passed else outcome.message or None
     except ConfigError as exc:
         error, code = str(exc), EXIT_USAGE
@@ -72,14 +74,37 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
     except KeyboardInterrupt:
         status, error, code = "interrupted", "interrupted by the user", EXIT_INTERRUPTED
         raise
+    except OSError as exc:  # disk full, an I/O error: the reason, not a traceback
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        error = f"I/O error: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename
+                                                       else "")
+        print_error(f"{error}; rows written so far are kept in {run.path}")
     except Exception as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
         error = f"{type(exc).__name__}: {exc}"
         print_error(f"{error} (set HYDRA_FULL_ERROR=1 for the traceback)")
     finally:
+        _record(run, cfg, numbers, status, error, code)
+    return code
+
+
+def _record(run: RunDirectory, cfg: DictConfig, numbers: dict[str, Any], status: str,
+            error: str | None, code: int) -> None:
+    """Write the run's config, summary row and final ``run.json``; each write that fails (a
+    full disk) is reported in one line and the run still ends ``error`` with the reason where
+    ``run.json`` can be written."""
+    try:
         run.write_config()
         row = summary_row(cfg, **numbers, status=status, error=error)
         run.write_table("summary", [row], SUMMARY_COLUMNS)
+    except OSError as exc:
+        reason = f"I/O error: {exc.strerror or exc}"
+        if status != "error":
+            print_error(f"{reason}; the run's files are incomplete in {run.path}")
+        status, error, code = "error", error or reason, max(code, EXIT_FAILED)
+    try:
         run.finish(status, error, exit_code=code)
-    return code
+    except OSError as exc:
+        print_error(f"run.json could not be written ({exc.strerror or exc}); status {status}")

@@ -36,6 +36,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab.app.isolation import LAUNCHER_ENV, run_isolated, save_hydra_files
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from transformer_lab.results.run_directory import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
 
@@ -69,16 +70,15 @@ def recorded_status(run_dir: Path) -> str | None:
 def move_aside(run_dir: Path) -> Path:
     """Rename the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n).
 
-    ``.hydra`` is copied (Hydra has already written this attempt's copy) and ``*.log`` files are
-    copied and stay, because the job's log handler is writing to them."""
+    ``.hydra`` moves with them (a resumed sweep runs with ``hydra.output_subdir=null``, so it is
+    still the failed attempt's own; :func:`save_hydra_files` writes the new attempt's) and
+    ``*.log`` files are copied and stay, because the job's log handler is writing to them."""
     n = 1
     while (target := run_dir.with_name(f"{run_dir.name}.failed-{n}")).exists():
         n += 1
     target.mkdir()
     for entry in list(run_dir.iterdir()):
-        if entry.name == ".hydra" and entry.is_dir():
-            shutil.copytree(entry, target / entry.name)
-        elif entry.suffix == ".log":
+        if entry.suffix == ".log":
             shutil.copy2(entry, target / entry.name)
         else:
             entry.rename(target / entry.name)
@@ -153,9 +153,15 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
             moved = move_aside(run_dir)
             console.print(f"job {job}: earlier attempt ({previous}) kept in {moved}; running it "
                           "again")
+        save_hydra_files(cfg, run_dir)  # Hydra wrote none (output_subdir=null on resume)
     attempt = previous_attempts(run_dir) + 1
-    code = execute(cfg, run_dir)
-    append_row(sweep_dir / SWEEP_FILE, job_row(job, attempt, overrides, run_dir, code))
+    code = run_isolated(execute, cfg, run_dir)
+    try:
+        append_row(sweep_dir / SWEEP_FILE, job_row(job, attempt, overrides, run_dir, code))
+    except OSError as exc:
+        from transformer_lab.results.console import print_error
+
+        print_error(f"job {job}: its sweep.csv row could not be written ({exc.strerror or exc})")
     return code
 
 
@@ -266,8 +272,8 @@ def quote_value(value: str) -> str:
     return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
 
 
-_DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode",
-                      f"hydra.job.env_set.{RESUME_ENV}")
+_DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir",
+                      f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}")
 
 
 def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
@@ -311,7 +317,7 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
     hydra_overrides.update({_key(o): o for o in user_hydra})
     flags = [f for f in flags if f not in ("-m", "--multirun")]
     return ["--multirun", *flags, *recorded_task, *hydra_overrides.values(),
-            f"hydra.sweep.dir={quote_value(str(sweep_dir))}",
+            f"hydra.sweep.dir={quote_value(str(sweep_dir))}", "hydra.output_subdir=null",
             f"+hydra.job.env_set.{RESUME_ENV}=1"]
 
 

@@ -9,19 +9,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from transformer_lab.app.resources import check_resources
+from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
 from transformer_lab.routines import JobInputs, check_routine
 from transformer_lab.training.threads import check_threads
-
-
-def _positive(cfg: DictConfig, keys: list[str]) -> None:
-    for key in keys:
-        value = OmegaConf.select(cfg, key)
-        if value is not None and (not isinstance(value, int | float) or value <= 0):
-            raise ConfigError(f"{key}={value} is not valid; it must be a positive number")
 
 
 def validate_config(cfg: DictConfig) -> JobInputs:
@@ -29,15 +25,8 @@ def validate_config(cfg: DictConfig) -> JobInputs:
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
-    _positive(cfg, ["model.d_model", "model.n_heads", "model.n_layers", "model.d_ff",
-                    "model.max_len", "train.steps", "train.batch_size", "train.lr",
-                    "routine.steps", "routine.batch_size", "routine.n_batches",
-                    "routine.seq_len", "routine.vocab_size", "routine.max_len",
-                    "routine.measure_batch", "routine.train_steps"])
-    m = cfg.model
-    if m.d_model % m.n_heads:
-        raise ConfigError(f"model.d_model={m.d_model} is not divisible by "
-                          f"model.n_heads={m.n_heads}")
+    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
+    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
     from transformer_lab.training.schedules import SCHEDULES
 
     if cfg.train.schedule not in SCHEDULES:
@@ -47,7 +36,12 @@ def validate_config(cfg: DictConfig) -> JobInputs:
         raise ConfigError(f"train.precision='{cfg.train.precision}' is not valid; use fp32 or bf16")
     _check_device(cfg.train.device)
     check_threads(cfg.train.get("threads"))
+    requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
+    if requested_vocab is not None and requested_vocab != task.vocab_size:
+        raise ConfigError(f"model.vocab_size={requested_vocab} is not used: the vocabulary is "
+                          f"the task's ({task.vocab_size}); set task.vocab_size instead")
+    check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
     inputs = JobInputs(task=task, model=_checked_model(cfg, task.model_seq_len))
     import torch
 

@@ -17,25 +17,38 @@ def report(
     metric: Annotated[str | None, typer.Option(
         "--metric", help="Summary number to plot per choice (default best_exact_match if the "
         "runs have it, else final_loss).")] = None,
+    baseline: Annotated[str | None, typer.Option(
+        "--baseline", help="With a seed key: the group the others are tested against, paired "
+        "by seed, as VALUE or KEY=VALUE (default: the first value of the first swept key).",
+        show_default=False)] = None,
 ) -> None:
     """Gather every run under DIR (a sweep) into one CSV, a markdown table and plots.
 
     Writes report.csv (one row per run), report-pivot.csv and report.md (mean ± std over seeds,
-    grouped by the swept keys), report-<metric>.png and report-loss.png; an earlier report is
-    never overwritten (the next one is report-2.*)."""
+    grouped by the swept keys; with a seed key the metric's 95% CI and a verdict against the
+    baseline group, paired by seed), report-<metric>.png and report-loss.png; an earlier
+    report is never overwritten (the next one is report-2.*)."""
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import console, print_error, print_warning
     from transformer_lab.results.report import make_report, rich_table
+    from transformer_lab.results.verdicts import verdict_lines
 
     try:
-        result = make_report(directory, out, metric)
+        result = make_report(directory, out, metric, baseline)
     except ConfigError as exc:
         print_error(str(exc))
         raise typer.Exit(EXIT_USAGE) from None
     for path, why in result.gathered.skipped:
         print_warning(f"skipped {path}: {why}")
     console.print(rich_table(result))
+    keys = result.gathered.group_keys or ["group"]
+    for line in verdict_lines(result.pivot, keys, result.metric or ""):
+        console.print(line, highlight=False, markup=False)
     if result.gathered.superseded:
         console.print(f"{result.gathered.superseded} superseded attempt(s) (<job>.failed-<n>) "
                       "not counted")
-    console.print("wrote " + ", ".join(str(p) for p in result.files))
+    from transformer_lab.results.search_report import write_study_report
+
+    trials = write_study_report(directory, out or directory)  # an Optuna search: its trials
+    console.print("wrote " + ", ".join(str(p) for p in [*result.files, *([trials] if trials
+                                                                         else [])]))

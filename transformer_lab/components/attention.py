@@ -8,9 +8,16 @@ by the model. Rotary encodings are applied to Q and K before the product (Su et 
 Q, K and V come from one fused projection (fewer kernel launches); the output projection follows.
 Inside ``written_out_attention()`` (used under ``torch.func.vmap``) the product is computed as
 two matmuls and an fp32 softmax instead of SDPA: the same numbers (tested).
-Parameters: 4 * d_model^2 (+ 4 * d_model with bias).
 
-Shapes: x (B, T, D) -> q, k, v (B, H, T, Dh) -> out (B, T, D), with D = H * Dh.
+Knobs of real architectures (defaults keep the original Transformer):
+* ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): K and V have
+  H_kv heads, each shared by H / H_kv query heads (H_kv = 1: multi-query, Shazeer 2019);
+* ``head_dim``: per-head size Dh independent of D / H (T5 ``d_kv``, HF ``head_dim``);
+* ``scale``: the logit scale (default 1 / sqrt(Dh); T5 uses 1);
+* ``qkv_bias`` / ``out_bias``: biases of the Q/K/V and output projections (Qwen2: Q/K/V only).
+Parameters: D (H + 2 H_kv) Dh + H Dh D (+ (H + 2 H_kv) Dh and D biases); 4 D^2 (+ 4 D) by default.
+
+Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T, Dh) -> out (B, T, D).
 """
 
 from __future__ import annotations
@@ -53,8 +60,28 @@ def written_out_attention() -> Iterator[None]:
         _WRITTEN_OUT.reset(token)
 
 
+def projection_sizes(d_model: int, n_heads: int, n_kv_heads: int | None = None,
+                     head_dim: int | None = None) -> tuple[int, int, int]:
+    """Output sizes of the Q, K and V projections: ``(H Dh, H_kv Dh, H_kv Dh)``."""
+    head_dim = d_model // n_heads if head_dim is None else head_dim
+    n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+    return n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim
+
+
 class MultiHeadAttention(nn.Module):
     """Self-attention with a fused QKV projection; keeps ``last_weights`` when asked for them."""
+
+    @classmethod
+    def count_parameters(cls, d_model: int, n_heads: int, bias: bool = True,
+                         n_kv_heads: int | None = None, head_dim: int | None = None,
+                         qkv_bias: bool | None = None, out_bias: bool | None = None) -> int:
+        """``D (H + 2 H_kv) Dh + H Dh D`` weights (+ ``(H + 2 H_kv) Dh`` and ``D`` biases)."""
+        sizes = projection_sizes(d_model, n_heads, n_kv_heads, head_dim)
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        qkv = sum(sizes[:3])
+        return (d_model * qkv + (qkv if qkv_bias else 0)
+                + sizes[0] * d_model + (d_model if out_bias else 0))
 
     def __init__(
         self,
@@ -63,37 +90,70 @@ class MultiHeadAttention(nn.Module):
         bias: bool = True,
         dropout: float = 0.0,
         init_std: float = 0.02,
+        n_kv_heads: int | None = None,
+        head_dim: int | None = None,
+        scale: float | None = None,
+        qkv_bias: bool | None = None,
+        out_bias: bool | None = None,
     ) -> None:
         super().__init__()
-        if d_model % n_heads != 0:
+        if head_dim is None and d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
+            raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
         self.n_heads = n_heads
-        self.head_dim = d_model // n_heads
+        self.n_kv_heads = n_kv_heads
+        self.head_dim = d_model // n_heads if head_dim is None else head_dim
+        self.scale = scale  # None: SDPA's 1 / sqrt(head_dim)
         self.dropout = dropout
-        self.qkv_proj = nn.Linear(d_model, 3 * d_model, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        q_size, k_size, v_size = projection_sizes(d_model, n_heads, n_kv_heads, self.head_dim)
+        self.q_size, self.kv_size = q_size, k_size
+        qkv_bias = bias if qkv_bias is None else qkv_bias
+        out_bias = bias if out_bias is None else out_bias
+        self.qkv_proj = nn.Linear(d_model, q_size + k_size + v_size, bias=qkv_bias)
+        self.out_proj = nn.Linear(q_size, d_model, bias=out_bias)
         for layer in (self.qkv_proj, self.out_proj):
             nn.init.normal_(layer.weight, mean=0.0, std=init_std)
             if layer.bias is not None:
                 nn.init.zeros_(layer.bias)
         self.last_weights: torch.Tensor | None = None
 
+    def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x (B, T, D) -> q (B, H, T, Dh), k and v (B, H_kv, T, Dh)."""
+        batch, seq, _ = x.shape
+        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) Dh)
+        if self.n_kv_heads == self.n_heads:
+            qkv = qkv.view(batch, seq, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+            return q, k, v
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
+        k = k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
+        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        return q, k, v
+
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        batch, seq, d_model = x.shape
-        qkv = self.qkv_proj(x).view(batch, seq, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
+        batch, seq, _ = x.shape
+        q, k, v = self.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
         if inputs.rotary is not None:
             q, k = inputs.rotary(q, k, inputs.positions)
+        if self.n_kv_heads != self.n_heads:  # each K/V head serves H / H_kv query heads
+            repeats = self.n_heads // self.n_kv_heads
+            k = k.repeat_interleave(repeats, dim=1)  # (B, H, T, Dh)
+            v = v.repeat_interleave(repeats, dim=1)
         dropout_p = self.dropout if self.training else 0.0
         if inputs.need_weights:
-            out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p)
+            out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p,
+                                                                  self.scale)
         elif _WRITTEN_OUT.get():
-            out, _ = self._attention_with_weights(q, k, v, inputs, dropout_p)
+            out, _ = self._attention_with_weights(q, k, v, inputs, dropout_p, self.scale)
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal
+                q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal,
+                scale=self.scale,
             )  # (B, H, T, Dh)
-        out = out.transpose(1, 2).reshape(batch, seq, d_model)  # (B, T, D)
+        out = out.transpose(1, 2).reshape(batch, seq, self.q_size)  # (B, T, H Dh)
         return self.out_proj(out)
 
     @staticmethod
@@ -103,9 +163,11 @@ class MultiHeadAttention(nn.Module):
         v: torch.Tensor,
         inputs: AttentionInputs,
         dropout_p: float,
+        scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same computation written out, returning probabilities (B, H, T, T) too."""
-        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, T, T)
+        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
         if inputs.mask is not None:
             scores = scores + inputs.mask
         elif inputs.is_causal:

@@ -3,6 +3,7 @@
 With f = attention or FFN, s = residual-branch scale, N = the chosen norm layer:
     post     (Vaswani et al. 2017):          x = N(x + s * f(x))
     pre      (Xiong et al. 2020, 2002.04745): x = x + s * f(N(x))          (+ a final norm)
+             parallel (GPT-J / GPT-NeoX, ``parallel=True``): x = x + s * attn(N1(x)) + s * ffn(N2(x))
     sandwich (Ding et al. 2021, CogView):     x = x + s * N_out(f(N_in(x))) (+ a final norm)
     deepnorm (Wang et al. 2022, 2203.00555):  x = N(alpha * x + f(x)), alpha = (2L)^(1/4),
               and the FFN, V and output projections initialised with gain beta = (8L)^(-1/4)
@@ -74,13 +75,37 @@ class PostNormBlock(TransformerBlock):
 
 
 class PreNormBlock(TransformerBlock):
-    """Pre-LN: ``x = x + s * f(N(x))``; the model adds a final norm."""
+    """Pre-LN: ``x = x + s * f(N(x))``; the model adds a final norm.
+
+    ``parallel=True`` (GPT-J, GPT-NeoX ``use_parallel_residual``): attention and FFN both read
+    the block's input, ``x = x + s * attn(N1(x)) + s * ffn(N2(x))``.
+    """
 
     needs_final_norm = True
     #: norm layers inside one block (the parameter and activation-memory formulas)
     norms_per_block = 2
+    #: accepts ``parallel=True`` (``model.parallel_block``)
+    supports_parallel = True
+
+    def __init__(
+        self,
+        d_model: int,
+        attention: MultiHeadAttention,
+        feedforward: nn.Module,
+        make_norm: NormFactory,
+        residual_scale: float = 1.0,
+        residual_dropout: float = 0.0,
+        parallel: bool = False,
+    ) -> None:
+        super().__init__(
+            d_model, attention, feedforward, make_norm, residual_scale, residual_dropout
+        )
+        self.parallel = parallel
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        if self.parallel:
+            attended = self.branch_attention(self.norm1(x), inputs)  # (B, T, D)
+            return x + attended + self.branch_feedforward(self.norm2(x))
         x = x + self.branch_attention(self.norm1(x), inputs)
         return x + self.branch_feedforward(self.norm2(x))
 
@@ -143,8 +168,8 @@ class DeepNormBlock(TransformerBlock):
     def _scale_init(self, beta: float) -> None:
         """Multiply the V slice of the fused QKV weight, the output projection and every FFN
         weight matrix by beta (the paper scales their Xavier init by beta; Q and K keep gain 1)."""
-        d_model = self.attention.out_proj.weight.shape[0]
-        self.attention.qkv_proj.weight[2 * d_model :].mul_(beta)
+        v_rows = self.attention.kv_size  # V is the last slice of the fused QKV weight
+        self.attention.qkv_proj.weight[-v_rows:].mul_(beta)
         self.attention.out_proj.weight.mul_(beta)
         for module in self.feedforward.modules():
             if isinstance(module, nn.Linear):

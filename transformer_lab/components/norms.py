@@ -26,6 +26,14 @@ class LayerNorm(nn.LayerNorm):
         """Parameters of one norm: gain and bias, ``2 D``."""
         return 2 * d_model
 
+    @classmethod
+    def stack_seeds(cls, layers: list[LayerNorm]) -> nn.Module:
+        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
+        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
+        from transformer_lab.components.seed_stacked import SeedStackedLayerNorm
+
+        return SeedStackedLayerNorm(layers)
+
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__(d_model, eps=eps)
 
@@ -40,6 +48,14 @@ class RMSNorm(nn.Module):
     def count_parameters(cls, d_model: int) -> int:
         """Parameters of one norm: the gain, ``D``."""
         return d_model
+
+    @classmethod
+    def stack_seeds(cls, layers: list[RMSNorm]) -> nn.Module:
+        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
+        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
+        from transformer_lab.components.seed_stacked import SeedStackedRMSNorm
+
+        return SeedStackedRMSNorm(layers)
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -68,6 +84,14 @@ class SequenceBatchNorm(nn.BatchNorm1d):
     def count_parameters(cls, d_model: int) -> int:
         """Parameters of one norm: gain and bias, ``2 D`` (the running statistics are buffers)."""
         return 2 * d_model
+
+    @classmethod
+    def stack_seeds(cls, layers: list[SequenceBatchNorm]) -> nn.Module:
+        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
+        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
+        from transformer_lab.components.seed_stacked import SeedStackedBatchNorm
+
+        return SeedStackedBatchNorm(layers)
 
     def __init__(self, d_model: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(d_model, eps=eps, momentum=momentum)

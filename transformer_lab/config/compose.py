@@ -37,8 +37,16 @@ def _div(a: int, b: int) -> int:
     return int(a) // int(b) if int(b) else 0
 
 
+def _head_dim(d_model: int, n_heads: int, head_dim: int | None = None) -> int:
+    """``head_dim`` when given (``model.head_dim``), else ``d_model // n_heads``."""
+    return int(head_dim) if head_dim is not None else _div(d_model, n_heads)
+
+
 def register_resolvers() -> None:
-    """``${tlab.div:a,b}`` integer division, ``${tlab.not:x}`` boolean negation."""
+    """``${tlab.div:a,b}`` integer division, ``${tlab.not:x}`` boolean negation,
+    ``${tlab.head_dim:d_model,n_heads,head_dim}`` the per-head size."""
+    if not OmegaConf.has_resolver("tlab.head_dim"):
+        OmegaConf.register_new_resolver("tlab.head_dim", _head_dim)
     if not OmegaConf.has_resolver("tlab.div"):
         OmegaConf.register_new_resolver("tlab.div", _div)
     if not OmegaConf.has_resolver("tlab.not"):

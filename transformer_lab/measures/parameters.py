@@ -1,7 +1,10 @@
 """Parameter counts by formula, independent of the modules.
 
-    token embedding      V * D                      output head     D * V (no bias)
-    attention (fused)    4 D^2 (+ 4 D bias)
+    token embedding      V * D                      output head     D * V (no bias; 0 when
+                                                                    tied to the embedding)
+    attention (fused)    D (H + 2 H_kv) Dh + H Dh D (+ biases): 4 D^2 (+ 4 D) by default
+                         (``MultiHeadAttention.count_parameters``)
+    embedding norm       one norm layer (``model.embed_norm``)
 
 The chosen components' counts are what their classes declare
 (:mod:`transformer_lab.config.knowledge`), e.g. for the built-ins:
@@ -22,12 +25,25 @@ from __future__ import annotations
 
 from omegaconf import DictConfig
 
+from transformer_lab.components.attention import MultiHeadAttention, projection_sizes
 from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
 from transformer_lab.config.knowledge import component_class, declared
 
 
 def attention_params(d_model: int, bias: bool) -> int:
     return 4 * d_model * d_model + (4 * d_model if bias else 0)
+
+
+def attention_knob_values(m: DictConfig) -> dict:
+    """``cfg.model``'s attention knobs (None where a model config does not have them)."""
+    return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
+            "qkv_bias": m.get("qkv_bias"), "out_bias": m.get("out_bias")}
+
+
+def model_attention_params(m: DictConfig) -> int:
+    """One layer's attention for ``cfg.model`` (``MultiHeadAttention.count_parameters``)."""
+    return MultiHeadAttention.count_parameters(m.d_model, m.n_heads, m.attn_bias,
+                                               **attention_knob_values(m))
 
 
 def feedforward_params(d_model: int, d_ff: int, bias: bool) -> int:
@@ -77,14 +93,16 @@ def parameter_breakdown(cfg: DictConfig) -> dict[str, int | None]:
     m = cfg.model
     block_norms, final_norm = norm_params_per_layer(cfg)
     norms = None if block_norms is None else block_norms * m.n_layers + final_norm
+    if norms is not None and m.get("embed_norm"):
+        norms += embedding_norm_params(cfg) or 0
     ffn = _ffn(cfg)
     parts = {
         "token_embedding": m.vocab_size * m.d_model,
         "positional": _pe(cfg),
-        "attention": m.n_layers * attention_params(m.d_model, m.attn_bias),
+        "attention": m.n_layers * model_attention_params(m),
         "feedforward": None if ffn is None else m.n_layers * ffn,
         "norms": norms,
-        "output_head": m.d_model * m.vocab_size,
+        "output_head": 0 if m.get("tie_embeddings") else m.d_model * m.vocab_size,
     }
     known = [v for v in parts.values() if v is not None]
     parts["total"] = sum(known) if len(known) == len(parts) else None
@@ -97,11 +115,33 @@ def parameter_breakdown(cfg: DictConfig) -> dict[str, int | None]:
 DTYPE_BYTES: dict[str, int] = {"fp32": 4, "bf16": 2, "fp16": 2}
 
 
-def attention_projection_params(d_model: int, bias: bool) -> dict[str, int]:
-    """Q, K, V and O: each ``D * D`` weights (+ ``D`` bias). Their sum is ``attention_params``;
-    for D = 768 without bias that is 4 * 768^2 = 2,359,296 (the source article's figure)."""
-    each = d_model * d_model + (d_model if bias else 0)
-    return {"q": each, "k": each, "v": each, "o": each}
+def attention_projection_params(d_model: int, bias: bool, n_heads: int = 1,
+                                n_kv_heads: int | None = None, head_dim: int | None = None,
+                                qkv_bias: bool | None = None,
+                                out_bias: bool | None = None) -> dict[str, int]:
+    """Q, K, V and O: by default each ``D * D`` weights (+ ``D`` bias). Their sum is
+    ``attention_params``; for D = 768 without bias that is 4 * 768^2 = 2,359,296 (the source
+    article's figure). With GQA / a head size: Q ``D H Dh``, K and V ``D H_kv Dh``, O ``H Dh D``."""
+    q, k, v = projection_sizes(d_model, n_heads, n_kv_heads, head_dim)
+    qkv_bias = bias if qkv_bias is None else qkv_bias
+    out_bias = bias if out_bias is None else out_bias
+    return {"q": d_model * q + (q if qkv_bias else 0), "k": d_model * k + (k if qkv_bias else 0),
+            "v": d_model * v + (v if qkv_bias else 0),
+            "o": q * d_model + (d_model if out_bias else 0)}
+
+
+def embedding_norm_params(cfg: DictConfig) -> int | None:
+    """Parameters of the embedding norm (``model.embed_norm``): one norm layer, else 0."""
+    if not cfg.model.get("embed_norm"):
+        return 0
+    return _count(declared(cfg.norm_layer, "count_parameters", d_model=cfg.model.d_model))
+
+
+def active_ffn_params(cfg: DictConfig) -> int | None:
+    """Parameters of one FFN a token uses: ``active_parameters`` where the FFN declares it
+    (Mixture of Experts: router + top_k experts), else all of them."""
+    active = _count(declared(cfg.ffn, "active_parameters"))
+    return active if active is not None else _ffn(cfg)
 
 
 def ffn_hidden_size(cfg: DictConfig) -> int | None:
@@ -128,8 +168,10 @@ def matmul_weight_params(cfg: DictConfig) -> int | None:
     n_ffn_matrices = ffn_weight_matrices(cfg)
     if hidden is None or n_ffn_matrices is None:
         return None
-    per_layer = 4 * m.d_model * m.d_model + n_ffn_matrices * m.d_model * hidden
-    return m.n_layers * per_layer + m.d_model * m.vocab_size
+    q, k, v = projection_sizes(m.d_model, m.n_heads, m.get("n_kv_heads"), m.get("head_dim"))
+    routing = _count(declared(cfg.ffn, "routing_weights")) or 0  # MoE router: D E
+    per_layer = m.d_model * (q + k + v) + q * m.d_model + n_ffn_matrices * m.d_model * hidden
+    return m.n_layers * (per_layer + routing) + m.d_model * m.vocab_size
 
 
 def training_flops_per_token(cfg: DictConfig, seq_len: int) -> dict[str, int | None]:
@@ -143,7 +185,8 @@ def training_flops_per_token(cfg: DictConfig, seq_len: int) -> dict[str, int | N
     """
     n = matmul_weight_params(cfg)
     m = cfg.model
-    attention = 12 * m.n_layers * seq_len * m.d_model
+    q_size = projection_sizes(m.d_model, m.n_heads, m.get("n_kv_heads"), m.get("head_dim"))[0]
+    attention = 12 * m.n_layers * seq_len * q_size  # q_size = H Dh (= D by default)
     return {"weights": None if n is None else 6 * n, "attention": attention,
             "total": None if n is None else 6 * n + attention}
 

@@ -130,8 +130,12 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
              "routine": info.get("routine"), "error": info.get("error")}]
 
 
-def read_curve(run_dir: Path) -> pd.DataFrame | None:
-    """Training-loss rows (step, loss) of ``metrics.csv``; ``None`` if absent."""
+def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | None:
+    """Training-loss rows (step, loss) of ``metrics.csv``; ``None`` if absent.
+
+    A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
+    column) contributes only the rows of ``own_variant`` (the run's PE), of its ``reverse``
+    stage when it has several stages: the control's curve is not the run's."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return None
@@ -140,6 +144,13 @@ def read_curve(run_dir: Path) -> pd.DataFrame | None:
         raise ValueError("no 'step'/'loss' columns")
     if "split" in table.columns:
         table = table[table["split"] == "train"]
+    if own_variant is not None and "variant" in table.columns:
+        variants = table["variant"].astype(str)
+        if (variants == own_variant).any():
+            table = table[variants == own_variant]
+    if "stage" in table.columns and table["stage"].nunique() > 1 and \
+            (table["stage"] == "reverse").any():
+        table = table[table["stage"] == "reverse"]
     table = table.assign(step=pd.to_numeric(table["step"], errors="coerce"),
                          loss=pd.to_numeric(table["loss"], errors="coerce"))
     return table[["step", "loss"]].dropna()
@@ -172,7 +183,8 @@ def gather(root: Path) -> Gathered:
             skipped.append((run_dir / "summary.csv", _reason(exc)))
             continue
         try:
-            curve = read_curve(run_dir)
+            own = summary_rows[0].get("pe") if summary_rows else None
+            curve = read_curve(run_dir, None if own is None or pd.isna(own) else str(own))
             if curve is not None and not curve.empty:
                 curves.append(curve.assign(run_dir=name))
         except _CSV_ERRORS as exc:

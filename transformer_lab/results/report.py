@@ -16,7 +16,9 @@ Files (into DIR or ``--out``; an earlier report is never overwritten: the first 
 ``report.*``, later ones ``report-2.*``, ``report-3.*``, ...):
 
     report.csv              one row per run: run_dir, job, status, swept keys, summary columns
-    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed)
+    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed);
+                            with a seed key also the plotted metric's 95% CI and, against a
+                            baseline group paired by seed, the verdict columns (``verdicts.py``)
     report.md               the pivot as a markdown table, plus failed and skipped runs
     report-<metric>.png     the final metric per group (mean, std error bars)
     report-loss.png         training-loss curves, one line per group (mean over seeds, std band)
@@ -39,6 +41,7 @@ import pandas as pd
 
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.gather import METRICS, Gathered, gather
+from transformer_lab.results.verdicts import verdict_columns, verdict_lines
 
 
 @dataclass
@@ -89,8 +92,9 @@ def mean_std(mean: float, std: float) -> str:
 
 def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tuple[list[str],
                                                                                    list[list[str]]]:
+    verdict = ["verdict"] if "verdict" in pivot.columns else []
     header = [*keys, "runs", "passed", *(["seeds"] if "seeds" in pivot.columns else []),
-              *metrics]
+              *metrics, *verdict]
     body = []
     for _, row in pivot.iterrows():
         cells = [str(row[k]) for k in keys] + [str(row["n_runs"]), str(row["n_passed"])]
@@ -101,6 +105,8 @@ def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tu
             if 0 < row[f"{m}_n"] < row["n_runs"]:  # e.g. solved_step of the seeds that solved
                 cell += f" ({row[f'{m}_n']} of {row['n_runs']})"
             cells.append(cell)
+        if verdict:
+            cells.append("" if pd.isna(row["verdict"]) else str(row["verdict"]))
         body.append(cells)
     return header, body
 
@@ -186,11 +192,15 @@ def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
 
 # --- the report -----------------------------------------------------------------------------
 
-def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None) -> Report:
-    """Gather, summarise and write the report files; return what was written."""
+def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None,
+                baseline: str | None = None) -> Report:
+    """Gather, summarise and write the report files; return what was written. ``baseline``:
+    the group the others are tested against (``verdicts.py``)."""
     gathered = gather(Path(root))
     chosen = choose_metric(gathered.runs, metric)
     pivot = pivot_table(gathered)
+    if chosen is not None:
+        pivot = verdict_columns(gathered, pivot, chosen, baseline)
     out_dir = Path(out_dir) if out_dir is not None else Path(root)
     out_dir.mkdir(parents=True, exist_ok=True)
     prefix = free_prefix(out_dir)
@@ -211,13 +221,13 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
     if curve_png is not None:
         files.append(curve_png)
     md = out_dir / f"{prefix}.md"
-    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files]))
+    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files], chosen))
     files.insert(2, md)
     return Report(gathered, pivot, chosen, files)
 
 
 def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
-                    files: list[str]) -> str:
+                    files: list[str], metric: str | None = None) -> str:
     runs = gathered.runs
     header, body = display_rows(pivot, keys, metrics_present(runs))
     counts = runs["status"].value_counts().to_dict()
@@ -225,6 +235,9 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
              f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); "
              f"grouped by {', '.join(gathered.group_keys) or 'nothing (one group)'}; "
              "mean ± std over seeds (sample std).", "", markdown_table(header, body), ""]
+    if verdicts := verdict_lines(pivot, keys, metric or ""):
+        lines += ["## Verdicts (paired by seed, 95% CI, Holm-adjusted p at 0.05)", "",
+                  *(f"- {line}" for line in verdicts), ""]
     failed = runs[runs["status"] != "passed"]
     if not failed.empty:
         keys = [k for k in gathered.swept_keys if k in runs.columns]

@@ -19,7 +19,7 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -51,11 +51,14 @@ def _format(value: Any) -> Any:
 
 class CsvLog:
     """Append-only CSV. The header is ``columns`` plus any other keys of the first row written;
-    keys that later rows add beyond the header are dropped."""
+    keys that later rows add beyond the header are dropped. ``listeners`` are called with each
+    row after it is on disk (trackers, the progress bar): they never stop a row being written."""
 
-    def __init__(self, path: Path, columns: Iterable[str]) -> None:
+    def __init__(self, path: Path, columns: Iterable[str],
+                 listeners: Iterable[Callable[[Mapping[str, Any]], None]] = ()) -> None:
         self.path = path
         self.columns = list(columns)
+        self.listeners = list(listeners)
         self._file = None
         self._writer: csv.DictWriter | None = None
 
@@ -69,6 +72,8 @@ class CsvLog:
             self._writer.writeheader()
         self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
         self._file.flush()
+        for listener in self.listeners:
+            listener(row)
 
     def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
@@ -96,6 +101,53 @@ class TaggedLog:
 def holds_run(path: Path) -> bool:
     """True if ``path`` already contains the files of a run."""
     return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+CLAIM_FILE = ".tlab-claim"  # who claimed a run / sweep directory: {"pid", "host", "time"}
+
+
+def claimed_by(path: Path) -> str | None:
+    """"pid 123 on host h (since ...)" if ``path`` was claimed by a run or sweep, else None.
+    A claim being written right now is waited for briefly, so the owner is named."""
+    marker = Path(path) / CLAIM_FILE
+    if not marker.exists():
+        return None
+    owner: dict[str, Any] = {}
+    for _ in range(20):
+        owner = read_json(marker)
+        if owner:
+            break
+        time.sleep(0.025)
+    return (f"pid {owner.get('pid', '?')} on {owner.get('host', '?')} (since "
+            f"{owner.get('time', '?')})")
+
+
+def claim_directory(path: str | Path) -> Path:
+    """Claim ``path`` for one run or sweep before anything is written there: the directory is
+    made if needed and ``.tlab-claim`` created with an exclusive create (``O_EXCL``), so of two
+    runs started together exactly one gets it. Raises ``ConfigError`` naming the owner for the
+    loser, and for a path that cannot be a directory (a file, below a file, not writable)."""
+    import socket
+
+    path = Path(path)
+    for parent in (path, *path.parents):
+        if parent.exists() and not parent.is_dir():
+            where = "is a file" if parent == path else f"is below the file '{parent}'"
+            raise ConfigError(f"output directory '{path}' {where}; choose a directory")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path / CLAIM_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except FileExistsError:
+        raise ConfigError(f"'{path}' is already taken by another run: {claimed_by(path)}; "
+                          "choose another output directory") from None
+    except OSError as exc:
+        raise ConfigError(f"cannot write in output directory '{path}': "
+                          f"{exc.strerror or exc}; choose a writable directory") from None
+    owner = {"pid": os.getpid(), "host": socket.gethostname(),
+             "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv}
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(json.dumps(owner))
+    return path
 
 
 @functools.cache
@@ -128,6 +180,8 @@ class RunDirectory:
         self.started = time.time()
         self._logs: dict[str, CsvLog] = {}
         self.info: dict[str, Any] = {}
+        self.trackers: list[Any] = []  # results.tracking.SafeTracker (logger=...)
+        self.progress: Any = None  # results.progress.RunProgress (live bars)
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
@@ -150,7 +204,18 @@ class RunDirectory:
             "status": "running",
         }
         run.write_info()
+        run.start_outputs()
         return run
+
+    def start_outputs(self) -> None:
+        """The trackers ``cfg.logger`` names and the progress bars (``logger.progress``)."""
+        from transformer_lab.results.progress import RunProgress
+        from transformer_lab.results.tracking import build_trackers
+
+        logger = self.cfg.get("logger")
+        quiet = logger is not None and not logger.get("progress", True)
+        self.progress = RunProgress.for_terminal(quiet=quiet)
+        self.trackers = build_trackers(self.cfg, self.path)
 
     def write_config(self) -> None:
         """Save the resolved config (unresolved if an interpolation cannot be resolved)."""
@@ -171,7 +236,12 @@ class RunDirectory:
 
     @property
     def metrics(self) -> CsvLog:
-        return self.log("metrics", METRIC_COLUMNS)
+        if "metrics" not in self._logs:
+            listeners = [tracker.log_row for tracker in self.trackers]
+            if self.progress is not None:
+                listeners.append(self.progress.on_row)
+            self._logs["metrics"] = CsvLog(self.path / "metrics.csv", METRIC_COLUMNS, listeners)
+        return self._logs["metrics"]
 
     def write_table(self, name: str, rows: list[Mapping[str, Any]],
                     columns: Iterable[str] = ()) -> Path:
@@ -181,11 +251,16 @@ class RunDirectory:
 
     def finish(self, status: str, error: str | None = None, **extra: Any) -> None:
         for log in self._logs.values():
-            log.close()
+            try:
+                log.close()
+            except OSError:  # a full disk: the rows flushed so far stay; run.json below
+                pass
         self.info.update(status=status, error=error,
                          end_time=datetime.now(timezone.utc).isoformat(),
                          wall_s=round(time.time() - self.started, 3), **extra)
         self.write_info()
+        for tracker in self.trackers:  # after the files are complete: they are its artifacts
+            tracker.finish(self.path, status)
 
 
 def _torch_threads() -> int | None:

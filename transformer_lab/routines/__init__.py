@@ -25,6 +25,7 @@ ROUTINES: dict[str, str] = {
     "reverse": "transformer_lab.routines.reverse:run_reverse",
     "compare_activations": "transformer_lab.routines.compare:run_compare",
     "validate": "transformer_lab.routines.validate:run_validate",
+    "mutants": "transformer_lab.routines.mutants:run_mutants",
 }
 
 

@@ -35,9 +35,12 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
 from transformer_lab.measures.parameters import (
     DTYPE_BYTES,
+    active_ffn_params,
+    attention_knob_values,
     attention_params,
     attention_projection_params,
     attention_scores_bytes,
+    embedding_norm_params,
     feedforward_params,
     ffn_activation_bytes,
     ffn_hidden_size,
@@ -106,11 +109,15 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 
 def qkv_slices(attention: nn.Module) -> dict[str, int]:
-    """Parameters of Q, K, V (thirds of the fused ``qkv_proj``) and O of one attention."""
+    """Parameters of Q, K, V (slices of the fused ``qkv_proj``: H Dh, H_kv Dh, H_kv Dh rows)
+    and O of one attention."""
     d_model = attention.out_proj.weight.shape[0]
-    counts = {}
-    for i, name in enumerate("qkv"):
-        rows = slice(i * d_model, (i + 1) * d_model)
+    sizes = {name: getattr(attention, size, d_model)
+             for name, size in (("q", "q_size"), ("k", "kv_size"), ("v", "kv_size"))}
+    counts, start = {}, 0
+    for name in "qkv":
+        rows = slice(start, start + sizes[name])
+        start += sizes[name]
         weight = attention.qkv_proj.weight[rows].numel()
         bias = attention.qkv_proj.bias
         counts[name] = weight + (0 if bias is None else bias[rows].numel())
@@ -139,14 +146,19 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
             row.detail = f"layers {bad} differ from the formula: {[measured[i] for i in bad]}"
         return row
 
-    projections = attention_projection_params(d, m.attn_bias)
+    knobs = attention_knob_values(m)
+    projections = attention_projection_params(d, m.attn_bias, m.n_heads, **knobs)
     bias_text = " + D" if m.attn_bias else ""
+    default = all(knobs[k] is None for k in knobs) or (
+        projections == attention_projection_params(d, m.attn_bias))
     for name in "qkvo":
-        rows.append(per_layer(f"attention.{name}", f"D*D{bias_text}", projections[name],
+        formula = f"D*D{bias_text}" if default else (
+            "D*H*Dh" if name == "q" else "H*Dh*D" if name == "o" else "D*H_kv*Dh") + " (+ bias)"
+        rows.append(per_layer(f"attention.{name}", formula, projections[name],
                               lambda block, name=name: qkv_slices(block.attention)[name]))
     attention = sum(projections.values())
-    rows.append(per_layer("attention", f"4*D*D{' + 4*D' if m.attn_bias else ''}", attention,
-                          lambda block: numel(block.attention)))
+    rows.append(per_layer("attention", f"4*D*D{' + 4*D' if m.attn_bias else ''}" if default
+                          else "Q + K + V + O", attention, lambda block: numel(block.attention)))
     ffn = None if formulas["feedforward"] is None else formulas["feedforward"] // max(layers, 1)
     hidden = ffn_hidden_size(cfg)
     gated = ffn_weight_matrices(cfg) == 3  # gate, up, down (as the FFN class declares)
@@ -163,15 +175,25 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     final = model.final_norm if not isinstance(model.final_norm, nn.Identity) else None
     rows.append(BudgetRow("parameters", "final_norm", "model", "pre/sandwich only", final_norm,
                           numel(final), "params"))
-    rows.append(BudgetRow("parameters", "output_head", "model", "D*V (no bias)", d * v,
-                          numel(model.lm_head), "params"))
+    embed_norm = getattr(model, "embed_norm", None)
+    if m.get("embed_norm"):
+        rows.append(BudgetRow("parameters", "embed_norm", "model", "model.embed_norm",
+                              embedding_norm_params(cfg), numel(embed_norm), "params"))
+    tied = model.lm_head.weight is model.token_embedding.weight
+    rows.append(BudgetRow("parameters", "output_head", "model",
+                          "0 (tied to the embedding)" if m.get("tie_embeddings")
+                          else "D*V (no bias)", formulas["output_head"],
+                          0 if tied else numel(model.lm_head), "params"))
+    rows += moe_rows(cfg, model, formulas)
     total = numel(model)
     rows.append(BudgetRow("parameters", "total", "model", "sum of the above", formulas["total"],
                           total, "params"))
     for row in rows:
         row.status = row.status or compare(row.expected, row.measured)
-    parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head)
-    unaccounted = total - sum(numel(p) for p in parts)
+    parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head,
+             embed_norm)
+    counted = {id(q): q.numel() for part in parts if part is not None for q in part.parameters()}
+    unaccounted = total - sum(counted.values())  # a tied matrix counted once
     rows.append(BudgetRow("parameters", "unaccounted", "model", "total - components", 0,
                           unaccounted, "params", compare(0, unaccounted),
                           "parameters outside the listed components" if unaccounted else ""))
@@ -183,6 +205,31 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
         share = 100 * numel(model.blocks[0].feedforward) / max(numel(model.blocks[0]), 1)
         rows.append(BudgetRow("parameters", "ffn_share", "per layer", "FFN / layer", None,
                               round(share, 2), "%", "INFO", "the source article: about 2/3"))
+    return rows
+
+
+def moe_rows(cfg: DictConfig, model: TransformerModel,
+             formulas: dict[str, int | None]) -> list[BudgetRow]:
+    """A Mixture-of-Experts FFN (one that declares ``active_parameters``): the parameters a
+    token uses (router + top_k experts) next to the total, formula vs the built layer."""
+    active = active_ffn_params(cfg)
+    if not model.blocks or active is None or active == formulas["feedforward"] // max(
+            cfg.model.n_layers, 1):
+        return []
+    ffn = model.blocks[0].feedforward
+    top_k = int(getattr(ffn, "top_k", 0))
+    experts = getattr(ffn, "experts", None)
+    measured = None if experts is None else numel(ffn.gate) + top_k * numel(experts[0])
+    layers = cfg.model.n_layers
+    rows = [BudgetRow("parameters", "feedforward (active per token)", f"layer (x{layers})",
+                      f"D*E + top_k*expert, top_k={top_k}", active, measured, "params")]
+    total_active = None if formulas["total"] is None else (
+        formulas["total"] - layers * (formulas["feedforward"] // max(layers, 1) - active))
+    measured_total = None if measured is None else numel(model) - layers * (
+        numel(ffn) - measured)
+    rows.append(BudgetRow("parameters", "total (active per token)", "model",
+                          "total - L*(FFN - active FFN)", total_active, measured_total, "params",
+                          detail=f"of {formulas['total']:,} in all" if formulas["total"] else ""))
     return rows
 
 

@@ -34,9 +34,17 @@ for a language model; inside ``tlab validate`` step 4 uses the run's own task.
 
 ``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
 training loss among all runs, so ``steps_to_target`` says who got there first.
-``compare_runs.csv`` has one row per (activation, seed), written as each activation's seeds
-finish (an interrupted comparison keeps its finished activations); ``loss_curves.png`` plots
-the smoothed training loss, mean over seeds with the min-max band.
+Against the baseline activation (``routine.baseline``, ``--baseline``; default the first listed),
+paired by seed (``measures.statistics``): ``final_loss_ci_low/high`` (95% t-interval over seeds),
+``diff_vs_baseline`` (activation - baseline) with ``diff_ci_low/high``, ``p_value`` (exact
+sign-flip permutation test), ``p_adjusted`` (Holm over the activations), ``verdict`` (better |
+worse | no detectable difference at 0.05; the baseline's is ``baseline``), ``seeds_needed`` (80%
+power for the observed difference), ``paired_seeds`` and ``note``. A verdict needs 6+ seeds (7+
+for three activations against the baseline): the smallest sign-flip p over n seeds is 2 / 2^n.
+``compare_runs.csv`` has one row per (activation, seed) (``final_loss`` in full precision, so
+the verdict columns can be recomputed exactly), written as each activation's seeds finish (an
+interrupted comparison keeps its finished activations); ``loss_curves.png`` plots the smoothed
+training loss, mean over seeds with the min-max band.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import pandas as pd
 import torch
 from omegaconf import DictConfig, ListConfig
 from rich import box
@@ -56,17 +65,21 @@ from rich.table import Table
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
+from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.training.trainer import count_parameters
 
 COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
                       "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
                       "steps_to_target", "seeds", "loss_target", "final_loss_std",
-                      "first_loss", "steps"]
+                      "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
+                      *VERDICT_COLUMNS]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
                "wall_s"]
@@ -96,7 +109,7 @@ class SeedRun:
     def as_row(self) -> dict:
         return {"activation": self.activation, "seed": self.seed, "params": self.params,
                 "ffn_params": self.ffn_params, "tokens_per_s": self.tokens_per_s,
-                "final_loss": self.final_loss,
+                "final_loss": _exact(self.final_loss),
                 "final_train_loss": self.smoothed[-1] if self.train_losses else math.nan,
                 "first_loss": self.train_losses[0] if self.train_losses else math.nan,
                 "grad_norm_mean": _mean(self.grad_norms),
@@ -110,6 +123,12 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
     for value in values:
         smoothed.append(value if not smoothed else (1 - weight) * smoothed[-1] + weight * value)
     return smoothed
+
+
+def _exact(value: float) -> float | str:
+    """``value`` in full precision (the shortest text that reads back as the same float): the
+    CSV's 6 significant digits would blur paired differences of 1e-4 between activations."""
+    return repr(float(value)) if math.isfinite(value) else value
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -145,6 +164,10 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ConfigError(f"routine.steps={steps} is not valid (--steps); it must be an "
                           "integer >= 1")
+    baseline = routine.get("baseline")
+    if baseline is not None and str(baseline) not in names:
+        raise ConfigError(f"--baseline {baseline} is not among the compared activations; "
+                          f"valid: {', '.join(names)}")
     seed_list(cfg)
     target = routine.get("loss_target")
     if target is not None and (not isinstance(target, int | float) or target <= 0):
@@ -195,8 +218,10 @@ def steps_to_target(run: SeedRun, target: float) -> int | None:
     return None
 
 
-def comparison_rows(runs: list[SeedRun], loss_target: float | None) -> list[dict]:
-    """One ``comparison.csv`` row per activation (in the order first seen), seeds averaged."""
+def comparison_rows(runs: list[SeedRun], loss_target: float | None,
+                    baseline: str | None = None) -> list[dict]:
+    """One ``comparison.csv`` row per activation (in the order first seen), seeds averaged, with
+    the verdict columns against ``baseline`` (default the first activation), paired by seed."""
     finals = [r.smoothed[-1] for r in runs if r.train_losses]
     target = loss_target if loss_target is not None else max(finals, default=math.nan)
     by_activation: dict[str, list[SeedRun]] = {}
@@ -221,7 +246,26 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None) -> list[dict
     first_speed = rows[0]["tokens_per_s"] if rows else math.nan
     for row in rows:
         row["rel_speed"] = row["tokens_per_s"] / first_speed if first_speed else math.nan
+    if runs:
+        per_seed = pd.DataFrame([{"activation": r.activation, "seed": r.seed,
+                                  "final_loss": r.final_loss} for r in runs])
+        verdicts = verdict_table(per_seed, "activation", baseline=baseline)
+        for row in rows:
+            row.update(verdicts.loc[row["activation"]].to_dict())
     return rows
+
+
+def baseline_name(rows: list[dict]) -> str:
+    """The activation whose ``verdict`` is ``baseline`` (the first row if none is marked)."""
+    return next((r["activation"] for r in rows if r.get("verdict") == BASELINE),
+                rows[0]["activation"])
+
+
+def verdict_lines(rows: list[dict]) -> list[str]:
+    """One plain-language line per activation against the baseline (``statistics.describe``)."""
+    baseline = baseline_name(rows)
+    return [describe(row["activation"], row, baseline) for row in rows
+            if row.get("verdict") not in (None, BASELINE)]
 
 
 def _exp(loss: float) -> float:
@@ -237,8 +281,9 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
     runs: list[SeedRun] = []
     for activation in activations:
         variant = with_choice(cfg, "ffn", activation)
-        with console.status(f"{activation}, {len(seeds)} seed{'s' if len(seeds) > 1 else ''}: "
-                            f"{cfg.routine.steps} steps"):
+        with progress_bar(run.metrics, f"{activation}, {len(seeds)} seed"
+                          f"{'s' if len(seeds) > 1 else ''}: {cfg.routine.steps} steps",
+                          total=int(cfg.routine.steps) * len(seeds)):
             seed_runs = train_seeds(variant, seeds, run.metrics, stage)
         runs.extend(seed_runs)
         runs_log.write_all(r.as_row() for r in seed_runs)
@@ -249,6 +294,7 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
     """One check per activation: it trained to a finite loss and the loss fell. The numbers
     are a comparison (speed, perplexity, gradient-norm spread), not a verdict on quality."""
     checks = []
+    baseline = baseline_name(rows) if rows else None
     for row in rows:
         finite = math.isfinite(row["final_loss"]) and math.isfinite(row["grad_norm_mean"])
         fell = finite and row["final_loss"] < row["first_loss"]
@@ -260,6 +306,8 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
             detail += "; non-finite loss or gradients: lower train.lr or check the FFN"
         elif not fell:
             detail += "; the loss did not fall: check the FFN's forward and its initialisation"
+        if row.get("verdict") not in (None, BASELINE):
+            detail += f"; {describe(row['activation'], row, baseline)}"
         checks.append(CheckRow(step, f"activation_{row['activation']}", status(fell),
                                "final_loss", row["final_loss"], "< first loss", 0.0, detail))
     return checks
@@ -320,12 +368,14 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
 def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     runs = compare_runs(cfg, run)
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"))
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     plot_loss_curves(runs, run.path / "loss_curves.png",
                      f"{cfg.task.get('name')}, {'decoder' if cfg.arch.causal else 'encoder'}, "
                      f"pe={cfg.pe.get('name')}: {cfg.routine.steps} steps")
     console.print(comparison_table(rows, f"tlab compare-activations - {run.path}"))
+    for line in verdict_lines(rows):
+        console.print(line, highlight=False, markup=False)
     checks = comparison_checks(rows)
     failed = [c for c in checks if not c.passed]
     first = rows[0]
@@ -334,3 +384,7 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
                "tokens_per_s": first["tokens_per_s"]}
     return RoutineOutcome(passed=not failed, summary=summary,
                           message="; ".join(f"{c.check}: {c.detail}" for c in failed))
+
+
+# What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.
+OBJECTIVE = Objective("final_loss", "minimize", chosen_variant_loss)

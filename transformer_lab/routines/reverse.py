@@ -39,6 +39,13 @@ arguments, as ALiBi's depends on ``symmetric``); measured numbers are in
 (``multiseed.fit_seeds``), then their controls, each for its own seed's number of steps; PASS
 when every seed solves, one check row per seed and model.
 
+With the control, ``reverse.csv`` also says whether the chosen PE beats it, paired by seed, on
+held-out exact match (higher is better; ``measures.statistics``): ``best_exact_match_ci_low/high``
+(95% interval over the seeds of the row's model) and, on the chosen PE's rows, ``diff_vs_baseline``
+(chosen - NoPE) with its CI, ``p_value``, ``p_adjusted``, ``verdict`` (better | worse | no
+detectable difference; ``baseline`` on the control's rows), ``seeds_needed``, ``paired_seeds``
+and ``note``; the terminal prints the verdict in words. A verdict needs 6+ seeds.
+
 Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
 of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
 ``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE).
@@ -46,18 +53,22 @@ of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them ap
 
 from __future__ import annotations
 
+import copy
 import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+import pandas as pd
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
 from transformer_lab.results.console import console
+from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.nope_control import (
@@ -65,12 +76,14 @@ from transformer_lab.routines.nope_control import (
     control_on_thread,
     train_with_control,
 )
+from transformer_lab.routines.objective import Objective, steps_to_solve
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.training.trainer import TrainResult, count_parameters
 
 REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
-                   "target", "steps", "params", "wall_s", "tokens_per_s", "expected"]
+                   "target", "steps", "params", "wall_s", "tokens_per_s", "expected",
+                   "best_exact_match_ci_low", "best_exact_match_ci_high", *VERDICT_COLUMNS]
 # Chosen-PE exact match this close to the NoPE control's counts as "no better than NoPE".
 NO_BETTER_MARGIN = 0.05
 # A rotary PE's scores may differ between (m, n) and (m + 1, n + 1) by this fraction of their
@@ -195,10 +208,32 @@ def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | 
                     ROTARY_TOLERANCE, clock.lap(), detail)
 
 
+def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
+    """``cfg`` with the reversal settings the PE's class declares (``reversal_settings``:
+    dotted ``train.*`` / ``routine.max_steps`` keys, e.g. ALiBi's cosine schedule), which the
+    NoPE control then shares; off with ``routine.declared_settings=false``. Also returns a note
+    naming them ("" when there are none)."""
+    settings = declared(cfg.pe, "reversal_settings", arch=arch_name(cfg))
+    if not isinstance(settings, Mapping) or not settings \
+            or not cfg.routine.get("declared_settings", True):
+        return cfg, ""
+    variant = copy.deepcopy(cfg)
+    for key, value in settings.items():
+        if not (key.startswith("train.") or key == "routine.max_steps"):
+            raise ConfigError(f"{pe_label(cfg)} declares reversal setting {key}; only train.* "
+                              "and routine.max_steps may be declared")
+        OmegaConf.update(variant, key, value, force_add=True)
+    named = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return variant, (f"with the settings pe={pe_label(cfg)} declares for reversal: {named} "
+                     "(routine.declared_settings=false: without)")
+
+
 def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
                   stage: str = "reverse") -> tuple[list[CheckRow], list[ReversalRun]]:
     """Step 3: the rotary check, the chosen PE's training and the NoPE control; training rows
-    go to ``log`` tagged with ``stage``, the PE and the seed."""
+    go to ``log`` tagged with ``stage``, the PE and the seed. The PE's declared reversal
+    settings (:func:`with_declared_settings`) apply to both."""
+    cfg, note = with_declared_settings(cfg)
     routine = cfg.routine
     target, max_steps = float(routine.target), int(routine.max_steps)
     rows: list[CheckRow] = []
@@ -214,8 +249,8 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
     else:  # one seed with its control: the control may train beside it (nope_control.py)
         nope_cfg = with_choice(cfg, "pe", NOPE)
         on_thread = control_on_thread(cfg)
-        with console.status(f"reversal: pe={label}, arch={arch}, up to {max_steps} steps; "
-                            f"NoPE control {'beside it' if on_thread else 'after it'}"):
+        with progress_bar(log, f"reversal: pe={label}, arch={arch}, NoPE control "
+                          f"{'beside it' if on_thread else 'after it'}", total=2 * max_steps):
             chosen_trainer, result, control_trainer, control_result = train_with_control(
                 cfg, nope_cfg, log, stage, max_steps, target, on_thread, label)
         pairs = [(ReversalRun("chosen", label, arch, int(cfg.seed), target, result,
@@ -226,6 +261,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
     runs = []
     for chosen, control in pairs:
         rows.append(chosen_row(chosen, control, with_seed=len(seeds) > 1))
+        rows[-1].detail += f"; {note}" if note else ""
         runs.append(chosen)
         if control is not None:
             rows.append(control_row(control, with_seed=len(seeds) > 1))
@@ -255,7 +291,8 @@ def train_seeds(cfg: DictConfig, role: str, seeds: list[int], steps: int | dict[
 
     target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    with console.status(f"reversal: pe={name}, arch={arch}, {which}"):
+    total = sum(steps.values()) if isinstance(steps, dict) else steps * len(seeds)
+    with progress_bar(log, f"reversal: pe={name}, arch={arch}, {which}", total=total):
         task = build_task(cfg)  # (also sets model.vocab_size)
         models = build_seeded_models(cfg, seeds)
         results = fit_seeds(cfg, seeds, steps, task=task, models=models,
@@ -278,7 +315,10 @@ def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
     if not chosen.solved:
         no_better = control is not None and (
             chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
-        if chosen.pe == NOPE or no_better:
+        if chosen.pe == NOPE:
+            detail += (f"; as expected: pe={NOPE} is the control ({chosen.expected}); a "
+                       "correct PE must do better")
+        elif no_better:
             detail += ("; no better than no PE at all: the model gets no usable position "
                        "information - check that the PE's output depends on its `positions` "
                        "argument")
@@ -309,6 +349,25 @@ def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
                     detail)
 
 
+def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
+    """``reverse.csv``: one row per model; with NoPE controls, the interval over seeds of each
+    model's held-out exact match and the chosen PE's paired verdict against its control."""
+    rows = [run.as_row() for run in runs]
+    if not any(run.role == "nope_control" for run in runs):
+        return rows
+    verdicts = verdict_table(pd.DataFrame(rows), "role", "best_exact_match",
+                             baseline="nope_control", lower_is_better=False)
+    return [{**row, **verdicts.loc[row["role"]].to_dict()} for row in rows]
+
+
+def verdict_line(rows: list[dict]) -> str | None:
+    """The chosen PE against its NoPE control in words (None without a control)."""
+    chosen = next((row for row in rows if row["role"] == "chosen"), None)
+    if chosen is None or chosen.get("verdict") in (None, BASELINE):
+        return None
+    return describe(f"pe={chosen['pe']}", chosen, f"pe={NOPE}", value="held-out exact match")
+
+
 def reversal_summary(runs: list[ReversalRun]) -> dict:
     """The chosen PE's numbers; with several seeds: the worst seed's exact match, the median
     solved step (when every seed solved), the longest run."""
@@ -324,9 +383,16 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
 def run_reverse(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     rows, runs = reversal_runs(cfg, run.metrics)
-    run.write_table("reverse", [r.as_row() for r in runs], REVERSE_COLUMNS)
+    table = reverse_rows(runs)
+    run.write_table("reverse", table, REVERSE_COLUMNS)
     console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
+    if (line := verdict_line(table)) is not None:
+        console.print(line, highlight=False, markup=False)
     failed = [r for r in rows if not r.passed]
     summary = {**reversal_summary(runs), "wall_s": clock.lap()}
     message = "; ".join(f"{r.check}: {r.detail}" for r in failed)
     return RoutineOutcome(passed=not failed, summary=summary, message=message)
+
+
+# What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.
+OBJECTIVE = Objective("steps_to_solve", "minimize", steps_to_solve)

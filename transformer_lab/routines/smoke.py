@@ -2,7 +2,10 @@
 
 Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
 and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
-finite gradient and the parameter count equals the formula (``parameter_count``).
+finite gradient and the parameter count equals the formula (``parameter_count``). Before that,
+the model's forward-pass properties (``measures.model_properties``, one row each): causality
+(decoders), position injectivity and finiteness up to ``routine.max_len``, batch independence,
+train/eval agreement, FFN gain, output dtype and device placement; a failing one fails step 1.
 Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
 PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
 it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
@@ -17,6 +20,7 @@ import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.measures.model_properties import PropertyResult, model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.check_rows import (
@@ -27,8 +31,10 @@ from transformer_lab.results.check_rows import (
     status,
 )
 from transformer_lab.results.console import console
+from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.variants import seed_list
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
@@ -47,11 +53,37 @@ def pe_to_embedding_ratio(model: TransformerModel, batch: Batch) -> float | None
     return (pe.norm(dim=-1).mean() / tokens.norm(dim=-1).mean().clamp_min(1e-12)).item()
 
 
+def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
+    if result.name == "position_injectivity" and pe_kind == "none":
+        return CheckRow(1, result.name, "SKIP", "relative_gap", result.value, result.tolerance,
+                        detail="pe=none: positions indistinguishable, as expected (the control)")
+    state = "SKIP" if result.passed is None else status(result.passed)
+    return CheckRow(1, result.name, state, "", result.value, result.tolerance,
+                    detail=result.detail)
+
+
+def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
+    """Step 1's forward-pass properties (``measures.model_properties``): causality, position
+    injectivity and finiteness up to max_len, batch independence, train/eval agreement, FFN
+    gain, output dtype and device placement. ``routine.max_len`` (default: the PE's own
+    max_len, else 256) is how far positions are checked."""
+    clock = Stopwatch()
+    results = model_properties(model, cfg.model.vocab_size, cfg.routine.get("max_len"))
+    rows = [_property_row(r, model.pe_kind) for r in results]
+    for row in rows:
+        row.wall_s = clock.lap() / len(rows)
+    return rows
+
+
 def forward_backward_check(cfg: DictConfig, model: TransformerModel,
                            batch: Batch) -> list[CheckRow]:
-    """Step 1 checks on one batch."""
+    """Step 1 checks on one batch, after the forward-pass properties (a failing dtype check
+    stops here: the forward below would raise)."""
+    rows: list[CheckRow] = property_rows(cfg, model)
+    if any(r.status == "FAIL" for r in rows if r.check == "output_dtype"):
+        return rows
     clock = Stopwatch()
-    rows: list[CheckRow] = []
+    start = len(rows)
     logits = model(batch.inputs)
     expected = (*batch.inputs.shape, cfg.model.vocab_size)
     rows.append(CheckRow(1, "output_shape", status(tuple(logits.shape) == expected),
@@ -73,8 +105,8 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
                          "params", float(params), formula,
                          detail="custom component: no formula" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
-    for row in rows:
-        row.wall_s = clock.lap() / len(rows)
+    for row in rows[start:]:
+        row.wall_s = clock.lap() / (len(rows) - start)
     return rows
 
 
@@ -122,7 +154,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     steps = int(cfg.routine.steps)
     logs = {s: TaggedLog(metrics, seed=s) if several else metrics for s in seeds}
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
-    with console.status(f"smoke training: {label}"):
+    with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
         fit_seeds(cfg, seeds, steps, task=task, models=models, batches=fixed, metrics=logs)
     wall = clock.lap() / len(seeds)
     rows, afters = [], []
@@ -135,6 +167,9 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                   else f"loss {before[seed]:.4f} -> {after:.4f} in {steps} steps")
         if not ok:
             detail += f"; {diagnose(cfg, trained, fixed[seed][0], drop)}"
+        elif (ratio := pe_to_embedding_ratio(trained, fixed[seed][0])) and ratio > PE_SWAMP_RATIO:
+            detail += (f"; but PE norm is {ratio:.1f}x the token-embedding norm (PE swamps the "
+                       "tokens): set model.embed_scale=sqrt or lower model.pe_scale")
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
@@ -181,3 +216,7 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                  "final_loss": after, "wall_s": clock.lap()},
         message="" if passed else f"failed: {', '.join(failed)}",
     )
+
+
+# What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.
+OBJECTIVE = Objective("final_loss", "minimize", final_loss)

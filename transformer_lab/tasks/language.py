@@ -1,4 +1,5 @@
-"""Next-token language modelling: a synthetic corpus made offline, or the user's text file.
+"""Next-token language modelling: a synthetic corpus made offline, or real text (a named corpus
+downloaded once, or the user's own file; see ``transformer_lab.data``).
 
 Both need ``arch=decoder`` (causal): an encoder would see the token it has to predict.
 
@@ -78,17 +79,52 @@ class SyntheticLanguageTask(LanguageModelTask):
 
 
 class TextTask(LanguageModelTask):
-    """Character-level LM on a UTF-8 text file; the vocabulary is the file's characters."""
+    """Next-token LM on real text: a named corpus (``corpus=tinyshakespeare``, downloaded once
+    into the cache directory, sha256-checked) or your own UTF-8 file (``path=FILE``), cut into
+    tokens by ``tokenizer`` (``char``: the text's characters; ``byte``: UTF-8 bytes; ``bpe``:
+    byte-level BPE of ``bpe_vocab_size`` tokens trained on the text, cached). The first
+    ``1 - eval_fraction`` of the tokens train, the rest is held out.
 
-    def __init__(self, path: str, seq_len: int = 64, eval_fraction: float = 0.1,
-                 eval_size: int = 256, data_seed: int = 1234) -> None:
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise ValueError(f"task.path='{path}' is not a readable file")
-        text = file.read_text(encoding="utf-8")
-        self.chars = sorted(set(text))
-        index = {c: i for i, c in enumerate(self.chars)}
-        tokens = torch.tensor([index[c] for c in text], dtype=torch.int64)
+    ``vocab_size`` is accepted and not used: experiments set it for the synthetic tasks (e.g.
+    compare-activations' reversal), and a text's vocabulary is its tokenizer's.
+    """
+
+    def __init__(self, path: str | None = None, corpus: str | None = None,
+                 url: str | None = None, tokenizer: str = "char", bpe_vocab_size: int = 512,
+                 seq_len: int = 64, eval_fraction: float = 0.1, eval_size: int = 256,
+                 data_seed: int = 1234, vocab_size: int | None = None) -> None:
+        from transformer_lab.data import corpus_path, load_tokens
+
+        if path is not None and corpus is not None:
+            raise ValueError(f"task.path='{path}' and task.corpus={corpus} are both set; "
+                             "give one of them")
+        if path is None and corpus is None:
+            raise ValueError("task=text needs a text: task.corpus=tinyshakespeare (downloaded "
+                             "once) or task.path=FILE (your own UTF-8 file)")
+        if corpus is not None:
+            file = corpus_path(str(corpus), url)
+        else:
+            file = Path(str(path)).expanduser()
+            if not file.is_file():
+                raise ValueError(f"task.path='{path}' is not a readable file")
+        if not 0 < eval_fraction < 1:
+            raise ValueError(f"task.eval_fraction={eval_fraction} must be between 0 and 1")
+        where = f"task.path='{path}'" if corpus is None else f"task.corpus={corpus} ({file})"
+        try:
+            ids, self.tokenizer = load_tokens(file, str(tokenizer), bpe_vocab_size)
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where} is not UTF-8 text (byte {exc.start}: {exc.reason}); give "
+                             "a UTF-8 text file") from None
+        if len(ids) == 0:
+            raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
+                             f"{seq_len + 2} tokens per split")
+        self.file = file
+        if self.tokenizer.name == "char":
+            self.chars = self.tokenizer.chars
+        tokens = torch.from_numpy(ids)  # (N,) int64, shared with the cache: only indexed
         split = int(len(tokens) * (1 - eval_fraction))
-        super().__init__(tokens[:split], tokens[split:], seq_len, len(self.chars),
-                         eval_size, data_seed)
+        try:
+            super().__init__(tokens[:split], tokens[split:], seq_len,
+                             self.tokenizer.vocab_size, eval_size, data_seed)
+        except ValueError as exc:
+            raise ValueError(f"{where}: {exc}") from None

@@ -89,6 +89,10 @@ def vectorisable(cfg: DictConfig) -> str | None:
         if group in cfg and declared(cfg[group], "keeps_running_statistics") is True:
             return (f"{group}={cfg[group].get('name')} keeps running statistics "
                     "(module state)")
+        # a component that says why its seeds must run one after another (ffn=moe)
+        reason = declared(cfg[group], "seeds_one_after_another") if group in cfg else None
+        if isinstance(reason, str):
+            return reason
     dropouts = {k: float(v) for k, v in cfg.model.dropout.items() if v}
     if dropouts:
         return f"dropout {dropouts} draws random numbers that vmap cannot reproduce per seed"
@@ -180,6 +184,10 @@ def fit_seeds(
     trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, metrics.get(s))
                 for m, s in zip(models, seeds, strict=True)]
     reason = vectorisable(cfg) or _has_module_state(models[0])
+    if reason is not None and len(seeds) > 1:  # say which way the seeds train, and why
+        from transformer_lab.results.console import console
+
+        console.print(f"seeds {list(seeds)} train one after another, not batched: {reason}")
     if vectorise is None:
         vectorise = worth_vectorising(cfg, task, batches)
     one_horizon = horizon is not None or len(set(budgets)) == 1

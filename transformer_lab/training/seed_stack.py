@@ -26,40 +26,32 @@ single model's names.
 from __future__ import annotations
 
 import copy
-import importlib
 import math
 from collections.abc import Sequence
 from contextlib import nullcontext
-from types import ModuleType
 
 import torch
 import torch.nn.functional as F
 from omegaconf import DictConfig
 from torch import nn
 
+from transformer_lab.components.seed_stacked import SeedStackedLayer
 from transformer_lab.model import TransformerModel
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
-from transformer_lab.training.seed_stack_layers import STACKED_LAYERS, SeedStackedLayer
+from transformer_lab.training.seed_stack_layers import stacked_form
+from transformer_lab.training.trainer import SCHEDULES, PlainConfig, make_adamw
 
 _KNOWN_MODULES = ("torch.nn.", "transformer_lab.")  # classes whose forward is known to be safe
 
 
-def _trainer() -> ModuleType:
-    """The trainer module, imported lazily (``transformer_lab.train`` before the re-layout)."""
-    try:
-        return importlib.import_module("transformer_lab.training.trainer")
-    except ModuleNotFoundError:
-        return importlib.import_module("transformer_lab.train")
-
-
 def _leaves(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """(name, module) of every layer that ``STACKED_LAYERS`` converts, outermost first (the
-    embedding inside a T5 bias belongs to the bias)."""
+    """(name, module) of every layer that has a stacked form (``stacked_form``), outermost
+    first (the embedding inside a T5 bias belongs to the bias)."""
     found: list[tuple[str, nn.Module]] = []
     for name, module in model.named_modules():
         inside = any(name.startswith(f"{outer}.") for outer, _ in found)
         has_parameters = next(module.parameters(), None) is not None
-        if not inside and type(module) in STACKED_LAYERS and has_parameters:
+        if not inside and has_parameters and stacked_form(module) is not None:
             found.append((name, module))
     return found
 
@@ -81,6 +73,8 @@ def stackable(model: nn.Module) -> str | None:
         state = [b for b in module._buffers if b not in module._non_persistent_buffers_set]
         if state:
             return f"{label} keeps module state ({', '.join(state)})"
+        if hasattr(module, "aux_loss"):
+            return f"{label} computes an auxiliary loss over the whole batch (it would mix seeds)"
         if isinstance(module, nn.Dropout) and module.p > 0:
             return f"{label} dropout p={module.p}: per-seed masks would differ from single runs"
         p = getattr(module, "dropout", None)
@@ -121,7 +115,7 @@ def stack_models(models: Sequence[TransformerModel]) -> TransformerModel:
     stacked = _copy_without_parameters(models[0])
     for name, leaf in _leaves(models[0]):
         layers = [m.get_submodule(name) for m in models]
-        _replace(stacked, name, STACKED_LAYERS[type(leaf)](layers))
+        _replace(stacked, name, stacked_form(leaf)(layers))
     stacked.n_seeds = len(models)  # TransformerModel adds a per-seed PE / mask (model.py)
     return stacked
 
@@ -194,20 +188,19 @@ class SeedStackedTrainer:
 
     def __init__(self, model: TransformerModel, train: DictConfig, d_model: int,
                  seeds: Sequence[int], task: Task | None = None) -> None:
-        trainer = _trainer()
         if len(seeds) != model.n_seeds:
             raise ValueError(f"{len(seeds)} seeds for a model of {model.n_seeds}")
         self.model, self.task, self.seeds, self.d_model = model, task, list(seeds), d_model
         self.device = torch.device(train.device)
         model.to(self.device)
         self.generators = [torch.Generator().manual_seed(s) for s in seeds]
-        self.schedule = trainer.SCHEDULES[train.schedule]
-        self._train = trainer.PlainConfig(train)
+        self.schedule = SCHEDULES[train.schedule]
+        self._train = PlainConfig(train)
         self.params = [p for p in model.parameters() if p.requires_grad]
         groups = stacked_param_groups(model, float(train.weight_decay))
         self.horizon = int(train.steps)
         self.lr = self.schedule(1, self._train, d_model, self.horizon)
-        self.optimizer = trainer.make_adamw(groups, self.lr, tuple(train.betas))
+        self.optimizer = make_adamw(groups, self.lr, tuple(train.betas))
         self.grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                          if train.precision == "bf16" else nullcontext())

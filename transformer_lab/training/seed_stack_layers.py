@@ -1,60 +1,24 @@
-"""Seed-stacked leaf layers: S independent copies of a layer run as one layer.
+"""Seed-stacked forms of torch's own leaf layers (``nn.Linear``, ``nn.Embedding``,
+``nn.LayerNorm``), and ``stacked_form``: how any leaf layer stacks.
 
-A model of S seeds is the single model with its leaf layers swapped for these (``seed_stack``).
-Every other module is unchanged and sees a batch of S*B sequences laid out seed-major: rows
-``s*B .. (s+1)*B - 1`` belong to seed s. Each layer keeps the parameter names of the layer it
-replaces, with a leading seed axis; ``seed_slice(name, s)`` is seed s's tensor in the single
-layer's shape and ``unstack(s)`` gives back the single layer. Nothing mixes seeds: seed s's
-outputs and gradients are those of the single layer s on its own rows
-(``tests/test_seed_stack.py``).
-
-Layouts, chosen for speed on tiny (overhead-bound) models, where every autograd node counts:
-per-seed vectors (biases, norm gains) are stored as (S, 1, D), so they broadcast against the
-activations viewed as (S, B*T, D) without an unsqueeze node per call; Linear weights as
-(S, out, in) (the single layer's (out, in) per seed).
+tlab's own layers declare their stacked form themselves (``stack_seeds`` on the class, the
+stacked classes in ``components/seed_stacked.py``); torch's leaves cannot, so they are mapped
+here (``TORCH_LEAVES``). See ``components/seed_stacked.py`` for the layout (seed-major rows,
+parameters with a leading seed axis).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
-from transformer_lab.components.positional import LearnedPositionalEncoding, T5RelativeBias
-
-
-class SeedStackedLayer(nn.Module):
-    """Base of the stacked layers: records each stacked tensor's single-layer shape."""
-
-    def __init__(self) -> None:
-        nn.Module.__init__(self)  # not super(): the PE subclasses skip their single __init__
-        self.single_shapes: dict[str, torch.Size] = {}
-
-    def stack(self, name: str, tensors: list[torch.Tensor | None], broadcast: bool = False,
-              buffer: bool = False) -> None:
-        """Register ``name`` as the seeds' ``tensors`` stacked on a new leading axis: (S, *shape),
-        or (S, 1, *shape) with ``broadcast``; a parameter unless ``buffer``. None stays None."""
-        if tensors[0] is None:
-            setattr(self, name, None)
-            return
-        stacked = torch.stack([t.detach() for t in tensors])  # (S, *shape)
-        if broadcast:
-            stacked = stacked.unsqueeze(1)  # (S, 1, *shape)
-        if buffer:
-            self.register_buffer(name, stacked)
-        else:
-            setattr(self, name, nn.Parameter(stacked))
-        self.single_shapes[name] = tensors[0].shape
-
-    def seed_slice(self, name: str, s: int) -> torch.Tensor:
-        """Seed s's ``name`` in the single layer's shape (a view)."""
-        return getattr(self, name)[s].view(self.single_shapes[name])
-
-    def seed_parameter(self, name: str, s: int) -> nn.Parameter | None:
-        if getattr(self, name) is None:
-            return None
-        return nn.Parameter(self.seed_slice(name, s).detach().clone())
+from transformer_lab.components.seed_stacked import (
+    SeedStackedLayer,
+    SeedStackedLayerNorm,
+)
 
 
 class SeedStackedLinear(SeedStackedLayer):
@@ -111,178 +75,19 @@ class SeedStackedEmbedding(SeedStackedLayer):
         return layer
 
 
-class SeedStackedLayerNorm(SeedStackedLayer):
-    """LayerNorm (Ba et al. 2016) with a gain g_s and bias b_s per seed:
-    y = (x - mean(x)) / sqrt(var(x) + eps) * g_s + b_s, statistics over each token's features
-    (per row, so the seeds never mix); (S*B, T, D) -> (S*B, T, D)."""
-
-    def __init__(self, layers: list[nn.LayerNorm]) -> None:
-        super().__init__()
-        self.single_class = type(layers[0])  # nn.LayerNorm or components.norms.LayerNorm
-        self.normalized_shape, self.eps = layers[0].normalized_shape, layers[0].eps
-        self.stack("weight", [layer.weight for layer in layers], broadcast=True)  # (S, 1, D)
-        self.stack("bias", [layer.bias for layer in layers], broadcast=True)  # (S, 1, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seeds, _, dim = self.weight.shape
-        y = F.layer_norm(x, self.normalized_shape, None, None, self.eps).view(seeds, -1, dim)
-        y = y * self.weight if self.bias is None else torch.addcmul(self.bias, y, self.weight)
-        return y.view(x.shape)  # (S*B, T, D)
-
-    def unstack(self, s: int) -> nn.LayerNorm:
-        layer = self.single_class(self.normalized_shape[0], eps=self.eps)
-        layer.weight, layer.bias = self.seed_parameter("weight", s), self.seed_parameter("bias", s)
-        return layer
-
-
-class SeedStackedRMSNorm(SeedStackedLayer):
-    """RMSNorm (Zhang & Sennrich 2019) with a gain per seed: y = x / sqrt(mean(x^2) + eps) * g_s,
-    the same arithmetic as ``components.norms.RMSNorm``; (S*B, T, D) -> (S*B, T, D)."""
-
-    def __init__(self, layers: list[RMSNorm]) -> None:
-        super().__init__()
-        self.eps = layers[0].eps
-        self.stack("weight", [layer.weight for layer in layers], broadcast=True)  # (S, 1, D)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seeds, _, dim = self.weight.shape
-        rms = torch.rsqrt(x.float().pow(2).mean(dim=-1, keepdim=True) + self.eps)  # (S*B, T, 1)
-        y = (x.float() * rms).type_as(x).view(seeds, -1, dim)  # (S, B*T, D)
-        return (y * self.weight).view(x.shape)
-
-    def unstack(self, s: int) -> RMSNorm:
-        layer = RMSNorm(self.weight.shape[-1], eps=self.eps)
-        layer.weight = self.seed_parameter("weight", s)
-        return layer
-
-
-class SeedStackedBatchNorm(SeedStackedLayer):
-    """BatchNorm over each seed's own B*T rows (Ioffe & Szegedy 2015), per-seed running stats.
-
-    The S seeds' D features become S*D channels of one ``F.batch_norm``:
-    x (S*B, T, D) -> (S, B*T, D) -> (B*T, S*D) -> normalise per channel -> back. So channel
-    (s, d) sees only seed s's rows, and ``running_mean``/``running_var`` (S, D) are updated as
-    S single layers update theirs (``num_batches_tracked`` is shared: the seeds take the same
-    steps).
-    """
-
-    def __init__(self, layers: list[SequenceBatchNorm]) -> None:
-        super().__init__()
-        first = layers[0]
-        if not (first.affine and first.track_running_stats):
-            raise ValueError("seed stacking needs BatchNorm with affine=True and running stats")
-        self.eps, self.momentum = first.eps, first.momentum
-        self.stack("weight", [layer.weight for layer in layers])  # (S, D)
-        self.stack("bias", [layer.bias for layer in layers])  # (S, D)
-        self.stack("running_mean", [m.running_mean for m in layers], buffer=True)  # (S, D)
-        self.stack("running_var", [m.running_var for m in layers], buffer=True)  # (S, D)
-        self.register_buffer("num_batches_tracked", first.num_batches_tracked.clone())
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seeds, dim = self.weight.shape
-        factor = 0.0
-        if self.training:
-            self.num_batches_tracked.add_(1)
-            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
-                      else self.momentum)
-        rows = x.reshape(seeds, -1, dim).transpose(0, 1).reshape(-1, seeds * dim)  # (B*T, S*D)
-        y = F.batch_norm(rows, self.running_mean.view(-1), self.running_var.view(-1),
-                         self.weight.view(-1), self.bias.view(-1), self.training, factor,
-                         self.eps)  # (B*T, S*D)
-        return y.view(-1, seeds, dim).transpose(0, 1).reshape(x.shape)  # (S*B, T, D)
-
-    def unstack(self, s: int) -> SequenceBatchNorm:
-        layer = SequenceBatchNorm(self.weight.shape[1], eps=self.eps, momentum=self.momentum)
-        layer.weight, layer.bias = self.seed_parameter("weight", s), self.seed_parameter("bias", s)
-        with torch.no_grad():
-            layer.running_mean.copy_(self.running_mean[s])
-            layer.running_var.copy_(self.running_var[s])
-            layer.num_batches_tracked.copy_(self.num_batches_tracked)
-        return layer
-
-
-class SeedStackedLearnedPE(SeedStackedLayer, LearnedPositionalEncoding):
-    """A learned position table per seed (BERT-style, or ``sinusoidal_learned``).
-
-    positions (T,) -> (S, T, d_model): the model adds row s to seed s's sequences
-    (``seed_stack.add_positional``). Interpolation, when enabled, resamples each seed's table.
-    """
-
-    def __init__(self, layers: list[LearnedPositionalEncoding]) -> None:
-        first = layers[0]
-        SeedStackedLayer.__init__(self)
-        self.d_model, self.max_len = first.d_model, first.max_len
-        self.init, self.interpolate = first.init, first.interpolate
-        self.stack("weight", [layer.weight for layer in layers])  # (S, max_len, d_model)
-
-    def table(self, length: int) -> torch.Tensor:
-        if length <= self.max_len:
-            return self.weight[:, :length]  # (S, length, d)
-        if not self.interpolate:
-            raise ValueError(
-                f"sequence length {length} is longer than the learned position table "
-                f"(max_len={self.max_len}); use sequences of at most {self.max_len} tokens, "
-                f"a larger max_len, or interpolate=True"
-            )
-        table = self.weight.transpose(1, 2)  # (S, d, max_len)
-        table = F.interpolate(table, size=length, mode="linear", align_corners=True)
-        return table.transpose(1, 2)  # (S, length, d)
-
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if positions.numel() == 0:
-            return self.weight[:, :0]  # (S, 0, d)
-        if int(positions.min()) < 0:
-            raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
-        return self.table(int(positions.max()) + 1).index_select(1, positions)  # (S, T, d_model)
-
-    def unstack(self, s: int) -> LearnedPositionalEncoding:
-        layer = LearnedPositionalEncoding(self.d_model, self.max_len, self.init, self.interpolate)
-        layer.weight = self.seed_parameter("weight", s)
-        return layer
-
-
-class SeedStackedTable(SeedStackedLayer):
-    """A stacked (S, rows, cols) table under the name ``weight`` (T5's bias embedding)."""
-
-    def __init__(self, layers: list[nn.Embedding]) -> None:
-        super().__init__()
-        self.stack("weight", [layer.weight for layer in layers])  # (S, rows, cols)
-
-
-class SeedStackedT5Bias(SeedStackedLayer, T5RelativeBias):
-    """T5's bucketed relative bias (Raffel et al. 2019) with a table E_s per seed:
-    bias[s, h, i, j] = E_s[bucket(j - i), h]; (q_len, k_len) -> (S, H, q_len, k_len)."""
-
-    def __init__(self, layers: list[T5RelativeBias]) -> None:
-        first = layers[0]
-        SeedStackedLayer.__init__(self)
-        self.n_heads, self.num_buckets = first.n_heads, first.num_buckets
-        self.max_distance, self.bidirectional = first.max_distance, first.bidirectional
-        self.relative_attention_bias = SeedStackedTable(
-            [layer.relative_attention_bias for layer in layers])  # weight (S, buckets, H)
-        self.register_buffer("buckets", first.buckets.clone(), persistent=False)
-
-    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        buckets = self._bucket_matrix(q_len, k_len)  # (Tq, Tk)
-        values = self.relative_attention_bias.weight[:, buckets]  # (S, Tq, Tk, H)
-        return values.permute(0, 3, 1, 2)  # (S, H, Tq, Tk)
-
-    def unstack(self, s: int) -> T5RelativeBias:
-        layer = T5RelativeBias(self.n_heads, self.num_buckets, self.max_distance,
-                               self.bidirectional)
-        layer.relative_attention_bias.weight = self.relative_attention_bias.seed_parameter(
-            "weight", s)
-        return layer
-
-
-# The single layer classes (exact types: a subclass may change forward) and their stacked forms.
-STACKED_LAYERS: dict[type[nn.Module], type[SeedStackedLayer]] = {
+# torch's leaf classes (exact types: a subclass may change forward) and their stacked forms.
+TORCH_LEAVES: dict[type[nn.Module], type[SeedStackedLayer]] = {
     nn.Linear: SeedStackedLinear,
     nn.Embedding: SeedStackedEmbedding,
     nn.LayerNorm: SeedStackedLayerNorm,
-    LayerNorm: SeedStackedLayerNorm,
-    RMSNorm: SeedStackedRMSNorm,
-    SequenceBatchNorm: SeedStackedBatchNorm,
-    LearnedPositionalEncoding: SeedStackedLearnedPE,
-    T5RelativeBias: SeedStackedT5Bias,
 }
+
+
+def stacked_form(module: nn.Module) -> Callable[[list], SeedStackedLayer] | None:
+    """What turns S copies of ``module`` into one stacked layer: the ``stack_seeds`` its own
+    class declares (not one inherited: a subclass may change ``forward``), or torch's leaf
+    mapping; None when the layer does not stack."""
+    declared = vars(type(module)).get("stack_seeds")
+    if declared is not None:
+        return type(module).stack_seeds
+    return TORCH_LEAVES.get(type(module))

@@ -40,6 +40,20 @@ def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
     return (logits.argmax(dim=-1) == targets)[scored].float().mean().item()
 
 
+def model_auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
+    """The auxiliary loss the model's modules left from the last forward (a Mixture of
+    Experts' load-balancing and z-loss; ``TransformerModel.auxiliary_loss``), or None. It is
+    added to the training loss; the ``loss`` logged stays the cross-entropy."""
+    collect = getattr(model, "auxiliary_loss", None)
+    return collect() if callable(collect) else None
+
+
+def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
+    """Extra ``metrics.csv`` columns about the last forward (e.g. ``moe_expert0_fraction``)."""
+    collect = getattr(model, "auxiliary_metrics", None)
+    return collect() if callable(collect) else {}
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -173,9 +187,10 @@ class Trainer:
             self.model.train()
         with self.autocast:
             loss = sequence_loss(self.model(batch.inputs), batch.targets)
+            auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
         for param in self._params:  # zero_grad(set_to_none=True) without its hooks
             param.grad = None
-        loss.backward()
+        (loss if auxiliary is None else loss + auxiliary).backward()
         grad_norm = clip_gradients(self._params, self._grad_clip)
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
@@ -200,7 +215,8 @@ class Trainer:
         result.train_losses.append(loss)
         result.grad_norms.append(grad_norm)
         self.log({"step": step, "split": "train", "loss": loss, "lr": lr,
-                  "grad_norm": grad_norm, "tokens_per_s": tokens_per_s})
+                  "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
+                  **model_auxiliary_metrics(self.model)})
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             raise Diverged(f"{who}loss became {loss} at step {step} (lr={lr:.3g})")
         if on_step is not None:

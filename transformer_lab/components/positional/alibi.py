@@ -10,13 +10,15 @@ from torch import nn
 ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
 
 
-def alibi_slopes(n_heads: int) -> torch.Tensor:
+def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
     """Per-head ALiBi slopes (Press et al., 2021, arXiv:2108.12409).
 
     For ``n`` a power of two: the geometric sequence ``start^1, ..., start^n`` with
-    ``start = 2^(-8/n)`` (8 heads: 1/2, 1/4, ..., 1/256). Otherwise, with ``p`` the largest
-    power of two below ``n``: the ``p`` slopes of ``p`` heads, then every other slope of the
-    ``2p`` set, ``slopes(2p)[0::2][: n - p]`` (as ``get_slopes`` in the authors' repository).
+    ``start = 2^(-slope_power/n)`` (the paper's ``slope_power`` 8; 8 heads: 1/2, 1/4, ...,
+    1/256). A smaller ``slope_power`` gives steeper slopes (2 heads, power 2: 1/2, 1/4).
+    Otherwise, with ``p`` the largest power of two below ``n``: the ``p`` slopes of ``p`` heads,
+    then every other slope of the ``2p`` set, ``slopes(2p)[0::2][: n - p]`` (as
+    ``get_slopes`` in the authors' repository).
 
     Returns:
         Tensor of shape ``(n_heads,)``, float32, decreasing within each part.
@@ -25,7 +27,7 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
         raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
 
     def power_of_two_slopes(n: int) -> list[float]:
-        start = 2.0 ** (-8.0 / n)
+        start = 2.0 ** (-slope_power / n)
         return [start ** (i + 1) for i in range(n)]
 
     if math.log2(n_heads).is_integer():
@@ -93,7 +95,8 @@ class ALiBiPositionalBias(nn.Module):
                     "layer: NoPE level); two layers get ~0.9 from the edges")
         return None
 
-    def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs") -> None:
+    def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs",
+                 slope_power: float = 8.0) -> None:
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
@@ -107,11 +110,13 @@ class ALiBiPositionalBias(nn.Module):
         self.n_heads = n_heads
         self.causal = causal
         self.symmetric = symmetric
+        self.slope_power = slope_power
         if not causal and symmetric == "split":
             n_left = n_heads // 2
-            slopes = torch.cat([alibi_slopes(n_left), alibi_slopes(n_heads - n_left)])
+            slopes = torch.cat([alibi_slopes(n_left, slope_power),
+                                alibi_slopes(n_heads - n_left, slope_power)])
         else:
-            slopes = alibi_slopes(n_heads)
+            slopes = alibi_slopes(n_heads, slope_power)
         self.register_buffer("slopes", slopes, persistent=False)  # (H,)
         self.register_buffer("cached", torch.empty(n_heads, 0, 0), persistent=False)
 

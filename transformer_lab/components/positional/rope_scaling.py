@@ -10,7 +10,7 @@ import math
 
 import torch
 
-ROPE_SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "dynamic", "yarn")
+ROPE_SCALINGS: tuple[str, ...] = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
 
 
 def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
@@ -52,6 +52,9 @@ def rope_inverse_frequencies(
     seq_len: int | None = None,
     beta_fast: float = 32.0,
     beta_slow: float = 1.0,
+    attention_factor: float | None = None,
+    low_freq_factor: float = 1.0,
+    high_freq_factor: float = 4.0,
 ) -> tuple[torch.Tensor, float]:
     """Inverse frequencies ``theta_i`` for RoPE and the attention (cos/sin) scale.
 
@@ -78,6 +81,9 @@ def rope_inverse_frequencies(
       pairs where ``r = beta_fast`` (rounded down) and ``r = beta_slow`` (rounded up). Both agree
       outside the ramp: ``r > beta_fast`` keeps ``theta_i``, ``r < beta_slow`` gives
       ``theta_i / factor``.
+    * ``llama3``: Llama 3.1 (HF ``_compute_llama3_parameters``): pairs whose wavelength is
+      longer than ``original_max_len / low_freq_factor`` are interpolated (``theta_i / factor``),
+      shorter than ``original_max_len / high_freq_factor`` kept, a smooth blend in between.
     * a plain larger base (10000 -> 500000, LLaMA 3) is no scaling: ``base=500000``.
 
     Args:
@@ -88,6 +94,8 @@ def rope_inverse_frequencies(
         original_max_len: trained context length; required by ``dynamic`` and ``yarn``.
         seq_len: current sequence length (``dynamic`` only).
         beta_fast, beta_slow: YaRN's rotation-count bounds (32 and 1 in the paper).
+        attention_factor: the cos/sin multiplier; None: YaRN's ``0.1 ln(factor) + 1``, else 1.
+        low_freq_factor, high_freq_factor: ``llama3``'s wavelength bounds (1 and 4).
 
     Returns:
         ``(inv_freq, attention_scale)``: ``inv_freq`` has shape ``(head_dim // 2,)``, float32.
@@ -107,7 +115,28 @@ def rope_inverse_frequencies(
             f"head_dim={head_dim} is not valid for scaling={scaling!r}: the NTK exponent "
             f"d/(d-2) needs a rotated dimension of at least 4"
         )
-    if scaling in ("dynamic", "yarn") and (original_max_len is None or original_max_len < 1):
+    if attention_factor is not None and attention_factor <= 0:
+        raise ValueError(f"attention_factor={attention_factor} is not valid; it must be > 0")
+    if beta_fast <= beta_slow or beta_slow <= 0:
+        raise ValueError(f"beta_fast={beta_fast}, beta_slow={beta_slow} are not valid; they must "
+                         f"satisfy beta_fast > beta_slow > 0")
+    if low_freq_factor <= 0 or high_freq_factor <= low_freq_factor:
+        raise ValueError(f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor} "
+                         f"are not valid; they must satisfy high_freq_factor > low_freq_factor > 0")
+    inv_freq, derived_scale = _scaled_inverse_frequencies(
+        d, base, scaling, factor, original_max_len, seq_len, beta_fast, beta_slow,
+        low_freq_factor, high_freq_factor)
+    return inv_freq, derived_scale if attention_factor is None else float(attention_factor)
+
+
+def _scaled_inverse_frequencies(
+    d: int, base: float, scaling: str, factor: float, original_max_len: int | None,
+    seq_len: int | None, beta_fast: float, beta_slow: float, low_freq_factor: float,
+    high_freq_factor: float,
+) -> tuple[torch.Tensor, float]:
+    """``rope_inverse_frequencies`` once its arguments are checked: (inv_freq (d/2,), scale)."""
+    if scaling in ("dynamic", "yarn", "llama3") and (original_max_len is None
+                                                     or original_max_len < 1):
         raise ValueError(
             f"original_max_len={original_max_len} is not valid for scaling={scaling!r}; "
             f"give the trained context length (a positive integer)"
@@ -130,6 +159,10 @@ def rope_inverse_frequencies(
         new_base = base * ((factor * seq_len / original_max_len) - (factor - 1)) ** (d / (d - 2))
         return _default_inv_freq(d, new_base), 1.0
 
+    if scaling == "llama3":
+        return _llama3_inv_freq(_default_inv_freq(d, base), factor, original_max_len,
+                                low_freq_factor, high_freq_factor), 1.0
+
     # yarn
     assert original_max_len is not None
     attention_scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
@@ -142,3 +175,16 @@ def rope_inverse_frequencies(
         + inv_freq_extrapolation * extrapolation_weight
     )
     return inv_freq, attention_scale
+
+
+def _llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_max_len: int,
+                     low_freq_factor: float, high_freq_factor: float) -> torch.Tensor:
+    """Llama 3.1's frequency-dependent interpolation (as HF ``_compute_llama3_parameters``)."""
+    low_freq_wavelen = original_max_len / low_freq_factor
+    high_freq_wavelen = original_max_len / high_freq_factor
+    wavelen = 2 * math.pi / inv_freq  # (d/2,)
+    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+    return torch.where(medium, smoothed, scaled)

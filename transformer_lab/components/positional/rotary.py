@@ -116,6 +116,9 @@ class RotaryPositionalEncoding(nn.Module):
       transformers, so each logit ``q . k`` is multiplied by ``attention_scale^2`` (the paper's
       ``1/t``). For ``dynamic``, the frequencies are recomputed whenever the sequence length
       (largest position + 1) goes past ``original_max_len``, and restored below it.
+      ``llama3``: Llama 3.1's scaling (``low_freq_factor``, ``high_freq_factor``).
+    * ``beta_fast`` / ``beta_slow``: YaRN's ramp bounds; ``attention_factor``: the cos/sin
+      multiplier (None: YaRN's ``0.1 ln(factor) + 1``, 1 for the other scalings).
 
     cos/sin tables are cached (non-persistent buffers, float32) and grown when a larger
     position arrives.
@@ -153,6 +156,11 @@ class RotaryPositionalEncoding(nn.Module):
         scaling: str = "none",
         factor: float = 1.0,
         original_max_len: int | None = None,
+        beta_fast: float = 32.0,
+        beta_slow: float = 1.0,
+        attention_factor: float | None = None,
+        low_freq_factor: float = 1.0,
+        high_freq_factor: float = 4.0,
     ) -> None:
         super().__init__()
         _check_style(style)
@@ -178,6 +186,9 @@ class RotaryPositionalEncoding(nn.Module):
         self.scaling = scaling
         self.factor = float(factor)
         self.original_max_len = original_max_len
+        self.beta_fast, self.beta_slow = float(beta_fast), float(beta_slow)
+        self.attention_factor = attention_factor
+        self.low_freq_factor, self.high_freq_factor = float(low_freq_factor), float(high_freq_factor)
 
         inv_freq, attention_scale = self._frequencies(seq_len=None)  # validates the arguments
         self._inv_freq = inv_freq  # (rot/2,) float32, CPU; kept out of state_dict and .to()
@@ -194,6 +205,11 @@ class RotaryPositionalEncoding(nn.Module):
             factor=self.factor,
             original_max_len=self.original_max_len,
             seq_len=seq_len,
+            beta_fast=self.beta_fast,
+            beta_slow=self.beta_slow,
+            attention_factor=self.attention_factor,
+            low_freq_factor=self.low_freq_factor,
+            high_freq_factor=self.high_freq_factor,
         )
 
     @property

@@ -63,6 +63,7 @@ from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console, print_warning
+from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.extrapolate.plan import Plan, Scaling, make_plan, supports_scaling
@@ -70,6 +71,8 @@ from transformer_lab.routines.extrapolate.tables import (
     EXTRAPOLATION_COLUMNS,
     plot_extrapolation,
     results_table,
+    verdict_lines,
+    with_verdicts,
 )
 from transformer_lab.tasks import Task
 from transformer_lab.training.trainer import Trainer, count_parameters, evaluate_model
@@ -174,8 +177,12 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
             new_rows, params[pe] = _study_one_model(cfg, plan, tasks, pe, seed, device, run,
                                                     table)
             rows.extend(new_rows)
+    rows = with_verdicts(rows)
+    rewrite(table, rows)
     plot_path = plot_extrapolation(rows, run.path / "extrapolation.png", plan.train_len)
     console.print(results_table(rows, f"tlab extrapolate - {run.path}"))
+    for line in verdict_lines(rows) if len(plan.seeds) > 1 else []:
+        console.print(line, highlight=False, markup=False)
     console.print(f"wrote {table.path}" + (f" and {plot_path}" if plot_path else ""))
     ok_rows = [row for row in rows if row["status"] == "ok"]
     train_rows = [row for row in ok_rows if row["eval_len"] == plan.train_len
@@ -192,6 +199,13 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
         },
         message="" if ok_rows else "no evaluation could run; see extrapolation.csv",
     )
+
+
+def rewrite(table: CsvLog, rows: list[dict[str, Any]]) -> None:
+    """Write ``table``'s file again with ``rows`` (its rows were written as they came, without
+    the verdict columns, which need every seed)."""
+    table.close()
+    CsvLog(table.path, table.columns).write_all(rows)
 
 
 def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
@@ -211,8 +225,8 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
                     seq_len=plan.train_len)
     trainer = Trainer(model, train_task, cfg.train, cfg.model.d_model, seed, log)
     try:
-        with console.status(f"extrapolate: training pe={pe} seed={seed} at length "
-                            f"{plan.train_len} ({cfg.train.steps} steps)"):
+        with progress_bar(log, f"extrapolate: training pe={pe} seed={seed} at length "
+                          f"{plan.train_len}", total=int(cfg.train.steps)):
             trainer.fit(int(cfg.train.steps))
     except Diverged as exc:
         rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
@@ -257,8 +271,8 @@ def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, 
                     seq_len=length)
     trainer = Trainer(model, task, train_cfg, cfg.model.d_model, seed, log)
     try:
-        with console.status(f"extrapolate: fine-tuning pe={pe} {scaling.label} at length "
-                            f"{length} ({plan.finetune_steps} steps)"):
+        with progress_bar(log, f"extrapolate: fine-tuning pe={pe} {scaling.label} at "
+                          f"length {length}", total=int(plan.finetune_steps)):
             trainer.fit(plan.finetune_steps)
     except Diverged as exc:
         return f"fine-tuning diverged: {exc}"

@@ -1,6 +1,13 @@
 """The outputs of ``tlab extrapolate`` besides its CSV: curves averaged over seeds, the plot
-(metric against evaluation length) and the terminal table. Rows are those of
-``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`)."""
+(metric against evaluation length), the terminal table and the verdict columns. Rows are those of
+``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`).
+
+Verdicts (``with_verdicts``): at each evaluation length, each curve's held-out loss against its
+baseline curve, paired by seed (``measures.statistics``). A pe's reference curve is its
+``none`` scaling without fine-tuning (else its first curve); a scaled or fine-tuned curve is
+tested against its own pe's reference, a reference against the first pe's. Holm runs over the
+curves that share a baseline. The ``baseline`` column names the curve each row is tested
+against."""
 
 from __future__ import annotations
 
@@ -9,12 +16,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from rich.table import Table
+
+from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
 
 EXTRAPOLATION_COLUMNS = [
     "pe", "scaling", "train_len", "eval_len", "loss", "accuracy", "exact_match", "seed",
     "factor", "base", "length_ratio", "model_seq_len", "finetune_steps", "train_steps",
-    "status", "error",
+    "status", "error", "baseline", "loss_ci_low", "loss_ci_high", *VERDICT_COLUMNS,
 ]
 
 
@@ -86,3 +96,61 @@ def results_table(rows: list[Mapping[str, Any]], title: str) -> Table:
 
 def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.3f}"
+
+
+def baselines(rows: list[Mapping[str, Any]]) -> dict[str, str]:
+    """curve label -> the label of the curve it is tested against (itself for the first pe's
+    reference): see the module docstring."""
+    curves: dict[str, list[str]] = {}  # pe -> its curve labels, in order of appearance
+    for row in rows:
+        labels = curves.setdefault(row["pe"], [])
+        if (label := curve_label(row)) not in labels:
+            labels.append(label)
+
+    def reference(pe: str) -> str:
+        plain = curve_label({"pe": pe, "scaling": "none", "finetune_steps": 0})
+        return plain if plain in curves[pe] else curves[pe][0]
+
+    first = reference(next(iter(curves))) if curves else None
+    return {label: first if label == reference(pe) else reference(pe)
+            for pe, labels in curves.items() for label in labels}
+
+
+def with_verdicts(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """``rows`` with the ``baseline``, ``loss_ci_*`` and verdict columns filled: per evaluation
+    length and baseline, ``verdict_table`` over the seeds' held-out losses (an error row counts
+    as a missing seed)."""
+    out = [dict(row) for row in rows]
+    against = baselines(out)
+    for row in out:
+        row["baseline"] = against[curve_label(row)]
+    for length in dict.fromkeys(row["eval_len"] for row in out):
+        at_length = [row for row in out if row["eval_len"] == length]
+        for baseline in dict.fromkeys(row["baseline"] for row in at_length):
+            family = [row for row in at_length
+                      if row["baseline"] == baseline or curve_label(row) == baseline]
+            frame = pd.DataFrame({
+                "curve": [curve_label(row) for row in family],
+                "seed": [row["seed"] for row in family],
+                "loss": [row.get("loss", math.nan) if row["status"] == "ok" else math.nan
+                         for row in family]})
+            if baseline not in set(frame["curve"]):
+                continue
+            table = verdict_table(frame, "curve", "loss", baseline=baseline)
+            for row, label in zip(family, frame["curve"], strict=True):
+                if row["baseline"] == baseline:  # a reference's own row: from its family
+                    row.update(table.loc[label].to_dict())
+    return out
+
+
+def verdict_lines(rows: list[Mapping[str, Any]]) -> list[str]:
+    """One line per (curve, evaluation length) tested against a baseline (with several seeds)."""
+    seen, lines = set(), []
+    for row in rows:
+        key = (curve_label(row), row["eval_len"])
+        if key in seen or row.get("verdict") in (None, BASELINE) or row["baseline"] == key[0]:
+            continue
+        seen.add(key)
+        lines.append(f"at {row['eval_len']} tokens: "
+                     + describe(key[0], row, row["baseline"], value="loss"))
+    return lines

@@ -1,0 +1,110 @@
+"""A sweep job in a process of its own, so that its death (``kill -9``, the OOM killer, a
+segfault) is one failed job, not a dead launcher worker that takes the whole sweep with it.
+
+In a launcher's worker process (joblib, submitit: any process other than the one that started
+the sweep) each job runs in a forked child; the worker waits for it and, if a signal killed it,
+records the job as ``error`` with the signal in its ``run.json``. Jobs of the basic launcher run
+in the launching process itself, as before.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from transformer_lab.results.run_directory import read_json
+
+LAUNCHER_ENV = "TLAB_LAUNCHER_PID"  # the launching process's pid, set in every sweep job
+
+
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    for handler in logging.root.handlers:
+        try:
+            handler.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
+                 run_dir: Path) -> int:
+    """``execute(cfg, run_dir)`` in a forked child when this is a launcher's worker process;
+    the job's exit code, or ``EXIT_FAILED`` (recorded in ``run.json``) if a signal killed it."""
+    launcher = os.environ.get(LAUNCHER_ENV)
+    if not hasattr(os, "fork") or launcher in (None, str(os.getpid())):
+        return execute(cfg, run_dir)
+    _flush()
+    pid = os.fork()
+    if pid == 0:  # the child: run the job, never return into the launcher's code
+        code = EXIT_FAILED
+        try:
+            code = execute(cfg, run_dir)
+        except KeyboardInterrupt:
+            code = EXIT_INTERRUPTED
+        except BaseException:  # noqa: BLE001 - execute records its own errors
+            code = EXIT_FAILED
+        finally:
+            _flush()
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    if os.WIFEXITED(status):
+        return os.WEXITSTATUS(status)
+    record_dead_job(run_dir, os.WTERMSIG(status), pid)
+    return EXIT_FAILED
+
+
+def signal_reason(signum: int, pid: int) -> str:
+    """"the job's process (pid 12) was killed by SIGKILL (signal 9; ...)"."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    hint = {signal.SIGKILL: "; out of memory, or kill -9",
+            signal.SIGSEGV: "; a crash in native code"}.get(signum, "")
+    return f"the job's process (pid {pid}) was killed by {name} (signal {signum}{hint})"
+
+
+def record_dead_job(run_dir: Path, signum: int, pid: int) -> None:
+    """Mark the run in ``run_dir`` ``error`` with the signal that killed it (``run.json`` made
+    if the job died before writing one)."""
+    from transformer_lab.results.console import print_error
+
+    reason = signal_reason(signum, pid)
+    print_error(f"{run_dir.name}: {reason}")
+    info = read_json(run_dir / "run.json")
+    info.update(status="error", error=reason, exit_code=EXIT_FAILED, signal=signum,
+                end_time=datetime.now(timezone.utc).isoformat())
+    info.setdefault("pid", pid)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "run.json").write_text(json.dumps(info, indent=2, default=str))
+    except OSError as exc:
+        print_error(f"{run_dir}: could not record it ({exc.strerror or exc})")
+
+
+def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
+    """``.hydra/{config,hydra,overrides}.yaml`` of a job that runs again in a resumed sweep
+    (which runs with ``hydra.output_subdir=null``, so that Hydra writes nothing into the folders
+    of jobs that are skipped or kept)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    hydra_cfg = HydraConfig.get()
+    target = run_dir / ".hydra"
+    target.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(cfg, target / "config.yaml")
+    OmegaConf.save(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)}),
+                   target / "hydra.yaml")
+    OmegaConf.save(hydra_cfg.overrides.task, target / "overrides.yaml")

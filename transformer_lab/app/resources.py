@@ -1,0 +1,153 @@
+"""Will the run fit? A pre-flight estimate of the memory a run needs, from the budget formulas
+(:mod:`transformer_lab.measures.parameters`), against the memory available (``/proc/meminfo``
+or ``os.sysconf``; the GPU's free memory on CUDA). A run that cannot fit is refused with the
+numbers (exit code 2) before anything is allocated; ``force=true`` (``--force``) runs it anyway.
+
+    model state      16 bytes per parameter (fp32 weights, gradients, Adam's two moments)
+    activations      ``layer_activation_terms`` per layer at the training batch and length,
+                     plus logits (and their softmax and gradient) at the vocabulary size
+    evaluation       the held-out batch's largest layer, without gradients
+    Python objects   about 256 KB per model (a tiny module alone measures 60 KB)
+
+times the models trained at once (``routine.seeds``, and the NoPE control beside a reverse run).
+The estimate is rough on purpose: it refuses what cannot fit, not what is merely close.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.errors import ConfigError
+
+BYTES_PER_PARAMETER = 16
+OBJECT_BYTES_PER_MODEL = 256 * 1024
+_GB = 1024**3
+
+
+def available_memory_bytes() -> int | None:
+    """``MemAvailable`` of ``/proc/meminfo``; else free pages (``os.sysconf``); None if unknown."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
+    value = OmegaConf.select(cfg, key, default=default)
+    return default if value is None else value
+
+
+def _parameters(cfg: DictConfig) -> int:
+    """The model's parameters by formula; a rough count where a component declares none."""
+    from transformer_lab.measures.parameters import parameter_breakdown
+
+    try:
+        total = parameter_breakdown(cfg)["total"]
+    except Exception:  # a user's own component that declares nothing usable
+        total = None
+    if total is not None:
+        return int(total)
+    m = cfg.model
+    return int(m.n_layers * (4 * m.d_model**2 + 3 * m.d_model * m.d_ff)
+               + 2 * m.vocab_size * m.d_model)
+
+
+def _layer_bytes(cfg: DictConfig, batch: int, seq_len: int) -> int:
+    from transformer_lab.measures.parameters import layer_activation_terms
+
+    try:
+        terms = layer_activation_terms(cfg, batch, seq_len, 4)
+    except Exception:
+        terms = None
+    if terms is None:
+        d, f = cfg.model.d_model, cfg.model.d_ff
+        return batch * seq_len * 4 * (9 * d + 3 * f)
+    return int(sum(terms.values()))
+
+
+def _lengths(cfg: DictConfig, task: Any) -> tuple[int, int]:
+    """(training length, longest evaluation length) of the run's models."""
+    train_len = int(getattr(task, "model_seq_len", None) or _get(cfg, "task.seq_len", 1))
+    if cfg.routine.name != "extrapolate":
+        return train_len, train_len
+    from transformer_lab.routines.extrapolate.plan import parse_eval_length
+
+    base = int(_get(cfg, "routine.train_len", 0) or _get(cfg, "task.seq_len", train_len))
+    entries = _get(cfg, "routine.eval_lens", [])
+    longest = max((parse_eval_length(e, base) for e in entries), default=base)
+    factor = max(1, train_len // max(base, 1))  # decoders see source SEP target
+    return train_len, max(train_len, longest * factor)
+
+
+def models_of(cfg: DictConfig) -> int:
+    """Models trained at once: ``routine.seeds``, twice that beside a NoPE control."""
+    models = int(_get(cfg, "routine.seeds", 1))
+    if cfg.routine.name in ("reverse", "validate") and _get(cfg, "routine.control", False) is True:
+        models *= 2
+    return models
+
+
+def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:
+    """Bytes the run needs, by part (``total`` included); ``cfg.model.vocab_size`` filled in."""
+    routine = cfg.routine
+    models = models_of(cfg)
+    batch = int(_get(cfg, "routine.batch_size", 0) if routine.name == "smoke"
+                else _get(cfg, "train.batch_size", 1))
+    train_len, eval_len = _lengths(cfg, task)
+    params = _parameters(cfg)
+    vocab, n_layers = int(cfg.model.vocab_size), int(cfg.model.n_layers)
+    eval_size = int(_get(cfg, "task.eval_size", batch))
+    parts = {
+        "parameters": params,
+        "model_state": models * params * BYTES_PER_PARAMETER,
+        "activations": models * (n_layers * _layer_bytes(cfg, batch, train_len)
+                                 + 3 * batch * train_len * vocab * 4),
+        "evaluation": _layer_bytes(cfg, eval_size, eval_len) + eval_size * eval_len * vocab * 4,
+        "python_objects": models * OBJECT_BYTES_PER_MODEL,
+    }
+    parts["total"] = sum(v for k, v in parts.items() if k != "parameters")
+    return parts
+
+
+def _gb(n: float) -> str:
+    if n >= 1e5 * _GB:
+        return f"{n / _GB:.2e} GB"
+    return f"{n / _GB:.1f} GB" if n >= 0.1 * _GB else f"{n / 1024**2:.0f} MB"
+
+
+def _count(n: int) -> str:
+    return f"{n:,}" if n < 10**13 else f"{n:.2e}"
+
+
+def check_resources(cfg: DictConfig, task: Any) -> None:
+    """Raise ``ConfigError`` with the numbers when the run cannot fit in memory (RAM, and the
+    GPU's free memory on CUDA), unless ``force`` is true."""
+    if _get(cfg, "force", False) is True:
+        return
+    parts = estimate(cfg, task)
+    device = str(_get(cfg, "train.device", "cpu"))
+    if device.startswith("cuda"):
+        import torch
+
+        free, _ = torch.cuda.mem_get_info(torch.device(device))
+        where, available = f"free on {device}", int(free)
+    else:
+        where, available = "available", available_memory_bytes()
+    if available is None or parts["total"] <= 0.9 * available:
+        return
+    activations = parts["activations"] + parts["evaluation"] + parts["python_objects"]
+    raise ConfigError(
+        f"this run needs about {_gb(parts['total'])} of memory but {_gb(available)} is {where} "
+        f"({_count(parts['parameters'])} parameters x {models_of(cfg)} models: "
+        f"{_gb(parts['model_state'])} weights, gradients and Adam state; activations "
+        f"{_gb(activations)}); make it smaller or run anyway with --force")

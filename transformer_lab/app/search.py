@@ -1,0 +1,123 @@
+"""Hyper-parameter search with Optuna's Hydra sweeper (``hydra/sweeper=optuna``, extra ``optuna``).
+
+    tlab reverse-task -m hydra/sweeper=optuna hydra.sweeper.n_trials=20 \\
+        'train.lr=interval(1e-4,1e-2)' 'model.d_model=choice(8,16,32)'
+
+What tlab adds to the stock sweeper (``sweeper_overrides``, unless given on the command line):
+the study is ``optuna.db`` (SQLite) in the sweep directory, named ``tlab``; the direction is the
+routine's (``routines/objective.py``); a failed job is a failed trial and the search goes on
+(``max_failure_rate=1``); trials run one at a time (``n_jobs=1``) unless asked otherwise. Each job
+returns its routine's objective (``trial_value``) to the sweeper.
+
+``--resume DIR`` continues the study (``continued_study``): the trials already in ``optuna.db``
+count towards ``n_trials`` (so an interrupted 20-trial search runs the ones missing, and
+``--resume DIR hydra.sweeper.n_trials=30`` adds ten), and new trials get job folders after the
+existing ones. ``tlab report DIR`` lists the trials and the best parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.results.run_directory import read_json
+from transformer_lab.routines.objective import require_objective
+
+__all__ = ["require_objective", "sweeper_overrides", "trial_value", "uses_optuna"]
+
+STUDY_FILE = "optuna.db"
+STUDY_NAME = "tlab"
+
+
+def uses_optuna(overrides: list[str]) -> bool:
+    """True when the overrides choose Optuna's sweeper."""
+    return any(o.split("=", 1)[0].lstrip("+") == "hydra/sweeper" and o.endswith("=optuna")
+               for o in overrides)
+
+
+def study_storage(sweep_dir: Path) -> str:
+    return f"sqlite:///{sweep_dir.resolve() / STUDY_FILE}"
+
+
+def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
+    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring); the
+    sweep directory is created so that the study file can be opened there."""
+    from transformer_lab.app.sweeps import quote_value
+    objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
+    wanted = {"hydra.sweeper.storage": quote_value(study_storage(sweep_dir)),
+              "hydra.sweeper.study_name": STUDY_NAME,
+              "hydra.sweeper.direction": objective.direction,
+              "hydra.sweeper.max_failure_rate": "1.0",
+              "hydra.sweeper.n_jobs": "1"}
+    return [f"{key}={value}" for key, value in wanted.items() if key not in given]
+
+
+def uses_optuna_sweeper(hydra_cfg: Any) -> bool:
+    """True inside a job launched by Optuna's sweeper (``HydraConfig.get()``)."""
+    return "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower()
+
+
+def trial_value(run_dir: Path) -> float:
+    """The objective recorded in ``run_dir/run.json``; NaN (a failed trial) when the run
+    errored, diverged or recorded none."""
+    info = read_json(run_dir / "run.json")
+    objective = info.get("objective") or {}
+    if info.get("status") not in ("passed", "failed") or objective.get("value") is None:
+        return math.nan
+    value = float(objective["value"])
+    return value if math.isfinite(value) else math.nan
+
+
+@contextmanager
+def continued_study() -> Iterator[None]:
+    """While a sweep runs: Optuna's sweeper continues the study already in its storage (the
+    stock sweeper would run ``n_trials`` more and number the jobs from 0 again). Patches the
+    sweeper's ``setup`` for this block only; the sweeper runs in this (the launching) process."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+
+    original = OptunaSweeperImpl.setup
+
+    def setup(self: Any, **kwargs: Any) -> None:
+        original(self, **kwargs)
+        # as Hydra's basic sweeper does: --resume and trackers read the sweep from it
+        sweep_dir = Path(str(self.config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
+        if self.storage is None or self.study_name is None:
+            return
+        finished, started = study_counts(str(self.storage), str(self.study_name))
+        self.job_idx = started  # new trials' job folders come after the existing ones
+        self.n_trials = max(0, int(self.n_trials) - finished)
+
+    OptunaSweeperImpl.setup = setup
+    try:
+        yield
+    finally:
+        OptunaSweeperImpl.setup = original
+
+
+def study_counts(storage: str, study_name: str) -> tuple[int, int]:
+    """(finished trials, all trials) of a stored study; (0, 0) if there is none yet. Trials
+    left running by an interrupted sweep are marked failed (they will not finish)."""
+    import optuna
+    from optuna.trial import TrialState
+
+    if storage.startswith("sqlite:///") and not Path(storage[len("sqlite:///"):]).exists():
+        return 0, 0
+    try:
+        study = optuna.load_study(study_name=study_name, storage=storage)
+    except KeyError:
+        return 0, 0
+    trials = study.get_trials(deepcopy=False)
+    for trial in trials:
+        if trial.state == TrialState.RUNNING:
+            study._storage.set_trial_state(trial._trial_id, TrialState.FAIL)
+    finished = sum(1 for t in trials if t.state != TrialState.WAITING)
+    return finished, len(trials)

@@ -1,0 +1,193 @@
+"""Mixture-of-Experts feed-forward layer: a router sends each token to ``top_k`` of
+``n_experts`` FFNs and adds their outputs, weighted by the router's probabilities.
+
+Shazeer et al. 2017 (arXiv 1701.06538), Switch Transformer (Fedus et al. 2021, arXiv 2101.03961),
+Mixtral (Jiang et al. 2024, arXiv 2401.04088). For a token x with router logits l = x W_r (E,):
+
+    softmax_then_topk (Mixtral, Switch):  p = softmax(l); keep the top_k p_i;
+                                          with ``normalize_topk`` divide them by their sum
+    topk_then_softmax:                    keep the top_k l_i; softmax over those k
+    y = sum_{i in top_k} w_i * expert_i(x)
+
+(``softmax_then_topk`` with ``normalize_topk`` and ``topk_then_softmax`` are the same function,
+computed in a different order; without ``normalize_topk`` the weights sum to less than 1.)
+
+Auxiliary losses, left on the module after each forward as ``aux_loss`` (already weighted) for
+the trainer to add (``TransformerModel.auxiliary_loss``):
+
+    load balance (Switch eq. 4, as HF Mixtral):  coef * E * sum_i F_i P_i,
+        F_i = fraction of tokens with expert i among their top_k, P_i = mean router probability
+    router z-loss (ST-MoE, Zoph et al. 2022, arXiv 2202.08906):  coef_z * mean(logsumexp(l)^2)
+
+``aux_metrics`` holds each expert's share of the token assignments (they sum to 1), which the
+trainer logs to ``metrics.csv`` as ``moe_expert{i}_fraction``.
+
+Parameters: D E (router, no bias) + E * expert parameters; per token only the router and
+``top_k`` experts are active. Shapes: x (B, T, D) -> (B, T, D).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_lab.components.feedforward import ACTIVATIONS, FeedForward, GatedFeedForward
+
+ROUTERS: tuple[str, ...] = ("softmax_then_topk", "topk_then_softmax")
+#: gated experts by name, with their activation; every name in ``ACTIVATIONS`` is a plain FFN
+GATED_EXPERTS: dict[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
+
+
+def expert_names() -> tuple[str, ...]:
+    """Every built-in FFN an expert can be (the ``ffn`` group's names)."""
+    return tuple(sorted(set(ACTIVATIONS) | set(GATED_EXPERTS)))
+
+
+def expert_class(expert: str) -> type[nn.Module]:
+    """``GatedFeedForward`` for the GLU family, ``FeedForward`` otherwise."""
+    if expert not in expert_names():
+        raise ValueError(f"expert={expert!r} is not a built-in FFN; valid: "
+                         f"{', '.join(expert_names())}")
+    return GatedFeedForward if expert in GATED_EXPERTS else FeedForward
+
+
+def make_expert(expert: str, d_model: int, d_ff: int, bias: bool, dropout: float,
+                init_std: float, match_params: bool) -> nn.Module:
+    """One expert FFN called ``expert`` (an ``ffn`` choice: gelu, relu, swiglu, ...)."""
+    if expert_class(expert) is GatedFeedForward:
+        return GatedFeedForward(d_model, d_ff, GATED_EXPERTS[expert], bias, dropout, init_std,
+                                match_params)
+    return FeedForward(d_model, d_ff, expert, bias, dropout, init_std)
+
+
+def _expert_arguments(d_model: int, d_ff: int, expert: str, bias: bool,
+                      match_params: bool) -> dict:
+    arguments = {"d_model": d_model, "d_ff": d_ff, "bias": bias}
+    if expert_class(expert) is GatedFeedForward:
+        arguments["match_params"] = match_params
+    return arguments
+
+
+class MoEFeedForward(nn.Module):
+    """Top-k routed experts with Switch load-balancing and optional router z-loss."""
+
+    # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
+    #: why several seeds train one after another: the routing leaves an auxiliary loss and
+    #: expert fractions on the module after each forward, which vmap cannot give each seed
+    seeds_one_after_another = ("ffn=moe leaves an auxiliary loss on the module after each "
+                               "forward (module state)")
+
+    @classmethod
+    def count_parameters(cls, d_model: int, d_ff: int, n_experts: int = 8,
+                         expert: str = "swiglu", bias: bool = True,
+                         match_params: bool = False) -> int:
+        """``D E`` (router) + ``E`` times the expert's own ``count_parameters``."""
+        one = expert_class(expert).count_parameters(
+            **_expert_arguments(d_model, d_ff, expert, bias, match_params))
+        return d_model * n_experts + n_experts * one
+
+    @classmethod
+    def active_parameters(cls, d_model: int, d_ff: int, n_experts: int = 8, top_k: int = 2,
+                          expert: str = "swiglu", bias: bool = True,
+                          match_params: bool = False) -> int:
+        """Parameters one token uses: the router and ``top_k`` experts."""
+        one = expert_class(expert).count_parameters(
+            **_expert_arguments(d_model, d_ff, expert, bias, match_params))
+        return d_model * n_experts + top_k * one
+
+    @classmethod
+    def hidden_size(cls, d_ff: int, top_k: int = 2, expert: str = "swiglu",
+                    match_params: bool = False) -> int:
+        """Hidden activation width per token: ``top_k`` experts' hidden sizes."""
+        if expert_class(expert) is GatedFeedForward:
+            return top_k * GatedFeedForward.hidden_size(d_ff, match_params)
+        return top_k * d_ff
+
+    @classmethod
+    def weight_matrices(cls, expert: str = "swiglu") -> int:
+        """Matrices of one expert that multiply activations (2; gated 3)."""
+        return expert_class(expert).weight_matrices
+
+    @classmethod
+    def routing_weights(cls, d_model: int, n_experts: int = 8) -> int:
+        """Router weights that multiply every token (``D E``): part of N in the 6N rule."""
+        return d_model * n_experts
+
+    def __init__(
+        self,
+        d_model: int,
+        d_ff: int,
+        n_experts: int = 8,
+        top_k: int = 2,
+        expert: str = "swiglu",
+        router: str = "softmax_then_topk",
+        normalize_topk: bool = True,
+        load_balance_coef: float = 0.01,
+        z_loss_coef: float = 0.0,
+        bias: bool = True,
+        dropout: float = 0.0,
+        init_std: float = 0.02,
+        match_params: bool = False,
+    ) -> None:
+        super().__init__()
+        if router not in ROUTERS:
+            raise ValueError(f"router={router!r} is not valid; choose one of {', '.join(ROUTERS)}")
+        if not 1 <= top_k <= n_experts:
+            raise ValueError(f"top_k={top_k} is not valid; it must be in [1, n_experts="
+                             f"{n_experts}]")
+        self.n_experts, self.top_k = n_experts, top_k
+        self.router, self.normalize_topk = router, normalize_topk
+        self.load_balance_coef, self.z_loss_coef = load_balance_coef, z_loss_coef
+        self.gate = nn.Linear(d_model, n_experts, bias=False)  # the router (HF Mixtral: gate)
+        nn.init.normal_(self.gate.weight, mean=0.0, std=init_std)
+        self.experts = nn.ModuleList(
+            make_expert(expert, d_model, d_ff, bias, dropout, init_std, match_params)
+            for _ in range(n_experts))
+        self.aux_loss: torch.Tensor | None = None
+        self.aux_metrics: dict[str, torch.Tensor] = {}
+
+    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits (N, E) -> weights (N, k) in the input dtype, chosen experts (N, k)."""
+        if self.router == "topk_then_softmax":
+            top_logits, chosen = logits.topk(self.top_k, dim=-1)  # (N, k)
+            weights = top_logits.float().softmax(dim=-1)
+        else:
+            probs = logits.float().softmax(dim=-1)  # (N, E)
+            weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
+            if self.normalize_topk:
+                weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(logits.dtype), chosen
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, d_model = x.shape
+        flat = x.reshape(-1, d_model)  # (N, D), N = B T
+        logits = self.gate(flat)  # (N, E)
+        weights, chosen = self.route(logits)  # (N, k), (N, k)
+        out = torch.zeros_like(flat)  # (N, D)
+        for index, expert in enumerate(self.experts):
+            token, slot = (chosen == index).nonzero(as_tuple=True)  # tokens routed here
+            if token.numel() == 0:
+                continue
+            y = expert(flat[token]) * weights[token, slot, None]  # (N_i, D)
+            out.index_add_(0, token, y.to(out.dtype))
+        self._auxiliary(logits, chosen)
+        return out.view(batch, seq, d_model)
+
+    def _auxiliary(self, logits: torch.Tensor, chosen: torch.Tensor) -> None:
+        """Set ``aux_loss`` (weighted load-balance + z-loss) and ``aux_metrics``."""
+        probs = logits.float().softmax(dim=-1)  # (N, E)
+        assigned = F.one_hot(chosen, self.n_experts).float().sum(dim=1)  # (N, E) 0/1
+        tokens_per_expert = assigned.mean(dim=0)  # (E,) F_i, sums to top_k
+        loss = self.load_balance_coef * self.n_experts * (tokens_per_expert
+                                                          * probs.mean(dim=0)).sum()
+        if self.z_loss_coef:
+            loss = loss + self.z_loss_coef * logits.float().logsumexp(dim=-1).square().mean()
+        self.aux_loss = loss
+        fractions = (tokens_per_expert / self.top_k).detach()  # (E,) sums to 1
+        self.aux_metrics = {f"moe_expert{i}_fraction": fractions[i]
+                            for i in range(self.n_experts)}
+
+    def extra_repr(self) -> str:
+        return (f"n_experts={self.n_experts}, top_k={self.top_k}, router={self.router!r}, "
+                f"load_balance_coef={self.load_balance_coef}, z_loss_coef={self.z_loss_coef}")

@@ -1,0 +1,238 @@
+"""The typed schema of tlab's config, in one place: every key with its type, range and whether a
+run needs it. :func:`check_schema` runs in pre-flight (``app.validation.validate_config``) on the
+composed config, before anything is built or written; a violation is one ``ConfigError`` line
+(exit code 2) naming the key, the value given and what is valid.
+
+A key of the table that the config does not have is only an error when it is ``required`` (e.g.
+``~train.lr`` or ``~model``); keys the table does not list (a user's own component's arguments)
+are left to the component's own checks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from transformer_lab.errors import ConfigError
+
+_ABSENT = object()
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one key may hold. ``kind``: int, number, bool, str, list or embed_scale (sqrt, none
+    or a number); ``low``/``high`` bound numbers (``open_low``/``open_high``: strictly);
+    ``choices`` for strings; ``item``: the rule of a list's items; ``min_items`` for lists."""
+
+    kind: str
+    low: float | None = None
+    high: float | None = None
+    open_low: bool = False
+    open_high: bool = False
+    nullable: bool = False
+    required: bool = False
+    choices: tuple[str, ...] = ()
+    item: Rule | None = None
+    min_items: int = 0
+
+    def describe(self) -> str:
+        """What is valid, in words (the end of the one-line message)."""
+        if self.kind == "list":
+            items = self.item.describe() if self.item else "values"
+            text = f"a non-empty list of {items}" if self.min_items else f"a list of {items}"
+        elif self.kind == "embed_scale":
+            text = "sqrt, none or a positive number"
+        elif self.kind == "bool":
+            text = "true or false"
+        elif self.kind == "str":
+            text = ("one of " + ", ".join(self.choices)) if self.choices else "a string"
+        elif self.kind in ("int", "number") and self.low == 1 and self.kind == "int" \
+                and self.high is None:
+            text = "a positive number (an integer)"
+        elif self.kind == "number" and self.low == 0 and self.open_low and self.high is None:
+            text = "a positive number"
+        else:
+            what = "an integer" if self.kind == "int" else "a number"
+            text = what + _range_text(self)
+        return text + (" or null" if self.nullable else "")
+
+
+def _range_text(rule: Rule) -> str:
+    def fmt(x: float) -> str:
+        return f"{x:g}"
+
+    if rule.low is not None and rule.high is not None:
+        left, right = "(" if rule.open_low else "[", ")" if rule.open_high else "]"
+        return f" in {left}{fmt(rule.low)}, {fmt(rule.high)}{right}"
+    if rule.low is not None:
+        return f" {'>' if rule.open_low else '>='} {fmt(rule.low)}"
+    if rule.high is not None:
+        return f" {'<' if rule.open_high else '<='} {fmt(rule.high)}"
+    return ""
+
+
+def _int(low: float | None = None, **kw: Any) -> Rule:
+    return Rule("int", low=low, **kw)
+
+
+def _num(low: float | None = None, high: float | None = None, **kw: Any) -> Rule:
+    return Rule("number", low=low, high=high, **kw)
+
+
+POSITIVE_INT = _int(1)
+COUNT = _int(0)                               # 0, 1, 2, ...
+POSITIVE = _num(0, open_low=True)
+PROBABILITY = _num(0, 1, open_high=True)      # dropout rates
+FRACTION = _num(0, 1, open_low=True, open_high=True)
+
+SCHEMA: dict[str, Rule] = {
+    "seed": _int(0, required=True),
+    "out_root": Rule("str", required=True),
+    "force": Rule("bool"),
+    # model
+    "model.d_model": _int(1, required=True), "model.n_heads": _int(1, required=True),
+    "model.n_layers": _int(1, required=True), "model.d_ff": _int(1, required=True),
+    "model.vocab_size": _int(2, nullable=True), "model.max_len": _int(1, required=True),
+    "model.attn_bias": Rule("bool"), "model.ffn_bias": Rule("bool"),
+    "model.gated_match_params": Rule("bool"),
+    "model.embed_scale": Rule("embed_scale", nullable=True),
+    "model.pe_scale": _num(0), "model.residual_scale": POSITIVE, "model.init_std": POSITIVE,
+    # knobs of real architectures (GQA, head size, logit scale, biases, tying, parallel block)
+    "model.n_kv_heads": _int(1, nullable=True), "model.head_dim": _int(1, nullable=True),
+    "model.attn_scale": _num(0, open_low=True, nullable=True),
+    "model.qkv_bias": Rule("bool", nullable=True), "model.out_bias": Rule("bool", nullable=True),
+    "model.tie_embeddings": Rule("bool"), "model.embed_norm": Rule("bool"),
+    "model.parallel_block": Rule("bool"),
+    **{f"model.dropout.{k}": PROBABILITY for k in ("embedding", "attention", "ffn", "residual")},
+    # train
+    "train.steps": _int(1, required=True), "train.batch_size": _int(1, required=True),
+    "train.lr": _num(0, open_low=True, required=True), "train.schedule": Rule("str", required=True),
+    "train.warmup": COUNT, "train.noam_factor": POSITIVE, "train.min_lr_ratio": _num(0, 1),
+    "train.weight_decay": _num(0), "train.grad_clip": _num(0, open_low=True, nullable=True),
+    "train.betas": Rule("list", item=PROBABILITY, min_items=2),
+    "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
+    "train.device": Rule("str", required=True), "train.precision": Rule("str", required=True),
+    # the groups every run needs
+    "arch.causal": Rule("bool", required=True),
+    "task.name": Rule("str", required=True), "task._target_": Rule("str", required=True),
+    "pe._target_": Rule("str", required=True), "block._target_": Rule("str", required=True),
+    "ffn._target_": Rule("str", required=True), "norm_layer._target_": Rule("str", required=True),
+    # task
+    "task.seq_len": POSITIVE_INT, "task.vocab_size": _int(2), "task.eval_size": POSITIVE_INT,
+    "task.holdout_mod": POSITIVE_INT, "task.data_seed": COUNT, "task.branching": POSITIVE_INT,
+    "task.n_chains": POSITIVE_INT, "task.chain_len": _int(2), "task.eval_fraction": FRACTION,
+    "task.path": Rule("str", nullable=True), "task.corpus": Rule("str", nullable=True),
+    "task.url": Rule("str", nullable=True),
+    "task.tokenizer": Rule("str", choices=("char", "byte", "bpe")),
+    "task.bpe_vocab_size": _int(257),
+    # positional encodings
+    "pe.base": POSITIVE, "pe.rotary_fraction": _num(0, 1, open_low=True),
+    "pe.factor": POSITIVE, "pe.original_max_len": _int(1, nullable=True),
+    "pe.num_buckets": POSITIVE_INT, "pe.max_distance": POSITIVE_INT,
+    "pe.beta_fast": POSITIVE, "pe.beta_slow": POSITIVE,
+    "pe.attention_factor": _num(0, open_low=True, nullable=True),
+    "pe.low_freq_factor": POSITIVE, "pe.high_freq_factor": POSITIVE,
+    # Mixture of Experts (ffn=moe)
+    "ffn.n_experts": POSITIVE_INT, "ffn.top_k": POSITIVE_INT,
+    "ffn.expert": Rule("str", choices=("gelu", "gelu_tanh", "geglu", "leaky_relu", "reglu",
+                                       "relu", "silu", "swiglu", "swish")),
+    "ffn.router": Rule("str", choices=("softmax_then_topk", "topk_then_softmax")),
+    "ffn.normalize_topk": Rule("bool"),
+    "ffn.load_balance_coef": _num(0), "ffn.z_loss_coef": _num(0),
+    # routines (each experiment has some of these)
+    "routine.name": Rule("str", required=True),
+    "routine.steps": POSITIVE_INT, "routine.seeds": POSITIVE_INT,
+    "routine.batch_size": POSITIVE_INT, "routine.n_batches": POSITIVE_INT,
+    "routine.seq_len": POSITIVE_INT, "routine.vocab_size": POSITIVE_INT,
+    "routine.max_len": _int(1, nullable=True), "routine.measure_batch": POSITIVE_INT,
+    "routine.train_steps": POSITIVE_INT, "routine.max_steps": POSITIVE_INT,
+    "routine.min_drop": _num(), "routine.target": _num(0, 1, open_low=True),
+    "routine.control": Rule("bool"), "routine.measure": Rule("bool"),
+    "routine.trained": Rule("bool"), "routine.loss_target": _num(nullable=True),
+    "routine.activations": Rule("list", item=Rule("str"), min_items=1),
+    "routine.train_len": _int(1, nullable=True),
+    "routine.eval_lens": Rule("list", min_items=1),
+    "routine.scalings": Rule("list", min_items=1),
+    "routine.finetune_steps": COUNT, "routine.finetune_lr": _num(0, open_low=True, nullable=True),
+    "routine.dims": Rule("list", item=COUNT, min_items=1),
+    "routine.rope_bases": Rule("list", item=POSITIVE),
+    "routine.dtype": Rule("str", choices=("fp32", "bf16", "fp16")),
+}
+
+# The config groups, for the message when a whole group is deleted (~model).
+GROUPS = ("model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train")
+
+
+def _value(cfg: DictConfig, key: str) -> Any:
+    """The value at ``key`` (interpolations resolved); ``_ABSENT`` if the key is not there or
+    is ``???``."""
+    parent_key, _, leaf = key.rpartition(".")
+    parent = OmegaConf.select(cfg, parent_key, default=_ABSENT) if parent_key else cfg
+    if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_missing(parent,
+                                                                                       leaf):
+        return _ABSENT
+    try:
+        value = parent[leaf]
+    except Exception as exc:  # an interpolation that cannot be resolved
+        message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{key} cannot be resolved: {message}") from None
+    if isinstance(value, ListConfig):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _fits(rule: Rule, value: Any) -> bool:
+    """True if ``value`` satisfies ``rule`` (null handled by the caller)."""
+    if rule.kind == "bool":
+        return isinstance(value, bool)
+    if rule.kind == "str":
+        return isinstance(value, str) and (not rule.choices or value in rule.choices)
+    if rule.kind == "embed_scale":
+        return value in ("sqrt", "none") or (_is_number(value) and math.isfinite(value)
+                                             and value > 0)
+    if rule.kind == "list":
+        if not isinstance(value, list) or len(value) < rule.min_items:
+            return False
+        return rule.item is None or all(_fits(rule.item, v) for v in value)
+    if rule.kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
+        return False
+    if not _is_number(value) or not math.isfinite(value):
+        return False
+    if rule.low is not None and (value <= rule.low if rule.open_low else value < rule.low):
+        return False
+    return rule.high is None or (value < rule.high if rule.open_high else value <= rule.high)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ",".join(_shown(v) for v in value) + "]"
+    return "null" if value is None else str(value)
+
+
+def check_schema(cfg: DictConfig) -> None:
+    """Raise ``ConfigError`` (one line) for the first key of ``cfg`` whose value breaks the
+    schema: wrong type, out of range, or a required key (or group) that is missing."""
+    for group in GROUPS:
+        if OmegaConf.select(cfg, group, default=_ABSENT) is _ABSENT:
+            raise ConfigError(f"the config group '{group}' is required and cannot be deleted "
+                              f"(~{group}); choose one with {group}=... (tlab list)")
+    for key, rule in SCHEMA.items():
+        value = _value(cfg, key)
+        if value is _ABSENT:
+            if rule.required:
+                raise ConfigError(f"{key} is required and cannot be deleted (~{key}); set it "
+                                  f"instead: {key}=<{rule.describe()}>")
+            continue
+        if value is None and rule.nullable:
+            continue
+        if value is None or not _fits(rule, value):
+            raise ConfigError(f"{key}={_shown(value)} is not valid; it must be {rule.describe()}")

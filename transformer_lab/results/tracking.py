@@ -1,0 +1,202 @@
+"""Experiment trackers beside the CSV files: ``logger=csv|tensorboard|mlflow``.
+
+``csv`` (the default) is the run directory's own files and nothing else. ``tensorboard`` also
+writes event files into the run directory (``tensorboard --logdir outputs``). ``mlflow`` logs to
+``logger.tracking_uri`` (default ``outputs/mlruns``, a local store): the flattened config as
+params, every metrics row as metrics, the CSV/PNG/YAML/JSON files as artifacts; one MLflow run
+per run directory, and the jobs of a sweep in one MLflow experiment named after the sweep.
+
+A tracker never costs the CSV files: rows are written to CSV first, and a tracker that raises is
+switched off for the rest of the run with one warning (``SafeTracker``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from omegaconf import DictConfig, OmegaConf
+
+METRIC_KEYS = ("loss", "accuracy", "exact_match", "lr", "grad_norm", "tokens_per_s")
+ARTIFACT_PATTERNS = ("*.csv", "*.png", "config.yaml", "run.json")
+
+
+class Tracker(Protocol):
+    def log_row(self, row: Mapping[str, Any]) -> None: ...
+    def finish(self, run_dir: Path, status: str) -> None: ...
+
+
+def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"d_model": 8}}`` -> ``{"model.d_model": 8}`` (lists kept as values)."""
+    if not isinstance(node, Mapping):
+        return {prefix: node}
+    flat: dict[str, Any] = {}
+    for key, value in node.items():
+        name = f"{prefix}.{key}" if prefix else str(key)
+        flat.update(flatten(value, name) if isinstance(value, Mapping) else {name: value})
+    return flat
+
+
+def config_params(cfg: DictConfig) -> dict[str, Any]:
+    """The flattened config (resolved where it resolves), without Hydra's own node."""
+    try:
+        tree = OmegaConf.to_container(cfg, resolve=True)
+    except Exception:
+        tree = OmegaConf.to_container(cfg, resolve=False)
+    tree.pop("hydra", None)
+    return flatten(tree)
+
+
+def metric_name(row: Mapping[str, Any], key: str) -> str:
+    """``split/tag.../key``: tags are the row's non-measurement columns (seed, variant, ...)."""
+    from transformer_lab.results.progress import MEASURE_KEYS
+
+    tags = [f"{k}={v}" for k, v in row.items() if k not in MEASURE_KEYS and v is not None]
+    return "/".join([str(row.get("split") or "train"), *tags, key])
+
+
+def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics row, by ``metric_name``."""
+    values = {}
+    for key in METRIC_KEYS:
+        value = row.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            values[metric_name(row, key)] = float(value)
+    return values
+
+
+class TensorBoardTracker:
+    """Event files in the run directory; the config as a text summary."""
+
+    def __init__(self, run_dir: Path, cfg: DictConfig) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+
+        self.writer = SummaryWriter(log_dir=str(run_dir))
+        text = "\n".join(f"    {k}: {v}" for k, v in config_params(cfg).items())
+        self.writer.add_text("config", text)
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        step = int(row.get("step") or 0)
+        for name, value in row_metrics(row).items():
+            self.writer.add_scalar(name, value, step)
+
+    def finish(self, run_dir: Path, status: str) -> None:
+        self.writer.add_text("status", status)
+        self.writer.close()
+
+
+def tracking_store(value: str) -> tuple[str, str | None]:
+    """(tracking URI, artifact root) for ``logger.tracking_uri``: a URI (``http://``,
+    ``sqlite://``) is used as given; a plain path is a local store there, ``mlflow.db`` (MLflow's
+    file store takes no new runs) beside an ``artifacts/`` folder."""
+    if "://" in value or value.startswith("file:"):
+        return value, None
+    folder = Path(value).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri()
+
+
+def sweep_of(run_dir: Path) -> Path | None:
+    """The sweep directory holding ``run_dir`` (Hydra's ``multirun.yaml`` is there), if any."""
+    return run_dir.parent if (run_dir.parent / "multirun.yaml").exists() else None
+
+
+class MlflowTracker:
+    """One MLflow run per run directory, through ``MlflowClient`` (no global active run)."""
+
+    def __init__(self, run_dir: Path, cfg: DictConfig, logger: DictConfig) -> None:
+        from mlflow.entities import Param
+        from mlflow.tracking import MlflowClient
+
+        uri, self.artifact_root = tracking_store(str(logger.tracking_uri))
+        self.client = MlflowClient(tracking_uri=uri)
+        experiment = str(logger.get("experiment") or cfg.routine.name)
+        sweep = sweep_of(run_dir)
+        if sweep is not None:  # the jobs of one sweep side by side
+            experiment = f"{experiment}/{sweep.name}"
+        tags = {"tlab.run_dir": str(run_dir.resolve()), "tlab.routine": str(cfg.routine.name)}
+        if sweep is not None:
+            tags.update({"tlab.sweep_dir": str(sweep.resolve()), "tlab.job": run_dir.name})
+        name = f"{sweep.name}/{run_dir.name}" if sweep is not None else run_dir.name
+        self.run_id = self.client.create_run(self._experiment_id(experiment), run_name=name,
+                                             tags=tags).info.run_id
+        params = [Param(k, str(v)[:500]) for k, v in config_params(cfg).items()]
+        for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
+            self.client.log_batch(self.run_id, params=params[i:i + 100])
+
+    def _experiment_id(self, name: str) -> str:
+        found = self.client.get_experiment_by_name(name)
+        if found is not None:
+            return found.experiment_id
+        try:
+            return self.client.create_experiment(name, artifact_location=self.artifact_root)
+        except Exception:  # another job of the sweep created it first
+            found = self.client.get_experiment_by_name(name)
+            if found is None:
+                raise
+            return found.experiment_id
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        from mlflow.entities import Metric
+
+        step, now = int(row.get("step") or 0), int(time.time() * 1000)
+        metrics = [Metric(name, value, now, step) for name, value in row_metrics(row).items()]
+        if metrics:
+            self.client.log_batch(self.run_id, metrics=metrics)
+
+    def finish(self, run_dir: Path, status: str) -> None:
+        for pattern in ARTIFACT_PATTERNS:
+            for path in sorted(run_dir.glob(pattern)):
+                self.client.log_artifact(self.run_id, str(path))
+        self.client.set_tag(self.run_id, "tlab.status", status)
+        self.client.set_terminated(self.run_id, "FINISHED" if status == "passed" else "FAILED")
+
+
+class SafeTracker:
+    """A tracker whose first error switches it off with one warning; the CSVs carry on."""
+
+    def __init__(self, name: str, make: Any) -> None:
+        self.name = name
+        self.tracker: Tracker | None = None
+        self._call(lambda: setattr(self, "tracker", make()), "start")
+
+    def _call(self, action: Any, what: str) -> None:
+        try:
+            action()
+        except Exception as exc:
+            from transformer_lab.results.console import print_warning
+
+            self.tracker = None
+            print_warning(f"logger={self.name} failed to {what} ({type(exc).__name__}: "
+                          f"{str(exc).strip()[:200]}); it is off for this run, the CSV files "
+                          "are kept")
+
+    def log_row(self, row: Mapping[str, Any]) -> None:
+        if self.tracker is not None:
+            self._call(lambda: self.tracker.log_row(row), "log a metrics row")
+
+    def finish(self, run_dir: Path, status: str) -> None:
+        if self.tracker is not None:
+            self._call(lambda: self.tracker.finish(run_dir, status), "finish")
+            self.tracker = None
+
+
+LOGGERS = ("csv", "tensorboard", "mlflow")
+
+
+def build_trackers(cfg: DictConfig, run_dir: Path) -> list[SafeTracker]:
+    """The trackers ``cfg.logger`` asks for (none for ``csv`` or a config without a logger)."""
+    logger = cfg.get("logger")
+    name = None if logger is None else logger.get("name", "csv")
+    if name in (None, "csv"):
+        return []
+    if name == "tensorboard":
+        return [SafeTracker(name, lambda: TensorBoardTracker(run_dir, cfg))]
+    if name == "mlflow":
+        return [SafeTracker(name, lambda: MlflowTracker(run_dir, cfg, logger))]
+    from transformer_lab.errors import ConfigError
+
+    raise ConfigError(f"logger={name} is not known; valid: {', '.join(LOGGERS)}")

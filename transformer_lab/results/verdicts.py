@@ -1,0 +1,104 @@
+"""The verdict columns of ``tlab report`` over a sweep with a ``seed`` key (``report.py``).
+
+The compared key is the first grouped key (``pe`` in ``pe=none,rope seed=0,1,2``) or the one
+``--baseline KEY=VALUE`` names; the baseline group is its first value, or ``VALUE``. Runs are
+compared only within groups that differ in the compared key alone (a stratum: the same values
+of every other grouped key), paired by seed, on the report's metric (``measures.statistics``):
+per group ``<metric>_ci_low/high`` and, against the stratum's baseline group, the columns of
+``VERDICT_COLUMNS`` (Holm over the groups of a stratum), plus ``baseline`` (``key=value``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
+from transformer_lab.results.gather import Gathered
+
+# Summary numbers where a larger value is better; every other one is better lower.
+HIGHER_IS_BETTER = {"best_exact_match", "tokens_per_s"}
+
+
+def has_seeds(gathered: Gathered) -> bool:
+    """True when the runs are grouped and carry more than one seed (a sweep with a seed key)."""
+    runs = gathered.runs
+    return bool(gathered.group_keys) and "seed" in runs.columns \
+        and runs["seed"].dropna().astype(str).nunique() > 1
+
+
+def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> tuple[str, str]:
+    """(key, baseline value) from ``--baseline`` (``KEY=VALUE``, ``VALUE`` or None); a key or
+    value that no group has is a ``ConfigError`` naming the valid ones."""
+    if baseline is None:
+        return keys[0], str(pivot[keys[0]].iloc[0])
+    key, _, value = baseline.rpartition("=")
+    if key:
+        if key not in keys:
+            raise ConfigError(f"--baseline {baseline}: '{key}' is not a grouped key; valid: "
+                              f"{', '.join(keys)}")
+        candidates = [key]
+    else:
+        candidates = [k for k in keys if value in set(pivot[k].astype(str))] or keys[:1]
+    key = candidates[0]
+    values = list(dict.fromkeys(pivot[key].astype(str)))
+    if value not in values:
+        raise ConfigError(f"--baseline {baseline}: no group has {key}={value}; valid: "
+                          f"{', '.join(f'{key}={v}' for v in values)}")
+    return key, value
+
+
+def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
+                    baseline: str | None = None, alpha: float = 0.05) -> pd.DataFrame:
+    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` appended
+    (see the module docstring); unchanged when the runs have no seed key."""
+    if not has_seeds(gathered):
+        return pivot
+    keys = gathered.group_keys
+    key, value = compared_key(pivot, keys, baseline)
+    others = [k for k in keys if k != key]
+    runs = gathered.runs.assign(**{k: gathered.runs[k].astype(str) for k in keys})
+    runs = runs[[*keys, "seed", metric]].dropna(subset=["seed"])
+    columns = ["baseline", f"{metric}_ci_low", f"{metric}_ci_high", *VERDICT_COLUMNS]
+    out = pivot.copy()
+    for column in columns:
+        out[column] = pd.Series([None] * len(out), index=out.index, dtype=object)
+    strata = runs.groupby(others, sort=False) if others else [((), runs)]
+    for stratum, rows in strata:
+        stratum = stratum if isinstance(stratum, tuple) else (stratum,)
+        where = pd.Series(True, index=out.index)
+        for other, level in zip(others, stratum, strict=True):
+            where &= out[other].astype(str) == level
+        out.loc[where, "baseline"] = f"{key}={value}"
+        if value not in set(rows[key]):
+            out.loc[where, "note"] = f"no {key}={value} group with these settings"
+            continue
+        try:
+            table = verdict_table(rows.rename(columns={key: "group"}), "group", metric,
+                                  baseline=value, alpha=alpha,
+                                  lower_is_better=metric not in HIGHER_IS_BETTER)
+        except ValueError as exc:  # a (group, seed) pair twice: the runs do not pair
+            out.loc[where, "note"] = str(exc)
+            continue
+        for index in out.index[where]:
+            for column, cell in table.loc[str(out.at[index, key])].items():
+                out.at[index, column] = cell
+    return out
+
+
+def verdict_lines(pivot: pd.DataFrame, keys: list[str], metric: str) -> list[str]:
+    """One plain-language line per group tested against its baseline group."""
+    if "verdict" not in pivot.columns:
+        return []
+    lines = []
+    for _, row in pivot.iterrows():
+        if row["verdict"] in (None, BASELINE) or (isinstance(row["verdict"], float)
+                                                  and math.isnan(row["verdict"])):
+            continue
+        key = str(row["baseline"]).partition("=")[0]
+        name = ", ".join(f"{k}={row[k]}" for k in keys if k != key)
+        label = f"{key}={row[key]}" + (f" ({name})" if name else "")
+        lines.append(describe(label, row, str(row["baseline"]), value=metric))
+    return lines

@@ -1,0 +1,240 @@
+"""``tlab mutants``: the validation routine as a bug detector, measured like a classifier.
+
+Runs every component of a suite through ``tlab validate``'s own step functions, in process:
+
+* the broken components (``transformer_lab.mutants.MUTANTS``, or the ``MUTANTS`` lists of the
+  ``*.py`` files in ``routine.dir``), each expected to be caught at a named step/check;
+* the built-in correct components (``routine.negatives``): every PE x arch (``pe=none`` is the
+  control, not a component, and is left out), every FFN, every block x norm layer. A mutant
+  whose ``expected`` is ``harmless`` counts as correct too.
+
+For each: the pre-flight (``validate_config``: exit 2 in ``tlab validate``), steps 1-2
+(``validate.smoke_steps``), then step 3's rotary check (``reverse.rotary_relative_check``); with
+``routine.reversal=true`` step 3's reversal training and NoPE control too (minutes per PE on a
+CPU; the built-in reversal results are in ``benchmarks/validate_matrix.csv``). Step 4 compares
+relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
+
+The first failing row names the step/check that caught a component; an exception is
+``crash:<type>`` (``tlab validate`` would exit 1). Outcomes: ``correct-passed``,
+``correct-failed``, ``caught-expected``, ``caught-elsewhere``, ``missed``. The mutation score
+is the fraction of broken components caught at all. Writes ``mutants.csv``
+(:data:`MUTANT_COLUMNS`) and the smoke-training rows in ``metrics.csv`` (column ``component``).
+PASS: no false alarm and every mutant caught at its expected step.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+from rich.table import Table
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_config
+from transformer_lab.results.check_rows import CheckRow, Stopwatch
+from transformer_lab.results.console import console
+from transformer_lab.results.run_directory import RunDirectory, TaggedLog
+from transformer_lab.routines import JobInputs, RoutineOutcome
+
+MUTANT_COLUMNS = ["name", "kind", "group", "arch", "expected", "caught", "outcome", "detail",
+                  "wall_s"]
+OUTCOMES = ("correct-passed", "correct-failed", "caught-expected", "caught-elsewhere", "missed")
+
+
+@dataclass
+class Candidate:
+    """One component of the suite: its config (composed from ``experiment=validate``) and
+    where it should be caught (``none`` for a correct component)."""
+
+    name: str
+    kind: str  # correct | broken
+    group: str
+    arch: str
+    expected: str
+    cfg: Any
+
+
+@dataclass
+class Verdict:
+    candidate: Candidate
+    caught: str  # "" when every check passed
+    detail: str
+    wall_s: float
+
+    @property
+    def outcome(self) -> str:
+        expected = self.candidate.expected
+        if self.candidate.kind == "correct":
+            return "correct-failed" if self.caught else "correct-passed"
+        if not self.caught:
+            return "missed"
+        same = self.caught == expected or self.caught.split(":")[0] == expected
+        return "caught-expected" if same else "caught-elsewhere"
+
+    def as_row(self) -> dict[str, Any]:
+        c = self.candidate
+        return {"name": c.name, "kind": c.kind, "group": c.group, "arch": c.arch,
+                "expected": c.expected, "caught": self.caught or "none", "outcome": self.outcome,
+                "detail": self.detail[:300], "wall_s": round(self.wall_s, 3)}
+
+
+def load_mutants(directory: Path) -> list[Mutant]:
+    """The ``MUTANTS`` lists of every ``*.py`` file in ``directory`` (added to ``sys.path`` so
+    that ``_target_: my_module.MyBrokenPE`` imports)."""
+    if not directory.is_dir():
+        raise ConfigError(f"routine.dir={directory} is not a directory (--dir: a directory of "
+                          "Python files defining MUTANTS)")
+    if str(directory) not in sys.path:
+        sys.path.insert(0, str(directory))
+    found: list[Mutant] = []
+    for path in sorted(directory.glob("*.py")):
+        spec = importlib.util.spec_from_file_location(path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[path.stem] = module
+        spec.loader.exec_module(module)
+        found += list(getattr(module, "MUTANTS", []))
+    if not found or not all(isinstance(m, Mutant) for m in found):
+        raise ConfigError(f"routine.dir={directory}: no MUTANTS list of "
+                          "transformer_lab.mutants.Mutant in its *.py files")
+    return found
+
+
+def suite(cfg: DictConfig) -> list[Candidate]:
+    """The candidates of this run: the mutants (``routine.dir`` or the built-in catalogue),
+    then the built-in correct components (``routine.negatives``); ``routine.only`` keeps the
+    named ones."""
+    directory = cfg.routine.get("dir")
+    mutants = load_mutants(Path(directory).expanduser().resolve()) if directory else MUTANTS
+    extra = list(cfg.routine.get("overrides") or [])
+    candidates = [Candidate(m.name, "correct" if m.expected == "harmless" else "broken",
+                            m.group, m.arch, "none" if m.expected == "harmless" else m.expected,
+                            lambda m=m: mutant_config(m, extra, experiment="validate"))
+                  for m in mutants]
+    if cfg.routine.get("negatives", True):
+        from transformer_lab.config.compose import compose
+
+        candidates += [Candidate(name, "correct", group, arch, "none",
+                                 lambda o=overrides: compose(["experiment=validate", *o, *extra]))
+                       for name, group, arch, overrides in built_in_negatives()]
+    only = cfg.routine.get("only")
+    if only:
+        names = set(str(only).split(",")) if isinstance(only, str) else set(only)
+        unknown = names - {c.name for c in candidates}
+        if unknown:
+            raise ConfigError(f"routine.only: {', '.join(sorted(unknown))} not in the suite; "
+                              f"valid: {', '.join(c.name for c in candidates)}")
+        candidates = [c for c in candidates if c.name in names]
+    return candidates
+
+
+class _Run:
+    """What ``validate``'s step functions write to: ``metrics`` and ``write_table``."""
+
+    def __init__(self, run: RunDirectory, name: str) -> None:
+        self.metrics = TaggedLog(run.metrics, component=name)
+        self.path = run.path
+
+    def write_table(self, *_args: Any, **_kwargs: Any) -> None:  # one table per run, not here
+        return None
+
+
+def first_failure(rows: list[CheckRow]) -> CheckRow | None:
+    return next((row for row in rows if not row.passed), None)
+
+
+def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
+    """The pre-flight, steps 1-2 and step 3 (rotary check; reversal if asked) on one
+    candidate; the first failure names where it was caught."""
+    from transformer_lab.app.validation import validate_config
+    from transformer_lab.routines import reverse, validate
+
+    clock = Stopwatch()
+    cfg = candidate.cfg()
+    try:
+        validate_config(cfg)
+    except ConfigError as exc:
+        return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
+    configs = validate.step_configs(cfg)
+    target = _Run(run, candidate.name)
+    try:
+        rows = validate.smoke_steps(configs["smoke"], target)
+        if first_failure(rows) is None:
+            rotary = reverse.rotary_relative_check(configs["reverse"])
+            rows += [rotary] if rotary is not None else []
+        if first_failure(rows) is None and reversal:
+            rows += validate.reversal_step(configs["reverse"], target)[0]
+    except Exception as exc:  # tlab validate would stop with exit 1
+        return Verdict(candidate, f"crash:{type(exc).__name__}", str(exc)[:200], clock.lap())
+    failed = first_failure(rows)
+    if failed is None:
+        return Verdict(candidate, "", "every check passed", clock.lap())
+    return Verdict(candidate, f"step{failed.step}:{failed.check}", failed.detail, clock.lap())
+
+
+def confusion(verdicts: list[Verdict]) -> dict[str, int]:
+    counts = Counter(v.outcome for v in verdicts)
+    return {outcome: counts.get(outcome, 0) for outcome in OUTCOMES}
+
+
+def mutation_score(counts: dict[str, int]) -> float | None:
+    """Fraction of the broken components caught at any step (None without any)."""
+    broken = counts["caught-expected"] + counts["caught-elsewhere"] + counts["missed"]
+    caught = counts["caught-expected"] + counts["caught-elsewhere"]
+    return caught / broken if broken else None
+
+
+def confusion_table(counts: dict[str, int], score: float | None) -> Table:
+    table = Table(title="tlab mutants: the routine as a classifier")
+    for column in ("", "passed", "caught at the expected step", "caught elsewhere", "missed"):
+        table.add_column(column)
+    table.add_row("correct", str(counts["correct-passed"]), "", str(counts["correct-failed"])
+                  + " (false alarms)", "")
+    table.add_row("broken", "", str(counts["caught-expected"]), str(counts["caught-elsewhere"]),
+                  str(counts["missed"]))
+    table.caption = ("mutation score: " + ("n/a" if score is None else f"{score:.1%}"))
+    return table
+
+
+def verdict_table(verdicts: list[Verdict]) -> Table:
+    table = Table(title="components")
+    for column in ("name", "kind", "expected", "caught", "outcome"):
+        table.add_column(column, overflow="fold")
+    colours = {"correct-passed": "green", "caught-expected": "green", "missed": "bold red",
+               "correct-failed": "bold red", "caught-elsewhere": "yellow"}
+    for v in verdicts:
+        row = v.as_row()
+        table.add_row(row["name"], row["kind"], row["expected"], row["caught"],
+                      f"[{colours[v.outcome]}]{v.outcome}[/]")
+    return table
+
+
+def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    clock = Stopwatch()
+    candidates = suite(cfg)
+    log = run.log("mutants", MUTANT_COLUMNS)
+    verdicts = []
+    for index, candidate in enumerate(candidates, 1):
+        with console.status(f"[{index}/{len(candidates)}] {candidate.name}"):
+            verdict = examine(candidate, run, bool(cfg.routine.get("reversal", False)))
+        log.write(verdict.as_row())
+        verdicts.append(verdict)
+    counts = confusion(verdicts)
+    score = mutation_score(counts)
+    console.print(verdict_table(verdicts))
+    console.print(confusion_table(counts, score))
+    wrong = [v for v in verdicts if v.outcome not in ("correct-passed", "caught-expected")]
+    message = "; ".join(f"{v.candidate.name}: {v.outcome} ({v.caught or 'nothing'})"
+                        for v in wrong)
+    return RoutineOutcome(passed=not wrong, message=message,
+                          summary={"components": len(verdicts), **counts,
+                                   "mutation_score": score, "wall_s": clock.lap()})
+
+
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+    """``routine.dir`` must hold mutants and ``routine.only`` name components of the suite."""
+    suite(cfg)

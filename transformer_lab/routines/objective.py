@@ -1,0 +1,98 @@
+"""The number a routine hands to a hyper-parameter search (``hydra/sweeper=optuna``).
+
+A routine module declares ``OBJECTIVE = Objective(name, direction, value)``; ``value(cfg,
+run_dir, summary)`` reads the run's numbers (its ``summary.csv`` fields, or its own tables).
+``job.execute`` stores it in ``run.json`` (``objective``), and the Hydra task function returns
+it to Optuna's sweeper. A run that errors or diverges returns NaN: Optuna records a failed trial.
+
+    smoke                final_loss      minimize   loss after the smoke steps
+    reverse              steps_to_solve  minimize   first step at the exact-match target; an
+                                                    unsolved run counts 2 x routine.max_steps
+    compare_activations  final_loss      minimize   held-out loss of the config's own ffn= among
+                                                    the compared ones (else the first listed)
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from importlib import import_module
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from transformer_lab.errors import ConfigError
+
+UNSOLVED_PENALTY = 2.0  # x routine.max_steps: an unsolved reversal ranks after every solved one
+
+
+@dataclass(frozen=True)
+class Objective:
+    name: str
+    direction: str  # "minimize" | "maximize"
+    value: Callable[[DictConfig, Path, Mapping[str, Any]], float]
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return math.nan
+
+
+def final_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
+    """The run's held-out (smoke: training) loss at its last step."""
+    return _float(summary.get("final_loss"))
+
+
+def steps_to_solve(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
+    """Steps until held-out exact match reached the target; unsolved: a penalty."""
+    solved = summary.get("solved_step")
+    if solved is None or (isinstance(solved, float) and math.isnan(solved)):
+        return UNSOLVED_PENALTY * float(cfg.routine.max_steps)
+    return float(solved)
+
+
+def chosen_variant_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
+    """``final_loss`` in ``comparison.csv`` of the config's ``ffn`` (else the first row)."""
+    try:
+        with (run_dir / "comparison.csv").open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+    except OSError:
+        return final_loss(cfg, run_dir, summary)
+    chosen = str(cfg.ffn.get("name"))
+    row = next((r for r in rows if r.get("activation") == chosen), rows[0] if rows else {})
+    return _float(row.get("final_loss"))
+
+
+def objective_for(routine: str) -> Objective | None:
+    """The ``OBJECTIVE`` that routine ``routine`` declares (None if it declares none)."""
+    from transformer_lab.routines import ROUTINES
+
+    if routine not in ROUTINES:
+        return None
+    return getattr(import_module(ROUTINES[routine].split(":")[0]), "OBJECTIVE", None)
+
+
+def require_objective(routine: str) -> Objective:
+    """``objective_for``, or a ``ConfigError`` naming the routines that have one."""
+    from transformer_lab.routines import ROUTINES
+
+    objective = objective_for(routine)
+    if objective is None:
+        searchable = [name for name in ROUTINES if objective_for(name) is not None]
+        raise ConfigError(f"hydra/sweeper=optuna: routine '{routine}' returns no objective; "
+                          f"searchable: {', '.join(searchable)}")
+    return objective
+
+
+def objective_value(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> dict | None:
+    """``{"name", "direction", "value"}`` for ``run.json``, or None without an objective."""
+    objective = objective_for(str(cfg.routine.name))
+    if objective is None:
+        return None
+    return {"name": objective.name, "direction": objective.direction,
+            "value": objective.value(cfg, run_dir, summary)}

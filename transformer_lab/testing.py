@@ -1,0 +1,121 @@
+"""Assertions for your own pytest suite: tlab's checks on your component, failing with the
+table rows that failed and what to look at, as the CLI prints them.
+
+    from transformer_lab.testing import assert_positional_encoding, assert_rope_relative
+
+    def test_my_pe():
+        assert_positional_encoding(MyPE, arch="encoder")   # tlab validate: all four steps
+
+    def test_my_rope_is_relative():
+        assert_rope_relative(MyRoPE)                        # q_m . k_n depends on n - m only
+
+``assert_positional_encoding`` and ``assert_trains`` run the command (``tlab validate``,
+``tlab smoke``) through ``transformer_lab.api``; their run directory is a temporary one (removed
+when the assertion passes, kept and named in the message when it fails) unless ``out=`` says
+where. A component may be a class, an instance or a choice name, as in the API.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from transformer_lab import api
+from transformer_lab.api import Component, Result
+
+
+def _label(component: Component) -> str:
+    return component if isinstance(component, str) else \
+        getattr(component, "__name__", type(component).__name__)
+
+
+def _failed_rows(result: Result, hints: dict[int, str] | None = None) -> list[str]:
+    """One line per FAIL row of the result's table (``step check: detail``), then the hint
+    of each failing step."""
+    table = result.table
+    if table.empty or "status" not in table:
+        return [f"{result.table_name}.csv was not written; see {result.run_dir / 'run.log'}"]
+    failed = table[table.status == "FAIL"]
+    lines = [f"  step {row.step} {row.check}: {row.detail}" for row in failed.itertuples()]
+    for step in dict.fromkeys(failed.step):
+        if hints and int(step) in hints:
+            lines.append(f"  -> step {step}: {hints[int(step)]}")
+    if not lines:  # no FAIL row: the run ended otherwise (diverged, error)
+        summary = result.summary
+        error = summary.error[0] if not summary.empty and "error" in summary else "unknown"
+        lines.append(f"  {error}")
+    return lines
+
+
+def _run_checked(command: Any, what: str, out: str | Path | None,
+                 hints: dict[int, str] | None, **kwargs: Any) -> Result:
+    """Run ``command`` into ``out`` (a temporary directory when None, removed if it passes);
+    raise ``AssertionError`` listing the failed rows when it does not pass."""
+    temp = None if out is not None else Path(tempfile.mkdtemp(prefix="tlab-test-"))
+    result = command(out=out if out is not None else temp / "run", **kwargs)
+    if result.passed:
+        if temp is not None:
+            shutil.rmtree(temp, ignore_errors=True)
+        return result
+    lines = [f"{what} failed (exit code {result.exit_code}):", *_failed_rows(result, hints),
+             f"run directory: {result.run_dir}"]
+    raise AssertionError("\n".join(lines))
+
+
+def assert_positional_encoding(pe: Component, arch: str = "encoder", *,
+                               overrides: Sequence[str] = (),
+                               out: str | Path | None = None) -> Result:
+    """``tlab validate`` with this PE: the model runs, the loss falls, reversal beats the NoPE
+    control (and, for a rotary PE, scores depend on n - m only), activations train."""
+    from transformer_lab.routines.validate import STEP_HINTS
+
+    return _run_checked(api.validate, f"pe={_label(pe)} (arch={arch}): tlab validate", out,
+                        STEP_HINTS, pe=pe, arch=arch, overrides=overrides)
+
+
+def assert_trains(pe: Component = None, *, ffn: Component = None,
+                  norm_layer: Component = None, arch: str = "encoder",
+                  overrides: Sequence[str] = (), out: str | Path | None = None) -> Result:
+    """``tlab smoke`` with these components: a tiny model runs forward and backward (finite
+    loss and gradients) and its loss falls within 10 steps on fixed batches."""
+    from transformer_lab.routines.validate import STEP_HINTS
+
+    chosen = [f"{group}={_label(c)}" for group, c in
+              (("pe", pe), ("ffn", ffn), ("norm_layer", norm_layer)) if c is not None]
+    what = f"{', '.join(chosen) or 'the default model'} (arch={arch}): tlab smoke"
+    return _run_checked(api.smoke, what, out, STEP_HINTS, pe=pe, ffn=ffn,
+                        norm_layer=norm_layer, arch=arch, overrides=overrides)
+
+
+def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
+                         n_positions: int = 16) -> None:
+    """A rotary PE (``kind = "rotary"``) rotates q and k so that the score ``q_m . k_n``
+    depends on ``n - m`` only: validate's step-3 check, run here in-process (no run
+    directory). Class arguments are filled from ``d_model`` and ``n_heads`` as in a run."""
+    from omegaconf import OmegaConf
+
+    from transformer_lab.config import compose  # noqa: F401  (registers ${tlab.div:...})
+    from transformer_lab.errors import ConfigError
+    from transformer_lab.routines.reverse import rotary_relative_check
+    from transformer_lab.routines.variants import load_choice
+
+    label = _label(pe)
+    if isinstance(pe, str):
+        node = OmegaConf.to_container(load_choice("pe", pe))
+    else:
+        node = api._component_yaml(pe, "pe", label)
+    model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512}
+    cfg = OmegaConf.create({"model": model, "pe": node})
+    try:
+        row = rotary_relative_check(cfg, n_positions)
+    except ConfigError as exc:
+        raise AssertionError(f"pe={label}: could not be built: {exc}") from None
+    if row is None:
+        kind = getattr(pe if not isinstance(pe, str) else None, "kind", None)
+        raise AssertionError(f"pe={label} is not a rotary PE (kind={kind!r}); "
+                             "assert_rope_relative checks PEs with kind = 'rotary'")
+    if row.status != "PASS":
+        raise AssertionError(f"pe={label}: rotary_relative {row.status}: {row.detail}")
