@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,joblib,submitit,bench,reference
+EXTRAS ?= dev,joblib,submitit,bench,reference,optuna,tensorboard
 
 .PHONY: setup validate test lint bench clean
 

@@ -17,7 +17,7 @@ LAYERS: list[set[str]] = [
     {"components", "tasks"},
     {"config"},
     {"model"},
-    {"measures", "mutants"},   # mutants: deliberately broken components (tlab mutants)
+    {"measures", "mutants", "interop"},  # mutants: broken components; interop: HF models
     {"results"},
     {"training"},
     {"routines"},

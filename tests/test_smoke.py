@@ -22,7 +22,7 @@ GRID = {g: group_choices(g) for g in ("pe", "block", "ffn", "arch")}
 
 
 def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
-    """448 combinations on the default tiny config. Group nodes are composed once per choice
+    """504 combinations on the default tiny config. Group nodes are composed once per choice
     and swapped into one base config (composing 448 times would dominate the test's time)."""
     monkeypatch.setattr(console, "quiet", True)
     nodes = {g: {c: compose(["experiment=smoke", f"{g}={c}"])[g] for c in cs}
@@ -37,7 +37,7 @@ def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
         outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg), inputs)
         if not outcome.passed:
             failures.append((combo, outcome.message))
-    assert i + 1 == 7 * 4 * 8 * 2
+    assert i + 1 == 7 * 4 * 9 * 2  # pe x block x ffn (incl. moe) x arch
     assert not failures
 
 

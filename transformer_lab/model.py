@@ -230,8 +230,8 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
     parallel = {"parallel": True} if m.get("parallel_block") else {}  # model.parallel_block
     for _ in range(m.n_layers):
         attention = MultiHeadAttention(
-            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention, init_std=m.init_std,
-            **attention_knobs(m),
+            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention,
+            init_std=m.init_std, **attention_knobs(m),
         )
         feedforward = instantiate_component(feedforward_spec, "ffn")
         block = instantiate_component(block_spec, "block", attention=attention,

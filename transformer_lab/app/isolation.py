@@ -9,6 +9,7 @@ in the launching process itself, as before.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -27,16 +28,9 @@ LAUNCHER_ENV = "TLAB_LAUNCHER_PID"  # the launching process's pid, set in every 
 
 
 def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        try:
+    for stream in (sys.stdout, sys.stderr, *logging.root.handlers):
+        with contextlib.suppress(OSError, ValueError):
             stream.flush()
-        except (OSError, ValueError):
-            pass
-    for handler in logging.root.handlers:
-        try:
-            handler.flush()
-        except (OSError, ValueError):
-            pass
 
 
 def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,

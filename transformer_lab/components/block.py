@@ -3,7 +3,8 @@
 With f = attention or FFN, s = residual-branch scale, N = the chosen norm layer:
     post     (Vaswani et al. 2017):          x = N(x + s * f(x))
     pre      (Xiong et al. 2020, 2002.04745): x = x + s * f(N(x))          (+ a final norm)
-             parallel (GPT-J / GPT-NeoX, ``parallel=True``): x = x + s * attn(N1(x)) + s * ffn(N2(x))
+             parallel (GPT-J / GPT-NeoX, ``parallel=True``):
+                                              x = x + s * attn(N1(x)) + s * ffn(N2(x))
     sandwich (Ding et al. 2021, CogView):     x = x + s * N_out(f(N_in(x))) (+ a final norm)
     deepnorm (Wang et al. 2022, 2203.00555):  x = N(alpha * x + f(x)), alpha = (2L)^(1/4),
               and the FFN, V and output projections initialised with gain beta = (8L)^(-1/4)

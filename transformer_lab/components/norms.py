@@ -26,13 +26,9 @@ class LayerNorm(nn.LayerNorm):
         """Parameters of one norm: gain and bias, ``2 D``."""
         return 2 * d_model
 
-    @classmethod
-    def stack_seeds(cls, layers: list[LayerNorm]) -> nn.Module:
-        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
-        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
-        from transformer_lab.components.seed_stacked import SeedStackedLayerNorm
-
-        return SeedStackedLayerNorm(layers)
+    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
+    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
+    seed_stacked = "SeedStackedLayerNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__(d_model, eps=eps)
@@ -49,13 +45,9 @@ class RMSNorm(nn.Module):
         """Parameters of one norm: the gain, ``D``."""
         return d_model
 
-    @classmethod
-    def stack_seeds(cls, layers: list[RMSNorm]) -> nn.Module:
-        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
-        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
-        from transformer_lab.components.seed_stacked import SeedStackedRMSNorm
-
-        return SeedStackedRMSNorm(layers)
+    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
+    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
+    seed_stacked = "SeedStackedRMSNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -85,13 +77,9 @@ class SequenceBatchNorm(nn.BatchNorm1d):
         """Parameters of one norm: gain and bias, ``2 D`` (the running statistics are buffers)."""
         return 2 * d_model
 
-    @classmethod
-    def stack_seeds(cls, layers: list[SequenceBatchNorm]) -> nn.Module:
-        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
-        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
-        from transformer_lab.components.seed_stacked import SeedStackedBatchNorm
-
-        return SeedStackedBatchNorm(layers)
+    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
+    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
+    seed_stacked = "SeedStackedBatchNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(d_model, eps=eps, momentum=momentum)

@@ -111,8 +111,7 @@ class SeedStackedBatchNorm(SeedStackedLayer):
     The S seeds' D features become S*D channels of one ``F.batch_norm``:
     x (S*B, T, D) -> (S, B*T, D) -> (B*T, S*D) -> normalise per channel -> back. So channel
     (s, d) sees only seed s's rows, and ``running_mean``/``running_var`` (S, D) are updated as
-    S single layers update theirs (``num_batches_tracked`` is shared: the seeds take the same
-    steps).
+    S single layers update theirs (``num_batches_tracked`` too, one count per seed).
     """
 
     def __init__(self, layers: list[SequenceBatchNorm]) -> None:
@@ -125,14 +124,15 @@ class SeedStackedBatchNorm(SeedStackedLayer):
         self.stack("bias", [layer.bias for layer in layers])  # (S, D)
         self.stack("running_mean", [m.running_mean for m in layers], buffer=True)  # (S, D)
         self.stack("running_var", [m.running_var for m in layers], buffer=True)  # (S, D)
-        self.register_buffer("num_batches_tracked", first.num_batches_tracked.clone())
+        self.stack("num_batches_tracked", [m.num_batches_tracked for m in layers],
+                   buffer=True)  # (S,): equal while the seeds step together
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         seeds, dim = self.weight.shape
         factor = 0.0
         if self.training:
             self.num_batches_tracked.add_(1)
-            factor = (1.0 / float(self.num_batches_tracked) if self.momentum is None
+            factor = (1.0 / float(self.num_batches_tracked[0]) if self.momentum is None
                       else self.momentum)
         rows = x.reshape(seeds, -1, dim).transpose(0, 1).reshape(-1, seeds * dim)  # (B*T, S*D)
         y = F.batch_norm(rows, self.running_mean.view(-1), self.running_var.view(-1),
@@ -146,7 +146,7 @@ class SeedStackedBatchNorm(SeedStackedLayer):
         with torch.no_grad():
             layer.running_mean.copy_(self.running_mean[s])
             layer.running_var.copy_(self.running_var[s])
-            layer.num_batches_tracked.copy_(self.num_batches_tracked)
+            layer.num_batches_tracked.copy_(self.num_batches_tracked[s])
         return layer
 
 

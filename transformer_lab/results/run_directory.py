@@ -9,6 +9,7 @@ CSV rows are flushed as they are written, so an interrupted run keeps what it lo
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import functools
 import json
@@ -251,10 +252,8 @@ class RunDirectory:
 
     def finish(self, status: str, error: str | None = None, **extra: Any) -> None:
         for log in self._logs.values():
-            try:
+            with contextlib.suppress(OSError):  # a full disk: flushed rows stay; run.json below
                 log.close()
-            except OSError:  # a full disk: the rows flushed so far stay; run.json below
-                pass
         self.info.update(status=status, error=error,
                          end_time=datetime.now(timezone.utc).isoformat(),
                          wall_s=round(time.time() - self.started, 3), **extra)

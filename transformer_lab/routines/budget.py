@@ -129,7 +129,7 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     """Formula vs ``sum(p.numel())`` per component, per layer (every layer compared) and total."""
     m = cfg.model
     formulas = parameter_breakdown(cfg)
-    d, v, layers = m.d_model, m.vocab_size, m.n_layers
+    d, layers = m.d_model, m.n_layers
     rows = [BudgetRow("parameters", "token_embedding", "model", "V*D", formulas[
         "token_embedding"], numel(model.token_embedding), "params")]
     rows.append(BudgetRow("parameters", "positional", "model", f"pe={cfg.pe.get('name')}",
@@ -147,10 +147,10 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
         return row
 
     knobs = attention_knob_values(m)
-    projections = attention_projection_params(d, m.attn_bias, m.n_heads, **knobs)
+    default = all(knobs[k] is None for k in knobs)  # the original Transformer's attention
+    projections = (attention_projection_params(d, m.attn_bias) if default
+                   else attention_projection_params(d, m.attn_bias, m.n_heads, **knobs))
     bias_text = " + D" if m.attn_bias else ""
-    default = all(knobs[k] is None for k in knobs) or (
-        projections == attention_projection_params(d, m.attn_bias))
     for name in "qkvo":
         formula = f"D*D{bias_text}" if default else (
             "D*H*Dh" if name == "q" else "H*Dh*D" if name == "o" else "D*H_kv*Dh") + " (+ bias)"
@@ -164,6 +164,8 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     gated = ffn_weight_matrices(cfg) == 3  # gate, up, down (as the FFN class declares)
     ffn_formula = (f"3*D*H{' + 2*H + D' if m.ffn_bias else ''}, H={hidden}" if gated
                    else f"2*D*F{' + F + D' if m.ffn_bias else ''}")
+    if ffn is not None and active_ffn_params(cfg) != ffn:  # Mixture of Experts
+        ffn_formula = f"D*E + E*expert, E={cfg.ffn.get('n_experts')}"
     rows.append(per_layer("feedforward", ffn_formula, ffn, lambda block: numel(block.feedforward)))
     block_norms, final_norm = norm_params_per_layer(cfg)
     rows.append(per_layer("norms", f"block={cfg.block.get('name')}, "

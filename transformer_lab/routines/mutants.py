@@ -8,8 +8,8 @@ Runs every component of a suite through ``tlab validate``'s own step functions, 
   control, not a component, and is left out), every FFN, every block x norm layer. A mutant
   whose ``expected`` is ``harmless`` counts as correct too.
 
-For each: the pre-flight (``validate_config``: exit 2 in ``tlab validate``), steps 1-2
-(``validate.smoke_steps``), then step 3's rotary check (``reverse.rotary_relative_check``); with
+For each: the pre-flight's component checks (:func:`preflight`: exit 2 in ``tlab validate``),
+steps 1-2 (``validate.smoke_steps``), then step 3's rotary check (``reverse.rotary_relative_check``); with
 ``routine.reversal=true`` step 3's reversal training and NoPE control too (minutes per PE on a
 CPU; the built-in reversal results are in ``benchmarks/validate_matrix.csv``). Step 4 compares
 relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
@@ -147,16 +147,31 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
     return next((row for row in rows if not row.passed), None)
 
 
+def preflight(cfg: DictConfig) -> None:
+    """The component part of the app's pre-flight (``app.validation``, exit 2 in ``tlab
+    validate``): build the task and the model, run each component at the task's length
+    against its protocol (shapes); ``ConfigError`` names the component."""
+    import torch
+
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.config.protocols import check_protocols
+    from transformer_lab.model import build_model
+
+    task = build_task(cfg)  # (also sets model.vocab_size)
+    model = build_model(cfg, seed=cfg.seed).eval()
+    with torch.random.fork_rng(devices=[]):
+        check_protocols(cfg, model, task.model_seq_len)
+
+
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     """The pre-flight, steps 1-2 and step 3 (rotary check; reversal if asked) on one
     candidate; the first failure names where it was caught."""
-    from transformer_lab.app.validation import validate_config
     from transformer_lab.routines import reverse, validate
 
     clock = Stopwatch()
     cfg = candidate.cfg()
     try:
-        validate_config(cfg)
+        preflight(cfg)
     except ConfigError as exc:
         return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
     configs = validate.step_configs(cfg)

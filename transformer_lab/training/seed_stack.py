@@ -235,3 +235,37 @@ class SeedStackedTrainer:
         norms = clip_seed_gradients(self.params, self.grad_clip, len(batches))
         self.optimizer.step()
         return losses.detach(), norms, lr
+
+
+def bind_seed_views(stacked: TransformerModel, models: Sequence[nn.Module]) -> None:
+    """Point each single model's tensors at its seed's slices of ``stacked`` (views, no copy):
+    ``models[k]`` then always holds seed k's current weights and BatchNorm statistics, for
+    evaluation and for the caller, and no second copy of the weights is kept."""
+    for prefix, layer in stacked.named_modules():
+        if not isinstance(layer, SeedStackedLayer):
+            continue
+        for k, model in enumerate(models):
+            single = model.get_submodule(prefix)
+            for name in layer.single_shapes:
+                getattr(single, name).data = layer.seed_slice(name, k).detach()
+
+
+class StackedSeeds:
+    """The seed-stacked engine of ``multiseed.fit_seeds``: ``stack_models`` of the seeds'
+    models, each model bound to its seed's slices (``bind_seed_views``), and
+    ``SeedStackedTrainer.train_step`` as the step (the loop: ``multiseed.train_together``)."""
+
+    def __init__(self, cfg: DictConfig, seeds: Sequence[int], models: Sequence[nn.Module],
+                 trainers: Sequence, horizon: int) -> None:
+        self.stacked = stack_models(models)
+        self.trainer = SeedStackedTrainer(self.stacked, cfg.train, cfg.model.d_model, seeds)
+        self.trainer.plan_schedule(horizon)
+        self.trainers = trainers  # each seed's Trainer: its step count, rows and evaluations
+        bind_seed_views(self.stacked, models)
+
+    def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimiser step of every seed (``batches[k]`` is seed k's): losses (S,), gradient
+        norms (S,) and the learning rate."""
+        for trainer in self.trainers:
+            trainer.step_count += 1
+        return self.trainer.train_step(batches)

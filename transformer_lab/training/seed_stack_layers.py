@@ -9,12 +9,11 @@ parameters with a leading seed axis).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.components import seed_stacked
 from transformer_lab.components.seed_stacked import (
     SeedStackedLayer,
     SeedStackedLayerNorm,
@@ -83,11 +82,14 @@ TORCH_LEAVES: dict[type[nn.Module], type[SeedStackedLayer]] = {
 }
 
 
-def stacked_form(module: nn.Module) -> Callable[[list], SeedStackedLayer] | None:
-    """What turns S copies of ``module`` into one stacked layer: the ``stack_seeds`` its own
-    class declares (not one inherited: a subclass may change ``forward``), or torch's leaf
-    mapping; None when the layer does not stack."""
-    declared = vars(type(module)).get("stack_seeds")
+def stacked_form(module: nn.Module) -> type[SeedStackedLayer] | None:
+    """The class that turns S copies of ``module`` into one stacked layer: the ``seed_stacked``
+    its own class declares (a class, or the name of one in ``components/seed_stacked.py``; not
+    one inherited: a subclass may change ``forward``), else torch's leaf mapping; None when the
+    layer does not stack."""
+    declared = vars(type(module)).get("seed_stacked")
+    if isinstance(declared, str):
+        return getattr(seed_stacked, declared)
     if declared is not None:
-        return type(module).stack_seeds
+        return declared
     return TORCH_LEAVES.get(type(module))

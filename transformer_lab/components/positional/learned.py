@@ -52,13 +52,9 @@ class LearnedPositionalEncoding(nn.Module):
             return ("sinusoidal_shift", "permutation")
         return ("permutation",)
 
-    @classmethod
-    def stack_seeds(cls, layers: list[LearnedPositionalEncoding]) -> nn.Module:
-        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
-        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
-        from transformer_lab.components.seed_stacked import SeedStackedLearnedPE
-
-        return SeedStackedLearnedPE(layers)
+    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
+    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
+    seed_stacked = "SeedStackedLearnedPE"
 
     def __init__(
         self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False

@@ -188,7 +188,8 @@ class RotaryPositionalEncoding(nn.Module):
         self.original_max_len = original_max_len
         self.beta_fast, self.beta_slow = float(beta_fast), float(beta_slow)
         self.attention_factor = attention_factor
-        self.low_freq_factor, self.high_freq_factor = float(low_freq_factor), float(high_freq_factor)
+        self.low_freq_factor = float(low_freq_factor)
+        self.high_freq_factor = float(high_freq_factor)
 
         inv_freq, attention_scale = self._frequencies(seq_len=None)  # validates the arguments
         self._inv_freq = inv_freq  # (rot/2,) float32, CPU; kept out of state_dict and .to()

@@ -86,13 +86,9 @@ class T5RelativeBias(nn.Module):
         """Parameters the module holds: the ``(num_buckets, n_heads)`` table."""
         return num_buckets * n_heads
 
-    @classmethod
-    def stack_seeds(cls, layers: list[T5RelativeBias]) -> nn.Module:
-        """S copies (one per seed) as one layer with a leading seed axis, to train S seeds as
-        one model (``training/seed_stack.py``; the stacked class: ``components/seed_stacked``)."""
-        from transformer_lab.components.seed_stacked import SeedStackedT5Bias
-
-        return SeedStackedT5Bias(layers)
+    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
+    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
+    seed_stacked = "SeedStackedT5Bias"
 
     def __init__(
         self,

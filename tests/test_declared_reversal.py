@@ -1,0 +1,38 @@
+"""A PE's declared reversal settings (``reversal_settings`` on its class) reach step 3 and its
+NoPE control; ALiBi's encoder default is the direction-aware form."""
+
+from __future__ import annotations
+
+import pytest
+
+from transformer_lab.config.compose import compose
+from transformer_lab.errors import ConfigError
+from transformer_lab.routines.reverse import pe_label, with_declared_settings
+
+
+@pytest.mark.parametrize(("arch", "max_steps"), [("encoder", 3000), ("decoder", 600)])
+def test_alibi_trains_reversal_with_its_declared_settings(arch, max_steps):
+    cfg = compose(["experiment=reverse", "pe=alibi", f"arch={arch}"])
+    variant, note = with_declared_settings(cfg)
+    assert variant.train.schedule == "warmup_cosine" and variant.train.warmup == 20
+    assert variant.routine.max_steps == max_steps
+    assert cfg.train.schedule == "constant"  # the run's own config is left as it is
+    assert "pe=alibi" in note and "train.schedule=warmup_cosine" in note
+
+
+def test_the_declared_settings_can_be_switched_off_and_others_declare_none():
+    cfg = compose(["experiment=reverse", "pe=alibi", "routine.declared_settings=false"])
+    assert with_declared_settings(cfg) == (cfg, "")
+    rope = compose(["experiment=reverse", "pe=rope"])
+    assert with_declared_settings(rope) == (rope, "")
+
+
+def test_alibi_encoder_default_is_split_and_a_bad_declaration_is_refused(monkeypatch):
+    cfg = compose(["experiment=reverse", "pe=alibi", "arch=encoder"])
+    assert pe_label(cfg) == "alibi(split)"
+    from transformer_lab.components.positional import ALiBiPositionalBias
+
+    monkeypatch.setattr(ALiBiPositionalBias, "reversal_settings",
+                        classmethod(lambda cls, arch: {"model.d_model": 8}))
+    with pytest.raises(ConfigError, match="only train"):
+        with_declared_settings(cfg)

@@ -1,0 +1,1 @@
+"""Interoperation with other libraries (Hugging Face ``transformers``: ``interop.hf``)."""
