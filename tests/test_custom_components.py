@@ -46,16 +46,18 @@ def test_correct_custom_pe_ffn_and_norm_pass(tlab, tmp_path):
     assert chosen["pe"] == "MySinusoidalPE" and chosen["solved"] == "True"
 
 
-def test_position_blind_pe_fails_at_step_3(tlab, tmp_path):
+def test_position_blind_pe_fails_at_step_1(tlab, tmp_path):
+    """Step 1's position_injectivity catches it before any training (it used to take step 3's
+    reversal); the later steps are not run."""
     out = tmp_path / "blind"
     code, stdout, _ = validate(tlab, out, "pe=position_blind", "routine.max_steps=30")
     assert code == 1
     rows = read_csv(out / "validation.csv")
-    assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))
     (failed,) = [r for r in rows if r["status"] == "FAIL"]
-    assert (failed["step"], failed["check"]) == ("3", "reverse_exact_match")
-    assert "no better than no PE" in failed["detail"] and "positions" in failed["detail"]
-    assert "step 3 failed" in stdout
+    assert (failed["step"], failed["check"]) == ("1", "position_injectivity")
+    assert "positions 0 and 1 get the same representation" in failed["detail"]
+    assert all(r["status"] == "SKIP" for r in rows if r["step"] in ("2", "3", "4"))
+    assert "step 1 failed" in stdout
 
 
 def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):

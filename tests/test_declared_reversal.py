@@ -10,7 +10,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.routines.reverse import pe_label, with_declared_settings
 
 
-@pytest.mark.parametrize(("arch", "max_steps"), [("encoder", 3000), ("decoder", 600)])
+@pytest.mark.parametrize(("arch", "max_steps"), [("encoder", 5000), ("decoder", 600)])
 def test_alibi_trains_reversal_with_its_declared_settings(arch, max_steps):
     cfg = compose(["experiment=reverse", "pe=alibi", f"arch={arch}"])
     variant, note = with_declared_settings(cfg)
@@ -36,3 +36,10 @@ def test_alibi_encoder_default_is_split_and_a_bad_declaration_is_refused(monkeyp
                         classmethod(lambda cls, arch: {"model.d_model": 8}))
     with pytest.raises(ConfigError, match="only train"):
         with_declared_settings(cfg)
+
+
+def test_a_norm_layer_declares_its_settings_too():
+    cfg = compose(["experiment=reverse", "block=post", "norm_layer=batchnorm"])
+    variant, note = with_declared_settings(cfg)
+    assert variant.train.schedule == "warmup_cosine" and "norm_layer=batchnorm" in note
+    assert variant.routine.max_steps == cfg.routine.max_steps

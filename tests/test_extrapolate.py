@@ -63,7 +63,7 @@ def test_scaling_entries() -> None:
     assert parse_scaling("yarn:4").label == "yarn:4"
     for bad, message in (("linear:0", r"factor=0 .*> 0"), ("ntk:-2", r"factor=-2"),
                          ("foo", r"'foo' is not a RoPE scaling; valid: none, linear, ntk, "
-                                 r"dynamic, yarn, base:N"),
+                                 r"dynamic, yarn, llama3, base:N"),
                          ("base", r"base:500000"), ("base:1", r"> 1"), ("yarn:x", r"number"),
                          ("none:2", r"no factor")):
         with pytest.raises(ConfigError, match=message):

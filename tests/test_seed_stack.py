@@ -262,3 +262,33 @@ def test_stackable_says_why_a_model_cannot_be_stacked():
     tied = single_models(cfg, [0])[0]
     tied.lm_head.weight = tied.token_embedding.weight
     assert "ties" in stackable(tied)
+    moe = single_models(config("ffn=moe")[0], [0])[0]  # its auxiliary loss mixes the seeds
+    assert "auxiliary loss" in stackable(moe)
+
+
+def test_components_declare_their_stacked_form_and_a_subclass_does_not_inherit_it():
+    """tlab's layers name their stacked class (``seed_stacked``); a user's subclass may change
+    ``forward``, so it is not stacked unless it declares a stacked form itself."""
+    from transformer_lab.components.norms import RMSNorm, SequenceBatchNorm
+    from transformer_lab.components.positional import T5RelativeBias
+    from transformer_lab.components.seed_stacked import (
+        SeedStackedBatchNorm,
+        SeedStackedRMSNorm,
+        SeedStackedT5Bias,
+    )
+    from transformer_lab.training.seed_stack_layers import SeedStackedLinear, stacked_form
+
+    assert stacked_form(RMSNorm(4)) is SeedStackedRMSNorm
+    assert stacked_form(SequenceBatchNorm(4)) is SeedStackedBatchNorm
+    assert stacked_form(T5RelativeBias(2)) is SeedStackedT5Bias
+    assert stacked_form(nn.Linear(2, 3)) is SeedStackedLinear  # torch's leaf: the mapping
+
+    class DoubledRMSNorm(RMSNorm):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return 2 * super().forward(x)
+
+    assert stacked_form(DoubledRMSNorm(4)) is None
+    cfg, _ = config("norm_layer=rmsnorm")
+    model = single_models(cfg, [0])[0]
+    model.blocks[0].norm1 = DoubledRMSNorm(cfg.model.d_model)
+    assert "DoubledRMSNorm" in stackable(model)

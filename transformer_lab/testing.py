@@ -23,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from transformer_lab import api
+import transformer_lab.api as api
 from transformer_lab.api import Component, Result
 
 
@@ -97,7 +97,7 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
     directory). Class arguments are filled from ``d_model`` and ``n_heads`` as in a run."""
     from omegaconf import OmegaConf
 
-    from transformer_lab.config import compose  # noqa: F401  (registers ${tlab.div:...})
+    from transformer_lab.config.compose import compose  # noqa: F401  (registers ${tlab.div:...})
     from transformer_lab.errors import ConfigError
     from transformer_lab.routines.reverse import rotary_relative_check
     from transformer_lab.routines.variants import load_choice

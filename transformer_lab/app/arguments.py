@@ -177,6 +177,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
     hold runs."""
     flags, overrides = split_arguments(args)
+    overrides = expand_from_hf(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
         return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
     dirs = user_config_dirs_of(flags)
@@ -209,6 +210,25 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         else:
             first_values.append(override.input_line)
     return Arguments(flags, overrides, first_values, dirs, multirun, bool(printing))
+
+
+def expand_from_hf(overrides: list[str]) -> list[str]:
+    """``from_hf=DIR`` (``--from-hf DIR``) -> the checkpoint's overrides (a preset and its
+    knob values, read from DIR/config.json) followed by ``+from_hf=DIR``, in its place, so
+    later overrides still win; the routines then load its weights. ``ConfigError`` (one line)
+    for a directory that is not a supported local Hugging Face model."""
+    out = []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+") != "from_hf" or not value:
+            out.append(text)
+            continue
+        from transformer_lab.interop.hf import hf_overrides
+
+        path = str(Path(value.strip("'\"")).expanduser().resolve())
+        out += [o for o in hf_overrides(path) if o not in out]
+        out.append(f"+from_hf='{path}'")
+    return out
 
 
 def compose_first_job(arguments: Arguments) -> tuple[Any, DictConfig]:

@@ -18,13 +18,13 @@ existing ones. ``tlab report DIR`` lists the trials and the best parameters.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab.config.hydra_adapter import after_optuna_sweeper_setup
 from transformer_lab.results.run_directory import read_json
 from transformer_lab.routines.objective import require_objective
 
@@ -75,32 +75,24 @@ def trial_value(run_dir: Path) -> float:
     return value if math.isfinite(value) else math.nan
 
 
-@contextmanager
-def continued_study() -> Iterator[None]:
+def continued_study() -> AbstractContextManager[None]:
     """While a sweep runs: Optuna's sweeper continues the study already in its storage (the
-    stock sweeper would run ``n_trials`` more and number the jobs from 0 again). Patches the
-    sweeper's ``setup`` for this block only; the sweeper runs in this (the launching) process."""
-    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+    stock sweeper would run ``n_trials`` more and number the jobs from 0 again). The sweeper
+    runs in this (the launching) process; its setup is extended for this block only."""
+    return after_optuna_sweeper_setup(_continue_study)
 
-    original = OptunaSweeperImpl.setup
 
-    def setup(self: Any, **kwargs: Any) -> None:
-        original(self, **kwargs)
-        # as Hydra's basic sweeper does: --resume and trackers read the sweep from it
-        sweep_dir = Path(str(self.config.hydra.sweep.dir))
-        sweep_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(self.config, sweep_dir / "multirun.yaml")
-        if self.storage is None or self.study_name is None:
-            return
-        finished, started = study_counts(str(self.storage), str(self.study_name))
-        self.job_idx = started  # new trials' job folders come after the existing ones
-        self.n_trials = max(0, int(self.n_trials) - finished)
-
-    OptunaSweeperImpl.setup = setup
-    try:
-        yield
-    finally:
-        OptunaSweeperImpl.setup = original
+def _continue_study(sweeper: Any) -> None:
+    """After the sweeper's own setup: save ``multirun.yaml`` (as Hydra's basic sweeper does:
+    ``--resume`` and the trackers read the sweep from it), then count the stored trials."""
+    sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
+    if sweeper.storage is None or sweeper.study_name is None:
+        return
+    finished, started = study_counts(str(sweeper.storage), str(sweeper.study_name))
+    sweeper.job_idx = started  # new trials' job folders come after the existing ones
+    sweeper.n_trials = max(0, int(sweeper.n_trials) - finished)
 
 
 def study_counts(storage: str, study_name: str) -> tuple[int, int]:

@@ -43,6 +43,10 @@ def validate_config(cfg: DictConfig) -> JobInputs:
                           f"the task's ({task.vocab_size}); set task.vocab_size instead")
     check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
     inputs = JobInputs(task=task, model=_checked_model(cfg, task.model_seq_len))
+    if cfg.get("from_hf"):  # --from-hf DIR: its weights, checked to fit the model built here
+        from transformer_lab.interop.hf import load_hf_weights
+
+        load_hf_weights(inputs.model, cfg, str(cfg.from_hf))
     import torch
 
     with torch.random.fork_rng(devices=[]):

@@ -34,6 +34,9 @@ ConfigDir = Annotated[Path | None, typer.Option(
     "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "
     "to tlab's (tlab's own file wins where a name is in both); choose from it as usual "
     "(pe=my_pe).", show_default=False)]
+FromHf = Annotated[Path | None, typer.Option(
+    "--from-hf", help="A local Hugging Face model directory (save_pretrained): its architecture "
+    "(a preset and knobs) and weights; never downloads.", show_default=False)]
 
 
 def pass_hydra_flags(app: typer.Typer) -> None:

@@ -8,6 +8,7 @@ import typer
 
 from transformer_lab.cli.common import (
     Arch,
+    FromHf,
     Multirun,
     Out,
     Overrides,
@@ -42,14 +43,16 @@ def extrapolate(
         "--steps", help="Training steps at the training length (train.steps, default 600).")
     ] = None,
     arch: Arch = None,
+    from_hf: FromHf = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
 ) -> None:
     """Train each positional encoding at --train-len, evaluate at --eval-lens without retraining;
-    writes extrapolation.csv and extrapolation.png."""
+    writes extrapolation.csv and extrapolation.png. --from-hf DIR: evaluate that checkpoint
+    instead (no training) at --eval-lens with each --scaling."""
     options = {
-        "task": task, "arch": arch, "routine.pes": hydra_list(pe),
+        "from_hf": from_hf, "task": task, "arch": arch, "routine.pes": hydra_list(pe),
         "routine.train_len": train_len, "routine.eval_lens": hydra_list(eval_lens),
         "routine.scalings": hydra_list(scaling), "routine.seeds": seeds,
         "routine.finetune_steps": finetune_steps, "train.steps": steps,

@@ -7,6 +7,7 @@ from typing import Annotated
 import typer
 
 from transformer_lab.cli.common import (
+    FromHf,
     Multirun,
     Out,
     Overrides,
@@ -26,6 +27,7 @@ def plot_pe(
                                                 "128).")] = None,
     dims: Annotated[str | None, typer.Option("--dims", help="Comma-separated dimensions drawn "
                                              "as curves (default 0,1,3,7,15,31).")] = None,
+    from_hf: FromHf = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
@@ -34,7 +36,8 @@ def plot_pe(
 
     The article's figure (PE value vs position for a few dimensions); RoPE: score vs distance;
     ALiBi / T5: bias per head. PNGs and pe_values.csv in the run directory.
+    --from-hf DIR: the checkpoint's PE (a learned table or bias as trained).
     """
-    options = {"pe": pe, "routine.max_len": max_len, "model.d_model": d_model,
+    options = {"from_hf": from_hf, "pe": pe, "routine.max_len": max_len, "model.d_model": d_model,
                "routine.dims": hydra_list(dims)}
     launch("plot_pe", options, overrides, multirun, out, resume=resume)

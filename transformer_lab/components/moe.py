@@ -166,9 +166,9 @@ class MoEFeedForward(nn.Module):
         weights, chosen = self.route(logits)  # (N, k), (N, k)
         out = torch.zeros_like(flat)  # (N, D)
         for index, expert in enumerate(self.experts):
-            token, slot = (chosen == index).nonzero(as_tuple=True)  # tokens routed here
-            if token.numel() == 0:
-                continue
+            # tokens routed here; an expert with none still runs (on 0 rows), so each of its
+            # parameters gets a (zero) gradient instead of None
+            token, slot = (chosen == index).nonzero(as_tuple=True)
             y = expert(flat[token]) * weights[token, slot, None]  # (N_i, D)
             out.index_add_(0, token, y.to(out.dtype))
         self._auxiliary(logits, chosen)

@@ -77,6 +77,13 @@ class SequenceBatchNorm(nn.BatchNorm1d):
         """Parameters of one norm: gain and bias, ``2 D`` (the running statistics are buffers)."""
         return 2 * d_model
 
+    @classmethod
+    def reversal_settings(cls) -> dict[str, object]:
+        """What step 3 (reversal) trains it with: a decaying lr. At the constant lr 5e-3 the
+        held-out exact match (running statistics in eval) jitters around 0.98 (post-LN: 0.977
+        after 600 steps); with a cosine schedule it settles (post-LN: 0.99 at step 300)."""
+        return {"train.schedule": "warmup_cosine", "train.warmup": 20}
+
     #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
     #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
     seed_stacked = "SeedStackedBatchNorm"

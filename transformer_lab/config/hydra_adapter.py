@@ -1,12 +1,15 @@
-"""The one place where tlab uses Hydra's private API (``hydra._internal``).
+"""The one place where tlab uses Hydra's private API (``hydra._internal``, and the Optuna
+sweeper plugin's ``_impl``).
 
-Checked on hydra-core 1.3.2 (``pyproject.toml`` allows ``>=1.3,<1.4``). Everything else in tlab
-uses Hydra's public API only; if a Hydra release moves these names, this file is the one to fix.
+Checked on hydra-core 1.3.2 and 1.3.8 (``pyproject.toml`` allows ``>=1.3,<1.4``) and
+hydra-optuna-sweeper 1.3.0. Everything else in tlab uses Hydra's public API only; if a Hydra
+release moves these names, this file is the one to fix.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -87,3 +90,22 @@ def run_hydra(argv: list[str], task_function: Callable[[Any], Any], config_dir: 
     args = parser.parse_args(argv)
     _run_hydra(args=args, args_parser=parser, task_function=task_function,
                config_path=str(config_dir), config_name="config")
+
+
+@contextmanager
+def after_optuna_sweeper_setup(extend: Callable[[Any], None]) -> Iterator[None]:
+    """Within the block, Optuna's Hydra sweeper calls ``extend(sweeper)`` after its own
+    ``setup`` (the plugin's private ``OptunaSweeperImpl``)."""
+    from hydra_plugins.hydra_optuna_sweeper._impl import OptunaSweeperImpl
+
+    original = OptunaSweeperImpl.setup
+
+    def setup(self: Any, **kwargs: Any) -> None:
+        original(self, **kwargs)
+        extend(self)
+
+    OptunaSweeperImpl.setup = setup
+    try:
+        yield
+    finally:
+        OptunaSweeperImpl.setup = original

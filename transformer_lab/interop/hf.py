@@ -11,14 +11,16 @@ naming it. Families: ``hf_families.FAMILIES`` (model_type -> preset).
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, open_dict
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
+from transformer_lab.interop.hf_common import Family, Unsupported
+from transformer_lab.interop.hf_families import FAMILIES
 from transformer_lab.model import TransformerModel, build_model
 
 MISSING = "transformers is not installed (pip install 'transformer_lab[hf]')"
@@ -39,26 +41,50 @@ def _family(model_type: str) -> Family:
     return FAMILIES[model_type]
 
 
-def load_hf(model_or_dir: Any) -> Any:
-    """A ``transformers`` model, or one loaded from a local directory (never downloaded)."""
+def hf_config(model_or_dir: Any) -> Any:
+    """The ``transformers`` config of a model, or read from a local directory's config.json
+    (no weights are read); ``ConfigError`` for a directory that is not a model's."""
     transformers = _transformers()
     if not isinstance(model_or_dir, str | Path):
-        return model_or_dir
+        return model_or_dir.config
     path = Path(model_or_dir)
     if not (path / "config.json").is_file():
         raise ConfigError(f"--from-hf {path} is not a local Hugging Face model directory "
                           f"(no config.json; tlab reads local directories only)")
-    config = transformers.AutoConfig.from_pretrained(path, local_files_only=True)
-    family = _family(config.model_type)
+    try:
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+    except (ValueError, OSError, KeyError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--from-hf {path}: its config.json cannot be read: {first}") from None
+
+
+def load_hf(model_or_dir: Any) -> Any:
+    """A ``transformers`` model, or one loaded from a local directory (never downloaded)."""
+    if not isinstance(model_or_dir, str | Path):
+        return model_or_dir
+    return _load_dir(str(Path(model_or_dir).resolve()))
+
+
+@lru_cache(maxsize=1)
+def _load_dir(path: str) -> Any:
+    """The model saved in ``path``, loaded once per process (pre-flight and the routine)."""
+    family = _family(hf_config(path).model_type)
+    transformers = _transformers()
+    transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in tlab's output
     cls = getattr(transformers, family.hf_class)
-    return cls.from_pretrained(path, local_files_only=True, dtype="float32")
+    try:
+        return cls.from_pretrained(path, local_files_only=True, dtype="float32").eval()
+    except (OSError, ValueError) as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"--from-hf {path}: the weights cannot be loaded: {first}") from None
 
 
 def hf_overrides(model_or_dir: Any) -> list[str]:
-    """The tlab overrides that describe a checkpoint (a preset plus the knob values)."""
-    hf = load_hf(model_or_dir)
+    """The tlab overrides that describe a checkpoint (a preset plus the knob values); reads
+    only the config of a directory."""
+    config = hf_config(model_or_dir)
     try:
-        return _family(hf.config.model_type).overrides(hf.config)
+        return _family(config.model_type).overrides(config)
     except Unsupported as exc:
         raise ConfigError(f"this checkpoint uses {exc}, which tlab cannot express") from None
 
@@ -66,16 +92,28 @@ def hf_overrides(model_or_dir: Any) -> list[str]:
 def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any) -> None:
     """Copy a checkpoint's weights into ``model`` (built from ``cfg`` with ``hf_overrides``).
     The token embedding and output head keep the first ``model.vocab_size`` rows when the
-    task's vocabulary is smaller than the checkpoint's."""
+    task's vocabulary is smaller than the checkpoint's; a larger one is a ``ConfigError``."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
     state = family.to_tlab(hf.config, hf.state_dict())
     own = model.state_dict()
     for name in ("token_embedding.weight", "lm_head.weight"):
-        if name in state and name in own and state[name].shape[0] > own[name].shape[0]:
-            state[name] = state[name][: own[name].shape[0]]
+        if name not in state or name not in own:
+            continue
+        rows, theirs = own[name].shape[0], state[name].shape[0]
+        if rows > theirs:
+            raise ConfigError(f"the task's vocabulary ({rows} tokens) is larger than the "
+                              f"checkpoint's ({theirs}); use a task with at most {theirs} "
+                              "tokens (e.g. task.tokenizer=char)")
+        state[name] = state[name][:rows]
+    wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise ConfigError(f"the checkpoint does not fit tlab's model: {wrong[0]} is "
+                          f"{tuple(state[wrong[0]].shape)}, tlab's {tuple(own[wrong[0]].shape)}"
+                          " (an override changed the model's sizes?)")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.model.tie_embeddings)]
+    headless = cfg.model.tie_embeddings or not family.output_head  # lm_head: tied, or none
+    missing = [k for k in missing if not (k == "lm_head.weight" and headless)]
     if missing or unexpected:
         raise ConfigError(f"the checkpoint does not fit tlab's model: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}")
@@ -87,10 +125,12 @@ def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()
     tlab model with its weights; tokens (B, T) -> logits (B, T, vocab), or the final hidden
     states (B, T, D) for a model without an output head."""
     hf = load_hf(model_or_dir)
+    family = _family(hf.config.model_type)
     cfg = compose([*hf_overrides(hf), *overrides])
     cfg.model.vocab_size = hf.config.vocab_size
+    with open_dict(cfg):
+        cfg.preset_name = family.preset  # to_hf's family
     model = build_model(cfg, seed=0)
-    family = _family(hf.config.model_type)
     model.output_head = family.output_head
     load_hf_weights(model, cfg, hf)
     return cfg, model.eval()
@@ -104,8 +144,8 @@ def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
     if family is None:
         known = sorted({f.preset for f in FAMILIES.values()})
         raise ConfigError(f"to_hf knows the families {known}; this config is not one of them")
-    hf_config = family.hf_config(cfg)
-    hf = getattr(transformers, family.hf_class)(hf_config).eval()
+    config = family.hf_config(cfg)
+    hf = getattr(transformers, family.hf_class)(config, **dict(family.hf_init)).eval()
     state = family.to_hf(cfg, model.state_dict())
     missing, unexpected = hf.load_state_dict(state, strict=False)
     missing = [k for k in missing if not (k == "lm_head.weight" and cfg.model.tie_embeddings)]
@@ -116,9 +156,17 @@ def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
 
 
 def _preset_of(cfg: DictConfig) -> str:
-    """Which family a config belongs to, from its components (llama-like or mixtral)."""
-    if cfg.ffn.get("name") == "moe":
+    """Which family a config belongs to, from its components (for a config that did not
+    come from ``from_hf``, e.g. ``compose(["preset=gpt2"])``)."""
+    ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))
+    if ffn == "moe":
         return "mixtral"
-    if cfg.ffn.get("name") == "swiglu" and cfg.norm_layer.get("name") == "rmsnorm":
+    if ffn == "swiglu" and norm == "rmsnorm":
         return "llama"
+    if pe == "t5":
+        return "t5_encoder"
+    if pe == "learned":
+        return "bert" if cfg.model.get("embed_norm") else "gpt2"
+    if pe == "rope" and norm == "layernorm":
+        return "gpt_neox"
     return "unknown"

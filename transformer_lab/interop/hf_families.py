@@ -9,83 +9,41 @@ dicts; ``L`` layers, ``D`` hidden size, ``H`` heads.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-State = dict[str, torch.Tensor]
+from transformer_lab.interop.hf_common import (
+    Family,
+    State,
+    layers,
+    rename,
+    require,
+    rope_overrides,
+    rope_parameters,
+)
+from transformer_lab.interop.hf_encoders import (
+    bert_config,
+    bert_overrides,
+    bert_to_hf,
+    bert_to_tlab,
+    t5_config,
+    t5_overrides,
+    t5_to_hf,
+    t5_to_tlab,
+)
+from transformer_lab.interop.hf_gpt import (
+    gpt2_config,
+    gpt2_overrides,
+    gpt2_to_hf,
+    gpt2_to_tlab,
+    neox_config,
+    neox_overrides,
+    neox_to_hf,
+    neox_to_tlab,
+)
 
-
-class Unsupported(ValueError):
-    """A checkpoint setting tlab cannot express."""
-
-
-def _require(hc: Any, key: str, allowed: tuple, default: Any = None) -> None:
-    value = getattr(hc, key, default)
-    if value not in allowed:
-        raise Unsupported(f"{key}={value!r} (tlab supports {', '.join(map(repr, allowed))})")
-
-
-def _rope_overrides(hc: Any) -> list[str]:
-    """``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling`` -> pe.*."""
-    params = dict(getattr(hc, "rope_parameters", None) or {})
-    params.update(getattr(hc, "rope_scaling", None) or {})
-    base = params.get("rope_theta", getattr(hc, "rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    names = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn",
-             "llama3": "llama3"}
-    if kind not in names:
-        raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(names)})")
-    for key in ("mscale", "mscale_all_dim"):
-        if params.get(key):
-            raise Unsupported(f"rope {key}={params[key]!r} (tlab: attention_factor only)")
-    if params.get("truncate") is False:
-        raise Unsupported("rope truncate=False (tlab rounds YaRN's ramp bounds)")
-    out = [f"pe.base={float(base)}", f"pe.scaling={names[kind]}",
-           f"pe.rotary_fraction={float(params.get('partial_rotary_factor', 1.0))}"]
-    if kind != "default":
-        out.append(f"pe.factor={float(params['factor'])}")
-    original = params.get("original_max_position_embeddings")
-    if kind == "dynamic":  # transformers' dynamic NTK starts past max_position_embeddings
-        original = hc.max_position_embeddings
-    if original is not None:
-        out.append(f"pe.original_max_len={int(original)}")
-    for key in ("beta_fast", "beta_slow", "attention_factor", "low_freq_factor",
-                "high_freq_factor"):
-        if params.get(key) is not None:
-            out.append(f"pe.{key}={float(params[key])}")
-    return out
-
-
-def _rope_parameters(cfg: Any) -> dict:
-    pe = cfg.pe
-    kind = {"none": "default"}.get(pe.scaling, pe.scaling)
-    params = {"rope_type": kind, "rope_theta": float(pe.base)}
-    if pe.get("rotary_fraction", 1.0) != 1.0:
-        params["partial_rotary_factor"] = float(pe.rotary_fraction)
-    if kind != "default":
-        params["factor"] = float(pe.factor)
-    if pe.scaling in ("yarn", "llama3") and pe.original_max_len is not None:
-        params["original_max_position_embeddings"] = int(pe.original_max_len)
-    if pe.scaling == "yarn":
-        params.update(beta_fast=float(pe.beta_fast), beta_slow=float(pe.beta_slow))
-        if pe.attention_factor is not None:
-            params["attention_factor"] = float(pe.attention_factor)
-    if pe.scaling == "llama3":
-        params.update(low_freq_factor=float(pe.low_freq_factor),
-                      high_freq_factor=float(pe.high_freq_factor))
-    return params
-
-
-def _layers(cfg_or_hc: Any) -> range:
-    n = getattr(cfg_or_hc, "num_hidden_layers", None)
-    return range(n if n is not None else cfg_or_hc.model.n_layers)
-
-
-def _rename(state: State, pairs: list[tuple[str, str]]) -> State:
-    return {new: state[old] for old, new in pairs if old in state}
+_layers, _rename = layers, rename
 
 
 # --------------------------------------------------------------------------------------------
@@ -93,7 +51,7 @@ def _rename(state: State, pairs: list[tuple[str, str]]) -> State:
 
 
 def _llama_overrides(hc: Any) -> list[str]:
-    _require(hc, "hidden_act", ("silu",))
+    require(hc, "hidden_act", ("silu",))
     head_dim = getattr(hc, "head_dim", None)
     moe = getattr(hc, "num_local_experts", None)
     attn_bias = bool(getattr(hc, "attention_bias", False))
@@ -106,7 +64,7 @@ def _llama_overrides(hc: Any) -> list[str]:
            f"model.ffn_bias={bool(getattr(hc, 'mlp_bias', False))}".lower(),
            f"model.tie_embeddings={bool(hc.tie_word_embeddings)}".lower(),
            f"model.max_len={hc.max_position_embeddings}", f"norm_layer.eps={hc.rms_norm_eps}",
-           *_rope_overrides(hc)]
+           *rope_overrides(hc)]
     if getattr(hc, "model_type", "") == "qwen2":  # Q/K/V bias, no output bias
         out += ["model.qkv_bias=true", "model.out_bias=false"]
     if moe:
@@ -197,25 +155,12 @@ def _llama_config(cfg: Any) -> Any:
                   max_position_embeddings=(cfg.pe.original_max_len if cfg.pe.scaling == "dynamic"
                                            else m.max_len), rms_norm_eps=cfg.norm_layer.eps,
                   tie_word_embeddings=bool(m.tie_embeddings), attention_bias=bool(m.attn_bias),
-                  rope_parameters=_rope_parameters(cfg))
+                  rope_parameters=rope_parameters(cfg))
     if cfg.ffn.get("n_experts") is not None:
         return MixtralConfig(**common, num_local_experts=cfg.ffn.n_experts,
                              num_experts_per_tok=cfg.ffn.top_k,
                              router_aux_loss_coef=cfg.ffn.load_balance_coef)
     return LlamaConfig(**common, mlp_bias=bool(m.ffn_bias))
-
-
-@dataclass(frozen=True)
-class Family:
-    """How one ``model_type`` maps onto tlab."""
-
-    preset: str
-    hf_class: str  # the transformers class ``to_hf`` builds and ``from_hf`` loads
-    overrides: Callable[[Any], list[str]]
-    to_tlab: Callable[[Any, State], State]
-    to_hf: Callable[[Any, State], State]
-    hf_config: Callable[[Any], Any]
-    output_head: bool = True
 
 
 FAMILIES: dict[str, Family] = {
@@ -227,4 +172,12 @@ FAMILIES: dict[str, Family] = {
                     _llama_to_hf, _llama_config),
     "mixtral": Family("mixtral", "MixtralForCausalLM", _llama_overrides, _llama_to_tlab,
                       _llama_to_hf, _llama_config),
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", gpt2_overrides, gpt2_to_tlab, gpt2_to_hf,
+                   gpt2_config),
+    "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", neox_overrides, neox_to_tlab,
+                       neox_to_hf, neox_config),
+    "bert": Family("bert", "BertModel", bert_overrides, bert_to_tlab, bert_to_hf, bert_config,
+                   output_head=False, hf_init=(("add_pooling_layer", False),)),
+    "t5": Family("t5_encoder", "T5EncoderModel", t5_overrides, t5_to_tlab, t5_to_hf, t5_config,
+                 output_head=False),
 }

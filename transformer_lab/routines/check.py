@@ -192,7 +192,12 @@ def pe_config(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def build_for_check(cfg: DictConfig) -> TransformerModel:
+    """The run's model in eval mode; with ``from_hf`` (``--from-hf DIR``) its weights."""
     model = build_model(cfg, seed=int(cfg.seed))
+    if cfg.get("from_hf"):
+        from transformer_lab.interop.hf import load_hf_weights
+
+        load_hf_weights(model, cfg, str(cfg.from_hf))
     return model.eval()
 
 
@@ -208,7 +213,7 @@ def rotary_factory(cfg: DictConfig) -> RotaryFactory:
 def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
                 component: str) -> list[ComponentCheck]:
     make = rotary_factory(cfg)
-    head_dim = int(cfg.model.d_model) // int(cfg.model.n_heads)
+    head_dim = int(cfg.pe.get("head_dim") or int(cfg.model.d_model) // int(cfg.model.n_heads))
     bases = sorted({float(cfg.pe.base), *map(float, cfg.routine.rope_bases)})
     return [*rope_relative_rows(make, head_dim, bases, component),
             pairing_mismatch_row(make, head_dim, float(cfg.pe.base), component)]
@@ -279,6 +284,11 @@ def pes_with_checks(cfg: DictConfig) -> list[str]:
 def pes_to_check(cfg: DictConfig) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice = str(cfg.routine.pe)
+    if cfg.get("from_hf"):  # --from-hf: the checkpoint's own PE only
+        if choice not in ("all", cfg.pe.get("name")):
+            raise ConfigError(f"--pe {choice}: --from-hf checks the checkpoint's own PE "
+                              f"({cfg.pe.get('name')}); drop --pe")
+        choice = str(cfg.pe.get("name"))
     if choice == "all":
         return pes_with_checks(cfg)
     if not checks_of(cfg, choice):

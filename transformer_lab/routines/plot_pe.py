@@ -36,7 +36,11 @@ from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 
 
-def checked_dims(dims: list[int], width: int, what: str) -> list[int]:
+def checked_dims(dims: list[int], width: int, what: str, drop: bool = False) -> list[int]:
+    """``dims`` if all are below ``width``; ``drop``: only those (a checkpoint's width is not
+    the default one)."""
+    if drop and any(0 <= d < width for d in dims):
+        dims = [d for d in dims if 0 <= d < width]
     bad = [d for d in dims if not 0 <= d < width]
     if bad:
         raise ConfigError(f"routine.dims={bad} not valid for {what} {width}; use 0..{width - 1}")
@@ -54,7 +58,8 @@ def plot_additive(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> li
     length, name = int(cfg.routine.max_len), cfg.pe.get("name")
     with torch.no_grad():
         table = pe(torch.arange(length)).float().numpy()  # (L, D)
-    dims = checked_dims(list(cfg.routine.dims), table.shape[1], "d_model")
+    dims = checked_dims(list(cfg.routine.dims), table.shape[1], "d_model",
+                        drop=bool(cfg.get("from_hf")))
     positions = np.arange(length)
     curves = {f"dim {d}": table[:, d] for d in dims}
     write_values(run, positions, curves)
@@ -80,7 +85,8 @@ def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list
     head_dim = int(pe.head_dim)
     cos, _ = pe.cos_sin(torch.arange(length))  # (L, rot/2)
     cos = cos.numpy()
-    dims = checked_dims(list(cfg.routine.dims), head_dim, "head_dim")
+    dims = checked_dims(list(cfg.routine.dims), head_dim, "head_dim",
+                        drop=bool(cfg.get("from_hf")))
     positions = np.arange(length)
     curves = {f"dim {d} (pair {d // 2})": cos[:, d // 2] for d in dims if d // 2 < cos.shape[1]}
     scores = {f"base {float(cfg.pe.base):g} (configured)": rope_scores(pe, head_dim, length)}
@@ -139,20 +145,21 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     if int(cfg.routine.max_len) < 2:
         raise ConfigError(f"--max-len {cfg.routine.max_len} is not valid; it must be >= 2")
     pe = instantiate_component(cfg, "pe")
-    kind = getattr(pe, "kind", None)
+    kind, hf = getattr(pe, "kind", None), bool(cfg.get("from_hf"))
     if kind not in PLOTTERS:
         raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
                           f"plotted kinds: {', '.join(PLOTTERS)}")
     if kind == "additive":
-        checked_dims(list(cfg.routine.dims), int(cfg.model.d_model), "d_model")
+        checked_dims(list(cfg.routine.dims), int(cfg.model.d_model), "d_model", drop=hf)
     elif kind == "rotary":
-        checked_dims(list(cfg.routine.dims), int(pe.head_dim), "head_dim")
+        checked_dims(list(cfg.routine.dims), int(pe.head_dim), "head_dim", drop=hf)
 
 
 def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     torch.manual_seed(int(cfg.seed))
-    pe = instantiate_component(cfg, "pe")
+    # --from-hf: the checkpoint's PE, its weights loaded into the run's model in pre-flight
+    pe = inputs.model.positional if cfg.get("from_hf") else instantiate_component(cfg, "pe")
     files = PLOTTERS[pe.kind](cfg, pe, run)
     for path in files:
         console.print(f"wrote {path}")

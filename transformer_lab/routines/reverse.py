@@ -208,23 +208,31 @@ def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | 
                     ROTARY_TOLERANCE, clock.lap(), detail)
 
 
+# Config groups whose classes may declare ``reversal_settings`` (later ones win on a clash).
+DECLARING_GROUPS = ("pe", "block", "norm_layer", "ffn")
+
+
 def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with the reversal settings the PE's class declares (``reversal_settings``:
+    """``cfg`` with the reversal settings its components' classes declare (``reversal_settings``:
     dotted ``train.*`` / ``routine.max_steps`` keys, e.g. ALiBi's cosine schedule), which the
     NoPE control then shares; off with ``routine.declared_settings=false``. Also returns a note
     naming them ("" when there are none)."""
-    settings = declared(cfg.pe, "reversal_settings", arch=arch_name(cfg))
-    if not isinstance(settings, Mapping) or not settings \
-            or not cfg.routine.get("declared_settings", True):
+    settings, owners = {}, []
+    for group in DECLARING_GROUPS:
+        found = declared(cfg.get(group), "reversal_settings", arch=arch_name(cfg))
+        if isinstance(found, Mapping) and found:
+            settings.update(found)
+            owners.append(f"{group}={cfg[group].get('name')}")
+    if not settings or not cfg.routine.get("declared_settings", True):
         return cfg, ""
     variant = copy.deepcopy(cfg)
     for key, value in settings.items():
         if not (key.startswith("train.") or key == "routine.max_steps"):
-            raise ConfigError(f"{pe_label(cfg)} declares reversal setting {key}; only train.* "
-                              "and routine.max_steps may be declared")
+            raise ConfigError(f"{', '.join(owners)} declares reversal setting {key}; only "
+                              "train.* and routine.max_steps may be declared")
         OmegaConf.update(variant, key, value, force_add=True)
     named = ", ".join(f"{key}={value}" for key, value in settings.items())
-    return variant, (f"with the settings pe={pe_label(cfg)} declares for reversal: {named} "
+    return variant, (f"with the settings {', '.join(owners)} declares for reversal: {named} "
                      "(routine.declared_settings=false: without)")
 
 

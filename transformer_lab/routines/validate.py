@@ -141,8 +141,9 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
     failed_steps = sorted({row.step for row in rows if not row.passed})
     for step in failed_steps:
         if step == 3 and reverse.pe_label(cfg) == "none":
-            console.print("[yellow]step 3 failed as expected[/]: pe=none is the control (a "
-                          "NoPE encoder cannot reverse); run a PE to validate it")
+            console.print("[yellow]step 3 failed as expected[/]: pe=none is the control (an "
+                          "encoder cannot reverse without a PE; a decoder may learn it from its "
+                          "mask); run a PE to validate it")
             continue
         console.print(f"[bold red]step {step} failed[/]: {STEP_HINTS[step]}")
     passed = not failed_steps

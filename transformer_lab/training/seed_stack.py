@@ -3,7 +3,9 @@
 ``stack_models([m_0, ..., m_{S-1}])`` turns S single models (each built by
 ``torch.manual_seed(s); build_model(cfg)``) into one: a copy of the model in which only the leaf
 layers (Linear, Embedding, the norm layers, the learned PE and T5 bias tables) are replaced by
-their seed-stacked forms (``seed_stack_layers``); every other component is unchanged and sees a
+their seed-stacked forms (``seed_stack_layers.stacked_form``: the ``seed_stacked`` class a tlab
+component declares, ``components/seed_stacked.py``, or torch's leaf mapping); every other
+component is unchanged and sees a
 batch of S*B sequences, seed-major (rows s*B .. s*B+B-1 are seed s's). Linear layers become one
 ``baddbmm`` [S, B*T, in] @ [S, in, out]; attention runs on (S*B, H, T, Dh) through SDPA, so its
 fused kernels keep working (unlike ``torch.func.vmap``). Parameter-free parts (sinusoidal, RoPE,
@@ -18,9 +20,10 @@ So seed s of a stacked run gives the numbers of the single run with seed s, up t
 rounding of batched kernels (``tests/test_seed_stack.py``).
 
 ``stackable(model)`` says why a model cannot be stacked (a user's class with parameters, dropout,
-module state): the caller then takes the vmap or one-after-another path and reports which.
-``seed_state_dict(stacked, s)`` / ``unstack_model(stacked, s)`` give seed s's weights under the
-single model's names.
+an auxiliary loss over the batch): the caller then takes the vmap or one-after-another path
+and reports which. ``seed_state_dict(stacked, s)`` / ``unstack_model(stacked, s)`` give seed s's
+weights under the single model's names; ``StackedSeeds`` is the engine ``multiseed.fit_seeds``
+runs, with each seed's own model bound to views of its slices (``bind_seed_views``).
 """
 
 from __future__ import annotations

@@ -54,6 +54,7 @@ import copy
 import math
 import time
 from collections.abc import Mapping
+from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -152,11 +153,20 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
     plan = make_plan(cfg)
     train_task = tasks_by_length(cfg, plan)[plan.train_len]
+    if cfg.get("from_hf") and plan.pes != [cfg.pe.get("name")]:
+        raise ConfigError(f"--pe {','.join(plan.pes)}: --from-hf evaluates the checkpoint's own "
+                          f"PE ({cfg.pe.get('name')}); drop --pe")
     for pe in plan.pes:
         cfg_pe = config_for(cfg, plan.pe_nodes[pe], plan.train_len,
-                            plan.max_len or train_task.model_seq_len)
+                            model_max_len(cfg, plan, train_task.model_seq_len))
         cfg_pe.model.vocab_size = train_task.vocab_size
         build_model(cfg_pe)  # errors name the pe group
+
+
+def model_max_len(cfg: DictConfig, plan: Plan, train_model_len: int) -> int | None:
+    """``model.max_len`` of the models built: ``routine.max_len`` or the training model
+    length; None (the config's, i.e. the checkpoint's) with ``--from-hf``."""
+    return None if cfg.get("from_hf") else plan.max_len or train_model_len
 
 
 def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
@@ -191,7 +201,8 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
         passed=bool(ok_rows),
         summary={
             "pe": ",".join(plan.pes), "seq_len": plan.train_len,
-            "params": max(params.values(), default=None), "steps": int(cfg.train.steps),
+            "params": max(params.values(), default=None),
+            "steps": 0 if cfg.get("from_hf") else int(cfg.train.steps),
             "final_loss": _mean([row["loss"] for row in train_rows]),
             "best_exact_match": max((row["exact_match"] for row in ok_rows
                                      if not math.isnan(row["exact_match"])), default=None),
@@ -216,18 +227,25 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     node = plan.pe_nodes[pe]
     train_task = tasks[plan.train_len]
     original_max_len = train_task.model_seq_len
-    cfg_pe = config_for(cfg, node, plan.train_len, plan.max_len or original_max_len)
+    cfg_pe = config_for(cfg, node, plan.train_len, model_max_len(cfg, plan, original_max_len))
     cfg_pe.model.vocab_size = train_task.vocab_size
-    model = build_model(cfg_pe, seed=seed).to(device)
-    base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed,
-                "train_steps": int(cfg.train.steps)}
+    model = build_model(cfg_pe, seed=seed)
+    steps = int(cfg.train.steps)
+    if cfg.get("from_hf"):  # --from-hf: the checkpoint's weights, evaluated without training
+        from transformer_lab.interop.hf import load_hf_weights
+
+        load_hf_weights(model, cfg_pe, str(cfg.from_hf))
+        steps = 0
+    model = model.to(device)
+    base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
     trainer = Trainer(model, train_task, cfg.train, cfg.model.d_model, seed, log)
     try:
         with progress_bar(log, f"extrapolate: training pe={pe} seed={seed} at length "
-                          f"{plan.train_len}", total=int(cfg.train.steps)):
-            trainer.fit(int(cfg.train.steps))
+                          f"{plan.train_len}", total=steps) if steps else nullcontext():
+            if steps:
+                trainer.fit(steps)
     except Diverged as exc:
         rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
                 for scaling in plan.scalings_for(pe) for length in plan.eval_lens]

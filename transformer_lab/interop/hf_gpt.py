@@ -1,0 +1,171 @@
+"""GPT-2 and GPT-NeoX (Pythia) between ``transformers`` and tlab (see ``hf_families``).
+
+GPT-2 stores its projections as ``Conv1D`` weights ``(in, out)``: transposed to tlab's
+``nn.Linear`` ``(out, in)``. GPT-NeoX fuses Q/K/V per head, ``(H, 3, Dh, D)`` rows, where tlab
+fuses them per projection, ``(3, H, Dh, D)``; it rotates the first ``partial_rotary_factor`` of
+each head (tlab ``pe.rotary_fraction``) and may run attention and FFN in parallel.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from transformer_lab.interop.hf_common import (
+    State,
+    ffn_choice,
+    flag,
+    layers,
+    rename,
+    require,
+    rope_overrides,
+    rope_parameters,
+    swapped,
+)
+
+# HF activation name -> tlab ffn choice (and back: the first HF name of each choice)
+GELU_NAMES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
+              "relu": "relu"}
+
+
+def hf_activation(cfg: Any) -> str:
+    """The HF activation name of tlab's ``ffn`` choice (``gelu_tanh`` -> ``gelu_new``)."""
+    return {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[cfg.ffn.name]
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-2
+
+
+def gpt2_overrides(hc: Any) -> list[str]:
+    require(hc, "scale_attn_weights", (True,), True)
+    require(hc, "scale_attn_by_inverse_layer_idx", (False,), False)
+    require(hc, "add_cross_attention", (False,), False)
+    ffn = ffn_choice(hc.activation_function, GELU_NAMES, "activation_function")
+    return ["preset=gpt2", f"ffn={ffn}", f"model.d_model={hc.n_embd}",
+            f"model.n_heads={hc.n_head}", f"model.n_layers={hc.n_layer}",
+            f"model.d_ff={hc.n_inner or 4 * hc.n_embd}", f"model.max_len={hc.n_positions}",
+            f"norm_layer.eps={hc.layer_norm_epsilon}",
+            flag("model.tie_embeddings", hc.tie_word_embeddings)]
+
+
+def _gpt2_pairs(n_layers: range) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(HF, tlab) names: renamed as they are, and Conv1D weights that are transposed."""
+    plain = [("transformer.wte.weight", "token_embedding.weight"),
+             ("transformer.wpe.weight", "positional.weight"),
+             ("lm_head.weight", "lm_head.weight")]
+    plain += [(f"transformer.ln_f.{w}", f"final_norm.{w}") for w in ("weight", "bias")]
+    conv = []
+    for i in n_layers:
+        hf, tl = f"transformer.h.{i}.", f"blocks.{i}."
+        plain += [(hf + f"ln_{n}.{w}", tl + f"norm{n}.{w}") for n in (1, 2)
+                  for w in ("weight", "bias")]
+        for old, new in (("attn.c_attn", "attention.qkv_proj"),
+                         ("attn.c_proj", "attention.out_proj"),
+                         ("mlp.c_fc", "feedforward.up_proj"),
+                         ("mlp.c_proj", "feedforward.down_proj")):
+            plain.append((hf + old + ".bias", tl + new + ".bias"))
+            conv.append((hf + old + ".weight", tl + new + ".weight"))
+    return plain, conv
+
+
+def gpt2_to_tlab(hc: Any, hf: State) -> State:
+    plain, conv = _gpt2_pairs(layers(hc, "n_layer"))
+    out = rename(hf, plain)
+    out.update({new: hf[old].t() for old, new in conv})  # Conv1D (in, out) -> (out, in)
+    return out
+
+
+def gpt2_to_hf(cfg: Any, tl: State) -> State:
+    plain, conv = _gpt2_pairs(layers(cfg))
+    out = rename(tl, swapped(plain))
+    out.update({old: tl[new].t() for old, new in conv})
+    return out
+
+
+def gpt2_config(cfg: Any) -> Any:
+    from transformers import GPT2Config
+
+    m = cfg.model
+    return GPT2Config(vocab_size=m.vocab_size, n_positions=m.max_len, n_embd=m.d_model,
+                      n_layer=m.n_layers, n_head=m.n_heads, n_inner=m.d_ff,
+                      activation_function=hf_activation(cfg), resid_pdrop=0.0, embd_pdrop=0.0,
+                      attn_pdrop=0.0, layer_norm_epsilon=cfg.norm_layer.eps,
+                      tie_word_embeddings=bool(m.tie_embeddings), bos_token_id=None,
+                      eos_token_id=None)
+
+
+# --------------------------------------------------------------------------------------------
+# GPT-NeoX
+
+
+def neox_overrides(hc: Any) -> list[str]:
+    ffn = ffn_choice(hc.hidden_act, GELU_NAMES, "hidden_act")
+    return ["preset=gpt_neox", f"ffn={ffn}", f"model.d_model={hc.hidden_size}",
+            f"model.n_heads={hc.num_attention_heads}", f"model.n_layers={hc.num_hidden_layers}",
+            f"model.d_ff={hc.intermediate_size}", f"model.max_len={hc.max_position_embeddings}",
+            f"norm_layer.eps={hc.layer_norm_eps}",
+            flag("model.attn_bias", getattr(hc, "attention_bias", True)),
+            flag("model.parallel_block", hc.use_parallel_residual),
+            flag("model.tie_embeddings", hc.tie_word_embeddings), *rope_overrides(hc)]
+
+
+def _neox_pairs(n_layers: range) -> list[tuple[str, str]]:
+    pairs = [("gpt_neox.embed_in.weight", "token_embedding.weight"),
+             ("lm_head.weight", "lm_head.weight")]
+    pairs += [(f"gpt_neox.final_layer_norm.{w}", f"final_norm.{w}") for w in ("weight", "bias")]
+    for i in n_layers:
+        hf, tl = f"gpt_neox.layers.{i}.", f"blocks.{i}."
+        for old, new in (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2"),
+                         ("attention.dense", "attention.out_proj"),
+                         ("mlp.dense_h_to_4h", "feedforward.up_proj"),
+                         ("mlp.dense_4h_to_h", "feedforward.down_proj")):
+            pairs += [(hf + f"{old}.{w}", tl + f"{new}.{w}") for w in ("weight", "bias")]
+    return pairs
+
+
+def _regroup(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
+    """Rows grouped ``(first, second, Dh)`` -> ``(second, first, Dh)``: per head (H, 3) to
+    per projection (3, H) and back. ``t``: a weight ``(3 H Dh, D)`` or a bias ``(3 H Dh,)``."""
+    rows = t.view(first, second, -1, *t.shape[1:])
+    return rows.transpose(0, 1).reshape(t.shape)
+
+
+def neox_to_tlab(hc: Any, hf: State) -> State:
+    out = rename(hf, _neox_pairs(layers(hc)))
+    heads = hc.num_attention_heads
+    for i in layers(hc):
+        for w in ("weight", "bias"):
+            name = f"gpt_neox.layers.{i}.attention.query_key_value.{w}"
+            if name in hf:
+                out[f"blocks.{i}.attention.qkv_proj.{w}"] = _regroup(hf[name], heads, 3)
+    return out
+
+
+def neox_to_hf(cfg: Any, tl: State) -> State:
+    out = rename(tl, swapped(_neox_pairs(layers(cfg))))
+    for i in layers(cfg):
+        for w in ("weight", "bias"):
+            name = f"blocks.{i}.attention.qkv_proj.{w}"
+            if name in tl:
+                out[f"gpt_neox.layers.{i}.attention.query_key_value.{w}"] = _regroup(
+                    tl[name], 3, cfg.model.n_heads)
+    return out
+
+
+def neox_config(cfg: Any) -> Any:
+    from transformers import GPTNeoXConfig
+
+    m = cfg.model
+    rope = {**rope_parameters(cfg), "partial_rotary_factor": float(cfg.pe.rotary_fraction)}
+    return GPTNeoXConfig(vocab_size=m.vocab_size, hidden_size=m.d_model,
+                         num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
+                         intermediate_size=m.d_ff, hidden_act=hf_activation(cfg),
+                         max_position_embeddings=(cfg.pe.original_max_len
+                                                  if cfg.pe.scaling == "dynamic" else m.max_len),
+                         layer_norm_eps=cfg.norm_layer.eps,
+                         use_parallel_residual=bool(m.parallel_block),
+                         attention_bias=bool(m.attn_bias),
+                         tie_word_embeddings=bool(m.tie_embeddings), rope_parameters=rope,
+                         bos_token_id=None, eos_token_id=None)
