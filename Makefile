@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-EXTRAS ?= dev,joblib,submitit,bench,reference,optuna,tensorboard
+EXTRAS ?= dev,joblib,submitit,bench,reference,hf,text,optuna,tensorboard,mlflow
 
 .PHONY: setup validate test lint bench clean
 

@@ -50,11 +50,16 @@ def config_params(cfg: DictConfig) -> dict[str, Any]:
     return flatten(tree)
 
 
+# Row columns that describe how a row was made, not which curve it belongs to.
+NOT_TAGS = {"seed_engine"}
+
+
 def metric_name(row: Mapping[str, Any], key: str) -> str:
     """``split/tag.../key``: tags are the row's non-measurement columns (seed, variant, ...)."""
     from transformer_lab.results.progress import MEASURE_KEYS
 
-    tags = [f"{k}={v}" for k, v in row.items() if k not in MEASURE_KEYS and v is not None]
+    tags = [f"{k}={v}" for k, v in row.items()
+            if k not in MEASURE_KEYS and k not in NOT_TAGS and v is not None]
     return "/".join([str(row.get("split") or "train"), *tags, key])
 
 

@@ -9,9 +9,10 @@ Runs every component of a suite through ``tlab validate``'s own step functions, 
   whose ``expected`` is ``harmless`` counts as correct too.
 
 For each: the pre-flight's component checks (:func:`preflight`: exit 2 in ``tlab validate``),
-steps 1-2 (``validate.smoke_steps``), then step 3's rotary check (``reverse.rotary_relative_check``); with
-``routine.reversal=true`` step 3's reversal training and NoPE control too (minutes per PE on a
-CPU; the built-in reversal results are in ``benchmarks/validate_matrix.csv``). Step 4 compares
+steps 1-2 (``validate.smoke_steps``), then step 3's rotary check
+(``reverse.rotary_relative_check``); with ``routine.reversal=true`` step 3's reversal training
+and NoPE control too (minutes per PE on a CPU; the built-in reversal results are in
+``benchmarks/validate_matrix.csv``). Step 4 compares
 relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
 
 The first failing row names the step/check that caught a component; an exception is

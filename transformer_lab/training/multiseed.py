@@ -2,7 +2,7 @@
 
 S separate runs of a small model pay S times the per-step overhead (Python, op dispatch,
 optimiser bookkeeping). ``fit_seeds`` trains them with one of three engines, and says which
-(a line on the console, and a ``seed_engine`` column in the metrics rows):
+(a line on the console, and a ``seed_engine`` column in the metrics rows of several seeds):
 
 - ``stacked`` (``seed_stack``): one model whose leaf layers carry a leading seed axis (batched
   matmuls [S, B*T, in] @ [S, in, out], attention on (S*B, H, T, Dh) through SDPA, per-seed norm
@@ -246,7 +246,8 @@ def fit_seeds(
         from transformer_lab.results.console import console
 
         console.print(chosen.describe(seeds))
-    logs = {s: TaggedLog(log, seed_engine=chosen.name)
+    several = len(seeds) > 1  # a single seed's rows stay as a plain run's
+    logs = {s: TaggedLog(log, seed_engine=chosen.name) if several else log
             for s, log in (metrics or {}).items() if log is not None}
     trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, logs.get(s))
                 for m, s in zip(models, seeds, strict=True)]
