@@ -86,7 +86,7 @@ def test_correct_custom_rope_passes_the_relative_check(cfg_for):
     (["pe._target_=no_such_package.MyPE"], "no_such_package"),
     (["pe=my_ropee"], "unknown pe 'my_ropee'; valid: alibi, learned, mismatched_rope, my_rope"),
     (["routine.compare.routine.activations=[relu,my_fnn]"], "valid: geglu, gelu, gelu_tanh, "
-     "leaky_relu, my_ffn"),
+     "leaky_relu, moe, my_ffn"),
 ])
 def test_components_that_do_not_plug_in_exit_2(tlab, tmp_path, overrides, message):
     """Checked before the run starts, with the user's --config-dir searched as Hydra does."""

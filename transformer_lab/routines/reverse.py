@@ -324,8 +324,8 @@ def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
         no_better = control is not None and (
             chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
         if chosen.pe == NOPE:
-            detail += (f"; as expected: pe={NOPE} is the control ({chosen.expected}); a "
-                       "correct PE must do better")
+            detail += (f"; as expected: pe={NOPE} is the control, a model told nothing about "
+                       f"positions ({chosen.expected}); a correct PE must do better")
         elif no_better:
             detail += ("; no better than no PE at all: the model gets no usable position "
                        "information - check that the PE's output depends on its `positions` "
