@@ -9,7 +9,7 @@ transformer_lab`` (and ``tlab --help``) stays cheap::
 
 from typing import Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _API = ("validate", "smoke", "reverse_task", "compare_activations", "check", "Result")
 __all__ = [*_API, "testing"]

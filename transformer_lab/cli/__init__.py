@@ -24,7 +24,9 @@ from transformer_lab.cli.validate import validate
 app = typer.Typer(
     name="tlab",
     help="tlab: check and compare Transformer components (positional encodings, FFN "
-    "activations, normalisation) on small models. Results go to CSV tables and PNG plots.",
+    "activations, normalisation) on small models. Results go to CSV tables and PNG plots. "
+    "Every command also takes -q/--quiet (no progress bars), --force (run even if the memory "
+    "estimate says it will not fit), --out DIR, -m/--multirun and Hydra overrides.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,

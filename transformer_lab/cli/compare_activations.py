@@ -46,8 +46,9 @@ def compare_activations(
     resume: Resume = None,
 ) -> None:
     """Train the same model with each activation (same init seed, same batches) on the
-    synthetic language task; writes comparison.csv (with confidence intervals and a verdict
-    against the baseline, paired by seed) and loss_curves.png."""
+    experiment's task (8-token reversal unless task= says otherwise); writes comparison.csv
+    (with confidence intervals and a verdict against the baseline, paired by seed) and
+    loss_curves.png."""
     options = {"routine.activations": hydra_list(activations), "routine.baseline": baseline,
                "routine.steps": steps,
                "routine.seeds": seeds, "pe": pe, "block": norm, "arch": arch}

@@ -2,7 +2,7 @@
 
 A model of S seeds is the single model with its leaf layers swapped for seed-stacked ones
 (``training/seed_stack.py``). Each of tlab's layers that holds parameters declares its stacked
-form itself (``stack_seeds``, a classmethod that returns one of the classes here); torch's own
+form itself (``seed_stacked``, the name of one of the classes here); torch's own
 leaves (``nn.Linear``, ``nn.Embedding``) are mapped in ``training/seed_stack_layers.py``.
 
 Every other module is unchanged and sees a batch of S*B sequences laid out seed-major: rows

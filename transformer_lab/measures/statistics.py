@@ -21,10 +21,22 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
-from scipy import stats
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _stats() -> Any:
+    """``scipy.stats``, imported on first use (about 0.4 s that commands comparing nothing do
+    not pay)."""
+    from scipy import stats
+
+    return stats
+
+
 
 BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
@@ -56,10 +68,10 @@ def _t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
     n = len(values)
     if n < 2:
         return math.nan, math.nan
-    mean, sem = float(values.mean()), float(stats.sem(values))
+    mean, sem = float(values.mean()), float(_stats().sem(values))
     if sem == 0.0:
         return mean, mean
-    low, high = stats.t.interval(confidence, n - 1, loc=mean, scale=sem)
+    low, high = _stats().t.interval(confidence, n - 1, loc=mean, scale=sem)
     return float(low), float(high)
 
 
@@ -103,7 +115,7 @@ def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
     """
     n = len(differences)
     resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
-    result = stats.permutation_test((differences,), _mean_statistic, vectorized=True,
+    result = _stats().permutation_test((differences,), _mean_statistic, vectorized=True,
                                     permutation_type="samples", alternative="two-sided",
                                     n_resamples=resamples, rng=np.random.default_rng(seed))
     return float(result.pvalue)
@@ -157,8 +169,8 @@ def paired_t_power(n: int | np.ndarray, effect: float, alpha: float = 0.05) -> n
     ``P(|T| > t_{1-a/2, n-1})`` for ``T ~ nct(df = n - 1, nc = effect * sqrt(n))``."""
     n = np.asarray(n, dtype=float)
     df, nc = n - 1, abs(effect) * np.sqrt(n)
-    critical = stats.t.ppf(1 - alpha / 2, df)
-    return stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
+    critical = _stats().t.ppf(1 - alpha / 2, df)
+    return _stats().nct.sf(critical, df, nc) + _stats().nct.cdf(-critical, df, nc)
 
 
 def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8,
@@ -227,6 +239,8 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
                        seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
                        note=_note(pair))
         rows[name] = row
+    import pandas as pd
+
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = variant
     table["p_adjusted"] = holm(table["p_value"].to_numpy())

@@ -56,7 +56,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, ListConfig
 from rich import box
@@ -247,6 +246,8 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
     for row in rows:
         row["rel_speed"] = row["tokens_per_s"] / first_speed if first_speed else math.nan
     if runs:
+        import pandas as pd
+
         per_seed = pd.DataFrame([{"activation": r.activation, "seed": r.seed,
                                   "final_loss": r.final_loss} for r in runs])
         verdicts = verdict_table(per_seed, "activation", baseline=baseline)

@@ -58,7 +58,6 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-import pandas as pd
 import torch
 from omegaconf import DictConfig, OmegaConf
 
@@ -363,6 +362,8 @@ def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
     rows = [run.as_row() for run in runs]
     if not any(run.role == "nope_control" for run in runs):
         return rows
+    import pandas as pd
+
     verdicts = verdict_table(pd.DataFrame(rows), "role", "best_exact_match",
                              baseline="nope_control", lower_is_better=False)
     return [{**row, **verdicts.loc[row["role"]].to_dict()} for row in rows]

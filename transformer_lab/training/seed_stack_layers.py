@@ -1,7 +1,7 @@
 """Seed-stacked forms of torch's own leaf layers (``nn.Linear``, ``nn.Embedding``,
 ``nn.LayerNorm``), and ``stacked_form``: how any leaf layer stacks.
 
-tlab's own layers declare their stacked form themselves (``stack_seeds`` on the class, the
+tlab's own layers declare their stacked form themselves (``seed_stacked`` on the class, the
 stacked classes in ``components/seed_stacked.py``); torch's leaves cannot, so they are mapped
 here (``TORCH_LEAVES``). See ``components/seed_stacked.py`` for the layout (seed-major rows,
 parameters with a leading seed axis).
