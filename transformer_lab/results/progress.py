@@ -38,7 +38,7 @@ from rich.progress import (
 # Row keys that are measurements; any other key (seed, variant, stage, ...) names a series.
 MEASURE_KEYS = frozenset({"step", "split", "loss", "accuracy", "exact_match", "lr", "grad_norm",
                           "tokens_per_s", "elapsed_s"})
-REFRESH_PER_SECOND = 4  # rich redraws on its own thread; fewer redraws, less CPU taken
+REFRESH_PER_SECOND = 2  # rich redraws on its own thread; fewer redraws, less CPU taken
 
 
 def _number(value: Any) -> float | None:
