@@ -157,6 +157,50 @@ def test_dead_worker_is_one_failed_job(tmp_path):
     assert json.loads((sweep / "1" / "run.json").read_text())["signal"] == 9
 
 
+def test_dead_joblib_worker_process_is_one_failed_job_and_the_sweep_goes_on(tmp_path):
+    """kill -9 of a loky worker process itself (not its job's child): loky breaks the pool;
+    the job is recorded as error naming its worker's death, the others all run and pass."""
+    pytest.importorskip("hydra_plugins.hydra_joblib_launcher")
+    (tmp_path / "cfg" / "pe").mkdir(parents=True)
+    (tmp_path / "worker_killer.py").write_text(  # in a worker's job child only, not pre-flight
+        "import os, signal, time\nfrom pathlib import Path\nfrom torch import nn\n"
+        "def in_worker():\n    launcher = os.environ.get('TLAB_LAUNCHER_PID')\n"
+        "    return launcher not in (None, str(os.getpid()), str(os.getppid()))\n"
+        "class SlowPE(nn.Module):  # still running when the pool breaks\n    kind = 'none'\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        if in_worker() and not Path('sweep/0.failed-1').exists():\n"
+        "            time.sleep(4)\n"
+        "class KillWorkerPE(nn.Module):\n    kind = 'none'\n"
+        "    def __init__(self):\n        super().__init__()\n"
+        "        if in_worker():\n"
+        "            while not Path('sweep/0/run.json').exists():\n"
+        "                time.sleep(0.05)\n"
+        "            os.kill(os.getppid(), signal.SIGKILL)  # the job's worker process\n"
+        "            signal.pause()\n")
+    for name, target in (("wkiller", "KillWorkerPE"), ("slow", "SlowPE")):
+        (tmp_path / "cfg" / "pe" / f"{name}.yaml").write_text(
+            f"name: {name}\n_target_: worker_killer.{target}\n")
+    sweep = tmp_path / "sweep"
+    result = subprocess.run(
+        [TLAB, "smoke", "-m", "pe=slow,wkiller,rope,sinusoidal", "hydra/launcher=joblib",
+         "hydra.launcher.n_jobs=2", "--config-dir", str(tmp_path / "cfg"), "--out", str(sweep)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    output = result.stdout + result.stderr
+    assert result.returncode == 1, output
+    assert "Traceback" not in output and "TerminatedWorkerError:" in output, output
+    assert "job 1 recorded as error; job 0 stopped with it" in " ".join(output.split()), output
+    latest = {r["job"]: r for r in read_csv(sweep / "sweep.csv")}
+    assert sorted(latest) == ["0", "1", "2", "3"]
+    assert {job: r["status"] for job, r in latest.items()} == \
+        {"0": "passed", "1": "error", "2": "passed", "3": "passed"}
+    assert "its worker process" in latest["1"]["error"] and "died" in latest["1"]["error"]
+    for run_json in sweep.glob("*/run.json"):  # kept attempts too: nothing left running
+        assert json.loads(run_json.read_text())["status"] != "running", run_json
+    assert json.loads((sweep / "1" / "run.json").read_text())["worker_died"] > 0
+    kept = json.loads((sweep / "0.failed-1" / "run.json").read_text())  # job 0's first attempt
+    assert kept["status"] == "error" and "stopped when a worker process" in kept["error"]
+
+
 def test_resume_touches_nothing_in_passed_or_kept_jobs(smoke_sweep, tmp_path, tlab):
     sweep = tmp_path / "sweep"
     shutil.copytree(smoke_sweep, sweep)

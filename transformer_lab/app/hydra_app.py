@@ -100,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 return _run_single(hydra, cfg, inputs)
             if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
-            code = _run_hydra(arguments, sweep_dir, cfg)
+            code = _run_sweep(arguments, sweep_dir, cfg)
         except KeyboardInterrupt:
             print_error("interrupted; rows logged so far are kept")
             return EXIT_INTERRUPTED
@@ -151,8 +151,34 @@ def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
     return int(run_job(hydra, cfg, task_function))
 
 
+def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
+    """The sweep through Hydra; if a worker process of its launcher dies and breaks the pool
+    (loky's ``TerminatedWorkerError``), the jobs are settled and the ones not finished run
+    again into the same sweep directory, while that makes progress (``app.recovery``)."""
+    from transformer_lab.app import recovery, search
+    from transformer_lab.errors import EXIT_FAILED
+    from transformer_lab.results.console import print_error
+
+    finished = -1
+    while True:
+        try:
+            return _run_hydra(arguments, sweep_dir, cfg, reraise=recovery.BROKEN_POOL)
+        except recovery.BROKEN_POOL as exc:
+            lost, stopped = recovery.settle_jobs(sweep_dir, exc)
+            done = recovery.finished_jobs(sweep_dir)
+            again = done > finished and not search.uses_optuna(arguments.overrides)
+            print_error(recovery.summary(exc, lost, stopped, again))
+            if not again:
+                return EXIT_FAILED
+            from hydra.core.global_hydra import GlobalHydra
+
+            GlobalHydra.instance().clear()  # the broken launch left it set
+            finished, arguments = done, recovery.retry_arguments(arguments)
+
+
 def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
-               cfg: DictConfig | None = None) -> int:
+               cfg: DictConfig | None = None,
+               reraise: tuple[type[BaseException], ...] = ()) -> int:
     """Hydra's own command line (help, printing, sweeps); a sweep is pinned to ``sweep_dir``
     (the directory the checked config names), so its jobs' statuses can be read afterwards.
     An Optuna search (``cfg``: the first job's config) gets tlab's study settings."""
@@ -173,7 +199,7 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
         overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
     try:
         with search.continued_study() if optuna else nullcontext():
-            run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR)
+            run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR, reraise)
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0

@@ -5,6 +5,10 @@ In a launcher's worker process (joblib, submitit: any process other than the one
 the sweep) each job runs in a forked child; the worker waits for it and, if a signal killed it,
 records the job as ``error`` with the signal in its ``run.json``. Jobs of the basic launcher run
 in the launching process itself, as before.
+
+If the worker process itself dies (``kill -9`` of a joblib/loky worker), its job's child records
+the job ``error`` naming the worker's death and exits (:func:`stop_with_worker`); the launching
+process then settles the broken sweep and runs the rest (``app.recovery``).
 """
 
 from __future__ import annotations
@@ -41,10 +45,12 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
     if not hasattr(os, "fork") or launcher in (None, str(os.getpid())):
         return execute(cfg, run_dir)
     _flush()
+    worker = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: run the job, never return into the launcher's code
         code = EXIT_FAILED
         try:
+            stop_with_worker(run_dir, worker)
             code = execute(cfg, run_dir)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
@@ -71,15 +77,46 @@ def signal_reason(signum: int, pid: int) -> str:
     return f"the job's process (pid {pid}) was killed by {name} (signal {signum}{hint})"
 
 
+WORKER_DIED = "worker_died"  # run.json key: the pid of the launcher worker that died under it
+POOL_STOPPED = "stopped_with_pool"  # run.json key: stopped when another worker's death broke
+#                                     the launcher's pool (run again by app.recovery)
+
+
+def stop_with_worker(run_dir: Path, worker: int) -> None:
+    """In a job's forked child (Linux): when its worker process dies (``kill -9``), record the
+    job ``error`` naming the worker's death and exit, instead of running on as an orphan. The
+    launching process then sees which job lost its worker (``app.recovery``)."""
+    if not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    def worker_died(signum: int, frame: object) -> None:
+        record_job_error(run_dir, f"its worker process (pid {worker}) died (killed: kill -9, out "
+                         "of memory, or a crash), so the job was stopped", os.getpid(),
+                         **{WORKER_DIED: worker})
+        _flush()
+        os._exit(EXIT_FAILED)
+
+    signal.signal(signal.SIGUSR2, worker_died)
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGUSR2), 0, 0, 0)
+    if os.getppid() != worker:  # it died before prctl took effect
+        worker_died(signal.SIGUSR2, None)
+
+
 def record_dead_job(run_dir: Path, signum: int, pid: int) -> None:
-    """Mark the run in ``run_dir`` ``error`` with the signal that killed it (``run.json`` made
-    if the job died before writing one)."""
+    """Mark the run in ``run_dir`` ``error`` with the signal that killed it."""
+    record_job_error(run_dir, signal_reason(signum, pid), pid, signal=signum)
+
+
+def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> None:
+    """Mark the run in ``run_dir`` ``error`` with ``reason`` (and ``extra`` keys in its
+    ``run.json``, made if the job died before writing one)."""
     from transformer_lab.results.console import print_error
 
-    reason = signal_reason(signum, pid)
     print_error(f"{run_dir.name}: {reason}")
     info = read_json(run_dir / "run.json")
-    info.update(status="error", error=reason, exit_code=EXIT_FAILED, signal=signum,
+    info.update(status="error", error=reason, exit_code=EXIT_FAILED, **extra,
                 end_time=datetime.now(timezone.utc).isoformat())
     info.setdefault("pid", pid)
     try:

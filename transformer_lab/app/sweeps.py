@@ -36,7 +36,12 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.app.isolation import LAUNCHER_ENV, run_isolated, save_hydra_files
+from transformer_lab.app.isolation import (
+    LAUNCHER_ENV,
+    POOL_STOPPED,
+    run_isolated,
+    save_hydra_files,
+)
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK, ConfigError
 from transformer_lab.results.run_directory import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
 
@@ -47,6 +52,7 @@ except ImportError:  # pragma: no cover
 
 SWEEP_FILE = "sweep.csv"
 RESUME_ENV = "TLAB_RESUME"  # set in the jobs of a --resume sweep through hydra.job.env_set
+RETRY = "retry"  # RESUME_ENV in a relaunch after a dead worker: only unfinished jobs run
 SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *NUMBER_COLUMNS,
                  "error", "run_dir", "host", "end_time"]
 _STATUS_CODES = {"passed": EXIT_OK, "failed": EXIT_FAILED, "diverged": EXIT_FAILED,
@@ -83,6 +89,11 @@ def move_aside(run_dir: Path) -> Path:
         else:
             entry.rename(target / entry.name)
     return target
+
+
+def stopped_with_pool(run_dir: Path) -> bool:
+    """Whether the run was stopped when a launcher's pool broke (``app.recovery``)."""
+    return bool(read_json(run_dir / "run.json").get(POOL_STOPPED))
 
 
 def previous_attempts(run_dir: Path) -> int:
@@ -143,8 +154,11 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
     sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
     overrides = list(hydra_cfg.overrides.task)
     job = hydra_cfg.job.get("num", run_dir.name)
-    if os.environ.get(RESUME_ENV) == "1":
+    mode = os.environ.get(RESUME_ENV)
+    if mode in ("1", RETRY):
         previous = recorded_status(run_dir)
+        if mode == RETRY and previous is not None and not stopped_with_pool(run_dir):
+            return EXIT_OK  # finished in this sweep's earlier launch (app.recovery)
         if previous == "passed":
             console.print(f"job {job} ({' '.join(overrides)}) passed in an earlier attempt: "
                           "skipped")

@@ -81,15 +81,41 @@ def run_job(hydra: Any, cfg: Any, task_function: Callable[[Any], Any]) -> Any:
     return result.return_value
 
 
-def run_hydra(argv: list[str], task_function: Callable[[Any], Any], config_dir: Path) -> None:
-    """Hydra's own command line on ``argv`` (sweeps, ``--cfg``, ``--info``, ``--help``), as
-    ``hydra.main`` runs it, without reading or changing ``sys.argv``."""
-    from hydra._internal.utils import _run_hydra, get_args_parser
+class _Reraised(BaseException):
+    """Carries an exception past Hydra's ``run_and_report`` (which catches ``Exception``)."""
 
-    parser = get_args_parser()
+    def __init__(self, error: BaseException) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def run_hydra(argv: list[str], task_function: Callable[[Any], Any], config_dir: Path,
+              reraise: tuple[type[BaseException], ...] = ()) -> None:
+    """Hydra's own command line on ``argv`` (sweeps, ``--cfg``, ``--info``, ``--help``), as
+    ``hydra.main`` runs it, without reading or changing ``sys.argv``. An exception of a type in
+    ``reraise`` reaches the caller instead of Hydra's report (a traceback and exit 1)."""
+    import hydra._internal.utils as hydra_utils
+
+    parser = hydra_utils.get_args_parser()
     args = parser.parse_args(argv)
-    _run_hydra(args=args, args_parser=parser, task_function=task_function,
-               config_path=str(config_dir), config_name="config")
+    original = hydra_utils.run_and_report
+
+    def run_and_report(func: Callable[[], Any]) -> Any:
+        def guarded() -> Any:
+            try:
+                return func()
+            except reraise as exc:
+                raise _Reraised(exc) from None
+        return original(guarded)
+
+    hydra_utils.run_and_report = run_and_report
+    try:
+        hydra_utils._run_hydra(args=args, args_parser=parser, task_function=task_function,
+                               config_path=str(config_dir), config_name="config")
+    except _Reraised as wrapped:
+        raise wrapped.error from None
+    finally:
+        hydra_utils.run_and_report = original
 
 
 @contextmanager

@@ -5,10 +5,7 @@
     finite_at_max_len    a forward at ``max_len`` tokens is finite (not only at 4 tokens)
     batch_independence   in eval mode a sequence's output does not depend on the others'
     train_eval_agreement without dropout, ``model.train()`` and ``model.eval()`` agree
-    ffn_gain             an FFN does not multiply the scale of its input (it would explode
-                         with depth)
-    output_dtype         every module returns the model's dtype (a float64 table is a bug)
-    device_placement     nothing is built on the CPU regardless of the model's device
+    and, from :mod:`.output_properties`, ``output_dtype``, ``device_placement``, ``ffn_gain``
 
 Each check returns a :class:`PropertyResult` and never raises: an exception inside the forward
 is a FAIL naming it. The invariance checks (causality, injectivity, batch independence,
@@ -21,57 +18,24 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from transformer_lab.measures.output_properties import device_placement, ffn_gain, output_dtype
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    eval_outputs,
+    failed,
+    random_tokens,
+    relative_change,
+)
+
 DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
 RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
-FFN_GAIN_LIMIT = 10.0
-# built-ins at init: ~0.01 (init_std 0.02) to ~1 (init_std 0.3)
 AMPLIFIED_STD = 0.3  # weight-matrix std of the copy measured by position_injectivity
-
-
-@dataclass
-class PropertyResult:
-    """One property: ``passed`` is None when it does not apply (e.g. causality in an encoder)."""
-
-    name: str
-    passed: bool | None
-    value: float | None = None
-    tolerance: float | None = None
-    detail: str = ""
-
-
-def _eval_outputs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) in eval mode, without gradients; the model's mode is restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            return model(tokens).float()
-    finally:
-        model.train(was_training)
-
-
-def _tokens(vocab_size: int, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
-    generator = torch.Generator().manual_seed(seed)
-    return torch.randint(0, vocab_size, (batch, seq_len), generator=generator)  # (B, T)
-
-
-def _relative(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
-    """|diff| over the mean norm of ``reference``'s rows, per row: (..., V) -> (...)."""
-    scale = reference.norm(dim=-1).mean().clamp_min(1e-30)
-    return diff.norm(dim=-1) / scale
-
-
-def _failure(name: str, exc: Exception) -> PropertyResult:
-    message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}: "
-                          f"{message[:200]}")
 
 
 def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
@@ -85,15 +49,15 @@ def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyR
     name = "causality"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: bidirectional by design")
-    base = _tokens(vocab_size, 1, seq_len)  # (1, T)
+    base = random_tokens(vocab_size, 1, seq_len)  # (1, T)
     changed = base.repeat(seq_len, 1)  # (T, T): row s changes token s
     rows = torch.arange(seq_len)
     changed[rows, rows] = (changed[rows, rows] + 1) % vocab_size
     try:
-        out = _eval_outputs(amplified_copy(model), torch.cat([base, changed]))  # (1+T, T, V)
+        out = eval_outputs(amplified_copy(model), torch.cat([base, changed]))  # (1+T, T, V)
     except Exception as exc:
-        return _failure(name, exc)
-    delta = _relative(out[1:] - out[:1], out[:1])  # (S, T): change at t when token s changed
+        return failed(name, exc)
+    delta = relative_change(out[1:] - out[:1], out[:1])  # (S, T): change at t when token s changed
     earlier = torch.ones(seq_len, seq_len, dtype=torch.bool).tril(-1)  # (S, T): t < s
     delta = torch.where(earlier, delta, torch.zeros(()))
     worst = float(delta.max())
@@ -147,14 +111,14 @@ def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
 def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
     """How far ``out'[i], out'[i + 1]`` (tokens i and i + 1 swapped) are from
     ``out[i + 1], out[i]``, relative to the outputs' norm: 0 if the two positions look alike."""
-    base = _tokens(vocab_size, 1, length, seed=1 + i)[0]  # (L,)
+    base = random_tokens(vocab_size, 1, length, seed=1 + i)[0]  # (L,)
     if base[i] == base[i + 1]:
         base[i + 1] = (base[i] + 1) % vocab_size  # the swapped tokens differ
     swapped = base.clone()
     swapped[i], swapped[i + 1] = base[i + 1], base[i]
-    out = _eval_outputs(model, torch.stack([base, swapped]))  # (2, L, V)
+    out = eval_outputs(model, torch.stack([base, swapped]))  # (2, L, V)
     pairs = torch.stack([out[1, i] - out[0, i + 1], out[1, i + 1] - out[0, i]])  # (2, V)
-    return float(_relative(pairs, out[0]).min())
+    return float(relative_change(pairs, out[0]).min())
 
 
 def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None = None,
@@ -184,7 +148,7 @@ def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None 
             for i in left:
                 gaps.append(_swap_gap(copied, vocab_size, i, min(max_len, i + 2 + window)))
     except Exception as exc:
-        return _failure(name, exc)
+        return failed(name, exc)
     worst = min(gaps)
     if not all(math.isfinite(g) for g in gaps):
         return PropertyResult(name, False, math.nan, RELATIVE_TOLERANCE,
@@ -210,7 +174,7 @@ def finite_at_max_len(model: nn.Module, vocab_size: int,
     max_len = max_len or position_max_len(model)
 
     def finite(length: int) -> bool:
-        return bool(torch.isfinite(_eval_outputs(model, _tokens(vocab_size, 2, length))).all())
+        return bool(torch.isfinite(eval_outputs(model, random_tokens(vocab_size, 2, length))).all())
 
     try:
         if finite(max_len):
@@ -221,7 +185,7 @@ def finite_at_max_len(model: nn.Module, vocab_size: int,
             middle = (low + high) // 2
             low, high = (middle, high) if finite(middle) else (low, middle)
     except Exception as exc:
-        return _failure(name, exc)
+        return failed(name, exc)
     return PropertyResult(name, False, float(high), float(max_len),
                           f"inf/NaN in the output from sequence length {high} on "
                           f"(position {high - 1}); finite up to {high - 1} tokens")
@@ -233,17 +197,17 @@ def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
     evaluation scores and generation would change with the batch size or with its contents
     (a PE or norm that pools over the batch). BatchNorm in eval uses running statistics."""
     name = "batch_independence"
-    tokens = _tokens(vocab_size, batch, seq_len, seed=2)  # (B, T)
+    tokens = random_tokens(vocab_size, batch, seq_len, seed=2)  # (B, T)
     others = tokens.clone()
-    others[1:] = _tokens(vocab_size, batch - 1, seq_len, seed=3)
+    others[1:] = random_tokens(vocab_size, batch - 1, seq_len, seed=3)
     try:
         copied = amplified_copy(model)
-        full, alone = _eval_outputs(copied, tokens)[0], _eval_outputs(copied, tokens[:1])[0]
-        other = _eval_outputs(copied, others)[0]  # (T, V) each
+        full, alone = eval_outputs(copied, tokens)[0], eval_outputs(copied, tokens[:1])[0]
+        other = eval_outputs(copied, others)[0]  # (T, V) each
     except Exception as exc:
-        return _failure(name, exc)
-    worst = float(torch.maximum(_relative(full - alone, full),
-                                 _relative(full - other, full)).max())
+        return failed(name, exc)
+    worst = float(torch.maximum(relative_change(full - alone, full),
+                                 relative_change(full - other, full)).max())
     passed = worst <= RELATIVE_TOLERANCE
     return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
                           "independent" if passed else f"sequence 0's output changed by "
@@ -287,125 +251,20 @@ def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -
     BatchNorm modules (running statistics) are the documented exception and stay in eval mode.
     """
     name = "train_eval_agreement"
-    tokens = _tokens(vocab_size, 2, seq_len, seed=4)
+    tokens = random_tokens(vocab_size, 2, seq_len, seed=4)
     try:
         copied = amplified_copy(model)
-        evaluated = _eval_outputs(copied, tokens)
+        evaluated = eval_outputs(copied, tokens)
         with _train_mode_without_dropout(copied) as exempt, torch.no_grad():
             trained = copied(tokens).float()
     except Exception as exc:
-        return _failure(name, exc)
-    worst = float(_relative(trained - evaluated, evaluated).max())
+        return failed(name, exc)
+    worst = float(relative_change(trained - evaluated, evaluated).max())
     passed = worst <= RELATIVE_TOLERANCE
     note = f"; {', '.join(exempt)} exempt (BatchNorm)" if exempt else ""
     return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
                           ("agree" if passed else f"train-mode outputs differ from eval-mode "
                            f"ones by {worst:.2g} (relative) with dropout off") + note)
-
-
-def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
-                    inspect: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
-    """Forward (eval, no grad) calling ``inspect(name, module, output)`` on every tensor
-    output of every submodule."""
-    names = {module: name for name, module in model.named_modules()}
-
-    def hook(module: nn.Module, _args: object, output: object) -> None:
-        outputs = output if isinstance(output, tuple | list) else (output,)
-        for value in outputs:
-            if isinstance(value, torch.Tensor):
-                inspect(names[module] or "model", module, value)
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
-    try:
-        _eval_outputs(model, tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-
-
-def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Every submodule returns the dtype of the model's activations (the token embedding's).
-    A float64 table silently promotes the residual stream (the next matmul then fails, or the
-    model runs at half speed); a user's component must follow the activations' dtype."""
-    name = "output_dtype"
-    expected = model.token_embedding.weight.dtype
-    wrong: list[str] = []
-
-    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
-        if value.is_floating_point() and value.dtype != expected:
-            wrong.append(f"{module_name} ({type(module).__name__}) returned {value.dtype}")
-
-    try:
-        _hooked_forward(model, _tokens(vocab_size, 2, seq_len, seed=5), inspect)
-    except Exception as exc:
-        if not wrong:
-            return _failure(name, exc)
-    if wrong:
-        return PropertyResult(name, False, detail=f"{wrong[0]} for {expected} activations")
-    return PropertyResult(name, True, detail=f"every module returns {expected}")
-
-
-def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Nothing in the forward is built on the CPU regardless of the model's device.
-
-    On a CPU-only machine a tensor made without ``device=`` (``torch.arange(T)``, a table
-    built in ``forward``) looks correct and crashes only on a GPU. Measured by provenance
-    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`): such a tensor meeting the
-    model's tensors, or returned by a module, fails. Not caught: an explicit ``device="cpu"``.
-    """
-    from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
-
-    name = "device_placement"
-    returned: list[str] = []
-
-    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
-        if host_tensor(value):
-            returned.append(f"{module_name} ({type(module).__name__})")
-
-    audit, tokens = DeviceAudit(), _tokens(vocab_size, 2, seq_len, seed=6)
-    try:
-        with audit:
-            _hooked_forward(model, tokens, inspect)
-    except Exception as exc:
-        return _failure(name, exc)
-    if returned or audit.violations:
-        where = f"{returned[0]} returned a tensor made without device=" if returned else ""
-        what = "; ".join([where, *audit.violations[:1]]).strip("; ")
-        return PropertyResult(name, False, float(len(returned) + len(audit.violations)), 0.0,
-                              f"{what} (on the CPU whatever the model's device)")
-    return PropertyResult(name, True, 0.0, 0.0, "every tensor follows the model's device")
-
-
-def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs.
-
-    An FFN that multiplies the scale of its input (a forgotten ``1/sqrt(d)``, an init std of
-    1, an output gain) makes the residual stream grow by that factor per layer: activations
-    explode with depth. Built-ins at init: ~0.01 (init_std 0.02); limit :data:`FFN_GAIN_LIMIT`.
-    """
-    name = "ffn_gain"
-    gains: list[tuple[float, str]] = []
-    handles = []
-    for index, block in enumerate(getattr(model, "blocks", [])):
-        def hook(_m: nn.Module, args: tuple, out: torch.Tensor, index: int = index) -> None:
-            rms_in = args[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
-            gains.append((float(out.float().pow(2).mean().sqrt() / rms_in), f"block {index}"))
-        handles.append(block.feedforward.register_forward_hook(hook))
-    try:
-        _eval_outputs(model, _tokens(vocab_size, 2, seq_len, seed=7))
-    except Exception as exc:
-        return _failure(name, exc)
-    finally:
-        for handle in handles:
-            handle.remove()
-    if not gains:
-        return PropertyResult(name, None, detail="no FFN")
-    gain, where = max(gains)
-    passed = math.isfinite(gain) and gain <= FFN_GAIN_LIMIT
-    return PropertyResult(name, passed, gain, FFN_GAIN_LIMIT,
-                          f"largest FFN gain {gain:.3g} ({where})" if passed else
-                          f"the FFN of {where} multiplies its input's RMS by {gain:.3g}: "
-                          "activations explode with depth")
 
 
 def model_properties(model: nn.Module, vocab_size: int,

@@ -54,12 +54,8 @@ import statistics
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
-import torch
 from omegaconf import DictConfig, ListConfig
-from rich import box
-from rich.table import Table
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.tree import group_choices, user_config_dirs
@@ -69,7 +65,8 @@ from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome, compare_output
+from transformer_lab.routines.compare_output import SMOOTHING
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.training.trainer import count_parameters
@@ -82,7 +79,6 @@ COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
                "wall_s"]
-SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 
 
 @dataclass
@@ -315,66 +311,15 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
 
 
 # comparison.csv column -> short terminal header (the table must fit 80 columns)
-TABLE_HEADERS = {"activation": "activation", "params": "params", "ffn_params": "ffn",
-                 "tokens_per_s": "tok/s", "rel_speed": "speed", "final_loss": "loss",
-                 "final_ppl": "ppl", "grad_norm_mean": "|g|", "grad_norm_std": "sd",
-                 "steps_to_target": "steps*", "seeds": "n"}
-
-
-def comparison_table(rows: list[dict], title: str) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
-                  caption="speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
-                  "steps; steps*: steps to the loss every run reaches; n: seeds")
-    for column, header in TABLE_HEADERS.items():
-        table.add_column(header, justify="left" if column == "activation" else "right",
-                         no_wrap=True)
-    for row in rows:
-        table.add_row(*(_cell(row[c]) for c in TABLE_HEADERS))
-    return table
-
-
-def _cell(value: object) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value)
-
-
-def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
-    """Smoothed training loss per activation: mean over seeds, min-max band."""
-    from transformer_lab.results.plots import plt, save
-
-    figure, axes = plt.subplots(figsize=(7, 4.5))
-    by_activation: dict[str, list[SeedRun]] = {}
-    for run in runs:
-        by_activation.setdefault(run.activation, []).append(run)
-    for activation, seed_runs in by_activation.items():
-        length = min(len(r.smoothed) for r in seed_runs)
-        steps = seed_runs[0].logged_steps[:length]
-        curves = torch.tensor([r.smoothed[:length] for r in seed_runs])  # (seeds, logged)
-        label = f"{activation} ({len(seed_runs)} seed{'s' if len(seed_runs) > 1 else ''})"
-        (line,) = axes.plot(steps, curves.mean(0).tolist(), label=label)
-        if len(seed_runs) > 1:
-            axes.fill_between(steps, curves.min(0).values.tolist(),
-                              curves.max(0).values.tolist(), color=line.get_color(), alpha=0.2)
-    axes.set_xlabel("step")
-    axes.set_ylabel(f"training loss (EMA {SMOOTHING})")
-    axes.set_title(title)
-    axes.grid(alpha=0.3)
-    axes.legend()
-    return save(figure, path)
-
-
 def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     runs = compare_runs(cfg, run)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
-    plot_loss_curves(runs, run.path / "loss_curves.png",
+    compare_output.plot_loss_curves(runs, run.path / "loss_curves.png",
                      f"{cfg.task.get('name')}, {'decoder' if cfg.arch.causal else 'encoder'}, "
                      f"pe={cfg.pe.get('name')}: {cfg.routine.steps} steps")
-    console.print(comparison_table(rows, f"tlab compare-activations - {run.path}"))
+    console.print(compare_output.comparison_table(rows, f"tlab compare-activations - {run.path}"))
     for line in verdict_lines(rows):
         console.print(line, highlight=False, markup=False)
     checks = comparison_checks(rows)

@@ -20,8 +20,9 @@ import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
-from transformer_lab.measures.model_properties import PropertyResult, model_properties
+from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
+from transformer_lab.measures.property_result import PropertyResult
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,

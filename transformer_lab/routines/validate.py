@@ -34,7 +34,7 @@ from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse
+from transformer_lab.routines import JobInputs, RoutineOutcome, compare, compare_output, reverse
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, stage_log
 
@@ -100,7 +100,7 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     rows = compare.comparison_rows(runs, cfg.routine.get("loss_target"),
                                    cfg.routine.get("baseline"))
     run.write_table("comparison", rows, compare.COMPARISON_COLUMNS)
-    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+    compare_output.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse.pe_label(cfg)}, "
                              f"{reverse.arch_name(cfg)}, {cfg.routine.steps} steps")
     return compare.comparison_checks(rows)

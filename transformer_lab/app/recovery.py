@@ -1,0 +1,132 @@
+"""A sweep that outlives the death of a launcher worker process.
+
+When a joblib (loky) worker process dies (``kill -9``, the OOM killer), loky breaks its whole
+pool: it kills the other workers with the jobs they were running, fails the jobs not started yet
+and raises ``TerminatedWorkerError`` in the launching process. There, :func:`settle_jobs` waits
+for job processes still alive, records the job whose worker died (its child wrote ``error``
+naming the worker, ``app.isolation.stop_with_worker``), marks the jobs stopped with the pool, and
+adds the ``sweep.csv`` rows the dead workers could not write. The launcher then runs again into
+the same sweep directory (:func:`retry_arguments`): jobs that already finished are skipped, the
+stopped ones (kept as ``<job>.failed-<n>``) and the ones never started run, as ``--resume`` would.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+import time
+from concurrent.futures import BrokenExecutor
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from transformer_lab.app.arguments import Arguments
+from transformer_lab.app.isolation import POOL_STOPPED, WORKER_DIED, record_job_error
+from transformer_lab.app.sweeps import (
+    RESUME_ENV,
+    RETRY,
+    SWEEP_FILE,
+    append_row,
+    job_row,
+    latest_rows,
+    previous_attempts,
+)
+from transformer_lab.results.run_directory import holds_run, is_failed_attempt_dir, read_json
+
+BROKEN_POOL = (BrokenExecutor,)  # loky's TerminatedWorkerError is one
+
+
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job folders that hold a run (latest attempts; kept failed ones left out)."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and holds_run(p)
+                   and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
+
+
+def _alive(info: dict) -> bool:
+    """Whether the job process ``info`` names still runs on this host."""
+    pid = info.get("pid")
+    if not isinstance(pid, int) or info.get("host", socket.gethostname()) != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _wait_while_running(job_dir: Path, poll_s: float = 0.2) -> dict:
+    """``run.json`` of ``job_dir`` once its process has finished or is gone."""
+    while (info := read_json(job_dir / "run.json")).get("status") == "running" and _alive(info):
+        time.sleep(poll_s)
+    return info
+
+
+def _has_row(job_dir: Path, rows: dict[str, dict[str, str]]) -> bool:
+    """Whether ``sweep.csv`` has the row of the job's latest attempt."""
+    row = rows.get(job_dir.name)
+    return row is not None and row.get("attempt") == str(previous_attempts(job_dir) + 1)
+
+
+def _add_missing_row(sweep_dir: Path, job_dir: Path, rows: dict[str, dict[str, str]]) -> None:
+    """The ``sweep.csv`` row of the job's latest attempt, if its worker died before writing it."""
+    if _has_row(job_dir, rows):
+        return
+    attempt = previous_attempts(job_dir) + 1
+    overrides_file = job_dir / ".hydra" / "overrides.yaml"
+    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
+    code = read_json(job_dir / "run.json").get("exit_code", 1)
+    append_row(sweep_dir / SWEEP_FILE, job_row(job_dir.name, attempt, overrides, job_dir,
+                                               code if isinstance(code, int) else 1))
+
+
+def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[str]]:
+    """After the launcher's pool broke: the jobs whose worker died, and the jobs it stopped
+    (recorded ``error``, to run again); every job left with a final status and a row."""
+    lost, stopped = [], []
+    reason = (f"stopped when a worker process of the launcher died ({type(cause).__name__}); "
+              "run again in the same sweep")
+    rows = latest_rows(sweep_dir)
+    for job_dir in job_dirs(sweep_dir):
+        info = _wait_while_running(job_dir)
+        if info.get("status") == "running":
+            record_job_error(job_dir, reason, int(info.get("pid") or 0), **{POOL_STOPPED: True})
+            stopped.append(job_dir.name)
+        elif WORKER_DIED in info and not _has_row(job_dir, rows):
+            lost.append(job_dir.name)
+        _add_missing_row(sweep_dir, job_dir, rows)
+    return lost, stopped
+
+
+def finished_jobs(sweep_dir: Path) -> int:
+    """How many jobs hold a final status (not ones stopped with a broken pool)."""
+    return sum(1 for job_dir in job_dirs(sweep_dir)
+               if read_json(job_dir / "run.json").get("status") not in (None, "running")
+               and not read_json(job_dir / "run.json").get(POOL_STOPPED))
+
+
+def summary(cause: BaseException, lost: list[str], stopped: list[str], again: bool) -> str:
+    """The one line the sweep prints when its launcher broke."""
+    first = (str(cause).strip().splitlines() or [""])[0]
+    parts = [f"a worker process of the launcher died ({type(cause).__name__}: {first[:160]})"]
+    if lost:
+        parts.append(f"job {', '.join(lost)} recorded as error")
+    if stopped:
+        parts.append(f"job {', '.join(stopped)} stopped with it")
+    parts.append("running the jobs it did not finish again" if again else
+                 "giving up on the jobs it did not finish (tlab run --resume DIR runs them)")
+    return "; ".join(parts)
+
+
+def retry_arguments(arguments: Arguments) -> Arguments:
+    """``arguments`` relaunched into the same sweep directory: finished jobs skipped, nothing
+    rewritten inside their folders (``hydra.output_subdir=null``)."""
+    dropped = (f"hydra.job.env_set.{RESUME_ENV}", "hydra.output_subdir")
+    overrides = [o for o in arguments.overrides
+                 if o.split("=", 1)[0].lstrip("+~") not in dropped]
+    overrides += ["hydra.output_subdir=null", f"+hydra.job.env_set.{RESUME_ENV}={RETRY}"]
+    return dataclasses.replace(arguments, overrides=overrides)

@@ -1,0 +1,130 @@
+"""Properties of what each module returns, measured with forward hooks on one small batch:
+
+    output_dtype      every module returns the model's dtype (a float64 table is a bug)
+    device_placement  nothing is built on the CPU regardless of the model's device
+    ffn_gain          an FFN does not multiply the scale of its input (it would explode with
+                      depth)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    eval_outputs,
+    failed,
+    random_tokens,
+)
+
+FFN_GAIN_LIMIT = 10.0
+# built-ins at init: ~0.01 (init_std 0.02) to ~1 (init_std 0.3)
+
+
+def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
+                    inspect: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
+    """Forward (eval, no grad) calling ``inspect(name, module, output)`` on every tensor
+    output of every submodule."""
+    names = {module: name for name, module in model.named_modules()}
+
+    def hook(module: nn.Module, _args: object, output: object) -> None:
+        outputs = output if isinstance(output, tuple | list) else (output,)
+        for value in outputs:
+            if isinstance(value, torch.Tensor):
+                inspect(names[module] or "model", module, value)
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        eval_outputs(model, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Every submodule returns the dtype of the model's activations (the token embedding's).
+    A float64 table silently promotes the residual stream (the next matmul then fails, or the
+    model runs at half speed); a user's component must follow the activations' dtype."""
+    name = "output_dtype"
+    expected = model.token_embedding.weight.dtype
+    wrong: list[str] = []
+
+    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
+        if value.is_floating_point() and value.dtype != expected:
+            wrong.append(f"{module_name} ({type(module).__name__}) returned {value.dtype}")
+
+    try:
+        _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=5), inspect)
+    except Exception as exc:
+        if not wrong:
+            return failed(name, exc)
+    if wrong:
+        return PropertyResult(name, False, detail=f"{wrong[0]} for {expected} activations")
+    return PropertyResult(name, True, detail=f"every module returns {expected}")
+
+
+def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Nothing in the forward is built on the CPU regardless of the model's device.
+
+    On a CPU-only machine a tensor made without ``device=`` (``torch.arange(T)``, a table
+    built in ``forward``) looks correct and crashes only on a GPU. Measured by provenance
+    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`): such a tensor meeting the
+    model's tensors, or returned by a module, fails. Not caught: an explicit ``device="cpu"``.
+    """
+    from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
+
+    name = "device_placement"
+    returned: list[str] = []
+
+    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
+        if host_tensor(value):
+            returned.append(f"{module_name} ({type(module).__name__})")
+
+    audit, tokens = DeviceAudit(), random_tokens(vocab_size, 2, seq_len, seed=6)
+    try:
+        with audit:
+            _hooked_forward(model, tokens, inspect)
+    except Exception as exc:
+        return failed(name, exc)
+    if returned or audit.violations:
+        where = f"{returned[0]} returned a tensor made without device=" if returned else ""
+        what = "; ".join([where, *audit.violations[:1]]).strip("; ")
+        return PropertyResult(name, False, float(len(returned) + len(audit.violations)), 0.0,
+                              f"{what} (on the CPU whatever the model's device)")
+    return PropertyResult(name, True, 0.0, 0.0, "every tensor follows the model's device")
+
+
+def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs.
+
+    An FFN that multiplies the scale of its input (a forgotten ``1/sqrt(d)``, an init std of
+    1, an output gain) makes the residual stream grow by that factor per layer: activations
+    explode with depth. Built-ins at init: ~0.01 (init_std 0.02); limit :data:`FFN_GAIN_LIMIT`.
+    """
+    name = "ffn_gain"
+    gains: list[tuple[float, str]] = []
+    handles = []
+    for index, block in enumerate(getattr(model, "blocks", [])):
+        def hook(_m: nn.Module, args: tuple, out: torch.Tensor, index: int = index) -> None:
+            rms_in = args[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
+            gains.append((float(out.float().pow(2).mean().sqrt() / rms_in), f"block {index}"))
+        handles.append(block.feedforward.register_forward_hook(hook))
+    try:
+        eval_outputs(model, random_tokens(vocab_size, 2, seq_len, seed=7))
+    except Exception as exc:
+        return failed(name, exc)
+    finally:
+        for handle in handles:
+            handle.remove()
+    if not gains:
+        return PropertyResult(name, None, detail="no FFN")
+    gain, where = max(gains)
+    passed = math.isfinite(gain) and gain <= FFN_GAIN_LIMIT
+    return PropertyResult(name, passed, gain, FFN_GAIN_LIMIT,
+                          f"largest FFN gain {gain:.3g} ({where})" if passed else
+                          f"the FFN of {where} multiplies its input's RMS by {gain:.3g}: "
+                          "activations explode with depth")
