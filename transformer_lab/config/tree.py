@@ -16,7 +16,8 @@ CONFIG_DIR = next(
     _PACKAGE_DIR.parent / "configs",
 )
 # Groups whose choices are components or settings a user picks (shown by `tlab list`).
-GROUPS = ("experiment", "model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train")
+GROUPS = ("experiment", "preset", "model", "pe", "block", "norm_layer", "ffn", "arch", "task",
+          "train", "logger")
 
 
 def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
