@@ -1,5 +1,5 @@
-"""Paired statistics over seeds: the verdict columns of every comparison (DESIGN.md, "Additions",
-bullet Verdicts).
+"""Paired statistics over seeds: the verdict columns of every comparison (README, "Verdicts:
+how sure a comparison is").
 
 A comparison trains every variant with the same seeds ``s_1 .. s_n``; within a seed the variants
 share the initial weights (where shapes allow) and the batches, so the seed is a block and the
