@@ -45,7 +45,9 @@ components = SimpleNamespace()
 _REGISTERED: dict[int, tuple[object, str]] = {}  # id(component) -> (component, its name)
 SIZE_ARGUMENTS = {  # constructor arguments the model fills in
     "d_model": "${model.d_model}", "d_ff": "${model.d_ff}", "n_heads": "${model.n_heads}",
-    "head_dim": "${tlab.div:${model.d_model},${model.n_heads}}", "max_len": "${model.max_len}",
+    "head_dim": "${tlab.head_dim:${model.d_model},${model.n_heads},"
+                "${oc.select:model.head_dim,null}}",  # as configs/pe/rope.yaml
+    "max_len": "${model.max_len}",
 }
 MAIN_TABLES = {"validate": "validation", "smoke": "smoke", "reverse": "reverse",
                "compare_activations": "comparison", "check": "checks"}

@@ -261,3 +261,18 @@ def attention_knobs(m: DictConfig) -> dict:
     return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
             "scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
             "out_bias": m.get("out_bias")}
+
+
+def build_checked_model(cfg: DictConfig, seq_len: int) -> TransformerModel:
+    """``build_model(cfg, seed=cfg.seed)`` with each component run at ``seq_len`` against its
+    protocol (``config.protocols``: e.g. a learned PE asked for more positions than its table
+    has raises ``ConfigError`` naming the group). The checks draw from their own generator in
+    eval mode, so the model and torch's global generator are left as a run that builds the model
+    itself would have them. Used by the app's pre-flight and by ``tlab mutants``."""
+    from transformer_lab.config.protocols import check_protocols
+
+    model = build_model(cfg, seed=cfg.seed)
+    model.eval()  # e.g. BatchNorm's running statistics stay untouched
+    with torch.random.fork_rng(devices=[]):
+        check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
+    return model.train()

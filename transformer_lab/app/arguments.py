@@ -192,6 +192,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
                           "see the first job's config (sweep values are then single values)")
     first_values = []
+    top = group_choices_top(dirs)  # the config groups of every tree, listed once
     for override in _parse(overrides):
         key = override.key_or_group
         values = _values(override)
@@ -202,7 +203,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         if override.is_delete():
             first_values.append(override.input_line)
             continue
-        if "." not in key and ("/" in key or key in group_choices_top(dirs)):
+        if "." not in key and ("/" in key or key in top):
             _check_group_choice(key, values, dirs, running=not printing)
         if override.is_sweep_override():
             head = override.input_line.split("=", 1)[0]

@@ -105,8 +105,8 @@ def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[
 def finished_jobs(sweep_dir: Path) -> int:
     """How many jobs hold a final status (not ones stopped with a broken pool)."""
     return sum(1 for job_dir in job_dirs(sweep_dir)
-               if read_json(job_dir / "run.json").get("status") not in (None, "running")
-               and not read_json(job_dir / "run.json").get(POOL_STOPPED))
+               if (info := read_json(job_dir / "run.json")).get("status") not in (None, "running")
+               and not info.get(POOL_STOPPED))
 
 
 def summary(cause: BaseException, lost: list[str], stopped: list[str], again: bool) -> str:

@@ -7,8 +7,6 @@ Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2
 
 from __future__ import annotations
 
-from typing import Any
-
 from omegaconf import DictConfig
 
 from transformer_lab.app.resources import check_resources
@@ -16,6 +14,7 @@ from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
+from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine
 from transformer_lab.training.threads import check_threads
 
@@ -42,7 +41,7 @@ def validate_config(cfg: DictConfig) -> JobInputs:
         raise ConfigError(f"model.vocab_size={requested_vocab} is not used: the vocabulary is "
                           f"the task's ({task.vocab_size}); set task.vocab_size instead")
     check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
-    inputs = JobInputs(task=task, model=_checked_model(cfg, task.model_seq_len))
+    inputs = JobInputs(task=task, model=build_checked_model(cfg, task.model_seq_len))
     if cfg.get("from_hf"):  # --from-hf DIR: its weights, checked to fit the model built here
         from transformer_lab.interop.hf import load_hf_weights
 
@@ -61,20 +60,3 @@ def _check_device(device: str) -> None:
         raise ConfigError(f"train.device='{device}' is not valid; use cpu or cuda")
     if str(device).startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device='{device}' but torch sees no CUDA device; use cpu")
-
-
-def _checked_model(cfg: DictConfig, seq_len: int) -> Any:
-    """Build the run's model once, seeded with ``cfg.seed`` (errors name the group), and run
-    each component at the task length (e.g. a learned PE asked for more positions than its
-    table has). The checks draw from their own generator in eval mode, so the model and torch's
-    global generator are left as a run that builds the model itself would have them."""
-    import torch
-
-    from transformer_lab.config.protocols import check_protocols
-    from transformer_lab.model import build_model
-
-    model = build_model(cfg, seed=cfg.seed)
-    model.eval()  # e.g. BatchNorm's running statistics stay untouched
-    with torch.random.fork_rng(devices=[]):
-        check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
-    return model.train()

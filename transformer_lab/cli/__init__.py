@@ -60,9 +60,8 @@ def main_options(
         "--version", callback=_print_version, is_eager=True,
         help="Print the versions of tlab, torch and hydra and exit.")] = False,
 ) -> None:
-    """tlab: check and compare Transformer components (positional encodings, FFN activations,
-    normalisation) on small models. Results go to CSV tables and PNG plots. Every command
-    takes --quiet (no progress bars) and -m (a Hydra sweep)."""
+    """Global options (--version); the help text is the Typer app's."""
+
 
 app.command("smoke")(smoke.smoke)
 app.command("run", context_settings=run.CONTEXT)(run.run)
@@ -78,6 +77,3 @@ app.command("validate")(validate)
 app.command("mutants")(mutants_command)
 pass_hydra_flags(app)  # after every app.command: --cfg job, --info ... on each command
 
-
-if __name__ == "__main__":
-    app()

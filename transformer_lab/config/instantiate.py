@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.hydra_adapter import locate
 from transformer_lab.errors import ConfigError
 
-_HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")
+HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")  # instantiate() options, not arguments
 
 
 def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
@@ -34,7 +34,7 @@ def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs
     name = spec.pop("name", spec.get("_target_"))
     try:
         nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
-        if nested or any(key in spec for key in _HYDRA_KEYS):
+        if nested or any(key in spec for key in HYDRA_KEYS):
             from hydra.utils import instantiate
 
             return instantiate(spec, **kwargs)

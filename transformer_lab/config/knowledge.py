@@ -23,9 +23,10 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.hydra_adapter import locate
+from transformer_lab.config.instantiate import HYDRA_KEYS
 
 # Keys of a config node that are not constructor arguments.
-_NOT_ARGUMENTS = ("name", "_target_", "_partial_", "_args_", "_recursive_", "_convert_")
+_NOT_ARGUMENTS = ("name", "_target_", "_partial_", *HYDRA_KEYS)
 
 Node = DictConfig | Mapping[str, Any]
 

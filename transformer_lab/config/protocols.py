@@ -45,10 +45,9 @@ def _call(label: str, what: str, fn: Any, *args: Any) -> Any:
         raise ConfigError(f"{label}: {what} failed: {message}") from exc
 
 
-def check_positional(cfg: DictConfig, pe: nn.Module, n_heads: int, head_dim: int,
-                     seq_len: int) -> None:
+def check_positional(cfg: DictConfig, pe: nn.Module, d_model: int, n_heads: int,
+                     head_dim: int, seq_len: int) -> None:
     label, kind = _label(cfg, "pe", pe), pe.kind
-    d_model = n_heads * head_dim
     if kind == "additive":
         out = _call(label, f"pe(positions of length {seq_len})", pe, torch.arange(seq_len))
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (seq_len, d_model):
@@ -103,7 +102,8 @@ def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
     """Raise ``ConfigError`` naming the group and class of the first component of ``model``
     that does not follow its protocol (see the module docstring)."""
     m = cfg.model
-    check_positional(cfg, model.positional, m.n_heads, m.d_model // m.n_heads, seq_len)
+    head_dim = m.get("head_dim") or m.d_model // m.n_heads  # model.head_dim (T5 d_kv, ...)
+    check_positional(cfg, model.positional, m.d_model, m.n_heads, head_dim, seq_len)
     block = model.blocks[0] if len(model.blocks) else None
     if block is not None:
         check_feedforward(cfg, block.feedforward, m.d_model, seq_len)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from transformer_lab.components.attention import MultiHeadAttention, projection_sizes
-from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
+from transformer_lab.components.feedforward import FeedForward
 from transformer_lab.config.knowledge import component_class, declared
 
 
@@ -49,11 +49,6 @@ def model_attention_params(m: DictConfig) -> int:
 def feedforward_params(d_model: int, d_ff: int, bias: bool) -> int:
     """The two-matrix FFN (``FeedForward.count_parameters``)."""
     return FeedForward.count_parameters(d_model, d_ff, bias)
-
-
-def gated_feedforward_params(d_model: int, d_ff: int, bias: bool, match_params: bool) -> int:
-    """The gated FFN (``GatedFeedForward.count_parameters``)."""
-    return GatedFeedForward.count_parameters(d_model, d_ff, bias, match_params)
 
 
 def _count(declared_value: object) -> int | None:

@@ -152,16 +152,11 @@ def preflight(cfg: DictConfig) -> None:
     """The component part of the app's pre-flight (``app.validation``, exit 2 in ``tlab
     validate``): build the task and the model, run each component at the task's length
     against its protocol (shapes); ``ConfigError`` names the component."""
-    import torch
-
     from transformer_lab.config.instantiate import build_task
-    from transformer_lab.config.protocols import check_protocols
-    from transformer_lab.model import build_model
+    from transformer_lab.model import build_checked_model
 
     task = build_task(cfg)  # (also sets model.vocab_size)
-    model = build_model(cfg, seed=cfg.seed).eval()
-    with torch.random.fork_rng(devices=[]):
-        check_protocols(cfg, model, task.model_seq_len)
+    build_checked_model(cfg, task.model_seq_len)
 
 
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:

@@ -119,8 +119,6 @@ class TextTask(LanguageModelTask):
             raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
                              f"{seq_len + 2} tokens per split")
         self.file = file
-        if self.tokenizer.name == "char":
-            self.chars = self.tokenizer.chars
         tokens = torch.from_numpy(ids)  # (N,) int64, shared with the cache: only indexed
         split = int(len(tokens) * (1 - eval_fraction))
         try:

@@ -40,9 +40,9 @@ too) are those of the step where it was solved, as in a separate run.
 
 Auto choice (``choose_engine``; ``benchmarks/multiseed.py``, ``benchmarks/multiseed.csv``): on
 CUDA a batched engine always (launch-bound); on the 2-core CPU the stacked engine when tokens per
-step x d_model <= ``STACK_MAX_WORK`` (overhead-bound steps; above it each seed's matmuls
-dominate and one after another is as fast), else vmap below ``VECTORISE_MAX_WORK`` (for models
-the stacked engine cannot take), else one after another.
+step x d_model <= ``BATCH_MAX_WORK`` (overhead-bound steps; above it each seed's matmuls
+dominate and one after another is as fast), else vmap under the same bound (for models the
+stacked engine cannot take), else one after another.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ from transformer_lab.training.trainer import Trainer, TrainResult
 
 OnStep = Callable[[int, int, float], None]
 ENGINES = ("stacked", "vmap", "sequential")
-STACK_MAX_WORK = 8192  # tokens per step x d_model below which the stacked engine pays on CPU
+BATCH_MAX_WORK = 8192  # tokens per step x d_model below which batching seeds pays on CPU
 
 
 def vectorisable(cfg: DictConfig) -> str | None:
@@ -89,9 +89,6 @@ def vectorisable(cfg: DictConfig) -> str | None:
     return None
 
 
-VECTORISE_MAX_WORK = 8192  # tokens per step x d_model below which vmap pays on CPU
-
-
 def step_work(cfg: DictConfig, task: Task,
               batches: Mapping[int, Sequence[Batch]] | None = None) -> int:
     """Tokens per step x d_model: what decides whether batching seeds pays on a CPU."""
@@ -104,19 +101,11 @@ def step_work(cfg: DictConfig, task: Task,
 
 def worth_vectorising(cfg: DictConfig, task: Task,
                       batches: Mapping[int, Sequence[Batch]] | None = None) -> bool:
-    """vmap pays on CUDA, or on CPU for overhead-bound steps (``step_work`` <=
-    ``VECTORISE_MAX_WORK``; see the docstring)."""
+    """Batching seeds (stacked or vmap) pays on CUDA, or on CPU for overhead-bound steps
+    (``step_work`` <= ``BATCH_MAX_WORK``; see the docstring)."""
     if str(cfg.train.device).startswith("cuda"):
         return True
-    return step_work(cfg, task, batches) <= VECTORISE_MAX_WORK
-
-
-def worth_stacking(cfg: DictConfig, task: Task,
-                   batches: Mapping[int, Sequence[Batch]] | None = None) -> bool:
-    """The stacked engine pays on CUDA, or on CPU when ``step_work`` <= ``STACK_MAX_WORK``."""
-    if str(cfg.train.device).startswith("cuda"):
-        return True
-    return step_work(cfg, task, batches) <= STACK_MAX_WORK
+    return step_work(cfg, task, batches) <= BATCH_MAX_WORK
 
 
 def _has_module_state(model: nn.Module) -> str | None:
@@ -190,10 +179,9 @@ def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
         if refusals[engine] is not None:
             raise ValueError(f"engine={engine} cannot train these seeds: {refusals[engine]}")
         return SeedEngine(engine, "asked for")
-    pays = {"stacked": worth_stacking(cfg, task, batches),
-            "vmap": worth_vectorising(cfg, task, batches)}
+    pays = worth_vectorising(cfg, task, batches)
     for name in ("stacked", "vmap"):
-        if refusals[name] is None and pays[name]:
+        if refusals[name] is None and pays:
             where = "CUDA" if str(cfg.train.device).startswith("cuda") else \
                 f"tokens x d_model = {step_work(cfg, task, batches)}"
             return SeedEngine(name, f"pays here ({where})")
@@ -237,10 +225,10 @@ def fit_seeds(
         raise ValueError(f"{len(models)} models for {len(seeds)} seeds")
     models, seeds = list(models), list(seeds)
     budgets = [int(steps[s]) if isinstance(steps, Mapping) else int(steps) for s in seeds]
-    if engine is None and vectorise is not None:
-        engine = "vmap" if vectorise else "sequential"
-    if engine == "vmap" and (vectorisable(cfg) or _has_module_state(models[0])):
-        engine = None  # the older vectorise=True: batch where vmap can, else fall back
+    if engine is None and vectorise is False:
+        engine = "sequential"
+    elif engine is None and vectorise:  # the older vectorise=True: vmap where it can, else auto
+        engine = None if (vectorisable(cfg) or _has_module_state(models[0])) else "vmap"
     chosen = choose_engine(cfg, task, models, budgets, horizon, batches, engine)
     if len(seeds) > 1:
         from transformer_lab.results.console import console

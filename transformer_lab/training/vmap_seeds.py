@@ -13,8 +13,6 @@ batch) (``multiseed.vectorisable``), a user's own components included; the seed-
 
 from __future__ import annotations
 
-import math
-
 import torch
 from omegaconf import DictConfig
 from torch import nn
@@ -86,19 +84,12 @@ class VmapSeeds:
         self.losses = vmap(seed_loss)  # (params (N, ...), inputs (N, B, T), targets) -> (N,)
 
     def clip(self) -> torch.Tensor:
-        """Clip each seed's gradient by its own total norm, as ``clip_gradients`` does for one
-        run (the same per-tensor norms, in one ``_foreach_norm`` over every seed's slices);
-        returns the norms (N,)."""
-        grads = [self.params[n].grad for n in self.names if self.params[n].grad is not None]
-        n = len(self.seeds)
-        slices = [[g[k] for g in grads] for k in range(n)]  # seed k's gradient tensors
-        per_tensor = torch._foreach_norm([s for seed in slices for s in seed])  # N * P norms
-        total = torch.linalg.vector_norm(torch.stack(per_tensor).view(n, -1), dim=1)  # (N,)
-        if math.isfinite(self.grad_clip):
-            coef = (self.grad_clip / (total + 1e-6)).clamp_(max=1.0)  # (N,)
-            for k in range(n):
-                torch._foreach_mul_(slices[k], coef[k])
-        return total
+        """Clip each seed's gradient by its own total norm (``seed_stack.clip_seed_gradients``,
+        the same layout: a leading seed axis); returns the norms (N,)."""
+        from transformer_lab.training.seed_stack import clip_seed_gradients
+
+        return clip_seed_gradients([self.params[n] for n in self.names], self.grad_clip,
+                                   len(self.seeds))
 
     def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
         for trainer in self.trainers:
