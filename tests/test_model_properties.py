@@ -21,13 +21,19 @@ from transformer_lab.measures.model_properties import (
 )
 from transformer_lab.measures.output_properties import device_placement
 from transformer_lab.model import build_model
-from transformer_lab.mutants import BY_NAME, MUTANTS, mutant_config
+from transformer_lab.mutants import (
+    BUILT_IN_BLOCKS,
+    BUILT_IN_FFNS,
+    BUILT_IN_NORM_LAYERS,
+    BUILT_IN_PES,
+    BY_NAME,
+    MUTANTS,
+    mutant_config,
+)
 
 VOCAB = 10
-PES = ["none", "sinusoidal", "learned", "sinusoidal_learned", "rope", "alibi", "t5"]
-FFNS = ["relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "swiglu", "geglu", "reglu"]
-BLOCKS = ["post", "pre", "sandwich", "deepnorm"]
-NORM_LAYERS = ["layernorm", "rmsnorm", "batchnorm"]
+PES = ["none", *BUILT_IN_PES]  # the control too
+FFNS, BLOCKS, NORM_LAYERS = BUILT_IN_FFNS, BUILT_IN_BLOCKS, BUILT_IN_NORM_LAYERS
 
 
 def _compose(*overrides: str):
@@ -55,8 +61,8 @@ def _failed(results) -> dict[str, str]:
 
 BUILT_INS = (
     [(f"pe={pe}", f"arch={arch}") for pe in PES for arch in ("encoder", "decoder")]
-    + [(f"activation={ffn}", "arch=decoder") for ffn in FFNS]
-    + [(f"norm={block}", f"norm_layer={layer}", "arch=decoder", "model.n_layers=2")
+    + [(f"ffn={ffn}", "arch=decoder") for ffn in FFNS]
+    + [(f"block={block}", f"norm_layer={layer}", "arch=decoder", "model.n_layers=2")
        for block, layer in itertools.product(BLOCKS, NORM_LAYERS)]
 )
 
