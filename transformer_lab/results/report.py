@@ -23,6 +23,11 @@ Files (into DIR or ``--out``; an earlier report is never overwritten: the first 
     report-<metric>.png     the final metric per group (mean, std error bars)
     report-loss.png         training-loss curves, one line per group (mean over seeds, std band)
 
+``--metric early_loss`` or ``--metric late_loss_std`` (``curve_metrics.py``: mean training loss
+over the first 10% of the steps, std over the last 30%) computes both numbers from each run's
+training-loss curve (several curves in one run: their mean per step) and reports them like
+summary numbers, with the verdicts on the one asked for.
+
 Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
 A run whose ``summary.csv`` cannot be parsed is skipped and named; an unreadable ``metrics.csv``
 only drops that run's loss curve.
@@ -33,6 +38,7 @@ plots and writes the report.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +46,7 @@ from pathlib import Path
 import pandas as pd
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.results.curve_metrics import CURVE_METRICS, curve_metric
 from transformer_lab.results.gather import METRICS, Gathered, gather
 from transformer_lab.results.verdicts import verdict_columns, verdict_lines
 
@@ -55,7 +62,18 @@ class Report:
 # --- summarising ----------------------------------------------------------------------------
 
 def metrics_present(runs: pd.DataFrame) -> list[str]:
-    return [m for m in METRICS if m in runs.columns and runs[m].notna().any()]
+    return [m for m in (*METRICS, *CURVE_METRICS) if m in runs.columns and runs[m].notna().any()]
+
+
+def with_curve_metric(gathered: Gathered, metric: str) -> Gathered:
+    """``gathered`` with a ``metric`` column (one of ``CURVE_METRICS``) read off each run's
+    training-loss curve (the mean over the run's curves at each step); NaN without a curve."""
+    values = {}
+    for run_dir, rows in gathered.curves.groupby("run_dir", sort=False):
+        curve = rows.groupby("step")["loss"].mean()  # (steps,) one value per logged step
+        values[run_dir] = curve_metric(metric, [int(s) for s in curve.index], curve.tolist())
+    runs = gathered.runs.assign(**{metric: gathered.runs["run_dir"].map(values).astype(float)})
+    return dataclasses.replace(gathered, runs=runs)
 
 
 def pivot_table(gathered: Gathered) -> pd.DataFrame:
@@ -125,8 +143,9 @@ def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
     present = metrics_present(runs)
     if requested is not None:
         if requested not in present:
+            curves = [] if requested in CURVE_METRICS else list(CURVE_METRICS)
             raise ConfigError(f"--metric {requested} has no values in these runs; available: "
-                              f"{', '.join(present) or 'none'}")
+                              f"{', '.join(present + curves) or 'none'}")
         return requested
     return next((m for m in ("best_exact_match", "final_loss") if m in present), None)
 
@@ -197,6 +216,9 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
     """Gather, summarise and write the report files; return what was written. ``baseline``:
     the group the others are tested against (``verdicts.py``)."""
     gathered = gather(Path(root))
+    if metric in CURVE_METRICS:  # asked for one: both, so report.csv has every number
+        for name in CURVE_METRICS:
+            gathered = with_curve_metric(gathered, name)
     chosen = choose_metric(gathered.runs, metric)
     pivot = pivot_table(gathered)
     if chosen is not None:

@@ -31,6 +31,8 @@ for a language model; inside ``tlab validate`` step 4 uses the run's own task.
     steps_to_target first step whose smoothed training loss (EMA, ``SMOOTHING``) reaches
                     ``loss_target`` (median over seeds; empty if a seed never does)
     seeds           number of seeds
+    early_loss      mean training loss over the first 10% of the steps (``results.curve_metrics``)
+    late_loss_std   std of the training loss over the last 30% of the steps: the oscillation
 
 ``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
 training loss among all runs, so ``steps_to_target`` says who got there first.
@@ -42,9 +44,11 @@ worse | no detectable difference at 0.05; the baseline's is ``baseline``), ``see
 power for the observed difference), ``paired_seeds`` and ``note``. A verdict needs 6+ seeds (7+
 for three activations against the baseline): the smallest sign-flip p over n seeds is 2 / 2^n.
 ``compare_runs.csv`` has one row per (activation, seed) (``final_loss`` in full precision, so
-the verdict columns can be recomputed exactly), written as each activation's seeds finish (an
-interrupted comparison keeps its finished activations); ``loss_curves.png`` plots the smoothed
-training loss, mean over seeds with the min-max band.
+the verdict columns can be recomputed exactly; ``early_loss`` and ``late_loss_std`` of that
+seed's curve, which ``tlab report --metric early_loss`` also computes from metrics.csv),
+written as each activation's seeds finish (an interrupted comparison keeps its finished
+activations); ``loss_curves.png`` plots the smoothed training loss, mean over seeds with the
+min-max band.
 """
 
 from __future__ import annotations
@@ -63,6 +67,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
+from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare_output
@@ -75,10 +80,10 @@ COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel
                       "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
                       "steps_to_target", "seeds", "loss_target", "final_loss_std",
                       "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
-                      *VERDICT_COLUMNS]
+                      *VERDICT_COLUMNS, "early_loss", "late_loss_std"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
-               "wall_s"]
+               "wall_s", "early_loss", "late_loss_std"]
 
 
 @dataclass
@@ -101,6 +106,16 @@ class SeedRun:
     def smoothed(self) -> list[float]:
         return ema(self.train_losses, SMOOTHING)
 
+    @property
+    def early_loss(self) -> float:
+        """Mean training loss over the first 10% of the steps (``curve_metrics``)."""
+        return early_loss(self.logged_steps, self.train_losses)
+
+    @property
+    def late_loss_std(self) -> float:
+        """Std of the training loss over the last 30% of the steps (``curve_metrics``)."""
+        return late_loss_std(self.logged_steps, self.train_losses)
+
     def as_row(self) -> dict:
         return {"activation": self.activation, "seed": self.seed, "params": self.params,
                 "ffn_params": self.ffn_params, "tokens_per_s": self.tokens_per_s,
@@ -109,7 +124,8 @@ class SeedRun:
                 "first_loss": self.train_losses[0] if self.train_losses else math.nan,
                 "grad_norm_mean": _mean(self.grad_norms),
                 "grad_norm_std": _std(self.grad_norms), "steps": self.steps,
-                "wall_s": self.wall_s}
+                "wall_s": self.wall_s, "early_loss": _exact(self.early_loss),
+                "late_loss_std": _exact(self.late_loss_std)}
 
 
 def ema(values: Sequence[float], weight: float) -> list[float]:
@@ -237,6 +253,8 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
             "seeds": len(seed_runs), "loss_target": target, "final_loss_std": _std(final),
             "first_loss": _mean([r.train_losses[0] for r in seed_runs if r.train_losses]),
             "steps": seed_runs[0].steps,
+            "early_loss": _mean([r.early_loss for r in seed_runs]),
+            "late_loss_std": _mean([r.late_loss_std for r in seed_runs]),
         })
     first_speed = rows[0]["tokens_per_s"] if rows else math.nan
     for row in rows:
