@@ -1,23 +1,33 @@
 """Milliseconds per training step of S seeds: one seed alone against the three engines of
 ``multiseed.fit_seeds`` (seed-stacked model, vmap, one after another), at S = 1, 2, 4, 8, 16.
 
-    python -m benchmarks.multiseed [--sizes tiny,small] [--seeds 1,2,4,8,16] [--steps 30]
+    python -m benchmarks.multiseed [--sizes tiny,small] [--seeds 1,2,4,8,16] [--steps 60]
                                    [--repeats 3] [--threads 1] [--device cpu|cuda]
-                                   [--arms stacked,vmap,sequential] [--out FILE.csv] [--append]
+                                   [--arms stacked,vmap,sequential] [--compile]
+                                   [--out FILE.csv] [--append]
 
 Every arm trains tlab's model of ``peers.SIZES`` (tiny: d 8, 1 layer, 8 x 4 tokens; small: d 64,
 2 layers, 64 x 16 tokens) on the reverse task with fresh batches from each seed's generator,
 no evaluation until the last step: ``one_seed`` is ``Trainer.fit`` of seed 0, the others are
-``fit_seeds(..., engine=arm)`` for seeds 0..S-1 (model building excluded; stacking the models
-included). The arms alternate ``--repeats`` times so that load changes hit them alike; each
-row is the median. ``ratio`` = an arm's ms/step over one seed's, measured beside it.
+``fit_seeds(..., engine=arm)`` for seeds 0..S-1. ``--compile`` adds ``one_seed_compiled`` and
+``stacked_compiled``: the same steps with the model under ``torch.compile`` (``compile_s``: the
+first call, compile included). The arms alternate ``--repeats`` times so that load changes
+hit them alike; each row is the median.
+
+``ms_per_step`` is the slope between a call of ``--steps`` steps and one of ``--steps / 6``:
+what one more step costs, without a call's fixed cost (stacking the models, one ``Trainer``
+per seed, the final evaluation of every seed), which is ``fixed_ms`` (per call). ``ratio`` =
+an arm's ms/step over one seed's, measured beside it. ``cpu_ms_per_step`` / ``cpu_ratio``: the
+same from this process's CPU time, which other processes on a shared machine disturb less
+(with one thread, CPU time is wall time on an idle machine).
 
 ``bound_ms`` is the physical bound S x FLOPs / peak: FLOPs of one seed's step counted by
 ``FlopCounterMode`` (matmuls and attention, forward and backward; element-wise ops not
 counted), the matmul peak measured in the same run (512^3 fp32, or bf16 on CUDA: best of 20),
 so ``bound_ratio`` = bound_ms / one seed's ms is the ratio a perfectly efficient S-seed step
 would reach and ``pct_of_peak`` = bound_ms / ms how close an arm gets. Targets (issue 13):
-tiny 8 seeds <= 1.5x one seed; small stacked never slower than one after another.
+tiny 8 seeds <= 1.5x one seed; small stacked never slower than one after another; with
+train.compile=true the N-seed step >= 40% of the peak.
 """
 
 from __future__ import annotations
@@ -66,9 +76,37 @@ def step_flops(step: Callable[[], object]) -> float:
     return float(counter.get_total_flops())
 
 
-def make_arms(size_name: str, n_seeds: int, steps: int, device: str,
-              names: list[str]) -> tuple[dict[str, Callable[[], None]], Callable[[], object]]:
-    """arm -> ``steps`` training steps of that arm (S seeds); and one seed's single step."""
+Arm = Callable[[int], None]  # runs that many training steps of the arm
+
+
+def compiled_arms(cfg, task, seeds: list[int], names: list[str]) -> dict[str, Arm]:
+    """``one_seed_compiled`` and ``stacked_compiled``: the same steps with the forward (and
+    its backward) under ``torch.compile`` (what ``train.compile=true`` installs where it
+    pays), on objects kept across calls so that the compile happens once, in the warm-up."""
+    from transformer_lab.training.multiseed import build_seeded_models, train_together
+    from transformer_lab.training.seed_stack import StackedSeeds
+    from transformer_lab.training.trainer import Trainer
+
+    arms: dict[str, Arm] = {}
+    one = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, cfg.model.d_model, 0)
+    one._forward = torch.compile(one.model, dynamic=False)
+    arms["one_seed_compiled"] = lambda steps: one.fit(steps)
+    if len(seeds) > 1 and "stacked" in names:
+        models = build_seeded_models(cfg, seeds)
+        trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s)
+                    for m, s in zip(models, seeds, strict=True)]
+        runner = StackedSeeds(cfg, seeds, models, trainers, horizon=10**6)
+        runner.trainer.forward = torch.compile(runner.stacked, dynamic=False)
+        arms["stacked_compiled"] = lambda steps: train_together(
+            runner, seeds, models, trainers, [trainers[0].step_count + steps] * len(seeds),
+            None, None, None)
+    return arms
+
+
+def make_arms(size_name: str, n_seeds: int, device: str, names: list[str],
+              compiled: bool) -> tuple[dict[str, Arm], Callable[[], object]]:
+    """arm -> a function running that many training steps of the arm (S seeds); and one
+    seed's single step (for its FLOPs)."""
     from transformer_lab.config.compose import compose
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
@@ -80,43 +118,73 @@ def make_arms(size_name: str, n_seeds: int, steps: int, device: str,
     task = build_task(cfg)
     seeds = list(range(n_seeds))
     one = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, size.d_model, 0)
-    arms: dict[str, Callable[[], None]] = {"one_seed": lambda: one.fit(steps)}
+    arms: dict[str, Arm] = {"one_seed": lambda steps: one.fit(steps)}
     for name in names:
         if n_seeds == 1 and name != "stacked":
             continue  # one seed: vmap and sequential are Trainer.fit, the one_seed arm
         models = build_seeded_models(cfg, seeds)
-        arms[name] = (lambda name=name, models=models:
+        arms[name] = (lambda steps, name=name, models=models:
                       fit_seeds(cfg, seeds, steps, task=task, models=models, engine=name))
+    if compiled:
+        arms.update(compiled_arms(cfg, task, seeds, names))
     batch = task.train_batch(size.batch, torch.Generator().manual_seed(0)).to(device)
     flop_trainer = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, size.d_model, 0)
     return arms, lambda: flop_trainer.train_step(batch)
 
 
+def timed(run: Arm, steps: int, device: str) -> tuple[float, float]:
+    """Wall seconds and this process's CPU seconds that ``run(steps)`` took."""
+    synchronize(device)
+    start, cpu = time.perf_counter(), time.process_time()
+    run(steps)
+    synchronize(device)
+    return time.perf_counter() - start, time.process_time() - cpu
+
+
+def slope(long: float, short: float, steps: int, short_steps: int) -> tuple[float, float]:
+    """(ms per step, ms per call) from calls of ``steps`` and ``short_steps`` steps."""
+    per_step = (long - short) / (steps - short_steps)
+    return per_step * 1e3, (short - short_steps * per_step) * 1e3
+
+
 def bench(size_name: str, n_seeds: int, args: argparse.Namespace, peak: float) -> list[dict]:
-    arms, one_step = make_arms(size_name, n_seeds, args.steps, args.device, args.arms)
+    arms, one_step = make_arms(size_name, n_seeds, args.device, args.arms, args.compile)
     flops = step_flops(one_step)
     quiet = contextlib.redirect_stdout(io.StringIO())  # fit_seeds' engine line, per call
-    times: dict[str, list[float]] = {name: [] for name in arms}
+    slopes: dict[str, list[float]] = {name: [] for name in arms}  # wall ms per step
+    cpu: dict[str, list[float]] = {name: [] for name in arms}  # CPU ms per step
+    fixed: dict[str, list[float]] = {name: [] for name in arms}  # wall ms per call
+    compile_s: dict[str, float] = {}
+    short = max(1, args.steps // 6)
     with quiet:
-        for run in arms.values():  # warm-up (first-call allocations, lazy imports)
-            run()
+        for name, run in arms.items():  # warm-up (first-call allocations, lazy imports, compile)
+            seconds, _ = timed(run, short, args.device)
+            if name.endswith("_compiled"):
+                compile_s[name] = seconds
         for _ in range(args.repeats):
             for name, run in arms.items():
-                synchronize(args.device)
-                start = time.perf_counter()
-                run()
-                synchronize(args.device)
-                times[name].append((time.perf_counter() - start) / args.steps * 1e3)
-    one_ms = statistics.median(times["one_seed"])
+                (long_s, long_cpu), (short_s, short_cpu) = (timed(run, args.steps, args.device),
+                                                            timed(run, short, args.device))
+                per_step, per_call = slope(long_s, short_s, args.steps, short)
+                slopes[name].append(per_step)
+                fixed[name].append(per_call)
+                cpu[name].append(slope(long_cpu, short_cpu, args.steps, short)[0])
+    one_ms, one_cpu = statistics.median(slopes["one_seed"]), statistics.median(cpu["one_seed"])
     rows = []
-    for name, t in times.items():
-        seeds_here = 1 if name == "one_seed" else n_seeds
+    for name, t in slopes.items():
+        seeds_here = 1 if name.startswith("one_seed") else n_seeds
         ms, bound_ms = statistics.median(t), seeds_here * flops / peak * 1e3
+        cpu_ms = statistics.median(cpu[name])
         rows.append({"size": size_name, "seeds": seeds_here, "arm": name,
                      "ms_per_step": round(ms, 3), "ms_min": round(min(t), 3),
-                     "ratio": round(ms / one_ms, 2), "bound_ms": round(bound_ms, 4),
+                     "ratio": round(ms / one_ms, 2),
+                     "cpu_ms_per_step": round(cpu_ms, 3),
+                     "cpu_ratio": round(cpu_ms / one_cpu, 2),
+                     "bound_ms": round(bound_ms, 4),
                      "bound_ratio": round(bound_ms / one_ms, 3),
                      "pct_of_peak": round(100 * bound_ms / ms, 1),
+                     "fixed_ms": round(statistics.median(fixed[name]), 1),
+                     "compile_s": round(compile_s[name], 1) if name in compile_s else "",
                      "flops_per_seed_step": int(flops), "peak_gflops": round(peak / 1e9, 1),
                      "steps": args.steps, "repeats": args.repeats,
                      "threads": torch.get_num_threads(), "device": args.device})
@@ -128,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default="tiny,small")
     parser.add_argument("--seeds", default="1,2,4,8,16")
-    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--arms", default="stacked,vmap,sequential")
+    parser.add_argument("--compile", action="store_true",
+                        help="add one_seed_compiled and stacked_compiled (torch.compile)")
     parser.add_argument("--out", type=Path, default=OUT)
     parser.add_argument("--append", action="store_true",
                         help="add the rows below those already in --out")
@@ -146,10 +216,13 @@ def main(argv: list[str] | None = None) -> int:
         for n_seeds in [int(s) for s in args.seeds.split(",")]:
             for row in bench(size_name, n_seeds, args, peak):
                 rows.append(row)
-                print(f"{size_name:<6} S={n_seeds:<3} {row['arm']:<11} "
-                      f"{row['ms_per_step']:8.3f} ms/step  x one seed {row['ratio']:5.2f}   "
+                compiled = f"  compile {row['compile_s']} s" if row["compile_s"] != "" else ""
+                print(f"{size_name:<6} S={n_seeds:<3} {row['arm']:<17} "
+                      f"{row['ms_per_step']:8.3f} ms/step  x one seed {row['ratio']:5.2f} "
+                      f"(CPU time x{row['cpu_ratio']:5.2f})  "
                       f"bound {row['bound_ms']:7.3f} ms (x{row['bound_ratio']:.3f})  "
-                      f"{row['pct_of_peak']:4.1f}% of peak", flush=True)
+                      f"{row['pct_of_peak']:4.1f}% of peak  fixed {row['fixed_ms']} ms"
+                      f"{compiled}", flush=True)
     write_csv(args.out, rows, append=args.append)
     return 0
 

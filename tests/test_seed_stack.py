@@ -105,10 +105,9 @@ def seed_grads(stacked: nn.Module, s: int) -> dict[str, torch.Tensor]:
     grads = {}
     for prefix, module in stacked.named_modules():
         if isinstance(module, SeedStackedLayer):
-            for name, shape in module.single_shapes.items():
-                tensor = getattr(module, name)
-                if isinstance(tensor, nn.Parameter):
-                    grads[f"{prefix}.{name}" if prefix else name] = tensor.grad[s].view(shape)
+            for name in module.single_shapes:
+                if isinstance(getattr(module, name), nn.Parameter):
+                    grads[f"{prefix}.{name}" if prefix else name] = module.seed_grad(name, s)
     return grads
 
 

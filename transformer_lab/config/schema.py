@@ -115,6 +115,7 @@ SCHEMA: dict[str, Rule] = {
     "train.betas": Rule("list", item=PROBABILITY, min_items=2),
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
     "train.device": Rule("str", required=True), "train.precision": Rule("str", required=True),
+    "train.compile": Rule("bool"),
     # the groups every run needs
     "arch.causal": Rule("bool", required=True),
     "task.name": Rule("str", required=True), "task._target_": Rule("str", required=True),
@@ -151,6 +152,7 @@ SCHEMA: dict[str, Rule] = {
     "routine.train_steps": POSITIVE_INT, "routine.max_steps": POSITIVE_INT,
     "routine.min_drop": _num(), "routine.target": _num(0, 1, open_low=True),
     "routine.control": Rule("bool"), "routine.measure": Rule("bool"),
+    "routine.parallel": Rule("bool"),
     "routine.trained": Rule("bool"), "routine.loss_target": _num(nullable=True),
     "routine.activations": Rule("list", item=Rule("str"), min_items=1),
     "routine.train_len": _int(1, nullable=True),

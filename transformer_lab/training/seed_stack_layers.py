@@ -25,21 +25,30 @@ class SeedStackedLinear(SeedStackedLayer):
 
     x (S*B, ..., in) -> view (S, N, in) -> ``baddbmm(b, x, W^T)`` (S, N, out) -> (S*B, ..., out).
     ``baddbmm`` was the fastest of baddbmm, bmm + add, matmul, einsum and a loop of ``F.linear``
-    on this CPU for the tiny (d 8) and small (d 64) shapes, and equals ``F.linear`` bit for bit.
+    on this CPU for the tiny (d 8) and small (d 64) shapes. ``weight`` is stored as the seeds'
+    W_s^T, (S, in, out), contiguous as ``bmm`` reads it: no transpose (and no transpose node
+    for autograd) per call, and its gradient comes out in that layout; ``seed_slice`` gives
+    seed s's (out, in) matrix as a transposed view.
     """
 
     def __init__(self, layers: list[nn.Linear]) -> None:
         super().__init__()
         self.in_features, self.out_features = layers[0].in_features, layers[0].out_features
-        self.stack("weight", [layer.weight for layer in layers])  # (S, out, in)
+        self.stack("weight", [layer.weight.t() for layer in layers])  # (S, in, out): W_s^T
+        self.single_shapes["weight"] = layers[0].weight.shape  # (out, in)
         self.stack("bias", [layer.bias for layer in layers], broadcast=True)  # (S, 1, out)
+
+    def slice_of(self, tensor: torch.Tensor, name: str, s: int) -> torch.Tensor:
+        if name == "weight":
+            return tensor[s].t()  # (out, in), a view of W_s^T
+        return super().slice_of(tensor, name, s)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         rows = x.reshape(self.weight.shape[0], -1, self.in_features)  # (S, N, in)
         if self.bias is None:
-            y = torch.bmm(rows, self.weight.transpose(1, 2))  # (S, N, out)
+            y = torch.bmm(rows, self.weight)  # (S, N, out)
         else:
-            y = torch.baddbmm(self.bias, rows, self.weight.transpose(1, 2))  # (S, N, out)
+            y = torch.baddbmm(self.bias, rows, self.weight)  # (S, N, out)
         return y.view(*x.shape[:-1], self.out_features)  # (S*B, ..., out)
 
     def unstack(self, s: int) -> nn.Linear:

@@ -22,6 +22,7 @@ from torch import nn
 from transformer_lab.errors import Diverged
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
+from transformer_lab.training.compile import CompileProbe
 from transformer_lab.training.lockstep import Lockstep
 from transformer_lab.training.optim import AdamW
 from transformer_lab.training.schedules import SCHEDULES
@@ -169,6 +170,7 @@ class Trainer:
         )
         self.step_count = 0
         self.started = time.perf_counter()
+        self._forward: Callable[[torch.Tensor], torch.Tensor] = model  # or compiled (compile.py)
 
     def plan_schedule(self, steps: int) -> None:
         """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
@@ -186,7 +188,7 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         with self.autocast:
-            loss = sequence_loss(self.model(batch.inputs), batch.targets)
+            loss = sequence_loss(self._forward(batch.inputs), batch.targets)
             auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
         for param in self._params:  # zero_grad(set_to_none=True) without its hooks
             param.grad = None
@@ -194,6 +196,15 @@ class Trainer:
         grad_norm = clip_gradients(self._params, self._grad_clip)
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
+
+    def compile_probe(self, steps: int) -> CompileProbe | None:
+        """With ``train.compile=true``, what compiles the training forward where it pays
+        (``training/compile.py``); None otherwise."""
+        if not self._train.get("compile"):
+            return None
+        work = int(self._train.batch_size) * int(self.task.model_seq_len) * int(self.d_model)
+        return CompileProbe(self.model, steps, work, str(self.device), "the training step",
+                            lambda forward: setattr(self, "_forward", forward))
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
         """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision
@@ -266,6 +277,7 @@ class Trainer:
         result = TrainResult()
         log_every, eval_every = max(1, self.cfg.log_every), self.cfg.eval_every
         tokens_since, total_tokens = 0, 0
+        probe = self.compile_probe(steps)  # train.compile=true: compile if it pays, or None
         started = clock = time.perf_counter()
         for i in range(steps):
             if i == 0 and follow is not None and not follow.may_take(self.step_count + 1):
@@ -278,6 +290,8 @@ class Trainer:
             loss, grad_norm, lr = self.train_step(batch)
             tokens_since += batch.inputs.numel()
             total_tokens += batch.inputs.numel()
+            if probe is not None:
+                probe.after_step(i)
             step = self.step_count
             if lead is not None:
                 lead.took(step)

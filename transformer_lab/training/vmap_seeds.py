@@ -91,7 +91,8 @@ class VmapSeeds:
         return clip_seed_gradients([self.params[n] for n in self.names], self.grad_clip,
                                    len(self.seeds))
 
-    def step(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimiser step of every seed (``batch``: (S, B, T), row k seed k's)."""
         for trainer in self.trainers:
             trainer.step_count += 1
         lr = self.schedule(self.trainers[0].step_count, self.train, self.d_model, self.horizon)
@@ -99,8 +100,7 @@ class VmapSeeds:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
             self.lr = lr
-        inputs = torch.stack([b.inputs for b in batches]).to(self.device)  # (N, B, T)
-        targets = torch.stack([b.targets for b in batches]).to(self.device)  # (N, B, T)
+        inputs, targets = batch.inputs.to(self.device), batch.targets.to(self.device)  # (N, B, T)
         for model in self.models:
             if not model.training:
                 model.train()

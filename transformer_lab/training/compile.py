@@ -1,0 +1,163 @@
+"""``train.compile=true``: ``torch.compile`` of the training forward (its backward too, through
+AOTAutograd), used only where it pays.
+
+A compile costs tens of seconds (``COMPILE_SECONDS``: 20-35 s from a cold cache on the 2-core
+CPU) and can save at most a share of each step (``EXPECTED_SAVING``, an optimistic bound). So a
+run (``CompileProbe``) first times ``PROBE_STEPS`` eager steps and compiles only if
+``steps left x step time x EXPECTED_SAVING > COMPILE_SECONDS``, never for an overhead-bound
+CPU step (tokens x d_model <= ``OVERHEAD_BOUND_WORK``: compiled, the ``tiny`` step ran
+1.65-1.9x slower); then it times as many compiled steps and keeps whichever ran faster. Each
+decision is printed (skipped and why; the compile time; compiled vs eager ms/step, kept or back
+to eager). On this CPU the compiled ``small`` step measured 1.16-1.24x slower than eager
+(``benchmarks/multiseed.py --compile``), so runs here end up eager. Evaluation and generation
+stay eager (their shapes vary: each would compile again). A compiled step rounds differently
+from an eager one (fused kernels).
+
+``compile_unavailable()`` says why torch.compile cannot run here (on CPU Inductor needs a C++
+compiler); ``check_compile`` turns ``train.compile=true`` there into a ``ConfigError`` (exit 2).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from transformer_lab.errors import ConfigError
+
+PROBE_STEPS = (2, 6)  # eager steps timed before deciding: [2, 6) (the first ones warm up)
+COMPILE_SECONDS = 35.0  # one compile of the training forward + backward, 2-core CPU, cold cache
+EXPECTED_SAVING = 0.15  # the share of a step a compile might save (optimistic: it is checked)
+OVERHEAD_BOUND_WORK = 8192  # tokens x d_model at or below which a CPU step is overhead-bound
+
+Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def compile_unavailable() -> str | None:
+    """None if ``torch.compile`` can build kernels here, else why not (in words)."""
+    if not hasattr(torch, "compile"):
+        return f"torch {torch.__version__} has no torch.compile"
+    compilers = [os.environ.get("CXX"), "g++", "c++", "clang++"]
+    if not any(c and shutil.which(c) for c in compilers):
+        return "torch.compile on CPU needs a C++ compiler (g++, c++ or clang++; none on PATH)"
+    return None
+
+
+def check_compile(value: object, device: str) -> None:
+    """``ConfigError`` unless ``train.compile`` is a bool that can be honoured here."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"train.compile={value} is not valid; use true or false")
+    if value and not str(device).startswith("cuda"):
+        reason = compile_unavailable()
+        if reason is not None:
+            raise ConfigError(f"train.compile=true cannot run here: {reason}; use "
+                              "train.compile=false")
+
+
+def pays(step_s: float, steps_left: int, work: int, device: str) -> tuple[bool, str]:
+    """Whether compiling pays for ``steps_left`` more steps of ``step_s`` seconds each, and why
+    (in words). ``work``: tokens per step x d_model of one seed."""
+    if not str(device).startswith("cuda") and work <= OVERHEAD_BOUND_WORK:
+        return False, (f"an overhead-bound step on CPU (tokens x d_model = {work} <= "
+                       f"{OVERHEAD_BOUND_WORK}) runs slower compiled")
+    saving = steps_left * step_s * EXPECTED_SAVING
+    if saving <= COMPILE_SECONDS:
+        return False, (f"{steps_left} steps of {step_s * 1e3:.1f} ms would save at most "
+                       f"~{saving:.0f} s against ~{COMPILE_SECONDS:.0f} s of compiling")
+    return True, f"{steps_left} steps of {step_s * 1e3:.1f} ms: up to ~{saving:.0f} s saved"
+
+
+class TimedFirstCall:
+    """``forward`` whose first call (the compile) is timed and reported."""
+
+    def __init__(self, forward: Forward, label: str, report: Callable[[str], None]) -> None:
+        self.forward, self.label, self.report = forward, label, report
+        self.seconds: float | None = None
+
+    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+        if self.seconds is not None:
+            return self.forward(inputs)
+        start = time.perf_counter()
+        out = self.forward(inputs)
+        self.seconds = time.perf_counter() - start
+        self.report(f"train.compile: compiled {self.label} in {self.seconds:.1f} s")
+        return out
+
+
+class CompileProbe:
+    """Times ``PROBE_STEPS`` eager steps of a training loop; if a compile may pay (``pays``),
+    installs a compiled forward of ``model`` (``install``), times as many compiled steps after
+    the compile and keeps whichever ran faster, saying so. Call ``after_step(i)`` after the
+    loop's step i (0-based) of ``steps``."""
+
+    def __init__(self, model: nn.Module, steps: int, work: int, device: str, label: str,
+                 install: Callable[[Forward], None],
+                 report: Callable[[str], None] | None = None) -> None:
+        self.model, self.steps, self.work, self.device, self.label = (model, steps, work,
+                                                                      device, label)
+        self.install = install
+        self.report = report or _console_print
+        self.eager_s: float | None = None  # seconds per eager step, once timed
+        self.compiled_s: float | None = None
+        self.started: float | None = None
+        self.compiled_from: int | None = None  # the loop step whose forward compiled
+        first, last = PROBE_STEPS
+        self.done = steps < 2 * last
+        if self.done:
+            self.report(f"train.compile: skipped for {label} ({steps} steps are too few to "
+                        "time the step eager and compiled)")
+
+    def after_step(self, i: int) -> None:
+        if self.done:
+            return
+        first, last = PROBE_STEPS
+        if self.compiled_from is None:
+            self._probe_eager(i + 1, first, last)
+            return
+        n = i - self.compiled_from  # compiled steps taken since the compile
+        if n == first - 1:
+            self.started = time.perf_counter()
+        elif n == last - 1:
+            self.done = True
+            self.compiled_s = (time.perf_counter() - self.started) / (last - first)
+            faster = self.compiled_s < self.eager_s
+            words = (f"{self.compiled_s * 1e3:.1f} ms/step compiled against "
+                     f"{self.eager_s * 1e3:.1f} eager")
+            if not faster:
+                self.install(self.model)
+            self.report(f"train.compile: {words}: {'kept' if faster else 'back to eager'}")
+
+    def _probe_eager(self, taken: int, first: int, last: int) -> None:
+        """After ``taken`` eager steps: start the clock, or decide whether to compile."""
+        if taken == first:
+            self.started = time.perf_counter()
+        elif taken == last:
+            self.eager_s = (time.perf_counter() - self.started) / (last - first)
+            use, why = pays(self.eager_s, self.steps - last, self.work, self.device)
+            if not use:
+                self.done = True
+                self.report(f"train.compile: skipped for {self.label} ({why})")
+                return
+            compiled = torch.compile(self.model, dynamic=False)
+            self.install(TimedFirstCall(compiled, f"{self.label} ({why})", self.report))
+            self.compiled_from = taken - 1
+
+
+def engine_probe(runner: object, steps: int) -> CompileProbe | None:
+    """``train.compile=true`` for a batched engine of ``multiseed``: its ``compile_probe``
+    (the stacked engine's), or None for an engine that is not compiled (vmap), said so."""
+    make = getattr(runner, "compile_probe", None)
+    if make is None:
+        _console_print(f"train.compile: skipped ({type(runner).__name__} is not compiled)")
+        return None
+    return make(steps)
+
+
+def _console_print(line: str) -> None:
+    from transformer_lab.results.console import console
+
+    console.print(line)
