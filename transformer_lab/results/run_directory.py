@@ -52,8 +52,10 @@ def _format(value: Any) -> Any:
 
 class CsvLog:
     """Append-only CSV. The header is ``columns`` plus any other keys of the first row written;
-    keys that later rows add beyond the header are dropped. ``listeners`` are called with each
-    row after it is on disk (trackers, the progress bar): they never stop a row being written."""
+    a later row with keys the header lacks widens it (the file is rewritten once with the new
+    columns, earlier rows empty there), so no column is lost, e.g. the ``moe_expert{i}_fraction``
+    of an MoE model trained after a dense one. ``listeners`` are called with each row after it
+    is on disk (trackers, the progress bar): they never stop a row being written."""
 
     def __init__(self, path: Path, columns: Iterable[str],
                  listeners: Iterable[Callable[[Mapping[str, Any]], None]] = ()) -> None:
@@ -64,17 +66,35 @@ class CsvLog:
         self._writer: csv.DictWriter | None = None
 
     def write(self, row: Mapping[str, Any]) -> None:
+        extra = [k for k in row if k not in self.columns]
         if self._writer is None:
-            extra = [k for k in row if k not in self.columns]
             self.columns += extra
-            self._file = self.path.open("w", newline="", encoding="utf-8")
-            self._writer = csv.DictWriter(self._file, fieldnames=self.columns,
-                                          extrasaction="ignore")
+            self._open("w")
             self._writer.writeheader()
+        elif extra:
+            self._widen(extra)
         self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
         self._file.flush()
         for listener in self.listeners:
             listener(row)
+
+    def _open(self, mode: str) -> None:
+        self._file = self.path.open(mode, newline="", encoding="utf-8")
+        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
+
+    def _widen(self, extra: list[str]) -> None:
+        """Rewrite the file with ``extra`` added to the header (atomically), then append again."""
+        self._file.close()
+        with self.path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.DictReader(f))
+        self.columns += extra
+        partial = self.path.with_name(self.path.name + ".widening")
+        with partial.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.DictWriter(f, fieldnames=self.columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(partial, self.path)
+        self._open("a")
 
     def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
         for row in rows:
