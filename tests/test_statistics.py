@@ -18,6 +18,7 @@ from transformer_lab.measures.statistics import (
     NO_DIFFERENCE,
     WORSE,
     describe,
+    fewest_seeds_for_a_verdict,
     holm,
     mean_interval,
     paired_comparison,
@@ -189,6 +190,20 @@ def test_five_seeds_cannot_decide_and_say_six_are_needed():
     assert row["p_value"] == 0.0625 and row["verdict"] == NO_DIFFERENCE
     assert row["seeds_needed"] == 6
     assert "6 paired seeds would detect it" in describe("gelu", row, "relu")
+    assert "no verdict possible" in row["note"] and "6+ seeds" in row["note"]
+
+
+def test_eight_seeds_over_seven_variants_say_no_verdict_is_possible():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 2.07, 1.98]
+    variants = {"relu": base, **{f"v{i}": [b - 0.5 for b in base] for i in range(7)}}
+    row = verdict_table(_runs(variants), "activation").loc["v0"]
+    assert row["p_value"] == 2 / 2**8 and row["p_adjusted"] == pytest.approx(7 * 2 / 2**8)
+    assert row["verdict"] == NO_DIFFERENCE  # every seed agrees, yet 0.055 > 0.05
+    assert "no verdict possible" in row["note"] and "9+ seeds" in row["note"]
+    assert [fewest_seeds_for_a_verdict(m) for m in (1, 2, 3, 4, 6, 7, 12, 13)] == \
+        [6, 7, 7, 8, 8, 9, 9, 10]
+    nine = {k: [*v, v[0]] for k, v in variants.items()}
+    assert verdict_table(_runs(nine), "activation").loc["v0"]["note"] == ""
 
 
 def test_verdict_table_nan_seed_and_single_seed():

@@ -237,7 +237,7 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
             row.update(diff_vs_baseline=pair.diff, diff_ci_low=pair.low, diff_ci_high=pair.high,
                        p_value=pair.p_value, paired_seeds=pair.n,
                        seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
-                       note=_note(pair))
+                       note=_note(pair, m, alpha))
         rows[name] = row
     import pandas as pd
 
@@ -254,10 +254,22 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     return table
 
 
-def _note(pair: PairedComparison) -> str:
+def fewest_seeds_for_a_verdict(comparisons: int, alpha: float = 0.05) -> int:
+    """The least n whose exact sign-flip test can reach ``alpha`` after Holm over
+    ``comparisons`` variants: the smallest two-sided p over n seeds is 2 / 2^n, and Holm
+    multiplies the smallest by the number of comparisons (1 -> 6, 2-3 -> 7, 4-6 -> 8, 7-12 -> 9)."""
+    return max(2, math.ceil(math.log2(2 * max(comparisons, 1) / alpha)))
+
+
+def _note(pair: PairedComparison, comparisons: int = 1, alpha: float = 0.05) -> str:
     parts = []
     if pair.n < 2:
         parts.append(f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)")
+    elif pair.n < (fewest := fewest_seeds_for_a_verdict(comparisons, alpha)):
+        floor = min(1.0, comparisons * 2 / 2**pair.n)
+        parts.append(f"no verdict possible: over {pair.n} seeds and {comparisons} comparison"
+                     f"{'' if comparisons == 1 else 's'} Holm's p is at least {floor:.2g} > "
+                     f"{alpha:g}; {fewest}+ seeds can reach it")
     if pair.dropped:
         plural = "" if pair.dropped == 1 else "s"
         parts.append(f"{pair.dropped} seed{plural} dropped (NaN or missing)")
