@@ -114,3 +114,22 @@ def test_tlab_smoke_console_script(pe, tmp_path):
     assert result.returncode == 0, result.stderr
     assert "smoke_loss_falls" in result.stdout
     assert (out / "summary.csv").is_file()
+
+
+def test_smoke_measures_the_pe_swamp_at_init_not_after_training(tlab, tmp_path):
+    # at the smoke's lr the embeddings grow ~10x in its 10 steps: the ratio after training
+    # (about 3) hid a PE that was 30x+ the tokens when training began
+    out = tmp_path / "init"
+    code, _, _ = tlab("experiment=smoke", "pe=sinusoidal", "model.embed_scale=none",
+                      f"hydra.run.dir={out}")
+    detail = pd.read_csv(out / "smoke.csv").set_index("check").loc["smoke_loss_falls", "detail"]
+    assert code == 0 and "at init (PE swamps the tokens): set model.embed_scale=sqrt" in detail
+
+
+def test_smoke_swamp_hint_does_not_suggest_a_setting_already_made(tlab, tmp_path):
+    out = tmp_path / "sqrt"
+    tlab("experiment=smoke", "pe=sinusoidal", "model.embed_scale=sqrt", "model.pe_scale=40",
+         f"hydra.run.dir={out}")
+    detail = pd.read_csv(out / "smoke.csv").set_index("check").loc["smoke_loss_falls", "detail"]
+    assert "PE swamps the tokens" in detail and "lower model.pe_scale" in detail
+    assert "set model.embed_scale=sqrt" not in detail

@@ -111,18 +111,28 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     return rows
 
 
-def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float) -> str:
-    """The source article's suspects when the smoke loss does not fall."""
+def swamp_hint(cfg: DictConfig, ratio: float) -> str:
+    """What to change when the PE swamps the token embeddings (ratio at initialisation)."""
+    remedy = ("lower model.pe_scale or raise model.init_std"
+              if str(cfg.model.get("embed_scale")) == "sqrt"
+              else "set model.embed_scale=sqrt or lower model.pe_scale")
+    return f"PE norm is {ratio:.1f}x the token-embedding norm at init (PE swamps the tokens): " \
+        + remedy
+
+
+def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float,
+             init_ratio: float | None = None) -> str:
+    """The source article's suspects when the smoke loss does not fall (``init_ratio``: the
+    PE-to-embedding norm ratio before training, the one the article's pitfall is about)."""
     hints = []
     lr = float(cfg.train.lr)
     if drop < 0:
         hints.append(f"loss rose: train.lr={lr:g} may be too high")
     elif lr < 1e-3:
         hints.append(f"train.lr={lr:g} may be too low for {cfg.routine.steps} steps")
-    ratio = pe_to_embedding_ratio(model, batch)
+    ratio = init_ratio if init_ratio is not None else pe_to_embedding_ratio(model, batch)
     if ratio is not None and ratio > PE_SWAMP_RATIO:
-        hints.append(f"PE norm is {ratio:.1f}x the token-embedding norm (PE swamps the tokens): "
-                     "set model.embed_scale=sqrt or lower model.pe_scale")
+        hints.append(swamp_hint(cfg, ratio))
     model.zero_grad(set_to_none=True)
     sequence_loss(model(batch.inputs), batch.targets).backward()
     dead = [n for n, p in model.named_parameters() if p.grad is not None and not p.grad.any()]
@@ -152,6 +162,9 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     evaluators = {s: Trainer(m, task, cfg.train, cfg.model.d_model, s)
                   for s, m in zip(seeds, models, strict=True)}
     before = {s: _fixed_loss(evaluators[s], fixed[s]) for s in seeds}
+    # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
+    # ratio after training hides a PE that swamped the tokens when training began
+    ratios = {s: pe_to_embedding_ratio(m, fixed[s][0]) for s, m in zip(seeds, models, strict=True)}
     steps = int(cfg.routine.steps)
     logs = {s: TaggedLog(metrics, seed=s) if several else metrics for s in seeds}
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
@@ -166,11 +179,13 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         ok = math.isfinite(after) and drop >= cfg.routine.min_drop
         detail = (f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}" if several
                   else f"loss {before[seed]:.4f} -> {after:.4f} in {steps} steps")
+        ratio = ratios[seed]
         if not ok:
-            detail += f"; {diagnose(cfg, trained, fixed[seed][0], drop)}"
-        elif (ratio := pe_to_embedding_ratio(trained, fixed[seed][0])) and ratio > PE_SWAMP_RATIO:
-            detail += (f"; but PE norm is {ratio:.1f}x the token-embedding norm (PE swamps the "
-                       "tokens): set model.embed_scale=sqrt or lower model.pe_scale")
+            detail += f"; {diagnose(cfg, trained, fixed[seed][0], drop, ratio)}"
+        elif ratio is not None and ratio > PE_SWAMP_RATIO:
+            detail += f"; but {swamp_hint(cfg, ratio)}"
+        elif ratio is not None:
+            detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
