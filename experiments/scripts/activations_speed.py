@@ -20,11 +20,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from experiments.scripts.interleaved_timing import step_runner, time_rounds
 
 ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "reglu", "geglu", "swiglu"]
 SETTING = ["experiment=compare_activations", "task=text", "task.corpus=tinyshakespeare",
@@ -61,26 +62,9 @@ def build_step(activation: str, batches: list) -> tuple[Callable[[int], None], i
     trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed=0)
     ffn_params = sum(p.numel() for block in model.blocks for p in block.feedforward.parameters())
 
-    def run(n: int) -> None:
-        for i in range(n):
-            loss, _grad_norm, _lr = trainer.train_step(batches[i % len(batches)])
-        float(loss)  # wait for the last step
-
+    run = step_runner(trainer, batches)
     return run, ffn_params
 
-
-def time_rounds(runs: dict[str, Callable[[int], None]], rounds: int,
-                steps: int) -> dict[str, list[float]]:
-    """ms/step per round; the activations take turns within a round, starting one later each
-    round."""
-    names = list(runs)
-    times: dict[str, list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            runs[name](steps)
-            times[name].append((time.perf_counter() - start) * 1e3 / steps)
-    return times
 
 
 def main(argv: list[str] | None = None) -> None:

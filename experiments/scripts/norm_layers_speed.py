@@ -22,11 +22,12 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from experiments.scripts.interleaved_timing import step_runner, time_rounds
 
 SETTING = ["experiment=compare_activations", "ffn=gelu", "task=text",
            "task.corpus=tinyshakespeare", "task.seq_len=64", "arch=decoder",
@@ -53,27 +54,7 @@ def build_step(overrides: list[str], batches: list) -> Callable[[int], None]:
     cfg.model.vocab_size = task.vocab_size  # as validate_config fills it in
     model = build_model(cfg, seed=0)
     trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed=0)
-
-    def run(n: int) -> None:
-        for i in range(n):
-            loss, _grad_norm, _lr = trainer.train_step(batches[i % len(batches)])
-        float(loss)  # wait for the last step
-
-    return run
-
-
-def time_rounds(runs: dict[tuple[str, str], Callable[[int], None]], rounds: int,
-                steps: int) -> dict[tuple[str, str], list[float]]:
-    """ms/step per round; the variants take turns within a round, starting one later each
-    round."""
-    names = list(runs)
-    times: dict[tuple[str, str], list[float]] = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            start = time.perf_counter()
-            runs[name](steps)
-            times[name].append((time.perf_counter() - start) * 1e3 / steps)
-    return times
+    return step_runner(trainer, batches)
 
 
 def main(argv: list[str] | None = None) -> None:
