@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--append", action="store_true",
                         help="add the rows below those already in --out")
     args = parser.parse_args(argv)
+    if args.steps < 7:  # a step's time is the slope between calls of steps and steps // 6
+        parser.error(f"--steps={args.steps} is too few; use 7 or more")
     args.arms = args.arms.split(",")
     torch.set_num_threads(args.threads)
     peak = matmul_peak_flops(args.device)

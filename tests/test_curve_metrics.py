@@ -123,3 +123,25 @@ def test_report_gives_paired_verdicts_on_the_curve_metrics(tmp_path):
     assert plain.metric == "final_loss" and "early_loss" not in plain.gathered.runs.columns
     with pytest.raises(ConfigError, match="available: final_loss, early_loss, late_loss_std"):
         make_report(sweep, tmp_path / "d", metric="bleu")
+
+
+def test_report_takes_each_curve_of_a_run_before_averaging(tmp_path):
+    """A job that trains two seeds together (seed-tagged rows in one metrics.csv): their
+    zig-zags are out of phase, so averaging the curves first would cancel the oscillation."""
+    sweep = tmp_path / "sweep"
+    for job, norm in enumerate(("layernorm", "batchnorm")):
+        run = sweep / str(job)
+        (run / ".hydra").mkdir(parents=True)
+        (run / ".hydra" / "overrides.yaml").write_text(f"- norm_layer={norm}\n")
+        (run / "summary.csv").write_text(f"norm_layer,final_loss,status\n{norm},2.0,passed\n")
+        rows = []
+        for seed in (0, 1):
+            losses = curve(norm, 0) * (1.0 if norm == "layernorm" else 0.0) + (
+                0.3 * (-1.0) ** (np.arange(1, 101) + seed) + 2.0 if norm == "batchnorm" else 0.0)
+            rows += [f"{i + 1},train,{float(loss)!r},{seed}\n" for i, loss in enumerate(losses)]
+        (run / "metrics.csv").write_text("step,split,loss,seed\n" + "".join(rows))
+    report = make_report(sweep, tmp_path / "r", metric="late_loss_std")
+    runs = report.gathered.runs.set_index("norm_layer")
+    assert float(runs.loc["batchnorm", "late_loss_std"]) == pytest.approx(0.3)  # not 0
+    assert float(runs.loc["layernorm", "late_loss_std"]) == pytest.approx(
+        curve("layernorm", 0)[70:].std())

@@ -206,6 +206,22 @@ def test_eight_seeds_over_seven_variants_say_no_verdict_is_possible():
     assert verdict_table(_runs(nine), "activation").loc["v0"]["note"] == ""
 
 
+def test_no_verdict_note_counts_the_variants_tested_and_the_most_seeds():
+    base = [2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 2.07, 1.98, 2.03, 1.97]
+    # b has 4 NaN seeds (6 paired) but a has 10: Holm can reach 0.05, so no such note
+    runs = _runs({"base": base, "a": [x - 0.5 for x in base],
+                  "b": [x - 0.5 for x in base[:6]] + [math.nan] * 4})
+    table = verdict_table(runs, "activation")
+    assert table.loc["b", "verdict"] == BETTER and "4 seeds dropped" in table.loc["b", "note"]
+    assert "no verdict possible" not in table.loc["b", "note"]
+    # an untested variant (1 paired seed) does not count as a Holm comparison: 3 x 2/2^7 < 0.05
+    seven = base[:7]
+    runs = _runs({"base": seven, **{k: [x - 0.5 for x in seven] for k in "abc"},
+                  "d": [1.0] + [math.nan] * 6})
+    table = verdict_table(runs, "activation")
+    assert table.loc["a", "verdict"] == BETTER and table.loc["a", "note"] == ""
+
+
 def test_verdict_table_nan_seed_and_single_seed():
     runs = _runs({"relu": [2.0, 2.1, 1.9, 2.05, 1.95, 2.02, 2.07],
                   "gelu": [1.8, math.nan, 1.7, 1.85, 1.75, 1.81, 1.86]})

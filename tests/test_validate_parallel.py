@@ -134,13 +134,15 @@ def test_an_exception_in_the_child_is_a_fail_row_of_step_4(tlab, tmp_path, monke
     assert "step 4 failed" in stdout
 
 
-def test_a_divergence_in_the_child_is_a_fail_row_of_step_4(tlab, tmp_path, monkeypatch):
+def test_a_divergence_in_the_child_is_a_fail_row_of_step_4(tlab, tmp_path, monkeypatch,
+                                                           children):
     from transformer_lab.errors import Diverged
 
     def diverge(*args, **kwargs):
         raise Diverged("loss is nan at step 3")
 
     code, _, _, row = _child_fails(tlab, tmp_path, monkeypatch, diverge)
+    assert len(children) == 1  # it diverged in the child, not in a one-after-another run
     assert code == 1 and row["status"] == "FAIL"
     assert row["detail"] == "diverged: loss is nan at step 3"
 

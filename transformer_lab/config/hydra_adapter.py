@@ -135,3 +135,11 @@ def after_optuna_sweeper_setup(extend: Callable[[Any], None]) -> Iterator[None]:
         yield
     finally:
         OptunaSweeperImpl.setup = original
+
+
+def in_multirun() -> bool:
+    """True inside a job of a Hydra multirun (a sweep), False in a single run or outside Hydra."""
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
+
+    return HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN

@@ -237,13 +237,14 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
             row.update(diff_vs_baseline=pair.diff, diff_ci_low=pair.low, diff_ci_high=pair.high,
                        p_value=pair.p_value, paired_seeds=pair.n,
                        seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
-                       note=_note(pair, m, alpha))
+                       note=_note(pair))
         rows[name] = row
     import pandas as pd
 
     table = pd.DataFrame.from_dict(rows, orient="index")
     table.index.name = variant
     table["p_adjusted"] = holm(table["p_value"].to_numpy())
+    _note_when_no_verdict_is_possible(table, alpha)
     table["verdict"] = [
         BASELINE if name == baseline else verdict(row.diff_vs_baseline, row.p_adjusted, alpha,
                                                   lower_is_better)
@@ -261,19 +262,32 @@ def fewest_seeds_for_a_verdict(comparisons: int, alpha: float = 0.05) -> int:
     return max(2, math.ceil(math.log2(2 * max(comparisons, 1) / alpha)))
 
 
-def _note(pair: PairedComparison, comparisons: int = 1, alpha: float = 0.05) -> str:
+def _note(pair: PairedComparison) -> str:
     parts = []
     if pair.n < 2:
         parts.append(f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)")
-    elif pair.n < (fewest := fewest_seeds_for_a_verdict(comparisons, alpha)):
-        floor = min(1.0, comparisons * 2 / 2**pair.n)
-        parts.append(f"no verdict possible: over {pair.n} seeds and {comparisons} comparison"
-                     f"{'' if comparisons == 1 else 's'} Holm's p is at least {floor:.2g} > "
-                     f"{alpha:g}; {fewest}+ seeds can reach it")
     if pair.dropped:
         plural = "" if pair.dropped == 1 else "s"
         parts.append(f"{pair.dropped} seed{plural} dropped (NaN or missing)")
     return "; ".join(parts)
+
+
+def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None:
+    """Every p over n seeds is >= 2 / 2^n, so with m variants tested and at most N paired seeds
+    Holm's smallest adjusted p is >= m * 2 / 2^N: above ``alpha``, no row can get a verdict
+    whatever the data, and each tested row's ``note`` says so."""
+    tested = table["p_value"].notna()
+    if not tested.any():
+        return
+    m, most = int(tested.sum()), int(table.loc[tested, "paired_seeds"].max())
+    floor = m * 2 / 2**most
+    if floor <= alpha:
+        return
+    fewest = fewest_seeds_for_a_verdict(m, alpha)
+    text = (f"no verdict possible: over {most} seeds and {m} comparison{'' if m == 1 else 's'} "
+            f"Holm's p is at least {min(floor, 1.0):.2g} > {alpha:g}; {fewest}+ seeds can reach it")
+    table.loc[tested, "note"] = [f"{note}; {text}" if note else text
+                                 for note in table.loc[tested, "note"]]
 
 
 def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "final_loss",

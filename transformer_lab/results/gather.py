@@ -36,7 +36,7 @@ class Gathered:
 
     root: Path
     runs: pd.DataFrame                     # one row per run (and per summary.csv row)
-    curves: pd.DataFrame                   # run_dir, step, loss: the training-loss rows
+    curves: pd.DataFrame                   # run_dir, curve, step, loss: training-loss rows
     group_keys: list[str]                  # swept keys the pivot groups by (seed excluded)
     swept_keys: list[str]                  # every key that varies, seed included
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # unreadable files, why
@@ -131,7 +131,8 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | None:
-    """Training-loss rows (step, loss) of ``metrics.csv``; ``None`` if absent.
+    """Training-loss rows (step, loss, curve) of ``metrics.csv``; ``None`` if absent. ``curve``
+    names the model a row belongs to (its ``stage/variant/seed`` tags: seeds trained together).
 
     A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
     column) contributes only the rows of ``own_variant`` (the run's PE), of its ``reverse``
@@ -151,9 +152,11 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
     if "stage" in table.columns and table["stage"].nunique() > 1 and \
             (table["stage"] == "reverse").any():
         table = table[table["stage"] == "reverse"]
+    tags = [c for c in ("stage", "variant", "seed") if c in table.columns]
+    curve = table[tags].astype(str).agg("/".join, axis=1) if tags and len(table) else ""
     table = table.assign(step=pd.to_numeric(table["step"], errors="coerce"),
-                         loss=pd.to_numeric(table["loss"], errors="coerce"))
-    return table[["step", "loss"]].dropna()
+                         loss=pd.to_numeric(table["loss"], errors="coerce"), curve=curve)
+    return table[["step", "loss", "curve"]].dropna(subset=["step", "loss"])
 
 
 def _reason(exc: BaseException) -> str:
@@ -209,7 +212,7 @@ def gather(root: Path) -> Gathered:
         if metric in runs.columns:
             runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
     curve_table = (pd.concat(curves, ignore_index=True) if curves
-                   else pd.DataFrame(columns=["step", "loss", "run_dir"]))
+                   else pd.DataFrame(columns=["step", "loss", "curve", "run_dir"]))
     group_keys = [k for k in swept if k not in _NOT_GROUPED]
     return Gathered(root, runs, curve_table, group_keys, list(swept), skipped, superseded)
 

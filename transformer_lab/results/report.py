@@ -25,7 +25,8 @@ Files (into DIR or ``--out``; an earlier report is never overwritten: the first 
 
 ``--metric early_loss`` or ``--metric late_loss_std`` (``curve_metrics.py``: mean training loss
 over the first 10% of the steps, std over the last 30%) computes both numbers from each run's
-training-loss curve (several curves in one run: their mean per step) and reports them like
+training-loss curves (several in one run, e.g. seeds trained together: the mean of each curve's
+number, as comparison.csv) and reports them like
 summary numbers, with the verdicts on the one asked for.
 
 Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -67,11 +69,17 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
 
 def with_curve_metric(gathered: Gathered, metric: str) -> Gathered:
     """``gathered`` with a ``metric`` column (one of ``CURVE_METRICS``) read off each run's
-    training-loss curve (the mean over the run's curves at each step); NaN without a curve."""
+    training-loss curves: the metric of each curve (a run that trains several seeds together has
+    one per seed), then their mean, as ``comparison.csv`` has it; NaN without a curve."""
     values = {}
     for run_dir, rows in gathered.curves.groupby("run_dir", sort=False):
-        curve = rows.groupby("step")["loss"].mean()  # (steps,) one value per logged step
-        values[run_dir] = curve_metric(metric, [int(s) for s in curve.index], curve.tolist())
+        per_curve = []
+        for _, curve in rows.groupby("curve", sort=False):
+            curve = curve.sort_values("step")  # (steps,) of one model
+            per_curve.append(curve_metric(metric, [int(s) for s in curve["step"]],
+                                          curve["loss"].tolist()))
+        finite = [v for v in per_curve if math.isfinite(v)]
+        values[run_dir] = statistics.fmean(finite) if finite else math.nan
     runs = gathered.runs.assign(**{metric: gathered.runs["run_dir"].map(values).astype(float)})
     return dataclasses.replace(gathered, runs=runs)
 

@@ -125,10 +125,14 @@ class BackgroundStep:
                 self.output.close()
                 self._discard()
                 raise StepFailed(_death_reason(wait_status)) from None
-            for name in sorted(os.listdir(self.staging)):
-                os.replace(self.staging / name, run.path / name)
-            self._discard()
-            run.metrics.write_all(rows)
+            try:  # the step finished: its files and rows go in (interrupted or not)
+                for name in sorted(os.listdir(self.staging)):
+                    os.replace(self.staging / name, run.path / name)
+                self._discard()
+                run.metrics.write_all(rows)
+            except BaseException:
+                self.output.close()
+                raise
         self._replay(printed)
         if outcome == "interrupted":
             raise KeyboardInterrupt

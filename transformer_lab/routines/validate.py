@@ -133,13 +133,11 @@ def comparison_beside(cfg: DictConfig) -> bool:
            or c.train.get("compile", False) for c in configs.values()):
         return False
     import torch
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
 
+    from transformer_lab.config.hydra_adapter import in_multirun
     from transformer_lab.training.threads import available_cores
 
-    in_sweep = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
-    return not in_sweep and torch.get_num_threads() == 1 and available_cores() >= 2
+    return not in_multirun() and torch.get_num_threads() == 1 and available_cores() >= 2
 
 
 def reverse_config(cfg: DictConfig, beside: bool) -> DictConfig:

@@ -9,9 +9,12 @@ CPU step (tokens x d_model <= ``OVERHEAD_BOUND_WORK``: compiled, the ``tiny`` st
 1.65-1.9x slower); then it times as many compiled steps and keeps whichever ran faster. Each
 decision is printed (skipped and why; the compile time; compiled vs eager ms/step, kept or back
 to eager). On this CPU the compiled ``small`` step measured 1.16-1.24x slower than eager
-(``benchmarks/multiseed.py --compile``), so runs here end up eager. Evaluation and generation
-stay eager (their shapes vary: each would compile again). A compiled step rounds differently
-from an eager one (fused kernels).
+(``benchmarks/multiseed.py --compile``), so runs here end up eager. Those numbers are for a
+forward that Dynamo splits into 7-10 graphs (graph breaks at attention's ``ContextVar`` read and,
+for a learned PE, its ``.item()`` range check); removing the breaks in a trial only brought
+``small`` level with eager, so a whole-graph compile is not yet measured here. Evaluation and
+generation stay eager (their shapes vary: each would compile again). A compiled step rounds
+differently from an eager one (fused kernels).
 
 ``compile_unavailable()`` says why torch.compile cannot run here (on CPU Inductor needs a C++
 compiler); ``check_compile`` turns ``train.compile=true`` there into a ``ConfigError`` (exit 2).
@@ -35,6 +38,14 @@ EXPECTED_SAVING = 0.15  # the share of a step a compile might save (optimistic: 
 OVERHEAD_BOUND_WORK = 8192  # tokens x d_model at or below which a CPU step is overhead-bound
 
 Forward = Callable[[torch.Tensor], torch.Tensor]
+
+
+def _clock(device: str) -> float:
+    """``time.perf_counter()`` once the device's queued work is done (CUDA runs ahead of the
+    host: without the wait a window would time kernel launches, not steps)."""
+    if str(device).startswith("cuda"):
+        torch.cuda.synchronize()
+    return time.perf_counter()
 
 
 def compile_unavailable() -> str | None:
@@ -120,10 +131,10 @@ class CompileProbe:
             return
         n = i - self.compiled_from  # compiled steps taken since the compile
         if n == first - 1:
-            self.started = time.perf_counter()
+            self.started = _clock(self.device)
         elif n == last - 1:
             self.done = True
-            self.compiled_s = (time.perf_counter() - self.started) / (last - first)
+            self.compiled_s = (_clock(self.device) - self.started) / (last - first)
             faster = self.compiled_s < self.eager_s
             words = (f"{self.compiled_s * 1e3:.1f} ms/step compiled against "
                      f"{self.eager_s * 1e3:.1f} eager")
@@ -134,9 +145,9 @@ class CompileProbe:
     def _probe_eager(self, taken: int, first: int, last: int) -> None:
         """After ``taken`` eager steps: start the clock, or decide whether to compile."""
         if taken == first:
-            self.started = time.perf_counter()
+            self.started = _clock(self.device)
         elif taken == last:
-            self.eager_s = (time.perf_counter() - self.started) / (last - first)
+            self.eager_s = (_clock(self.device) - self.started) / (last - first)
             use, why = pays(self.eager_s, self.steps - last, self.work, self.device)
             if not use:
                 self.done = True
