@@ -29,14 +29,15 @@ from transformer_lab.results.run_directory import METRIC_COLUMNS, CsvLog
 from transformer_lab.training.trainer import Trainer
 
 
+def drawn_progress() -> RunProgress:
+    """A ``RunProgress`` that draws as on a terminal, to /dev/null."""
+    console = Console(file=open(os.devnull, "w"), force_terminal=True, width=160)  # noqa: SIM115
+    return RunProgress(enabled=True, console=console)
+
+
 def one_run(cfg, steps: int, with_bar: bool, folder: Path) -> float:
     """Wall seconds of ``Trainer.fit(steps)``, with or without a drawn progress bar."""
-    listeners = []
-    progress = None
-    if with_bar:
-        console = Console(file=open(os.devnull, "w"), force_terminal=True, width=160)  # noqa: SIM115
-        progress = RunProgress(enabled=True, console=console)
-        listeners.append(progress.on_row)
+    listeners = [drawn_progress().on_row] if with_bar else []
     log = CsvLog(folder / f"metrics-{time.perf_counter_ns()}.csv", METRIC_COLUMNS, listeners)
     task = build_task(cfg)
     model = build_model(cfg, seed=0)
@@ -52,8 +53,7 @@ def one_run(cfg, steps: int, with_bar: bool, folder: Path) -> float:
 def row_cost(calls: int = 20000) -> float:
     """Seconds per metrics row that ``RunProgress.on_row`` adds while a bar is drawn (robust to
     machine load, unlike the wall-time comparison)."""
-    console = Console(file=open(os.devnull, "w"), force_terminal=True, width=160)  # noqa: SIM115
-    progress = RunProgress(enabled=True, console=console)
+    progress = drawn_progress()
     row = {"step": 1, "split": "train", "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0,
            "tokens_per_s": 1e4, "stage": "reverse", "variant": "rope", "seed": 0}
     with progress.phase("cost", total=calls):
@@ -67,8 +67,7 @@ def row_cost(calls: int = 20000) -> float:
 def redraw_cost(redraws: int = 300) -> float:
     """Seconds of one redraw of the bar (rich redraws ``REFRESH_PER_SECOND`` times a second on
     its own thread, holding the GIL meanwhile)."""
-    console = Console(file=open(os.devnull, "w"), force_terminal=True, width=160)  # noqa: SIM115
-    progress = RunProgress(enabled=True, console=console)
+    progress = drawn_progress()
     with progress.phase("cost", total=100):
         started = time.perf_counter()
         for _ in range(redraws):

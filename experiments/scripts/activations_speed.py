@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from experiments.scripts.interleaved_timing import step_runner, time_rounds
+from experiments.scripts.interleaved_timing import time_variants
 
 ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "reglu", "geglu", "swiglu"]
 SETTING = ["experiment=compare_activations", "task=text", "task.corpus=tinyshakespeare",
@@ -48,25 +47,6 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
     return ordered[k - 1], ordered[n - k]
 
 
-def build_step(activation: str, batches: list) -> tuple[Callable[[int], None], int]:
-    """A function running n training steps of ``activation``'s model, and its FFN size."""
-    from transformer_lab.config.compose import compose
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_model
-    from transformer_lab.training.trainer import Trainer
-
-    cfg = compose([*SETTING, f"ffn={activation}"])
-    task = build_task(cfg)
-    cfg.model.vocab_size = task.vocab_size  # as validate_config fills it in
-    model = build_model(cfg, seed=0)
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed=0)
-    ffn_params = sum(p.numel() for block in model.blocks for p in block.feedforward.parameters())
-
-    run = step_runner(trainer, batches)
-    return run, ffn_params
-
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -76,25 +56,18 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from benchmarks.common import write_csv
-    from transformer_lab.config.compose import compose
-    from transformer_lab.config.instantiate import build_task
 
-    torch.set_num_threads(1)  # train.threads: 1, as in the tlab runs
-    task = build_task(compose(SETTING))
-    generator = torch.Generator().manual_seed(0)
-    batches = [task.train_batch(16, generator) for _ in range(8)]
-    built = {name: build_step(name, batches) for name in ACTIVATIONS}
-    runs = {name: run for name, (run, _) in built.items()}
-    for run in runs.values():  # warm-up
-        run(10)
-    times = time_rounds(runs, args.rounds, args.steps)
+    times, trainers = time_variants(SETTING, {name: [f"ffn={name}"] for name in ACTIVATIONS},
+                                    args.rounds, args.steps)
     rows = []
     for name in ACTIVATIONS:
         ratios = [r / a for r, a in zip(times["relu"], times[name], strict=True)]  # (rounds,)
         low, high = median_interval(ratios)
         median = statistics.median(times[name])
+        ffn_params = sum(p.numel() for block in trainers[name].model.blocks
+                         for p in block.feedforward.parameters())
         rows.append({
-            "activation": name, "ffn_params": built[name][1], "ms_per_step": round(median, 3),
+            "activation": name, "ffn_params": ffn_params, "ms_per_step": round(median, 3),
             "ms_per_step_min": round(min(times[name]), 3),
             "tokens_per_s": round(16 * 64 / (median / 1e3)),
             "speed_vs_relu": round(statistics.median(ratios), 3),

@@ -10,6 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable
 
+import torch
+
 from transformer_lab.training.trainer import Trainer
 
 
@@ -36,3 +38,35 @@ def time_rounds(runs: dict[Hashable, Callable[[int], None]], rounds: int,
             runs[name](steps)
             times[name].append((time.perf_counter() - start) * 1e3 / steps)
     return times
+
+
+def build_trainer(overrides: list[str]) -> Trainer:
+    """The Trainer (seed 0) of the task and model that ``overrides`` compose."""
+    from transformer_lab.config.compose import compose
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.model import build_model
+
+    cfg = compose(overrides)
+    task = build_task(cfg)  # also fills in cfg.model.vocab_size, as validate_config does
+    return Trainer(build_model(cfg, seed=0), task, cfg.train, cfg.model.d_model, seed=0)
+
+
+def time_variants(setting: list[str], variants: dict[Hashable, list[str]], rounds: int,
+                  steps: int) -> tuple[dict[Hashable, list[float]], dict[Hashable, Trainer]]:
+    """ms/step per round of every variant (``setting`` plus its overrides), and its Trainer.
+
+    One thread (``train.threads: 1``, as in the tlab runs); every variant trains on the same
+    8 pre-drawn batches of 16 from ``setting``'s task, warms up 10 steps, then ``time_rounds``.
+    """
+    from transformer_lab.config.compose import compose
+    from transformer_lab.config.instantiate import build_task
+
+    torch.set_num_threads(1)
+    task = build_task(compose(setting))
+    generator = torch.Generator().manual_seed(0)
+    batches = [task.train_batch(16, generator) for _ in range(8)]
+    trainers = {name: build_trainer([*setting, *overrides]) for name, overrides in variants.items()}
+    runs = {name: step_runner(trainer, batches) for name, trainer in trainers.items()}
+    for run in runs.values():  # warm-up
+        run(10)
+    return time_rounds(runs, rounds, steps), trainers

@@ -87,6 +87,14 @@ def summarise(per_seed: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(table)
 
 
+def paired_test(wide: pd.DataFrame, metric: str, variant: str, baseline: str) -> dict:
+    """``variant`` minus ``baseline`` on ``metric``, paired by seed (``wide``: seeds x names)."""
+    pair = paired_comparison(wide[variant].to_numpy(), wide[baseline].to_numpy())
+    return {"metric": metric, "variant": variant, "baseline": baseline, "diff": pair.diff,
+            "diff_ci_low": pair.low, "diff_ci_high": pair.high, "p_value": pair.p_value,
+            "paired_seeds": pair.n}
+
+
 def contrasts(runs: pd.DataFrame, per_seed: pd.DataFrame,
               control: pd.DataFrame | None = None) -> pd.DataFrame:
     """With minus without the load-balancing loss (and, with ``control``'s runs, sparse minus
@@ -95,20 +103,14 @@ def contrasts(runs: pd.DataFrame, per_seed: pd.DataFrame,
     if control is not None:
         both = pd.concat([runs, control[control["activation"] == "moe_soft"]])
         wide = both.pivot(index="seed", columns="activation", values="final_loss")
-        pair = paired_comparison(wide["moe_total_lb"].to_numpy(), wide["moe_soft"].to_numpy())
-        tests.append({"metric": "final_loss", "variant": "moe_total_lb", "baseline": "moe_soft",
-                      "diff": pair.diff, "diff_ci_low": pair.low, "diff_ci_high": pair.high,
-                      "p_value": pair.p_value, "paired_seeds": pair.n})
+        tests.append(paired_test(wide, "final_loss", "moe_total_lb", "moe_soft"))
     for with_lb, without in PAIRS:
         for metric, frame, key in (("final_loss", runs, "activation"), ("cv", per_seed,
                                                                        "variant")):
             wide = frame.pivot(index="seed", columns=key, values=metric)
             if with_lb not in wide or without not in wide:
                 continue
-            pair = paired_comparison(wide[with_lb].to_numpy(), wide[without].to_numpy())
-            tests.append({"metric": metric, "variant": with_lb, "baseline": without,
-                          "diff": pair.diff, "diff_ci_low": pair.low, "diff_ci_high": pair.high,
-                          "p_value": pair.p_value, "paired_seeds": pair.n})
+            tests.append(paired_test(wide, metric, with_lb, without))
     table = pd.DataFrame(tests)
     table["p_adjusted"] = holm(table["p_value"].to_numpy())
     table["verdict"] = [verdict(d, p) for d, p in zip(table["diff"], table["p_adjusted"],

@@ -22,12 +22,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from experiments.scripts.interleaved_timing import step_runner, time_rounds
+from experiments.scripts.interleaved_timing import time_variants
 
 SETTING = ["experiment=compare_activations", "ffn=gelu", "task=text",
            "task.corpus=tinyshakespeare", "task.seq_len=64", "arch=decoder",
@@ -42,21 +41,6 @@ COLUMNS = ["block", "norm_layer", "ms_per_step", "ms_per_step_min", "tokens_per_
            "steps_per_round", "threads", "torch"]
 
 
-def build_step(overrides: list[str], batches: list) -> Callable[[int], None]:
-    """A function running n training steps of the model ``overrides`` describe."""
-    from transformer_lab.config.compose import compose
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_model
-    from transformer_lab.training.trainer import Trainer
-
-    cfg = compose([*SETTING, *overrides])
-    task = build_task(cfg)
-    cfg.model.vocab_size = task.vocab_size  # as validate_config fills it in
-    model = build_model(cfg, seed=0)
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, seed=0)
-    return step_runner(trainer, batches)
-
-
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -66,21 +50,13 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     from benchmarks.common import write_csv
-    from transformer_lab.config.compose import compose
-    from transformer_lab.config.instantiate import build_task
     from transformer_lab.measures.statistics import mean_interval
 
-    torch.set_num_threads(1)  # train.threads: 1, as in the tlab runs
-    task = build_task(compose(SETTING))
-    generator = torch.Generator().manual_seed(0)
-    batches = [task.train_batch(16, generator) for _ in range(8)]
-    runs = {(block, norm): build_step([f"block={block}", *overrides], batches)
-            for block in BLOCKS for norm, overrides in NORMS.items()}
-    for run in runs.values():  # warm-up
-        run(10)
-    times = time_rounds(runs, args.rounds, args.steps)
+    variants = {(block, norm): [f"block={block}", *overrides]
+                for block in BLOCKS for norm, overrides in NORMS.items()}
+    times, _ = time_variants(SETTING, variants, args.rounds, args.steps)
     rows = []
-    for block, norm in runs:
+    for block, norm in variants:
         base = times[(block, "layernorm")]
         ratios = [b / t for b, t in zip(base, times[(block, norm)], strict=True)]  # (rounds,)
         interval = mean_interval(ratios)
