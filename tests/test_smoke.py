@@ -23,7 +23,7 @@ GRID = {g: group_choices(g) for g in ("pe", "block", "ffn", "arch")}
 
 def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
     """504 combinations on the default tiny config. Group nodes are composed once per choice
-    and swapped into one base config (composing 448 times would dominate the test's time)."""
+    and swapped into one base config (composing 504 times would dominate the test's time)."""
     monkeypatch.setattr(console, "quiet", True)
     nodes = {g: {c: compose(["experiment=smoke", f"{g}={c}"])[g] for c in cs}
              for g, cs in GRID.items()}

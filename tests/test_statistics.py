@@ -19,6 +19,7 @@ from transformer_lab.measures.statistics import (
     WORSE,
     describe,
     fewest_seeds_for_a_verdict,
+    has_verdict,
     holm,
     mean_interval,
     paired_comparison,
@@ -293,6 +294,16 @@ def test_describe_reads_in_the_direction_of_the_difference():
     assert f"95% CI {-row['diff_ci_high']:.3g} to {-row['diff_ci_low']:.3g}" in line
     assert f"p = {row['p_value']:.2g}, Holm {row['p_adjusted']:.2g} -> better" in line
     assert describe("relu", table.loc["relu"], "relu") == "relu: baseline"
+
+
+def test_has_verdict_only_for_rows_tested_against_a_baseline():
+    """The one filter of every comparison's verdict lines: a baseline's own row, a row without
+    a verdict (None, or NaN as a pandas pivot has it) and a missing column are left out."""
+    assert [has_verdict({"verdict": v}) for v in (BETTER, WORSE, NO_DIFFERENCE)] == [True] * 3
+    assert not any(has_verdict(row) for row in ({"verdict": BASELINE}, {"verdict": None},
+                                                {"verdict": math.nan}, {}))
+    assert not has_verdict(pd.Series({"verdict": math.nan}))
+    assert has_verdict(pd.Series({"verdict": BETTER}))
 
 
 def test_module_imports_no_torch_hydra_or_omegaconf():

@@ -37,7 +37,6 @@ def _stats() -> Any:
     return stats
 
 
-
 BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
 EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
@@ -169,8 +168,9 @@ def paired_t_power(n: int | np.ndarray, effect: float, alpha: float = 0.05) -> n
     ``P(|T| > t_{1-a/2, n-1})`` for ``T ~ nct(df = n - 1, nc = effect * sqrt(n))``."""
     n = np.asarray(n, dtype=float)
     df, nc = n - 1, abs(effect) * np.sqrt(n)
-    critical = _stats().t.ppf(1 - alpha / 2, df)
-    return _stats().nct.sf(critical, df, nc) + _stats().nct.cdf(-critical, df, nc)
+    stats = _stats()
+    critical = stats.t.ppf(1 - alpha / 2, df)
+    return stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
 
 
 def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8,
@@ -260,6 +260,12 @@ def fewest_seeds_for_a_verdict(comparisons: int, alpha: float = 0.05) -> int:
     ``comparisons`` variants: the smallest two-sided p over n seeds is 2 / 2^n, and Holm
     multiplies the smallest by the number of comparisons (1 -> 6, 2-3 -> 7, 4-6 -> 8, 7-12 -> 9)."""
     return max(2, math.ceil(math.log2(2 * max(comparisons, 1) / alpha)))
+
+
+def has_verdict(row: pd.Series | dict) -> bool:
+    """Whether ``row`` was tested against its baseline: ``better``, ``worse`` or ``no detectable
+    difference`` (not the baseline's own row, nor one without a verdict: None, NaN)."""
+    return row.get("verdict") in (BETTER, WORSE, NO_DIFFERENCE)
 
 
 def _note(pair: PairedComparison) -> str:

@@ -67,20 +67,22 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
     return [m for m in (*METRICS, *CURVE_METRICS) if m in runs.columns and runs[m].notna().any()]
 
 
-def with_curve_metric(gathered: Gathered, metric: str) -> Gathered:
-    """``gathered`` with a ``metric`` column (one of ``CURVE_METRICS``) read off each run's
-    training-loss curves: the metric of each curve (a run that trains several seeds together has
-    one per seed), then their mean, as ``comparison.csv`` has it; NaN without a curve."""
-    values = {}
+def with_curve_metrics(gathered: Gathered) -> Gathered:
+    """``gathered`` with a column per ``CURVE_METRICS`` read off each run's training-loss curves:
+    the number of each curve (a run that trains several seeds together has one per seed), then
+    their mean, as ``comparison.csv`` has it; NaN without a curve."""
+    values: dict[str, dict] = {metric: {} for metric in CURVE_METRICS}
     for run_dir, rows in gathered.curves.groupby("run_dir", sort=False):
-        per_curve = []
+        curves = []  # (steps, losses) of each model the run trained
         for _, curve in rows.groupby("curve", sort=False):
-            curve = curve.sort_values("step")  # (steps,) of one model
-            per_curve.append(curve_metric(metric, [int(s) for s in curve["step"]],
-                                          curve["loss"].tolist()))
-        finite = [v for v in per_curve if math.isfinite(v)]
-        values[run_dir] = statistics.fmean(finite) if finite else math.nan
-    runs = gathered.runs.assign(**{metric: gathered.runs["run_dir"].map(values).astype(float)})
+            curve = curve.sort_values("step")
+            curves.append((curve["step"].astype(int).tolist(), curve["loss"].tolist()))
+        for metric, by_run in values.items():
+            finite = [v for v in (curve_metric(metric, *curve) for curve in curves)
+                      if math.isfinite(v)]
+            by_run[run_dir] = statistics.fmean(finite) if finite else math.nan
+    runs = gathered.runs.assign(**{metric: gathered.runs["run_dir"].map(by_run).astype(float)
+                                   for metric, by_run in values.items()})
     return dataclasses.replace(gathered, runs=runs)
 
 
@@ -225,8 +227,7 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
     the group the others are tested against (``verdicts.py``)."""
     gathered = gather(Path(root))
     if metric in CURVE_METRICS:  # asked for one: both, so report.csv has every number
-        for name in CURVE_METRICS:
-            gathered = with_curve_metric(gathered, name)
+        gathered = with_curve_metrics(gathered)
     chosen = choose_metric(gathered.runs, metric)
     pivot = pivot_table(gathered)
     if chosen is not None:

@@ -10,12 +10,15 @@ per group ``<metric>_ci_low/high`` and, against the stratum's baseline group, th
 
 from __future__ import annotations
 
-import math
-
 import pandas as pd
 
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
+from transformer_lab.measures.statistics import (
+    VERDICT_COLUMNS,
+    describe,
+    has_verdict,
+    verdict_table,
+)
 from transformer_lab.results.gather import Gathered
 
 # Summary numbers where a larger value is better; every other one is better lower.
@@ -94,8 +97,7 @@ def verdict_lines(pivot: pd.DataFrame, keys: list[str], metric: str) -> list[str
         return []
     lines = []
     for _, row in pivot.iterrows():
-        if row["verdict"] in (None, BASELINE) or (isinstance(row["verdict"], float)
-                                                  and math.isnan(row["verdict"])):
+        if not has_verdict(row):
             continue
         key = str(row["baseline"]).partition("=")[0]
         name = ", ".join(f"{k}={row[k]}" for k in keys if k != key)

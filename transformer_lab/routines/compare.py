@@ -64,7 +64,13 @@ from omegaconf import DictConfig, ListConfig
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
+from transformer_lab.measures.statistics import (
+    BASELINE,
+    VERDICT_COLUMNS,
+    describe,
+    has_verdict,
+    verdict_table,
+)
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
@@ -279,8 +285,7 @@ def baseline_name(rows: list[dict]) -> str:
 def verdict_lines(rows: list[dict]) -> list[str]:
     """One plain-language line per activation against the baseline (``statistics.describe``)."""
     baseline = baseline_name(rows)
-    return [describe(row["activation"], row, baseline) for row in rows
-            if row.get("verdict") not in (None, BASELINE)]
+    return [describe(row["activation"], row, baseline) for row in rows if has_verdict(row)]
 
 
 def _exp(loss: float) -> float:
@@ -321,7 +326,7 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
             detail += "; non-finite loss or gradients: lower train.lr or check the FFN"
         elif not fell:
             detail += "; the loss did not fall: check the FFN's forward and its initialisation"
-        if row.get("verdict") not in (None, BASELINE):
+        if has_verdict(row):
             detail += f"; {describe(row['activation'], row, baseline)}"
         checks.append(CheckRow(step, f"activation_{row['activation']}", status(fell),
                                "final_loss", row["final_loss"], "< first loss", 0.0, detail))

@@ -64,7 +64,12 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
+from transformer_lab.measures.statistics import (
+    VERDICT_COLUMNS,
+    describe,
+    has_verdict,
+    verdict_table,
+)
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
@@ -372,7 +377,7 @@ def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
 def verdict_line(rows: list[dict]) -> str | None:
     """The chosen PE against its NoPE control in words (None without a control)."""
     chosen = next((row for row in rows if row["role"] == "chosen"), None)
-    if chosen is None or chosen.get("verdict") in (None, BASELINE):
+    if chosen is None or not has_verdict(chosen):
         return None
     return describe(f"pe={chosen['pe']}", chosen, f"pe={NOPE}", value="held-out exact match")
 

@@ -48,7 +48,7 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, compare_output, reverse
 from transformer_lab.routines.background import BackgroundStep, StepFailed
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
-from transformer_lab.routines.variants import merged, stage_log
+from transformer_lab.routines.variants import merged, seed_list, stage_log
 
 # What to look at when a step fails (the rows' details say more).
 STEP_HINTS = {
@@ -168,7 +168,7 @@ def collect_comparison(cfg: DictConfig, background: BackgroundStep,
     progress bar while the parent waits for it; a child that raised or died is a FAIL of step
     4 with the reason."""
     routine = cfg.routine
-    seeds, activations = int(routine.get("seeds", 1)), compare.activation_list(cfg)
+    seeds, activations = len(seed_list(cfg)), compare.activation_list(cfg)
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{seeds} seed{'s' if seeds > 1 else ''}: {routine.steps} steps",
                        total=int(routine.steps) * seeds * len(activations))

@@ -19,7 +19,12 @@ from typing import Any
 import pandas as pd
 from rich.table import Table
 
-from transformer_lab.measures.statistics import BASELINE, VERDICT_COLUMNS, describe, verdict_table
+from transformer_lab.measures.statistics import (
+    VERDICT_COLUMNS,
+    describe,
+    has_verdict,
+    verdict_table,
+)
 
 EXTRAPOLATION_COLUMNS = [
     "pe", "scaling", "train_len", "eval_len", "loss", "accuracy", "exact_match", "seed",
@@ -148,7 +153,7 @@ def verdict_lines(rows: list[Mapping[str, Any]]) -> list[str]:
     seen, lines = set(), []
     for row in rows:
         key = (curve_label(row), row["eval_len"])
-        if key in seen or row.get("verdict") in (None, BASELINE) or row["baseline"] == key[0]:
+        if key in seen or not has_verdict(row) or row["baseline"] == key[0]:
             continue
         seen.add(key)
         lines.append(f"at {row['eval_len']} tokens: "
