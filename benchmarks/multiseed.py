@@ -23,7 +23,7 @@ same from this process's CPU time, which other processes on a shared machine dis
 
 ``bound_ms`` is the physical bound S x FLOPs / peak: FLOPs of one seed's step counted by
 ``FlopCounterMode`` (matmuls and attention, forward and backward; element-wise ops not
-counted), the matmul peak measured in the same run (512^3 fp32, or bf16 on CUDA: best of 20),
+counted), the matmul peak measured in the same run (512^3 fp32 on any device: best of 20),
 so ``bound_ratio`` = bound_ms / one seed's ms is the ratio a perfectly efficient S-seed step
 would reach and ``pct_of_peak`` = bound_ms / ms how close an arm gets. Targets (issue 13):
 tiny 8 seeds <= 1.5x one seed; small stacked never slower than one after another; with

@@ -105,6 +105,8 @@ def test_stacked_learned_pe_slices_in_order_positions_and_gathers_others():
     stacked = SeedStackedLearnedPE(singles)
     for positions in (torch.arange(6), torch.tensor([4, 0, 2, 2]), torch.arange(6)):
         out = stacked(positions)  # (S, T, d)
+        in_order = torch.equal(positions, torch.arange(len(positions)))
+        assert (out.data_ptr() == stacked.weight.data_ptr()) == in_order  # a slice, else a gather
         out.sum().backward()
         for k, single in enumerate(singles):
             expected = single(positions)

@@ -12,6 +12,7 @@ from torch import nn
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
+from transformer_lab.tasks import Batch
 from transformer_lab.training.seed_stack import (
     SeedStackedTrainer,
     clip_seed_gradients,
@@ -127,9 +128,16 @@ def test_stacked_training_equals_single_runs(case):
     trainer = trainer_module().Trainer
     models = single_models(cfg)
     stacked = stack_models(models)
-    runner = SeedStackedTrainer(stacked, cfg.train, cfg.model.d_model, SEEDS, task)
+    runner = SeedStackedTrainer(stacked, cfg.train, cfg.model.d_model, SEEDS)
     runner.plan_schedule(steps)
-    history = [runner.train_step(runner.next_batches()) for _ in range(steps)]
+    generators = [torch.Generator().manual_seed(s) for s in SEEDS]  # as each seed's run draws
+
+    def next_batch() -> Batch:  # (S, B, T), row k seed k's
+        drawn = [task.train_batch(cfg.train.batch_size, g) for g in generators]
+        return Batch(torch.stack([b.inputs for b in drawn]),
+                     torch.stack([b.targets for b in drawn]))
+
+    history = [runner.train_step(next_batch()) for _ in range(steps)]
     losses = torch.stack([h[0] for h in history])  # (K, S)
     norms = torch.stack([h[1] for h in history])  # (K, S)
     assert (norms > 0.05).any(), "clipping never acted: the test would not cover it"

@@ -40,10 +40,10 @@ from torch import nn
 
 from transformer_lab.components.seed_stacked import SeedStackedLayer
 from transformer_lab.model import TransformerModel
-from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
+from transformer_lab.tasks import IGNORE_INDEX, Batch
 from transformer_lab.training.compile import CompileProbe
 from transformer_lab.training.seed_stack_layers import stacked_form
-from transformer_lab.training.trainer import SCHEDULES, PlainConfig, make_adamw
+from transformer_lab.training.trainer import SCHEDULES, PlainConfig, make_adamw, set_lr
 
 _KNOWN_MODULES = ("torch.nn.", "transformer_lab.")  # classes whose forward is known to be safe
 
@@ -200,23 +200,23 @@ def clip_seed_gradients(params: Sequence[torch.Tensor], max_norm: float,
 
 class SeedStackedTrainer:
     """``Trainer.train_step`` for a stacked model: the same schedule, clipping (per seed) and
-    AdamW (one over the stacked tensors); seed s draws its batches as a run with seed s does."""
+    AdamW (one over the stacked tensors); the batches come from the caller (seed s's as a run
+    with seed s draws them: ``seed_batches.SeedBatches``)."""
 
     def __init__(self, model: TransformerModel, train: DictConfig, d_model: int,
-                 seeds: Sequence[int], task: Task | None = None) -> None:
+                 seeds: Sequence[int]) -> None:
         if len(seeds) != model.n_seeds:
             raise ValueError(f"{len(seeds)} seeds for a model of {model.n_seeds}")
-        self.model, self.task, self.seeds, self.d_model = model, task, list(seeds), d_model
+        self.model, self.seeds, self.d_model = model, list(seeds), d_model
         self.device = torch.device(train.device)
         model.to(self.device)
-        self.generators = [torch.Generator().manual_seed(s) for s in seeds]
         self.schedule = SCHEDULES[train.schedule]
         self._train = PlainConfig(train)
         self.params = [p for p in model.parameters() if p.requires_grad]
         groups = stacked_param_groups(model, float(train.weight_decay))
         self.horizon = int(train.steps)
-        self.lr = self.schedule(1, self._train, d_model, self.horizon)
-        self.optimizer = make_adamw(groups, self.lr, tuple(train.betas))
+        lr = self.schedule(1, self._train, d_model, self.horizon)
+        self.optimizer = make_adamw(groups, lr, tuple(train.betas))
         self.grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (torch.autocast(self.device.type, dtype=torch.bfloat16)
                          if train.precision == "bf16" else nullcontext())
@@ -227,29 +227,17 @@ class SeedStackedTrainer:
         """The schedule ends ``steps`` steps from now (``Trainer.plan_schedule``)."""
         self.horizon = self.step_count + int(steps)
 
-    def next_batches(self) -> list[Batch]:
-        """One fresh training batch per seed, from that seed's generator."""
-        return [self.task.train_batch(self._train.batch_size, g) for g in self.generators]
-
-    def train_step(self, batches: Sequence[Batch] | Batch
-                   ) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimiser step of every seed (``batches[k]`` is seed k's, or one Batch of
-        (S, B, T) tensors); returns the losses (S,) and gradient norms (S,) as tensors (no host
-        sync) and the learning rate."""
+    def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """One optimiser step of every seed (``batch``: (S, B, T) tensors, row k seed k's);
+        returns the losses (S,) and gradient norms (S,) as tensors (no host sync) and the
+        learning rate."""
         self.step_count += 1
         lr = self.schedule(self.step_count, self._train, self.d_model, self.horizon)
-        if lr != self.lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.lr = lr
+        set_lr(self.optimizer, lr)
         if not self.model.training:
             self.model.train()
-        if isinstance(batches, Batch):  # (S, B, T) -> (S*B, T), seed-major
-            inputs, targets = batches.inputs.flatten(0, 1), batches.targets.flatten(0, 1)
-        else:
-            inputs = torch.cat([b.inputs for b in batches])  # (S*B, T)
-            targets = torch.cat([b.targets for b in batches])  # (S*B, T)
-        inputs, targets = inputs.to(self.device), targets.to(self.device)
+        inputs = batch.inputs.flatten(0, 1).to(self.device)  # (S*B, T), seed-major
+        targets = batch.targets.flatten(0, 1).to(self.device)  # (S*B, T)
         n_seeds = len(self.seeds)
         with self.autocast:
             losses = seed_losses(self.forward(inputs), targets, n_seeds)  # (S,)

@@ -82,6 +82,14 @@ def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float]) 
     return AdamW(param_groups, lr=lr, betas=betas)
 
 
+def set_lr(optimizer: AdamW, lr: float) -> None:
+    """Set every param group's learning rate; a no-op when it is unchanged (constant schedules
+    skip the param-group loop)."""
+    if optimizer.param_groups[0]["lr"] != lr:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+
 def adamw_param_groups(params: Sequence[torch.Tensor], weight_decay: float,
                        leading_dims: int = 0) -> list[dict]:
     """Weight decay on matrices only (not on biases, norm gains); one group when it is 0.
@@ -161,8 +169,8 @@ class Trainer:
         self._params = [p for p in model.parameters() if p.requires_grad]
         groups = adamw_param_groups(self._params, float(train.weight_decay))
         self._horizon = int(train.steps)  # the schedule's total steps; each fit sets it
-        self._lr = self.schedule(1, self._train, d_model, self._horizon)
-        self.optimizer = make_adamw(groups, self._lr, tuple(train.betas))
+        lr = self.schedule(1, self._train, d_model, self._horizon)
+        self.optimizer = make_adamw(groups, lr, tuple(train.betas))
         self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
         self.autocast = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -171,6 +179,11 @@ class Trainer:
         self.step_count = 0
         self.started = time.perf_counter()
         self._forward: Callable[[torch.Tensor], torch.Tensor] = model  # or compiled (compile.py)
+
+    @property
+    def _lr(self) -> float:
+        """The learning rate the last step used (the optimiser's)."""
+        return self.optimizer.param_groups[0]["lr"]
 
     def plan_schedule(self, steps: int) -> None:
         """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
@@ -181,10 +194,7 @@ class Trainer:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
         lr = self.schedule(self.step_count, self._train, self.d_model, self._horizon)
-        if lr != self._lr:  # constant schedules skip the param-group loop
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self._lr = lr
+        set_lr(self.optimizer, lr)
         if not self.model.training:
             self.model.train()
         with self.autocast:

@@ -20,11 +20,13 @@ from torch.func import stack_module_state, vmap
 
 from transformer_lab.components.attention import written_out_attention
 from transformer_lab.tasks import Batch
+from transformer_lab.training.seed_stack import clip_seed_gradients
 from transformer_lab.training.trainer import (
     Trainer,
     adamw_param_groups,
     make_adamw,
     sequence_loss,
+    set_lr,
 )
 
 
@@ -61,8 +63,8 @@ class VmapSeeds:
         self.schedule = trainers[0].schedule
         self.d_model = trainers[0].d_model
         self.horizon = horizon  # the schedule's total steps, shared by every seed
-        self.lr = self.schedule(1, self.train, self.d_model, horizon)
-        self.optimizer = make_adamw(groups, self.lr, tuple(cfg.train.betas))
+        lr = self.schedule(1, self.train, self.d_model, horizon)
+        self.optimizer = make_adamw(groups, lr, tuple(cfg.train.betas))
         self.grad_clip = trainers[0]._grad_clip
         self.autocast = trainers[0].autocast
         base = models[0]
@@ -86,8 +88,6 @@ class VmapSeeds:
     def clip(self) -> torch.Tensor:
         """Clip each seed's gradient by its own total norm (``seed_stack.clip_seed_gradients``,
         the same layout: a leading seed axis); returns the norms (N,)."""
-        from transformer_lab.training.seed_stack import clip_seed_gradients
-
         return clip_seed_gradients([self.params[n] for n in self.names], self.grad_clip,
                                    len(self.seeds))
 
@@ -96,10 +96,7 @@ class VmapSeeds:
         for trainer in self.trainers:
             trainer.step_count += 1
         lr = self.schedule(self.trainers[0].step_count, self.train, self.d_model, self.horizon)
-        if lr != self.lr:
-            for group in self.optimizer.param_groups:
-                group["lr"] = lr
-            self.lr = lr
+        set_lr(self.optimizer, lr)
         inputs, targets = batch.inputs.to(self.device), batch.targets.to(self.device)  # (N, B, T)
         for model in self.models:
             if not model.training:
