@@ -2,16 +2,17 @@
 AOTAutograd), used only where it pays.
 
 A compile costs tens of seconds (``COMPILE_SECONDS``: 20-35 s from a cold cache on the 2-core
-CPU) and can save at most a share of each step (``EXPECTED_SAVING``, an optimistic bound). So a
-run (``CompileProbe``) first times ``PROBE_STEPS`` eager steps and compiles only if
-``steps left x step time x EXPECTED_SAVING > COMPILE_SECONDS``, never for an overhead-bound
-CPU step (tokens x d_model <= ``OVERHEAD_BOUND_WORK``: compiled, the ``tiny`` step ran
-1.65-1.9x slower); then it times as many compiled steps and keeps whichever ran faster. Each
-decision is printed (skipped and why; the compile time; compiled vs eager ms/step, kept or back
-to eager). On this CPU the compiled ``small`` step measured 1.16-1.24x slower than eager
+CPU, seen by hand; 0.1-4.4 s warm in ``benchmarks/multiseed.csv``) and can save at most a share
+of each step (``EXPECTED_SAVING``, an optimistic bound). So a run (``CompileProbe``) first times
+``PROBE_STEPS`` eager steps and compiles only if ``steps left x step time x EXPECTED_SAVING >
+COMPILE_SECONDS``, never for an overhead-bound CPU step (tokens x d_model <=
+``OVERHEAD_BOUND_WORK``: compiled, the ``tiny`` step ran 1.65-1.9x slower, measured once by
+hand); then it times as many compiled steps and keeps whichever ran faster. Each decision is
+printed (skipped and why; the compile time; compiled vs eager ms/step, kept or back to eager).
+On this CPU the compiled ``small`` step measured 1.15-1.26x slower than eager in CPU time
 (``benchmarks/multiseed.py --compile``), so runs here end up eager. Those numbers are for a
-forward that Dynamo splits into 7-10 graphs (graph breaks at attention's ``ContextVar`` read and,
-for a learned PE, its ``.item()`` range check); removing the breaks in a trial only brought
+forward that Dynamo splits into 7-10 graphs (graph breaks at attention's ``ContextVar`` read
+and, for a learned PE, its ``.item()`` range check); removing the breaks in a trial only brought
 ``small`` level with eager, so a whole-graph compile is not yet measured here. Evaluation and
 generation stay eager (their shapes vary: each would compile again). A compiled step rounds
 differently from an eager one (fused kernels).
