@@ -174,4 +174,4 @@ def test_preflight_runs_rope_at_model_head_dim():
 
     cfg = compose(["experiment=smoke", "pe=rope", "model.d_model=32", "model.n_heads=2",
                    "model.head_dim=8"])
-    assert validate_config(cfg).model.blocks[0].attention is not None
+    assert validate_config(cfg).model.blocks[0].attention.head_dim == 8  # not 32 // 2

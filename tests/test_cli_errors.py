@@ -27,6 +27,8 @@ from helpers import TLAB, assert_refused
         (["pe="], "unknown pe ''"),
         (["model.d_model==3"], "malformed override 'model.d_model==3'"),
         (["train.schedule=linear"], "train.schedule='linear' is not known; valid: constant, noam"),
+        (["train.precision=fp16"],
+         "train.precision=fp16 is not valid; it must be one of fp32, bf16"),
         (["task=lm"], "task=lm is next-token prediction and needs arch=decoder"),
         (["task=text", "arch=decoder", "task.path=/no/such/file.txt"],
          "task.path='/no/such/file.txt' is not a readable file"),

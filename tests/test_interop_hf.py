@@ -96,7 +96,8 @@ def test_unsupported_setting_is_named(tmp_path):
 
 
 def test_moe_matches_mixtral_sparse_block():
-    """Router logits, the experts chosen and the output of tlab's MoE equal HF Mixtral's."""
+    """Router logits, the experts chosen, the output and the load-balance loss of tlab's MoE
+    equal HF Mixtral's."""
     from transformers.models.mixtral import modeling_mixtral as mm
 
     torch.manual_seed(0)
@@ -122,6 +123,8 @@ def test_moe_matches_mixtral_sparse_block():
     torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(logits, block.gate(x)[0], atol=0, rtol=0)
     assert torch.equal(ours.route(logits)[1], hf_chosen)
+    torch.testing.assert_close(ours.aux_loss, ours.load_balance_coef
+                               * mm.load_balancing_loss_func((logits,), 4, top_k=2))
 
 
 # --------------------------------------------------------------------------------------------

@@ -96,7 +96,7 @@ class TransformerModel(nn.Module):
         if tie_embeddings:  # (GPT-2, T5) one matrix for the input and the output
             self.lm_head.weight = self.token_embedding.weight
         self.output_head = output_head  # False: forward returns the final hidden states
-        self._aux_sources: list[nn.Module] | None = None  # modules with an ``aux_loss``
+        self._aux_sources: list[nn.Module] | None = None  # ``_reporters()``, found once
         self._causal_masks: dict[tuple[int, torch.device], torch.Tensor] = {}
         self._position_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
@@ -178,19 +178,26 @@ class TransformerModel(nn.Module):
         """Sum of the ``aux_loss`` the modules left from the last forward (e.g. a Mixture of
         Experts' load-balancing loss, already weighted), to add to the training loss; None
         when no module has one."""
-        if self._aux_sources is None:  # found once: most models have none
-            self._aux_sources = [m for m in self.modules() if hasattr(m, "aux_loss")]
-        losses = [m.aux_loss for m in self._aux_sources if isinstance(m.aux_loss, torch.Tensor)]
+        losses = [m.aux_loss for m in self._reporters()
+                  if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
         return torch.stack(losses).sum() if losses else None
 
     def auxiliary_metrics(self) -> dict[str, float]:
         """Numbers the modules report about the last forward (``aux_metrics``), averaged over
         the modules that report the same name (e.g. per-expert token fractions)."""
         gathered: dict[str, list[float]] = {}
-        for module in self.modules():
+        for module in self._reporters():
             for name, value in (getattr(module, "aux_metrics", None) or {}).items():
                 gathered.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in gathered.items()}
+
+    def _reporters(self) -> list[nn.Module]:
+        """The modules with an ``aux_loss`` or ``aux_metrics`` (found once, not every step: most
+        models have none)."""
+        if self._aux_sources is None:
+            self._aux_sources = [m for m in self.modules()
+                                 if hasattr(m, "aux_loss") or hasattr(m, "aux_metrics")]
+        return self._aux_sources
 
     def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """Attention probabilities of every layer for ``tokens``: a list of (B, H, T, T)."""

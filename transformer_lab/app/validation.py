@@ -32,8 +32,6 @@ def validate_config(cfg: DictConfig) -> JobInputs:
     if cfg.train.schedule not in SCHEDULES:
         raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
                           f"{', '.join(SCHEDULES)}")
-    if cfg.train.precision not in ("fp32", "bf16"):
-        raise ConfigError(f"train.precision='{cfg.train.precision}' is not valid; use fp32 or bf16")
     _check_device(cfg.train.device)
     check_threads(cfg.train.get("threads"))
     check_compile(cfg.train.get("compile", False), cfg.train.device)

@@ -147,13 +147,16 @@ class MoEFeedForward(nn.Module):
         self.aux_loss: torch.Tensor | None = None
         self.aux_metrics: dict[str, torch.Tensor] = {}
 
-    def route(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Router logits (N, E) -> weights (N, k) in the input dtype, chosen experts (N, k)."""
+    def route(self, logits: torch.Tensor,
+              probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Router logits (N, E) -> weights (N, k) in the input dtype, chosen experts (N, k).
+        ``probs``: ``logits.float().softmax(-1)`` when the caller has it already (forward)."""
         if self.router == "topk_then_softmax":
             top_logits, chosen = logits.topk(self.top_k, dim=-1)  # (N, k)
             weights = top_logits.float().softmax(dim=-1)
         else:
-            probs = logits.float().softmax(dim=-1)  # (N, E)
+            if probs is None:
+                probs = logits.float().softmax(dim=-1)  # (N, E)
             weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
             if self.normalize_topk:
                 weights = weights / weights.sum(dim=-1, keepdim=True)
@@ -163,7 +166,8 @@ class MoEFeedForward(nn.Module):
         batch, seq, d_model = x.shape
         flat = x.reshape(-1, d_model)  # (N, D), N = B T
         logits = self.gate(flat)  # (N, E)
-        weights, chosen = self.route(logits)  # (N, k), (N, k)
+        probs = logits.float().softmax(dim=-1)  # (N, E): routing and the load-balance loss
+        weights, chosen = self.route(logits, probs)  # (N, k), (N, k)
         out = torch.zeros_like(flat)  # (N, D)
         for index, expert in enumerate(self.experts):
             # tokens routed here; an expert with none still runs (on 0 rows), so each of its
@@ -171,12 +175,12 @@ class MoEFeedForward(nn.Module):
             token, slot = (chosen == index).nonzero(as_tuple=True)
             y = expert(flat[token]) * weights[token, slot, None]  # (N_i, D)
             out.index_add_(0, token, y.to(out.dtype))
-        self._auxiliary(logits, chosen)
+        self._auxiliary(logits, probs, chosen)
         return out.view(batch, seq, d_model)
 
-    def _auxiliary(self, logits: torch.Tensor, chosen: torch.Tensor) -> None:
+    def _auxiliary(self, logits: torch.Tensor, probs: torch.Tensor,
+                   chosen: torch.Tensor) -> None:
         """Set ``aux_loss`` (weighted load-balance + z-loss) and ``aux_metrics``."""
-        probs = logits.float().softmax(dim=-1)  # (N, E)
         assigned = F.one_hot(chosen, self.n_experts).float().sum(dim=1)  # (N, E) 0/1
         tokens_per_expert = assigned.mean(dim=0)  # (E,) F_i, sums to top_k
         loss = self.load_balance_coef * self.n_experts * (tokens_per_expert

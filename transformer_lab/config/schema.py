@@ -114,7 +114,8 @@ SCHEMA: dict[str, Rule] = {
     "train.weight_decay": _num(0), "train.grad_clip": _num(0, open_low=True, nullable=True),
     "train.betas": Rule("list", item=PROBABILITY, min_items=2),
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
-    "train.device": Rule("str", required=True), "train.precision": Rule("str", required=True),
+    "train.device": Rule("str", required=True),
+    "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),
     "train.compile": Rule("bool"),
     # the groups every run needs
     "arch.causal": Rule("bool", required=True),

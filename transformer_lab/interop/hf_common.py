@@ -100,6 +100,13 @@ def rope_overrides(hc: Any) -> list[str]:
     return out
 
 
+def max_positions(cfg: Any) -> int:
+    """HF ``max_position_embeddings`` of a tlab config: ``pe.original_max_len`` under dynamic
+    NTK scaling (transformers' starts past it; ``rope_overrides`` reads it back), else
+    ``model.max_len``."""
+    return cfg.pe.original_max_len if cfg.pe.scaling == "dynamic" else cfg.model.max_len
+
+
 def rope_parameters(cfg: Any) -> dict:
     """tlab's RoPE settings (``cfg.pe``) as HF ``rope_parameters``."""
     pe = cfg.pe

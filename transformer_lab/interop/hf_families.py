@@ -16,11 +16,14 @@ import torch
 from transformer_lab.interop.hf_common import (
     Family,
     State,
+    flag,
     layers,
+    max_positions,
     rename,
     require,
     rope_overrides,
     rope_parameters,
+    swapped,
 )
 from transformer_lab.interop.hf_encoders import (
     bert_config,
@@ -43,9 +46,6 @@ from transformer_lab.interop.hf_gpt import (
     neox_to_tlab,
 )
 
-_layers, _rename = layers, rename
-
-
 # --------------------------------------------------------------------------------------------
 # LLaMA / Mixtral (Mistral and Qwen2 share the layout)
 
@@ -60,9 +60,9 @@ def _llama_overrides(hc: Any) -> list[str]:
            f"model.n_kv_heads={hc.num_key_value_heads or hc.num_attention_heads}",
            f"model.head_dim={head_dim if head_dim else 'null'}",
            f"model.n_layers={hc.num_hidden_layers}", f"model.d_ff={hc.intermediate_size}",
-           f"model.attn_bias={attn_bias}".lower(), f"model.out_bias={attn_bias}".lower(),
-           f"model.ffn_bias={bool(getattr(hc, 'mlp_bias', False))}".lower(),
-           f"model.tie_embeddings={bool(hc.tie_word_embeddings)}".lower(),
+           flag("model.attn_bias", attn_bias), flag("model.out_bias", attn_bias),
+           flag("model.ffn_bias", getattr(hc, "mlp_bias", False)),
+           flag("model.tie_embeddings", hc.tie_word_embeddings),
            f"model.max_len={hc.max_position_embeddings}", f"norm_layer.eps={hc.rms_norm_eps}",
            *rope_overrides(hc)]
     if getattr(hc, "model_type", "") == "qwen2":  # Q/K/V bias, no output bias
@@ -75,11 +75,11 @@ def _llama_overrides(hc: Any) -> list[str]:
     return out
 
 
-def _llama_pairs(layers: range, moe: bool) -> list[tuple[str, str]]:
+def _llama_pairs(n_layers: range, moe: bool) -> list[tuple[str, str]]:
     """(HF name, tlab name) of the tensors that are only renamed."""
     pairs = [("model.embed_tokens.weight", "token_embedding.weight"),
              ("model.norm.weight", "final_norm.weight"), ("lm_head.weight", "lm_head.weight")]
-    for i in layers:
+    for i in n_layers:
         hf, tl = f"model.layers.{i}.", f"blocks.{i}."
         pairs += [(hf + "self_attn.o_proj.weight", tl + "attention.out_proj.weight"),
                   (hf + "self_attn.o_proj.bias", tl + "attention.out_proj.bias"),
@@ -95,8 +95,8 @@ def _llama_pairs(layers: range, moe: bool) -> list[tuple[str, str]]:
 
 def _llama_to_tlab(hc: Any, hf: State) -> State:
     moe = bool(getattr(hc, "num_local_experts", None))
-    out = _rename(hf, _llama_pairs(_layers(hc), moe))
-    for i in _layers(hc):
+    out = rename(hf, _llama_pairs(layers(hc), moe))
+    for i in layers(hc):
         attn = f"model.layers.{i}.self_attn."
         for w in ("weight", "bias"):
             if attn + f"q_proj.{w}" in hf:
@@ -115,17 +115,15 @@ def _llama_to_tlab(hc: Any, hf: State) -> State:
 
 def _llama_to_hf(cfg: Any, tl: State) -> State:
     moe = cfg.ffn.get("n_experts") is not None
-    out = {hf: tl[name] for hf, name in _llama_pairs(_layers(cfg), moe) if name in tl}
-    m = cfg.model
-    sizes = [m.n_heads * m.head_dim] + [(m.n_kv_heads or m.n_heads) * m.head_dim] * 2 \
-        if m.head_dim else None
-    for i in _layers(cfg):
+    out = rename(tl, swapped(_llama_pairs(layers(cfg), moe)))
+    sizes = _qkv_sizes(cfg.model)
+    for i in layers(cfg):
         attn = f"model.layers.{i}.self_attn."
         for w in ("weight", "bias"):
             fused = tl.get(f"blocks.{i}.attention.qkv_proj.{w}")
             if fused is None:
                 continue
-            q, k, v = fused.split(sizes or _qkv_sizes(m))
+            q, k, v = fused.split(sizes)
             out.update({attn + f"q_proj.{w}": q, attn + f"k_proj.{w}": k,
                         attn + f"v_proj.{w}": v})
         if moe:
@@ -152,8 +150,7 @@ def _llama_config(cfg: Any) -> Any:
                   num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
                   num_key_value_heads=m.n_kv_heads or m.n_heads,
                   head_dim=m.head_dim or m.d_model // m.n_heads,
-                  max_position_embeddings=(cfg.pe.original_max_len if cfg.pe.scaling == "dynamic"
-                                           else m.max_len), rms_norm_eps=cfg.norm_layer.eps,
+                  max_position_embeddings=max_positions(cfg), rms_norm_eps=cfg.norm_layer.eps,
                   tie_word_embeddings=bool(m.tie_embeddings), attention_bias=bool(m.attn_bias),
                   rope_parameters=rope_parameters(cfg))
     if cfg.ffn.get("n_experts") is not None:
@@ -163,15 +160,17 @@ def _llama_config(cfg: Any) -> Any:
     return LlamaConfig(**common, mlp_bias=bool(m.ffn_bias))
 
 
+def _llama_family(hf_class: str, preset: str = "llama") -> Family:
+    """A family with LLaMA's layout (one map, its own HF class)."""
+    return Family(preset, hf_class, _llama_overrides, _llama_to_tlab, _llama_to_hf,
+                  _llama_config)
+
+
 FAMILIES: dict[str, Family] = {
-    "llama": Family("llama", "LlamaForCausalLM", _llama_overrides, _llama_to_tlab,
-                    _llama_to_hf, _llama_config),
-    "mistral": Family("llama", "MistralForCausalLM", _llama_overrides, _llama_to_tlab,
-                      _llama_to_hf, _llama_config),
-    "qwen2": Family("llama", "Qwen2ForCausalLM", _llama_overrides, _llama_to_tlab,
-                    _llama_to_hf, _llama_config),
-    "mixtral": Family("mixtral", "MixtralForCausalLM", _llama_overrides, _llama_to_tlab,
-                      _llama_to_hf, _llama_config),
+    "llama": _llama_family("LlamaForCausalLM"),
+    "mistral": _llama_family("MistralForCausalLM"),
+    "qwen2": _llama_family("Qwen2ForCausalLM"),
+    "mixtral": _llama_family("MixtralForCausalLM", preset="mixtral"),
     "gpt2": Family("gpt2", "GPT2LMHeadModel", gpt2_overrides, gpt2_to_tlab, gpt2_to_hf,
                    gpt2_config),
     "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", neox_overrides, neox_to_tlab,

@@ -17,6 +17,7 @@ from transformer_lab.interop.hf_common import (
     ffn_choice,
     flag,
     layers,
+    max_positions,
     rename,
     require,
     rope_overrides,
@@ -162,8 +163,7 @@ def neox_config(cfg: Any) -> Any:
     return GPTNeoXConfig(vocab_size=m.vocab_size, hidden_size=m.d_model,
                          num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
                          intermediate_size=m.d_ff, hidden_act=hf_activation(cfg),
-                         max_position_embeddings=(cfg.pe.original_max_len
-                                                  if cfg.pe.scaling == "dynamic" else m.max_len),
+                         max_position_embeddings=max_positions(cfg),
                          layer_norm_eps=cfg.norm_layer.eps,
                          use_parallel_residual=bool(m.parallel_block),
                          attention_bias=bool(m.attn_bias),
