@@ -13,7 +13,7 @@ PACKAGE = Path(transformer_lab.__file__).parent
 
 # Lowest first. Packages on one line are siblings: they may not import each other.
 LAYERS: list[set[str]] = [
-    {"errors"},
+    {"errors", "processes"},  # processes: fork helpers (no tlab imports)
     {"data"},                  # corpora and tokenizers (no torch)
     {"components", "tasks"},
     {"config"},

@@ -13,9 +13,7 @@ process then settles the broken sweep and runs the rest (``app.recovery``).
 
 from __future__ import annotations
 
-import contextlib
 import json
-import logging
 import os
 import signal
 import sys
@@ -26,15 +24,10 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED
+from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.run_directory import read_json
 
 LAUNCHER_ENV = "TLAB_LAUNCHER_PID"  # the launching process's pid, set in every sweep job
-
-
-def _flush() -> None:
-    for stream in (sys.stdout, sys.stderr, *logging.root.handlers):
-        with contextlib.suppress(OSError, ValueError):
-            stream.flush()
 
 
 def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
@@ -44,7 +37,7 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
     launcher = os.environ.get(LAUNCHER_ENV)
     if not hasattr(os, "fork") or launcher in (None, str(os.getpid())):
         return execute(cfg, run_dir)
-    _flush()
+    flush_output()
     worker = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: run the job, never return into the launcher's code
@@ -57,7 +50,7 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
         except BaseException:  # noqa: BLE001 - execute records its own errors
             code = EXIT_FAILED
         finally:
-            _flush()
+            flush_output()
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status):
@@ -68,10 +61,7 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
 
 def signal_reason(signum: int, pid: int) -> str:
     """"the job's process (pid 12) was killed by SIGKILL (signal 9; ...)"."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
+    name = signal_name(signum)
     hint = {signal.SIGKILL: "; out of memory, or kill -9",
             signal.SIGSEGV: "; a crash in native code"}.get(signum, "")
     return f"the job's process (pid {pid}) was killed by {name} (signal {signum}{hint})"
@@ -88,19 +78,16 @@ def stop_with_worker(run_dir: Path, worker: int) -> None:
     launching process then sees which job lost its worker (``app.recovery``)."""
     if not sys.platform.startswith("linux"):
         return
-    import ctypes
 
     def worker_died(signum: int, frame: object) -> None:
         record_job_error(run_dir, f"its worker process (pid {worker}) died (killed: kill -9, out "
                          "of memory, or a crash), so the job was stopped", os.getpid(),
                          **{WORKER_DIED: worker})
-        _flush()
+        flush_output()
         os._exit(EXIT_FAILED)
 
     signal.signal(signal.SIGUSR2, worker_died)
-    pr_set_pdeathsig = 1
-    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, int(signal.SIGUSR2), 0, 0, 0)
-    if os.getppid() != worker:  # it died before prctl took effect
+    if not die_with_parent(signal.SIGUSR2, worker):
         worker_died(signal.SIGUSR2, None)
 
 

@@ -24,7 +24,6 @@ child dies with the parent (``PR_SET_PDEATHSIG``) if the parent is killed.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import pickle
 import shutil
@@ -36,11 +35,11 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
+from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.console import console, err_console
 from transformer_lab.results.run_directory import RunDirectory
 
 STAGING = ".background-step"  # the child's folder in the run directory, until collected
-_PR_SET_PDEATHSIG = 1
 
 
 class StepFailed(Exception):
@@ -76,12 +75,6 @@ class StagedRun(RunDirectory):
         return self.held
 
 
-def _flush_streams() -> None:
-    for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(OSError, ValueError, AttributeError):
-            stream.flush()
-
-
 class BackgroundStep:
     """A step running in a forked child; ``collect`` its result or ``cancel`` it."""
 
@@ -99,7 +92,7 @@ class BackgroundStep:
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         output = tempfile.TemporaryFile()  # noqa: SIM115 - closed by collect/cancel
-        _flush_streams()
+        flush_output()
         read_fd, write_fd = os.pipe()
         parent = os.getpid()
         pid = os.fork()
@@ -175,12 +168,7 @@ class BackgroundStep:
 
 def _death_reason(wait_status: int) -> str:
     if os.WIFSIGNALED(wait_status):
-        signum = os.WTERMSIG(wait_status)
-        try:
-            name = signal.Signals(signum).name
-        except ValueError:
-            name = f"signal {signum}"
-        return f"its process was killed by {name}"
+        return f"its process was killed by {signal_name(os.WTERMSIG(wait_status))}"
     return f"its process exited with code {os.waitstatus_to_exitcode(wait_status)} and no result"
 
 
@@ -190,10 +178,7 @@ def _run_child(step: Callable[[RunDirectory], Any], run: StagedRun, write_fd: in
     code = 0
     try:
         signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: die at once; the parent reports
-        if sys.platform.startswith("linux"):
-            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL),
-                                                   0, 0, 0)
-        if os.getppid() != parent:  # the parent died before prctl took effect
+        if not die_with_parent(signal.SIGKILL, parent):
             os._exit(1)
         os.dup2(output_fd, 1)
         os.dup2(output_fd, 2)
