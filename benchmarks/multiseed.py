@@ -3,13 +3,15 @@
 
     python -m benchmarks.multiseed [--sizes tiny,small] [--seeds 1,2,4,8,16] [--steps 60]
                                    [--repeats 3] [--threads 1] [--device cpu|cuda]
-                                   [--arms stacked,vmap,sequential] [--compile]
+                                   [--arms stacked,stacked_all,vmap,sequential] [--compile]
                                    [--out FILE.csv] [--append]
 
 Every arm trains tlab's model of ``peers.SIZES`` (tiny: d 8, 1 layer, 8 x 4 tokens; small: d 64,
 2 layers, 64 x 16 tokens) on the reverse task with fresh batches from each seed's generator,
 no evaluation until the last step: ``one_seed`` is ``Trainer.fit`` of seed 0, the others are
-``fit_seeds(..., engine=arm)`` for seeds 0..S-1. ``--compile`` adds ``one_seed_compiled`` and
+``fit_seeds(..., engine=arm)`` for seeds 0..S-1: ``stacked`` in the groups the engine picks
+for the step (``seed_groups.group_size``: all seeds for ``tiny``, one at a time for ``small`` on
+CPU), ``stacked_all`` all S seeds in one stacked model. ``--compile`` adds ``one_seed_compiled`` and
 ``stacked_compiled``: the same steps with the model under ``torch.compile`` (``compile_s``: the
 first call, compile included). The arms alternate ``--repeats`` times so that load changes
 hit them alike; each row is the median.
@@ -84,7 +86,7 @@ def compiled_arms(cfg, task, seeds: list[int], names: list[str]) -> dict[str, Ar
     its backward) under ``torch.compile`` (what ``train.compile=true`` installs where it
     pays), on objects kept across calls so that the compile happens once, in the warm-up."""
     from transformer_lab.training.multiseed import build_seeded_models, train_together
-    from transformer_lab.training.seed_stack import StackedSeeds
+    from transformer_lab.training.seed_groups import StackedSeeds
     from transformer_lab.training.trainer import Trainer
 
     arms: dict[str, Arm] = {}
@@ -122,9 +124,13 @@ def make_arms(size_name: str, n_seeds: int, device: str, names: list[str],
     for name in names:
         if n_seeds == 1 and name != "stacked":
             continue  # one seed: vmap and sequential are Trainer.fit, the one_seed arm
+        if name == "stacked_all" and n_seeds == 1:
+            continue
         models = build_seeded_models(cfg, seeds)
-        arms[name] = (lambda steps, name=name, models=models:
-                      fit_seeds(cfg, seeds, steps, task=task, models=models, engine=name))
+        engine, group = ("stacked", n_seeds) if name == "stacked_all" else (name, None)
+        arms[name] = (lambda steps, engine=engine, group=group, models=models:
+                      fit_seeds(cfg, seeds, steps, task=task, models=models, engine=engine,
+                                group=group))
     if compiled:
         arms.update(compiled_arms(cfg, task, seeds, names))
     batch = task.train_batch(size.batch, torch.Generator().manual_seed(0)).to(device)
@@ -200,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
-    parser.add_argument("--arms", default="stacked,vmap,sequential")
+    parser.add_argument("--arms", default="stacked,stacked_all,vmap,sequential")
     parser.add_argument("--compile", action="store_true",
                         help="add one_seed_compiled and stacked_compiled (torch.compile)")
     parser.add_argument("--out", type=Path, default=OUT)

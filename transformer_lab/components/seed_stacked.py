@@ -105,6 +105,8 @@ class SeedStackedLayerNorm(SeedStackedLayer):
         """S calls of the fused ``F.layer_norm`` (affine included), one per seed's rows."""
         weights = self.weight.view(seeds, dim).unbind(0)  # S x (D,)
         biases = [None] * seeds if self.bias is None else self.bias.view(seeds, dim).unbind(0)
+        if seeds == 1:  # no split and concatenation
+            return F.layer_norm(x, self.normalized_shape, weights[0], biases[0], self.eps)
         parts = x.split(x.shape[0] // seeds)  # S x (B, T, D)
         return torch.cat([F.layer_norm(part, self.normalized_shape, w, b, self.eps)
                           for part, w, b in zip(parts, weights, biases, strict=True)])

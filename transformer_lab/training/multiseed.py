@@ -38,15 +38,16 @@ API (shapes: batches are (B, T))::
 reaches ``target_exact_match`` stops counting: its result and its weights (BatchNorm statistics
 too) are those of the step where it was solved, as in a separate run.
 
-Auto choice (``choose_engine``; ``benchmarks/multiseed.py``, ``benchmarks/multiseed.csv``): on
-CUDA a batched engine always (launch-bound); on the 2-core CPU the stacked engine when tokens per
-step x d_model <= ``BATCH_MAX_WORK`` (overhead-bound steps: 8 ``tiny`` seeds 1.5x one seed;
-above it one after another is faster, e.g. 8 ``small`` seeds 1.2x quicker, since one seed's
-activations stay in cache), else vmap under the same bound (for models the stacked engine
-cannot take), else one after another. The batched engines get every seed's batch of a step as
-one (S, B, T) tensor, drawn 64 steps at a time from each seed's own generator
-(``seed_batches.SeedBatches``: the numbers of per-step draws). ``train.compile=true``: the
-stacked engine compiles its model where it pays (``training/compile.py``).
+Auto choice (``choose_engine``; ``benchmarks/multiseed.py``, ``benchmarks/multiseed.csv``): the
+stacked engine wherever the model stacks, in groups sized to the CPU's cache
+(``seed_groups.group_size``: all seeds of an overhead-bound step such as ``tiny``'s, 8 of them
+1.44x one seed; one at a time for a step as large as ``small``'s, where stacked activations
+spill out of cache; all of them on CUDA); else vmap where batching pays (CUDA, or tokens per
+step x d_model <= ``BATCH_MAX_WORK`` on CPU); else one after another. The batched engines get
+every seed's batch of a step as one (S, B, T) tensor, drawn 64 steps at a time from each seed's
+own generator (``seed_batches.SeedBatches``: the numbers of per-step draws).
+``train.compile=true``: the stacked engine compiles its model where it pays
+(``training/compile.py``).
 """
 
 from __future__ import annotations
@@ -145,11 +146,15 @@ class SeedEngine:
 
     name: str
     why: str
+    group: int | None = None  # stacked: seeds per stacked group (``seed_groups.group_size``)
 
     def describe(self, seeds: Sequence[int]) -> str:
         label = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
         words = {"stacked": "as one seed-stacked model", "vmap": "as one vmap-batched model",
                  "sequential": "one after another", "single": "alone"}[self.name]
+        if self.name == "stacked" and self.group is not None and self.group < len(seeds):
+            words = (f"as seed-stacked groups of {self.group}, one group after another"
+                     if self.group > 1 else "one after another, each as a 1-seed stacked model")
         return f"{label} train {words} (seed_engine={self.name}: {self.why})"
 
 
@@ -165,9 +170,14 @@ def stacking_refusal(cfg: DictConfig, model: nn.Module) -> str | None:
 def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
                   budgets: Sequence[int], horizon: int | None = None,
                   batches: Mapping[int, Sequence[Batch]] | None = None,
-                  engine: str | None = None) -> SeedEngine:
+                  engine: str | None = None, group: int | None = None) -> SeedEngine:
     """The engine for these seeds: ``engine`` if given (``ValueError`` when it cannot train
-    them), else the first of stacked, vmap that applies and pays, else one after another."""
+    them), else stacked where the model stacks, else vmap where it pays, else one after
+    another. ``group``: seeds per stacked group (default: ``seed_groups.group_size``)."""
+    from transformer_lab.training.seed_groups import GROUP_MAX_WORK, group_size
+
+    if group is None:
+        group = group_size(step_work(cfg, task, batches), len(models), str(cfg.train.device))
     if engine is not None and engine not in ENGINES:
         raise ValueError(f"engine={engine!r} is not known; valid: {', '.join(ENGINES)}")
     if len(models) == 1:
@@ -184,16 +194,18 @@ def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
     if engine is not None:
         if refusals[engine] is not None:
             raise ValueError(f"engine={engine} cannot train these seeds: {refusals[engine]}")
-        return SeedEngine(engine, "asked for")
-    pays = worth_vectorising(cfg, task, batches)
-    for name in ("stacked", "vmap"):
-        if refusals[name] is None and pays:
-            where = "CUDA" if str(cfg.train.device).startswith("cuda") else \
-                f"tokens x d_model = {step_work(cfg, task, batches)}"
-            return SeedEngine(name, f"pays here ({where})")
-    reasons = [f"{name}: {refusals[name] or 'does not pay for a step this large on CPU'}"
-               for name in ("stacked", "vmap")]
-    return SeedEngine("sequential", "; ".join(reasons))
+        return SeedEngine(engine, "asked for", group if engine == "stacked" else None)
+    where = "CUDA" if str(cfg.train.device).startswith("cuda") else \
+        f"tokens x d_model = {step_work(cfg, task, batches)}"
+    if refusals["stacked"] is None and group > 1:
+        return SeedEngine("stacked", f"{min(group, len(models))} per group ({where})", group)
+    if refusals["stacked"] is None:
+        refusals["stacked"] = (f"one seed per group here ({where} > {GROUP_MAX_WORK // 2}: "
+                               "stacked activations would spill out of the CPU's cache)")
+    if refusals["vmap"] is None and worth_vectorising(cfg, task, batches):
+        return SeedEngine("vmap", f"pays here ({where})")
+    vmap_refusal = refusals["vmap"] or "does not pay for a step this large on CPU"
+    return SeedEngine("sequential", f"stacked: {refusals['stacked']}; vmap: {vmap_refusal}")
 
 
 def fit_seeds(
@@ -210,13 +222,14 @@ def fit_seeds(
     vectorise: bool | None = None,
     horizon: int | None = None,
     engine: str | None = None,
+    group: int | None = None,
 ) -> list[TrainResult]:
     """Train ``seeds`` for ``steps`` steps each (or ``steps[seed]``: a budget per seed); one
     ``TrainResult`` per seed (module docstring). ``horizon``: the steps the schedule plans for,
     as in ``Trainer.fit`` (default: each seed's budget; budgets that differ without a shared
     horizon run one after another, since one batched schedule cannot follow several).
     ``engine``: force one of ``ENGINES``; ``vectorise`` (older form): True is ``vmap``, False
-    is ``sequential``."""
+    is ``sequential``; ``group``: seeds per stacked group (default: ``seed_groups.group_size``)."""
     if not seeds:
         raise ValueError("fit_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -235,7 +248,7 @@ def fit_seeds(
         engine = "sequential"
     elif engine is None and vectorise:  # the older vectorise=True: vmap where it can, else auto
         engine = None if (vectorisable(cfg) or _has_module_state(models[0])) else "vmap"
-    chosen = choose_engine(cfg, task, models, budgets, horizon, batches, engine)
+    chosen = choose_engine(cfg, task, models, budgets, horizon, batches, engine, group)
     if len(seeds) > 1:
         from transformer_lab.results.console import console
 
@@ -246,22 +259,51 @@ def fit_seeds(
     trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s, logs.get(s))
                 for m, s in zip(models, seeds, strict=True)]
     if chosen.name in ("single", "sequential"):
-        return [trainer.fit(budget, batches=None if batches is None else batches[seed],
-                            target_exact_match=target_exact_match,
-                            on_step=None if on_step is None
-                            else (lambda step, loss, s=seed: on_step(s, step, loss)),
-                            horizon=horizon)
+        return [_fit_alone(trainer, seed, budget, batches, target_exact_match, on_step, horizon)
                 for trainer, seed, budget in zip(trainers, seeds, budgets, strict=True)]
     if chosen.name == "stacked":
-        from transformer_lab.training.seed_stack import StackedSeeds
+        return _fit_stacked_groups(cfg, seeds, models, trainers, budgets, batches,
+                                   target_exact_match, on_step, horizon, chosen.group)
+    from transformer_lab.training.vmap_seeds import VmapSeeds
 
-        runner: SeedSteps = StackedSeeds(cfg, seeds, models, trainers, horizon or budgets[0])
-    else:
-        from transformer_lab.training.vmap_seeds import VmapSeeds
-
-        runner = VmapSeeds(cfg, seeds, models, trainers, horizon or budgets[0])
+    runner = VmapSeeds(cfg, seeds, models, trainers, horizon or budgets[0])
     return train_together(runner, seeds, models, trainers, budgets, batches,
                           target_exact_match, on_step)
+
+
+def _fit_alone(trainer: Trainer, seed: int, budget: int,
+               batches: Mapping[int, Sequence[Batch]] | None, target_exact_match: float | None,
+               on_step: OnStep | None, horizon: int | None) -> TrainResult:
+    """Seed ``seed`` trained by its own ``Trainer``, as a single run."""
+    return trainer.fit(budget, batches=None if batches is None else batches[seed],
+                       target_exact_match=target_exact_match,
+                       on_step=None if on_step is None
+                       else (lambda step, loss: on_step(seed, step, loss)),
+                       horizon=horizon)
+
+
+def _fit_stacked_groups(cfg: DictConfig, seeds: list[int], models: list[nn.Module],
+                        trainers: list[Trainer], budgets: list[int],
+                        batches: Mapping[int, Sequence[Batch]] | None,
+                        target_exact_match: float | None, on_step: OnStep | None,
+                        horizon: int | None, group: int | None) -> list[TrainResult]:
+    """The stacked engine: each group of ``group`` seeds (default: all) stacked and trained to
+    its end, then the next (``seed_groups``); a group of one is its seed's single run."""
+    from transformer_lab.training.seed_groups import StackedSeeds, seed_groups
+
+    results: list[TrainResult] = []
+    for rows in seed_groups(len(seeds), group or len(seeds)):
+        part = [seeds[k] for k in rows]
+        if len(rows) == 1:  # a group of one: the seed's single run
+            results.append(_fit_alone(trainers[rows[0]], part[0], budgets[rows[0]], batches,
+                                      target_exact_match, on_step, horizon))
+            continue
+        runner = StackedSeeds(cfg, part, [models[k] for k in rows],
+                              [trainers[k] for k in rows], horizon or budgets[0])
+        results += train_together(runner, part, [models[k] for k in rows],
+                                  [trainers[k] for k in rows], [budgets[k] for k in rows],
+                                  batches, target_exact_match, on_step)
+    return results
 
 
 class SeedSteps(Protocol):

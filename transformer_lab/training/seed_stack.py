@@ -22,8 +22,8 @@ rounding of batched kernels (``tests/test_seed_stack.py``).
 ``stackable(model)`` says why a model cannot be stacked (a user's class with parameters, dropout,
 an auxiliary loss over the batch): the caller then takes the vmap or one-after-another path
 and reports which. ``seed_state_dict(stacked, s)`` / ``unstack_model(stacked, s)`` give seed s's
-weights under the single model's names; ``StackedSeeds`` is the engine ``multiseed.fit_seeds``
-runs, with each seed's own model bound to views of its slices (``bind_seed_views``).
+weights under the single model's names. The engine ``multiseed.fit_seeds`` runs,
+``StackedSeeds``, is in ``seed_groups.py`` (it stacks the seeds in cache-sized groups).
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ from torch import nn
 from transformer_lab.components.seed_stacked import SeedStackedLayer
 from transformer_lab.model import TransformerModel
 from transformer_lab.tasks import IGNORE_INDEX, Batch
-from transformer_lab.training.compile import CompileProbe
 from transformer_lab.training.seed_stack_layers import stacked_form
 from transformer_lab.training.trainer import SCHEDULES, PlainConfig, make_adamw, set_lr
 
@@ -247,45 +246,3 @@ class SeedStackedTrainer:
         norms = clip_seed_gradients(self.params, self.grad_clip, n_seeds)
         self.optimizer.step()
         return losses.detach(), norms, lr
-
-
-def bind_seed_views(stacked: TransformerModel, models: Sequence[nn.Module]) -> None:
-    """Point each single model's tensors at its seed's slices of ``stacked`` (views, no copy):
-    ``models[k]`` then always holds seed k's current weights and BatchNorm statistics, for
-    evaluation and for the caller, and no second copy of the weights is kept."""
-    for prefix, layer in stacked.named_modules():
-        if not isinstance(layer, SeedStackedLayer):
-            continue
-        for k, model in enumerate(models):
-            single = model.get_submodule(prefix)
-            for name in layer.single_shapes:
-                getattr(single, name).data = layer.seed_slice(name, k).detach()
-
-
-class StackedSeeds:
-    """The seed-stacked engine of ``multiseed.fit_seeds``: ``stack_models`` of the seeds'
-    models, each model bound to its seed's slices (``bind_seed_views``), and
-    ``SeedStackedTrainer.train_step`` as the step (the loop: ``multiseed.train_together``)."""
-
-    def __init__(self, cfg: DictConfig, seeds: Sequence[int], models: Sequence[nn.Module],
-                 trainers: Sequence, horizon: int) -> None:
-        self.stacked = stack_models(models)
-        self.trainer = SeedStackedTrainer(self.stacked, cfg.train, cfg.model.d_model, seeds)
-        self.trainer.plan_schedule(horizon)
-        self.trainers = trainers  # each seed's Trainer: its step count, rows and evaluations
-        bind_seed_views(self.stacked, models)
-
-    def step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
-        """One optimiser step of every seed (``batch``: (S, B, T), row k seed k's): losses
-        (S,), gradient norms (S,) and the learning rate."""
-        for trainer in self.trainers:
-            trainer.step_count += 1
-        return self.trainer.train_step(batch)
-
-    def compile_probe(self, steps: int) -> CompileProbe:
-        """``train.compile=true``: compile the stacked model's forward where it pays."""
-        first = self.trainers[0]
-        work = int(first._train.batch_size) * int(first.task.model_seq_len) * first.d_model
-        return CompileProbe(self.stacked, steps, work, str(first.device),
-                            f"the {len(self.trainers)}-seed stacked step",
-                            lambda forward: setattr(self.trainer, "forward", forward))

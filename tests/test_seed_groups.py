@@ -1,0 +1,74 @@
+"""The stacked engine's seed groups: sized by the step's work, numbers independent of the
+grouping, a group of one is the seed's single run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.training.multiseed import build_seeded_models, choose_engine, fit_seeds
+from transformer_lab.training.seed_groups import GROUP_MAX_WORK, group_size, seed_groups
+
+
+def config(*overrides: str):
+    return compose(["experiment=smoke", "train.log_every=1", "train.eval_every=0",
+                    "train.batch_size=16", "train.lr=1e-2", *overrides])
+
+
+def test_group_size_follows_the_work_of_a_step():
+    assert group_size(256, 8, "cpu") == 8  # tiny: all seeds in one
+    assert group_size(GROUP_MAX_WORK // 4, 8, "cpu") == 4
+    assert group_size(GROUP_MAX_WORK // 4, 3, "cpu") == 3
+    assert group_size(GROUP_MAX_WORK, 8, "cpu") == 1  # small: one at a time
+    assert group_size(10 * GROUP_MAX_WORK, 8, "cuda:0") == 8  # launch-bound: all
+    assert seed_groups(5, 2) == [range(0, 2), range(2, 4), range(4, 5)]
+
+
+def trained_weights(cfg, seeds, group):
+    task = build_task(cfg)  # completes the model's vocabulary in cfg
+    models = build_seeded_models(cfg, seeds)
+    results = fit_seeds(cfg, seeds, 6, task=task, models=models, engine="stacked", group=group)
+    return results, [m.state_dict() for m in models]
+
+
+def test_the_grouping_does_not_change_any_number():
+    """Seed s trained in a group of 4 or of 2 ends with the same weights, bit for bit."""
+    cfg = config("pe=learned", "block=pre", "ffn=swiglu")
+    seeds = [0, 1, 2, 3]
+    one_group, weights_one = trained_weights(cfg, seeds, 4)
+    two_groups, weights_two = trained_weights(cfg, seeds, 2)
+    for a, b, wa, wb in zip(one_group, two_groups, weights_one, weights_two, strict=True):
+        assert a.train_losses == b.train_losses and a.grad_norms == b.grad_norms
+        for name in wa:
+            torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0)
+    assert one_group[0].train_losses != one_group[1].train_losses  # the seeds differ
+
+
+def test_a_group_of_one_is_the_seeds_single_run():
+    cfg = config("pe=rope")
+    (grouped,), _ = trained_weights(cfg, [3], 1)
+    in_pair = fit_seeds(cfg, [2, 3], 6, engine="stacked", group=1)[1]
+    alone = fit_seeds(cfg, [3], 6)[0]
+    assert grouped.train_losses == in_pair.train_losses == alone.train_losses
+
+
+@pytest.mark.parametrize(("overrides", "engine", "group"), [
+    ((), "stacked", 3),  # tiny: 16 x 4 tokens x d 8, every seed in one group
+    (("model.d_model=64", "model.d_ff=256", "task.seq_len=16", "train.batch_size=32"),
+     "stacked", 2),  # 512 tokens x d 64 = 32768: groups of two
+    (("model.d_model=64", "model.d_ff=256", "task.seq_len=16", "train.batch_size=64"),
+     "sequential", None),  # 65536: one per group, i.e. single runs
+])
+def test_the_auto_choice_groups_by_work(overrides, engine, group, capsys):
+    cfg = config(*overrides)
+    task = build_task(cfg)
+    models = build_seeded_models(cfg, [0, 1, 2])
+    chosen = choose_engine(cfg, task, models, [4] * 3)
+    assert (chosen.name, chosen.group) == (engine, group)
+    if engine == "sequential":
+        assert "one seed per group" in chosen.why and "65536" in chosen.why
+    if group == 2:
+        fit_seeds(cfg, [0, 1, 2], 2, task=task, models=models)
+        assert "as seed-stacked groups of 2, one group after another" in capsys.readouterr().out
