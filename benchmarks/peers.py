@@ -50,6 +50,8 @@ class BenchSize:
 
 SIZES: dict[str, BenchSize] = {
     "tiny": BenchSize("tiny", d_model=8, n_heads=2, n_layers=1, d_ff=32, seq_len=4, batch=8),
+    # small's model on a quarter of its batch: tokens x d_model 16384, stacked in groups of 4
+    "mid": BenchSize("mid", d_model=64, n_heads=4, n_layers=2, d_ff=256, seq_len=16, batch=16),
     "small": BenchSize("small", d_model=64, n_heads=4, n_layers=2, d_ff=256, seq_len=16, batch=64),
     "medium": BenchSize("medium", d_model=256, n_heads=8, n_layers=4, d_ff=1024, seq_len=128,
                         batch=16),

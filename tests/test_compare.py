@@ -78,9 +78,9 @@ def test_every_activation_sees_the_same_init_and_batches(cfg_for):
 @pytest.mark.parametrize("vectorise", [True, False], ids=["vectorised", "one-after-another"])
 def test_seeds_trained_together_match_runs_of_their_own(cfg_for, monkeypatch, vectorise):
     """compare-activations --seeds 3 gives each seed the numbers of a one-seed comparison."""
-    from transformer_lab.training import multiseed, seed_groups
+    from transformer_lab.training import seed_engines, seed_groups
 
-    monkeypatch.setattr(multiseed, "worth_vectorising", lambda *args: vectorise)
+    monkeypatch.setattr(seed_engines, "worth_vectorising", lambda *args: vectorise)
     if not vectorise:  # groups of one seed: each its single run
         monkeypatch.setattr(seed_groups, "GROUP_MAX_WORK", 1)
     cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),

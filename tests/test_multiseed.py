@@ -135,7 +135,7 @@ def test_batchnorm_seeds_train_stacked_and_dropout_falls_back_and_says_so(capsys
 
 
 def test_auto_choice_batches_small_steps_only():
-    from transformer_lab.training.multiseed import worth_vectorising
+    from transformer_lab.training.seed_engines import worth_vectorising
 
     tiny = config()  # batch 16 x T 4 x d 8 = 512
     assert worth_vectorising(tiny, build_task(tiny))

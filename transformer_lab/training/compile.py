@@ -30,6 +30,7 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from transformer_lab.errors import ConfigError
 
@@ -38,7 +39,7 @@ COMPILE_SECONDS = 35.0  # one compile of the training forward + backward, 2-core
 EXPECTED_SAVING = 0.15  # the share of a step a compile might save (optimistic: it is checked)
 OVERHEAD_BOUND_WORK = 8192  # tokens x d_model at or below which a CPU step is overhead-bound
 
-Forward = Callable[[torch.Tensor], torch.Tensor]
+Forward = Callable[..., torch.Tensor]  # inputs -> logits, or (inputs, targets) -> loss
 
 
 def _clock(device: str) -> float:
@@ -83,18 +84,83 @@ def pays(step_s: float, steps_left: int, work: int, device: str) -> tuple[bool, 
     return True, f"{steps_left} steps of {step_s * 1e3:.1f} ms: up to ~{saving:.0f} s saved"
 
 
+class ModelLoss(nn.Module):
+    """``loss(model(inputs), targets)`` as one module: what a training step compiles, so that
+    the loss (log-softmax, cross-entropy) fuses with the forward in one graph and AOTAutograd
+    derives the backward of both (on the ``small`` CPU step: ~0.2-0.6 ms of ~7 saved)."""
+
+    def __init__(self, model: nn.Module, loss: Callable[[torch.Tensor, torch.Tensor],
+                                                        torch.Tensor]) -> None:
+        super().__init__()
+        self.model, self.loss = model, loss
+
+    def forward(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.loss(self.model(inputs), targets)
+
+
+class UnfusedBias(CustomGraphPass):
+    """Inductor post-grad pass (CPU): ``addmm(bias, a, b)`` -> ``mm(a, b) + bias``. ATen's CPU
+    addmm first copies the broadcast bias into its fresh output (a whole extra pass over it);
+    unfused, the bias add joins the pointwise kernel that follows (GELU, the residual add, the
+    head split). Inductor does the same on GPUs only (``unfuse_bias_add_to_pointwise``)."""
+
+    def __call__(self, graph: torch.fx.Graph) -> None:
+        addmm = torch.ops.aten.addmm.default
+        for node in list(graph.find_nodes(op="call_function", target=addmm)):
+            if node.kwargs or len(node.args) != 3:  # beta / alpha given: leave it
+                continue
+            bias, mat1, mat2 = node.args
+            with graph.inserting_before(node):
+                product = graph.call_function(torch.ops.aten.mm.default, (mat1, mat2))
+                total = graph.call_function(torch.ops.aten.add.Tensor, (product, bias))
+            product.meta, total.meta = dict(node.meta), dict(node.meta)  # same shape, dtype
+            node.replace_all_uses_with(total)
+            graph.erase_node(node)
+
+    def uuid(self) -> bytes:
+        return get_hash_for_files((__file__,))
+
+
+def inductor_options(device: str) -> dict[str, object]:
+    """Inductor settings of a training-step compile: on CPU ``UnfusedBias``, ``cpp_wrapper``
+    (the step's kernel calls from C++, not Python) and ``max_autotune`` (C++ GEMM templates
+    where they win: the attention's batched matmuls); Inductor's defaults elsewhere (not
+    measured here)."""
+    if str(device).startswith("cuda"):
+        return {}
+    return {"post_grad_custom_post_pass": UnfusedBias(), "cpp_wrapper": True,
+            "max_autotune": True}
+
+
+def compile_step(module: nn.Module, device: str) -> Forward:
+    """``torch.compile`` of a training forward (a ``ModelLoss``, or a model) for ``device``:
+    static shapes, ``inductor_options``."""
+    return torch.compile(module, dynamic=False, options=inductor_options(device))
+
+
 class TimedFirstCall:
-    """``forward`` whose first call (the compile) is timed and reported."""
+    """``forward`` whose first call (the compile) is timed and reported. If that call fails
+    (Inductor could not build a kernel) it says why and runs ``eager`` instead, from then on
+    (``failed``): the eager steps before it ran the same shapes, so the error is the compile's."""
 
-    def __init__(self, forward: Forward, label: str, report: Callable[[str], None]) -> None:
-        self.forward, self.label, self.report = forward, label, report
+    def __init__(self, forward: Forward, eager: Forward, label: str,
+                 report: Callable[[str], None]) -> None:
+        self.forward, self.eager, self.label, self.report = forward, eager, label, report
         self.seconds: float | None = None
+        self.failed = False
 
-    def __call__(self, inputs: torch.Tensor) -> torch.Tensor:
+    def __call__(self, *args: torch.Tensor) -> torch.Tensor:
         if self.seconds is not None:
-            return self.forward(inputs)
+            return self.forward(*args)
         start = time.perf_counter()
-        out = self.forward(inputs)
+        try:
+            out = self.forward(*args)
+        except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
+            self.seconds, self.failed, self.forward = time.perf_counter() - start, True, self.eager
+            reason = (str(error).strip().splitlines() or [""])[0][:200]
+            self.report(f"train.compile: compiling {self.label} failed "
+                        f"({type(error).__name__}: {reason}); eager")
+            return self.eager(*args)
         self.seconds = time.perf_counter() - start
         self.report(f"train.compile: compiled {self.label} in {self.seconds:.1f} s")
         return out
@@ -102,9 +168,9 @@ class TimedFirstCall:
 
 class CompileProbe:
     """Times ``PROBE_STEPS`` eager steps of a training loop; if a compile may pay (``pays``),
-    installs a compiled forward of ``model`` (``install``), times as many compiled steps after
-    the compile and keeps whichever ran faster, saying so. Call ``after_step(i)`` after the
-    loop's step i (0-based) of ``steps``."""
+    installs ``compile_step(model)`` (``install``; ``model``: the model, or better its
+    ``ModelLoss``), times as many compiled steps after the compile and keeps whichever ran
+    faster, saying so. Call ``after_step(i)`` after the loop's step i (0-based) of ``steps``."""
 
     def __init__(self, model: nn.Module, steps: int, work: int, device: str, label: str,
                  install: Callable[[Forward], None],
@@ -112,6 +178,7 @@ class CompileProbe:
         self.model, self.steps, self.work, self.device, self.label = (model, steps, work,
                                                                       device, label)
         self.install = install
+        self.compiled: TimedFirstCall | None = None
         self.report = report or _console_print
         self.eager_s: float | None = None  # seconds per eager step, once timed
         self.compiled_s: float | None = None
@@ -131,7 +198,9 @@ class CompileProbe:
             self._probe_eager(i + 1, first, last)
             return
         n = i - self.compiled_from  # compiled steps taken since the compile
-        if n == first - 1:
+        if self.compiled.failed:  # eager again, said so
+            self.done = True
+        elif n == first - 1:
             self.started = _clock(self.device)
         elif n == last - 1:
             self.done = True
@@ -154,8 +223,9 @@ class CompileProbe:
                 self.done = True
                 self.report(f"train.compile: skipped for {self.label} ({why})")
                 return
-            compiled = torch.compile(self.model, dynamic=False)
-            self.install(TimedFirstCall(compiled, f"{self.label} ({why})", self.report))
+            self.compiled = TimedFirstCall(compile_step(self.model, self.device), self.model,
+                                           f"{self.label} ({why})", self.report)
+            self.install(self.compiled)
             self.compiled_from = taken - 1
 
 

@@ -30,31 +30,31 @@ API (shapes: batches are (B, T))::
                         metrics=None,               # or {seed: CsvLog}: one metrics log per seed
                         target_exact_match=None,    # per seed: stop (freeze) it once reached
                         on_step=None,               # fn(seed, step, loss) at log steps
-                        engine=None)                # None: auto; "stacked", "vmap", "sequential"
+                        engine=None,                # None: auto; "stacked", "vmap", "sequential"
+                        group=None)                 # stacked: seeds per group (None: by work)
     results[k]  # TrainResult of seeds[k], as Trainer.fit returns for a single run
     # models passed in are trained in place: afterwards models[k] holds seed k's weights
 
-``wall_s`` and ``tokens_per_s`` of each result are those of the whole batched run. A seed that
-reaches ``target_exact_match`` stops counting: its result and its weights (BatchNorm statistics
-too) are those of the step where it was solved, as in a separate run.
+``wall_s`` and ``tokens_per_s`` of each result are those of its whole batched run (its
+group's). A seed that reaches ``target_exact_match`` stops counting: its result and its weights
+(BatchNorm statistics too) are those of the step where it was solved, as in a separate run.
 
-Auto choice (``choose_engine``; ``benchmarks/multiseed.py``, ``benchmarks/multiseed.csv``): the
-stacked engine wherever the model stacks, in groups sized to the CPU's cache
-(``seed_groups.group_size``: all seeds of an overhead-bound step such as ``tiny``'s, 8 of them
-1.44x one seed; one at a time for a step as large as ``small``'s, where stacked activations
-spill out of cache; all of them on CUDA); else vmap where batching pays (CUDA, or tokens per
-step x d_model <= ``BATCH_MAX_WORK`` on CPU); else one after another. The batched engines get
-every seed's batch of a step as one (S, B, T) tensor, drawn 64 steps at a time from each seed's
-own generator (``seed_batches.SeedBatches``: the numbers of per-step draws).
-``train.compile=true``: the stacked engine compiles its model where it pays
-(``training/compile.py``).
+Auto choice (``seed_engines.choose_engine``; ``benchmarks/multiseed.py``,
+``benchmarks/multiseed.csv``): the stacked engine wherever the model stacks, in groups sized to
+the CPU's cache (``seed_groups.group_size``: all seeds of an overhead-bound step such as
+``tiny``'s, 8 of them 1.44x one seed; one at a time, i.e. one after another, for a step as large
+as ``small``'s, where stacked activations spill out of cache; all of them on CUDA); else vmap
+where batching pays (CUDA, or tokens per step x d_model <= ``BATCH_MAX_WORK`` on CPU); else one
+after another. The batched engines get every seed's batch of a step as one (S, B, T) tensor,
+drawn 64 steps at a time from each seed's own generator (``seed_batches.SeedBatches``: the
+numbers of per-step draws). ``train.compile=true``: the stacked engine compiles its model where
+it pays (``training/compile.py``).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -65,70 +65,14 @@ from transformer_lab.results.run_directory import CsvLog, TaggedLog
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.compile import engine_probe
 from transformer_lab.training.seed_batches import SeedBatches
+from transformer_lab.training.seed_engines import (
+    choose_engine,
+    module_state_refusal,
+    vectorisable,
+)
 from transformer_lab.training.trainer import Trainer, TrainResult
 
 OnStep = Callable[[int, int, float], None]
-ENGINES = ("stacked", "vmap", "sequential")
-BATCH_MAX_WORK = 8192  # tokens per step x d_model below which batching seeds pays on CPU
-
-
-def vectorisable(cfg: DictConfig) -> str | None:
-    """None if ``cfg``'s seeds can train as one batched model, else the reason they cannot.
-
-    A component whose class declares ``keeps_running_statistics = True`` (BatchNorm) holds
-    module state updated in place, which vmap cannot give each seed."""
-    from transformer_lab.config.knowledge import declared
-
-    for group in ("norm_layer", "block", "ffn", "pe"):
-        if group in cfg and declared(cfg[group], "keeps_running_statistics") is True:
-            return (f"{group}={cfg[group].get('name')} keeps running statistics "
-                    "(module state)")
-        # a component that says why its seeds must run one after another (ffn=moe)
-        reason = declared(cfg[group], "seeds_one_after_another") if group in cfg else None
-        if isinstance(reason, str):
-            return reason
-    dropouts = {k: float(v) for k, v in cfg.model.dropout.items() if v}
-    if dropouts:
-        return f"dropout {dropouts} draws random numbers that vmap cannot reproduce per seed"
-    if cfg.train.get("precision") == "bf16":
-        return ("train.precision=bf16: under vmap, autocast skips linear layers with a bias "
-                "(they would run in fp32, unlike a single run)")
-    return None
-
-
-def step_work(cfg: DictConfig, task: Task,
-              batches: Mapping[int, Sequence[Batch]] | None = None) -> int:
-    """Tokens per step x d_model: what decides whether batching seeds pays on a CPU."""
-    if batches:
-        tokens = next(iter(batches.values()))[0].inputs.numel()
-    else:
-        tokens = int(cfg.train.batch_size) * int(task.model_seq_len)
-    return tokens * int(cfg.model.d_model)
-
-
-def worth_vectorising(cfg: DictConfig, task: Task,
-                      batches: Mapping[int, Sequence[Batch]] | None = None) -> bool:
-    """Batching seeds (stacked or vmap) pays on CUDA, or on CPU for overhead-bound steps
-    (``step_work`` <= ``BATCH_MAX_WORK``; see the docstring)."""
-    if str(cfg.train.device).startswith("cuda"):
-        return True
-    return step_work(cfg, task, batches) <= BATCH_MAX_WORK
-
-
-def _has_module_state(model: nn.Module) -> str | None:
-    for module in model.modules():
-        if getattr(type(module), "keeps_running_statistics", False) is True or isinstance(
-                module, nn.modules.batchnorm._BatchNorm):
-            return f"{type(module).__name__} keeps running statistics (module state)"
-        if isinstance(module, nn.Dropout) and module.p > 0:
-            return f"dropout p={module.p} draws random numbers that vmap cannot reproduce"
-        if hasattr(module, "aux_loss"):
-            return f"{type(module).__name__} adds an auxiliary loss that vmap does not see"
-        if isinstance(getattr(module, "dropout", None), float) and module.dropout > 0:
-            return f"attention dropout p={module.dropout} draws random numbers"
-    return None
-
-
 def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module]:
     """One model per seed, initialised as a single run with that seed would be."""
     from transformer_lab.model import build_model
@@ -137,75 +81,6 @@ def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module
     for seed in seeds:
         models.append(build_model(cfg, seed=seed).to(cfg.train.device))
     return models
-
-
-@dataclass(frozen=True)
-class SeedEngine:
-    """How ``fit_seeds`` trains the seeds: ``name`` in ``ENGINES`` (or ``single`` for one
-    seed) and ``why``, in words."""
-
-    name: str
-    why: str
-    group: int | None = None  # stacked: seeds per stacked group (``seed_groups.group_size``)
-
-    def describe(self, seeds: Sequence[int]) -> str:
-        label = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-        words = {"stacked": "as one seed-stacked model", "vmap": "as one vmap-batched model",
-                 "sequential": "one after another", "single": "alone"}[self.name]
-        if self.name == "stacked" and self.group is not None and self.group < len(seeds):
-            words = (f"as seed-stacked groups of {self.group}, one group after another"
-                     if self.group > 1 else "one after another, each as a 1-seed stacked model")
-        return f"{label} train {words} (seed_engine={self.name}: {self.why})"
-
-
-def stacking_refusal(cfg: DictConfig, model: nn.Module) -> str | None:
-    """None if the seeds of ``model`` can train as one seed-stacked model, else why not."""
-    from transformer_lab.training.seed_stack import stackable
-
-    if cfg.train.get("precision") == "bf16":
-        return "train.precision=bf16 (batched bf16 kernels round differently from a single run)"
-    return stackable(model)
-
-
-def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
-                  budgets: Sequence[int], horizon: int | None = None,
-                  batches: Mapping[int, Sequence[Batch]] | None = None,
-                  engine: str | None = None, group: int | None = None) -> SeedEngine:
-    """The engine for these seeds: ``engine`` if given (``ValueError`` when it cannot train
-    them), else stacked where the model stacks, else vmap where it pays, else one after
-    another. ``group``: seeds per stacked group (default: ``seed_groups.group_size``)."""
-    from transformer_lab.training.seed_groups import GROUP_MAX_WORK, group_size
-
-    if group is None:
-        group = group_size(step_work(cfg, task, batches), len(models), str(cfg.train.device))
-    if engine is not None and engine not in ENGINES:
-        raise ValueError(f"engine={engine!r} is not known; valid: {', '.join(ENGINES)}")
-    if len(models) == 1:
-        return SeedEngine("single", "one seed")
-    if engine == "sequential":
-        return SeedEngine("sequential", "asked for")
-    if horizon is None and len(set(budgets)) > 1:
-        why = "budgets differ without a shared schedule horizon"
-        if engine is not None:
-            raise ValueError(f"engine={engine} cannot train these seeds: {why}")
-        return SeedEngine("sequential", why)
-    refusals = {"stacked": stacking_refusal(cfg, models[0]),
-                "vmap": vectorisable(cfg) or _has_module_state(models[0])}
-    if engine is not None:
-        if refusals[engine] is not None:
-            raise ValueError(f"engine={engine} cannot train these seeds: {refusals[engine]}")
-        return SeedEngine(engine, "asked for", group if engine == "stacked" else None)
-    where = "CUDA" if str(cfg.train.device).startswith("cuda") else \
-        f"tokens x d_model = {step_work(cfg, task, batches)}"
-    if refusals["stacked"] is None and group > 1:
-        return SeedEngine("stacked", f"{min(group, len(models))} per group ({where})", group)
-    if refusals["stacked"] is None:
-        refusals["stacked"] = (f"one seed per group here ({where} > {GROUP_MAX_WORK // 2}: "
-                               "stacked activations would spill out of the CPU's cache)")
-    if refusals["vmap"] is None and worth_vectorising(cfg, task, batches):
-        return SeedEngine("vmap", f"pays here ({where})")
-    vmap_refusal = refusals["vmap"] or "does not pay for a step this large on CPU"
-    return SeedEngine("sequential", f"stacked: {refusals['stacked']}; vmap: {vmap_refusal}")
 
 
 def fit_seeds(
@@ -228,8 +103,9 @@ def fit_seeds(
     ``TrainResult`` per seed (module docstring). ``horizon``: the steps the schedule plans for,
     as in ``Trainer.fit`` (default: each seed's budget; budgets that differ without a shared
     horizon run one after another, since one batched schedule cannot follow several).
-    ``engine``: force one of ``ENGINES``; ``vectorise`` (older form): True is ``vmap``, False
-    is ``sequential``; ``group``: seeds per stacked group (default: ``seed_groups.group_size``)."""
+    ``engine``: force one of ``seed_engines.ENGINES``; ``vectorise`` (older form): True is
+    ``vmap``, False is ``sequential``; ``group``: seeds per stacked group (default:
+    ``seed_groups.group_size``)."""
     if not seeds:
         raise ValueError("fit_seeds needs at least one seed")
     if len(set(seeds)) != len(seeds):
@@ -247,7 +123,7 @@ def fit_seeds(
     if engine is None and vectorise is False:
         engine = "sequential"
     elif engine is None and vectorise:  # the older vectorise=True: vmap where it can, else auto
-        engine = None if (vectorisable(cfg) or _has_module_state(models[0])) else "vmap"
+        engine = None if (vectorisable(cfg) or module_state_refusal(models[0])) else "vmap"
     chosen = choose_engine(cfg, task, models, budgets, horizon, batches, engine, group)
     if len(seeds) > 1:
         from transformer_lab.results.console import console

@@ -22,7 +22,7 @@ from torch import nn
 from transformer_lab.errors import Diverged
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
-from transformer_lab.training.compile import CompileProbe
+from transformer_lab.training.compile import CompileProbe, ModelLoss
 from transformer_lab.training.lockstep import Lockstep
 from transformer_lab.training.optim import AdamW
 from transformer_lab.training.schedules import SCHEDULES
@@ -178,7 +178,9 @@ class Trainer:
         )
         self.step_count = 0
         self.started = time.perf_counter()
-        self._forward: Callable[[torch.Tensor], torch.Tensor] = model  # or compiled (compile.py)
+        self._forward: Callable[[torch.Tensor], torch.Tensor] = model
+        # (inputs, targets) -> loss: the forward and the loss, compiled together (compile.py)
+        self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._eager_loss
 
     @property
     def _lr(self) -> float:
@@ -198,7 +200,7 @@ class Trainer:
         if not self.model.training:
             self.model.train()
         with self.autocast:
-            loss = sequence_loss(self._forward(batch.inputs), batch.targets)
+            loss = self._loss(batch.inputs, batch.targets)
             auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
         for param in self._params:  # zero_grad(set_to_none=True) without its hooks
             param.grad = None
@@ -207,14 +209,18 @@ class Trainer:
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
 
+    def _eager_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return sequence_loss(self._forward(inputs), targets)
+
     def compile_probe(self, steps: int) -> CompileProbe | None:
         """With ``train.compile=true``, what compiles the training forward where it pays
         (``training/compile.py``); None otherwise."""
         if not self._train.get("compile"):
             return None
         work = int(self._train.batch_size) * int(self.task.model_seq_len) * int(self.d_model)
-        return CompileProbe(self.model, steps, work, str(self.device), "the training step",
-                            lambda forward: setattr(self, "_forward", forward))
+        return CompileProbe(ModelLoss(self.model, sequence_loss), steps, work,
+                            str(self.device), "the training step",
+                            lambda loss: setattr(self, "_loss", loss))
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
         """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision

@@ -7,7 +7,7 @@ walk) computes the S losses, one backward gives every seed its own gradient, eac
 gradient is clipped by its own norm, and one AdamW over the stacked tensors is S independent
 AdamWs. Under vmap, attention is written out (``written_out_attention``): SDPA's fused kernels
 have no batching rule. It works for any model whose training is a pure function of (weights,
-batch) (``multiseed.vectorisable``), a user's own components included; the seed-stacked engine
+batch) (``seed_engines.vectorisable``), a user's own components included; the seed-stacked engine
 (``seed_stack``) is faster where it applies.
 """
 
