@@ -10,10 +10,11 @@ Every arm trains tlab's model of ``peers.SIZES`` (tiny: d 8, 1 layer, 8 x 4 toke
 2 layers, 64 x 16 tokens) on the reverse task with fresh batches from each seed's generator,
 no evaluation until the last step: ``one_seed`` is ``Trainer.fit`` of seed 0, the others are
 ``fit_seeds(..., engine=arm)`` for seeds 0..S-1: ``stacked`` in the groups the engine picks
-for the step (``seed_groups.group_size``: all seeds for ``tiny``, one at a time for ``small`` on
-CPU), ``stacked_all`` all S seeds in one stacked model. ``--compile`` adds ``one_seed_compiled`` and
-``stacked_compiled``: the same steps with the model under ``torch.compile`` (``compile_s``: the
-first call, compile included). The arms alternate ``--repeats`` times so that load changes
+for the step (``seed_groups.group_size``: all seeds for ``tiny``, 4 for ``mid``, one at a time
+for ``small`` on CPU), ``stacked_all`` all S seeds in one stacked model. ``--compile`` adds
+``one_seed_compiled`` and ``stacked_compiled``: the same steps compiled as
+``train.compile=true`` compiles them (``compile_s``: the first call, compile included). The
+arms alternate ``--repeats`` times so that load changes
 hit them alike; each row is the median.
 
 ``ms_per_step`` is the slope between a call of ``--steps`` steps and one of ``--steps / 6``:
@@ -82,26 +83,43 @@ Arm = Callable[[int], None]  # runs that many training steps of the arm
 
 
 def compiled_arms(cfg, task, seeds: list[int], names: list[str]) -> dict[str, Arm]:
-    """``one_seed_compiled`` and ``stacked_compiled``: the same steps with the forward (and
-    its backward) under ``torch.compile`` (what ``train.compile=true`` installs where it
-    pays), on objects kept across calls so that the compile happens once, in the warm-up."""
+    """``one_seed_compiled`` and ``stacked_compiled``: the same steps under ``torch.compile``
+    as ``train.compile=true`` installs it where it pays (``compile.compile_step``: a single
+    run's model and loss as one ``ModelLoss``, a stacked group's model), the stacked arm in the
+    engine's groups (a group of one: the seed's own compiled ``Trainer``); on objects kept
+    across calls so that the compile happens once, in the warm-up."""
+    from transformer_lab.training.compile import ModelLoss, compile_step
     from transformer_lab.training.multiseed import build_seeded_models, train_together
-    from transformer_lab.training.seed_groups import StackedSeeds
-    from transformer_lab.training.trainer import Trainer
+    from transformer_lab.training.seed_engines import step_work
+    from transformer_lab.training.seed_groups import StackedSeeds, group_size, seed_groups
+    from transformer_lab.training.trainer import Trainer, sequence_loss
 
-    arms: dict[str, Arm] = {}
-    one = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, cfg.model.d_model, 0)
-    one._forward = torch.compile(one.model, dynamic=False)
-    arms["one_seed_compiled"] = lambda steps: one.fit(steps)
-    if len(seeds) > 1 and "stacked" in names:
-        models = build_seeded_models(cfg, seeds)
-        trainers = [Trainer(m, task, cfg.train, cfg.model.d_model, s)
-                    for m, s in zip(models, seeds, strict=True)]
-        runner = StackedSeeds(cfg, seeds, models, trainers, horizon=10**6)
-        runner.trainer.forward = torch.compile(runner.stacked, dynamic=False)
-        arms["stacked_compiled"] = lambda steps: train_together(
-            runner, seeds, models, trainers, [trainers[0].step_count + steps] * len(seeds),
+    device = str(cfg.train.device)
+
+    def trainers_of(part: list[int]) -> tuple[list, list]:
+        models = build_seeded_models(cfg, part)
+        return models, [Trainer(m, task, cfg.train, cfg.model.d_model, s)
+                        for m, s in zip(models, part, strict=True)]
+
+    def compiled_single(seed: int) -> Arm:
+        trainer = trainers_of([seed])[1][0]
+        trainer._loss = compile_step(ModelLoss(trainer.model, sequence_loss), device)
+        return lambda steps: trainer.fit(steps)
+
+    def compiled_group(part: list[int]) -> Arm:
+        models, trainers = trainers_of(part)
+        runner = StackedSeeds(cfg, part, models, trainers, horizon=10**6)
+        runner.trainer.forward = compile_step(runner.stacked, device)
+        return lambda steps: train_together(
+            runner, part, models, trainers, [trainers[0].step_count + steps] * len(part),
             None, None, None)
+
+    arms: dict[str, Arm] = {"one_seed_compiled": compiled_single(0)}
+    if len(seeds) > 1 and "stacked" in names:
+        size = group_size(step_work(cfg, task), len(seeds), device)
+        parts = [[seeds[k] for k in rows] for rows in seed_groups(len(seeds), size)]
+        runs = [compiled_single(p[0]) if len(p) == 1 else compiled_group(p) for p in parts]
+        arms["stacked_compiled"] = lambda steps: [run(steps) for run in runs]
     return arms
 
 

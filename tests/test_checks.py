@@ -21,16 +21,14 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.measures.properties import rope_relative_violation
 from transformer_lab.model import build_model
-from transformer_lab.routines.check import (
+from transformer_lab.routines.check import check_tokens, pes_with_checks, trained_swap_row
+from transformer_lab.routines.check_properties import (
     CHECK_TABLE_COLUMNS,
-    check_tokens,
     equivariance_row,
     pairing_mismatch_row,
-    pes_with_checks,
     rope_relative_rows,
     sinusoidal_shift_row,
     swap_row,
-    trained_swap_row,
 )
 
 HEAD_DIM = 16

@@ -5,6 +5,7 @@ itself is replaced by a stand-in here (a real compile takes tens of seconds; the
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 
@@ -45,16 +46,20 @@ def test_pays_only_for_flop_bound_steps_long_enough_to_win_back_the_compile():
 
 class FakeCompile:
     """Stands in for torch.compile: the model's own forward (its class's, so an instance's
-    slowed-down ``forward`` is bypassed), ``delay`` seconds slower per call."""
+    slowed-down ``forward`` is bypassed; of a ``ModelLoss``, its model's, then the loss),
+    ``delay`` seconds slower per call."""
 
     def __init__(self, delay: float) -> None:
         self.delay, self.calls = delay, 0
 
-    def __call__(self, model, dynamic=False):
-        def forward(inputs):
+    def __call__(self, module, **settings):
+        model = module.model if isinstance(module, compile_module.ModelLoss) else module
+
+        def forward(inputs, *targets):
             self.calls += 1
             time.sleep(self.delay)
-            return type(model).forward(model, inputs)
+            out = type(model).forward(model, inputs)
+            return module.loss(out, *targets) if model is not module else out
 
         return forward
 
@@ -115,3 +120,100 @@ def test_the_stacked_engine_compiles_its_stacked_model_where_it_pays(monkeypatch
     assert fake.calls >= 5  # at least the timed compiled steps
     for a, b in zip(compiled, eager, strict=True):  # the stand-in computes the same numbers
         assert a.train_losses == b.train_losses
+
+
+def small_benchmark_model(pe: str = "learned"):
+    """The ``small`` step of ``benchmarks/multiseed.py`` (learned PE, pre-norm, GELU), its
+    trainer and one batch."""
+    from benchmarks.peers import SIZES, tlab_overrides
+
+    size = SIZES["small"]
+    cfg = compose([*tlab_overrides(size, "cpu", "fp32"), "train.eval_every=0", f"pe={pe}"])
+    task = build_task(cfg)
+    trainer = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, size.d_model, 0)
+    return trainer, task.train_batch(8, torch.Generator().manual_seed(0))
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope", "sinusoidal", "alibi", "t5"])
+def test_the_small_step_traces_as_one_graph_with_its_loss(pe):
+    """No graph break (attention's ContextVar, the PEs' range checks, the model's
+    inference-mode check were breaks): Inductor sees the forward and the loss whole."""
+    from transformer_lab.training.trainer import sequence_loss
+
+    torch._dynamo.reset()
+    trainer, batch = small_benchmark_model(pe)
+    trainer.train_step(batch)  # eager first, as the probe does (fills the position cache)
+    step = compile_module.ModelLoss(trainer.model, sequence_loss)
+    explained = torch._dynamo.explain(step)(batch.inputs, batch.targets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+
+
+def test_a_traced_cpu_step_writes_attention_out_with_the_eager_numbers():
+    from transformer_lab.training.trainer import sequence_loss
+
+    trainer, batch = small_benchmark_model()
+    step = compile_module.ModelLoss(trainer.model, sequence_loss)
+    eager = step(batch.inputs, batch.targets)
+    eager_grads = torch.autograd.grad(eager, list(trainer.model.parameters()))
+    traced = torch.compile(step, backend="eager", dynamic=False)  # Dynamo only: no Inductor
+    calls = []
+    original = trainer.model.blocks[0].attention._attention_with_weights
+    trainer.model.blocks[0].attention._attention_with_weights = (
+        lambda *args: (calls.append(1), original(*args))[1])
+    loss = traced(batch.inputs, batch.targets)
+    grads = torch.autograd.grad(loss, list(trainer.model.parameters()))
+    assert calls  # the written-out attention, not SDPA
+    torch.testing.assert_close(loss, eager, rtol=1e-5, atol=1e-6)
+    for got, want in zip(grads, eager_grads, strict=True):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)
+
+
+def test_unfused_bias_turns_addmm_into_mm_plus_bias_with_the_same_numbers():
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from transformer_lab.training.inductor_passes import UnfusedBias
+
+    weight, bias, x = torch.randn(6, 4), torch.randn(6), torch.randn(5, 4)
+    traced = make_fx(lambda x: torch.nn.functional.linear(x, weight, bias))(x)
+    targets = {node.target for node in traced.graph.nodes}
+    assert torch.ops.aten.addmm.default in targets
+    UnfusedBias()(traced.graph)
+    traced.recompile()
+    targets = {node.target for node in traced.graph.nodes}
+    assert torch.ops.aten.addmm.default not in targets
+    assert {torch.ops.aten.mm.default, torch.ops.aten.add.Tensor} <= targets
+    torch.testing.assert_close(traced(x), torch.nn.functional.linear(x, weight, bias))
+
+
+def test_a_failed_compile_says_why_and_trains_on_eager(monkeypatch, capsys):
+    monkeypatch.setattr(compile_module, "pays", lambda *args: (True, "stand-in"))
+
+    def broken(module, **settings):
+        def forward(*args):
+            raise RuntimeError("C++ compile error: no kernel\nmore lines")
+
+        return forward
+
+    monkeypatch.setattr(torch, "compile", broken)
+    cfg, task = small_config()
+    trainer = Trainer(build_seeded_models(cfg, [0])[0], task, cfg.train, cfg.model.d_model, 0)
+    result = trainer.fit(20)
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("compiling the training step (stand-in) failed (RuntimeError: C++ compile error: "
+            "no kernel); eager") in out
+    assert "ms/step compiled" not in out  # no comparison against a compile that never ran
+    assert result.steps == 20 and all(map(math.isfinite, result.train_losses))
+
+
+def test_every_compile_shares_one_backend_so_one_graph_serves_every_seed(monkeypatch):
+    """Dynamo guards on the backend object: a new one per compile recompiled the same graph
+    for each seed's model until its recompile limit left the other seeds eager."""
+    backends = []
+    monkeypatch.setattr(torch, "compile", lambda module, **kw: backends.append(kw["backend"]))
+    for _ in range(3):  # three seeds' models
+        trainer, _ = small_benchmark_model()
+        compile_module.compile_step(compile_module.ModelLoss(trainer.model, lambda y, t: y),
+                                    "cpu")
+    assert len(backends) == 3 and backends[0] is backends[1] is backends[2]
+    assert compile_module.compile_step(torch.nn.Linear(2, 2), "cuda") is None  # recorded
+    assert backends[3] is not backends[0]  # CUDA: Inductor's defaults, another backend

@@ -130,8 +130,11 @@ class TransformerModel(nn.Module):
     @staticmethod
     def _cached(store: dict, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
         """``store[key]``, made once (one allocation per length and device, not per step). Not
-        cached under inference mode: an inference tensor cannot be used in training later."""
-        if torch.is_inference_mode_enabled():
+        cached under inference mode (an inference tensor cannot be used in training later), nor
+        in a graph that torch.compile traces: made there, it is part of the graph, which then
+        has no guard on this model's dict and serves every model of the same shapes (a cache
+        lookup there was a recompile per model, and 8 models reached Dynamo's limit)."""
+        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
             return make()
         if key not in store:
             store[key] = make()

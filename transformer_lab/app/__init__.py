@@ -2,6 +2,6 @@
 
 ``arguments`` checks the command line before anything is written, ``hydra_app`` runs Hydra
 with it (single runs and sweeps), ``job`` runs one job in its run directory, ``validation``
-checks a composed config once, ``sweeps`` keeps ``sweep.csv`` and ``--resume``. See
-``docs/architecture.md`` for the life of one run.
+checks a composed config once, ``sweeps`` keeps ``sweep.csv``, ``resume`` runs a recorded
+sweep again (``--resume``). See ``docs/architecture.md`` for the life of one run.
 """

@@ -57,16 +57,16 @@ def hydra_job(cfg: DictConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
-    from transformer_lab.app import search, sweeps
+    from transformer_lab.app import resume, search, sweeps
     from transformer_lab.results.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
         try:
-            args, resume_dir = sweeps.pop_resume(args)
+            args, resume_dir = resume.pop_resume(args)
             args = quieted(forced(args))
             if resume_dir is not None:
-                args = sweeps.resume_arguments(resume_dir, args)
+                args = resume.resume_arguments(resume_dir, args)
             arguments = check_arguments(renamed_group_aliases(args), resume=resume_dir is not None)
             if arguments.hydra_only:
                 return _run_hydra(arguments)
@@ -94,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
                         "HYDRA_FULL_ERROR=1 for the traceback)")
             return EXIT_USAGE
         if resume_dir is not None:
-            sweeps.keep_multirun_yaml(resume_dir)
+            resume.keep_multirun_yaml(resume_dir)
         try:
             if arguments.single_run:
                 return _run_single(hydra, cfg, inputs)

@@ -10,7 +10,7 @@ from rich import box
 from rich.table import Table
 
 if TYPE_CHECKING:
-    from transformer_lab.routines.compare import SeedRun
+    from transformer_lab.routines.compare_results import SeedRun
 
 SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 

@@ -4,7 +4,7 @@ The control (``pe=none``, same model, seed and data) trains for as many steps as
 used: after it, or - where a core is free (``control_on_thread``) - beside it on a second thread,
 one step behind it (``transformer_lab.training.lockstep.Lockstep``), with the numbers it would
 get trained after it. Its metrics rows are held back (``BufferedLog``) so that ``metrics.csv``
-reads as in a serial run. The checks on the results are in ``reverse.py``.
+reads as in a serial run. The checks on the results are in ``reverse_results.py``.
 """
 
 from __future__ import annotations

@@ -49,28 +49,23 @@ and ``note``; the terminal prints the verdict in words. A verdict needs 6+ seeds
 Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
 of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
 ``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE).
+
+Here: the settings checks and the training; the rows, ``reverse.csv`` and the verdict are in
+``reverse_results.py``, the rotary check in ``rotary_check.py``, the control's training beside
+the chosen PE in ``nope_control.py``.
 """
 
 from __future__ import annotations
 
 import copy
-import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.config.instantiate import build_task, instantiate_component
+from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.statistics import (
-    VERDICT_COLUMNS,
-    describe,
-    has_verdict,
-    verdict_table,
-)
-from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
@@ -81,18 +76,19 @@ from transformer_lab.routines.nope_control import (
     train_with_control,
 )
 from transformer_lab.routines.objective import Objective, steps_to_solve
+from transformer_lab.routines.reverse_results import (
+    REVERSE_COLUMNS,
+    ReversalRun,
+    chosen_row,
+    control_row,
+    reversal_summary,
+    reverse_rows,
+    verdict_line,
+)
+from transformer_lab.routines.rotary_check import rotary_relative_check
 from transformer_lab.routines.variants import seed_list, stage_log, with_choice
 from transformer_lab.tasks.sequence import SequenceTransformTask
-from transformer_lab.training.trainer import TrainResult, count_parameters
-
-REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
-                   "target", "steps", "params", "wall_s", "tokens_per_s", "expected",
-                   "best_exact_match_ci_low", "best_exact_match_ci_high", *VERDICT_COLUMNS]
-# Chosen-PE exact match this close to the NoPE control's counts as "no better than NoPE".
-NO_BETTER_MARGIN = 0.05
-# A rotary PE's scores may differ between (m, n) and (m + 1, n + 1) by this fraction of their
-# largest magnitude (float32 rounding of the rotation angles).
-ROTARY_TOLERANCE = 1e-4
+from transformer_lab.training.trainer import count_parameters
 
 # The expected outcome of a PE whose class declares none (``expected_reversal``).
 UNKNOWN_EXPECTATION = "unknown (your own component)"
@@ -146,70 +142,6 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     if not isinstance(inputs.task, SequenceTransformTask):
         raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")
-
-
-@dataclass
-class ReversalRun:
-    """One trained model of the reversal step and its ``reverse.csv`` row."""
-
-    role: str  # "chosen" or "nope_control"
-    pe: str
-    arch: str
-    seed: int
-    target: float
-    result: TrainResult
-    params: int
-    expected: str
-
-    @property
-    def solved(self) -> bool:
-        return self.result.solved_step is not None
-
-    @property
-    def exact_match(self) -> float:
-        return self.result.best_exact_match or 0.0
-
-    def as_row(self) -> dict:
-        r = self.result
-        return {"role": self.role, "pe": self.pe, "arch": self.arch, "seed": self.seed,
-                "solved": self.solved, "solved_step": r.solved_step,
-                "best_exact_match": self.exact_match, "target": self.target, "steps": r.steps,
-                "params": self.params, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
-                "expected": self.expected}
-
-
-def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
-    """For a rotary PE: are the scores of one query/key pair a function of ``n - m`` only?
-
-    Rotates the same random ``q`` and ``k`` (1, 1, T, Dh) at every position ``0..T-1`` and
-    compares the score matrix ``S[m, n] = q_m . k_n`` with itself shifted by one position:
-    ``S[m, n]`` must equal ``S[m + 1, n + 1]``. Returns None for other kinds of PE.
-    """
-    clock = Stopwatch()
-    pe = instantiate_component(cfg, "pe")
-    if getattr(pe, "kind", None) != "rotary":
-        return None
-    head_dim = cfg.model.d_model // cfg.model.n_heads
-    generator = torch.Generator().manual_seed(0)
-    q = torch.randn(head_dim, generator=generator).expand(1, 1, n_positions, head_dim)
-    k = torch.randn(head_dim, generator=generator).expand(1, 1, n_positions, head_dim)
-    with torch.no_grad():
-        q_rot, k_rot = pe(q.contiguous(), k.contiguous(), torch.arange(n_positions))
-    scores = (q_rot @ k_rot.transpose(-2, -1))[0, 0].float()  # (T, T): S[m, n] = q_m . k_n
-    drift = (scores[1:, 1:] - scores[:-1, :-1]).abs()  # (T-1, T-1): S[m+1, n+1] vs S[m, n]
-    scale = scores.abs().max().clamp_min(1e-12).item()
-    worst = drift.max().item()
-    ok = worst <= ROTARY_TOLERANCE * scale
-    m, n = divmod(int(drift.argmax()), n_positions - 1)
-    if ok:
-        detail = f"q.k depends on n-m only (largest drift {worst / scale:.1e} of |S|)"
-    else:
-        detail = (f"q.k at positions (m={m}, n={n}) is {scores[m, n]:.4g} but at "
-                  f"({m + 1}, {n + 1}) it is {scores[m + 1, n + 1]:.4g}: a rotary PE must make "
-                  "scores depend on n-m only; check that q and k get the same rotation (same "
-                  "pairing half/interleaved, same angles per position)")
-    return CheckRow(3, "rotary_relative", status(ok), "relative_drift", worst / scale,
-                    ROTARY_TOLERANCE, clock.lap(), detail)
 
 
 # Config groups whose classes may declare ``reversal_settings`` (later ones win on a clash).
@@ -313,85 +245,6 @@ def train_seeds(cfg: DictConfig, role: str, seeds: list[int], steps: int | dict[
     return [ReversalRun(role, name, arch, seed, target, result, count_parameters(model),
                         expected_outcome(cfg))
             for seed, model, result in zip(seeds, models, results, strict=True)]
-
-
-def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
-               with_seed: bool = False) -> CheckRow:
-    r = chosen.result
-    if chosen.solved:
-        detail = f"pe={chosen.pe} reached {chosen.exact_match:.3f} at step {r.solved_step}"
-    else:
-        detail = f"pe={chosen.pe} reached only {chosen.exact_match:.3f} in {r.steps} steps"
-    if control is not None:
-        detail += f"; NoPE control {control.exact_match:.3f} in {control.result.steps} steps"
-    if not chosen.solved:
-        no_better = control is not None and (
-            chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
-        if chosen.pe == NOPE:
-            detail += (f"; as expected: pe={NOPE} is the control, a model told nothing about "
-                       f"positions ({chosen.expected}); a correct PE must do better")
-        elif no_better:
-            detail += ("; no better than no PE at all: the model gets no usable position "
-                       "information - check that the PE's output depends on its `positions` "
-                       "argument")
-        else:
-            detail += (f"; expected for pe={chosen.pe} ({chosen.arch}): {chosen.expected}; "
-                       "if it should solve it, try more routine.max_steps or another train.lr")
-    if with_seed:
-        detail = f"seed {chosen.seed}: {detail}"
-    return CheckRow(3, "reverse_exact_match", status(chosen.solved), "exact_match",
-                    chosen.exact_match, chosen.target, r.wall_s, detail)
-
-
-def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
-    r = control.result
-    detail = f"NoPE {control.arch}: exact match {control.exact_match:.3f} in {r.steps} steps"
-    if control.arch == "encoder":
-        ok = not control.solved
-        detail += ("; as expected, a NoPE encoder is permutation-equivariant" if ok else
-                   "; a NoPE encoder should not be able to reverse: some component mixes "
-                   "positions (an FFN or norm that is not position-wise?)")
-    else:
-        ok = True
-        detail += " (informational: a causal decoder infers position from its mask)"
-    if with_seed:
-        detail = f"seed {control.seed}: {detail}"
-    return CheckRow(3, "nope_control", status(ok), "exact_match", control.exact_match,
-                    f"< {control.target}" if control.arch == "encoder" else None, r.wall_s,
-                    detail)
-
-
-def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
-    """``reverse.csv``: one row per model; with NoPE controls, the interval over seeds of each
-    model's held-out exact match and the chosen PE's paired verdict against its control."""
-    rows = [run.as_row() for run in runs]
-    if not any(run.role == "nope_control" for run in runs):
-        return rows
-    import pandas as pd
-
-    verdicts = verdict_table(pd.DataFrame(rows), "role", "best_exact_match",
-                             baseline="nope_control", lower_is_better=False)
-    return [{**row, **verdicts.loc[row["role"]].to_dict()} for row in rows]
-
-
-def verdict_line(rows: list[dict]) -> str | None:
-    """The chosen PE against its NoPE control in words (None without a control)."""
-    chosen = next((row for row in rows if row["role"] == "chosen"), None)
-    if chosen is None or not has_verdict(chosen):
-        return None
-    return describe(f"pe={chosen['pe']}", chosen, f"pe={NOPE}", value="held-out exact match")
-
-
-def reversal_summary(runs: list[ReversalRun]) -> dict:
-    """The chosen PE's numbers; with several seeds: the worst seed's exact match, the median
-    solved step (when every seed solved), the longest run."""
-    chosen = [run for run in runs if run.role == "chosen"]
-    solved = [run.result.solved_step for run in chosen]
-    return {"params": chosen[0].params, "steps": max(run.result.steps for run in chosen),
-            "final_loss": statistics.fmean(run.result.final_loss for run in chosen),
-            "best_exact_match": min(run.exact_match for run in chosen),
-            "solved_step": None if None in solved else statistics.median(solved),
-            "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
 def run_reverse(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:

@@ -47,6 +47,12 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, compare_output, reverse
 from transformer_lab.routines.background import BackgroundStep, StepFailed
+from transformer_lab.routines.compare_results import (
+    COMPARISON_COLUMNS,
+    comparison_checks,
+    comparison_rows,
+)
+from transformer_lab.routines.reverse_results import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, seed_list, stage_log
 
@@ -100,8 +106,8 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
         rows, runs = reverse.reversal_runs(cfg, run.metrics)
     except Diverged as exc:
         return [CheckRow(3, "reverse_exact_match", "FAIL", detail=f"diverged: {exc}")], {}
-    run.write_table("reverse", reverse.reverse_rows(runs), reverse.REVERSE_COLUMNS)
-    return rows, reverse.reversal_summary(runs)
+    run.write_table("reverse", reverse_rows(runs), REVERSE_COLUMNS)
+    return rows, reversal_summary(runs)
 
 
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
@@ -109,13 +115,12 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
         runs = compare.compare_runs(cfg, run)
     except Diverged as exc:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
-    rows = compare.comparison_rows(runs, cfg.routine.get("loss_target"),
-                                   cfg.routine.get("baseline"))
-    run.write_table("comparison", rows, compare.COMPARISON_COLUMNS)
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
+    run.write_table("comparison", rows, COMPARISON_COLUMNS)
     compare_output.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse.pe_label(cfg)}, "
                              f"{reverse.arch_name(cfg)}, {cfg.routine.steps} steps")
-    return compare.comparison_checks(rows)
+    return comparison_checks(rows)
 
 
 def comparison_beside(cfg: DictConfig) -> bool:

@@ -1,21 +1,36 @@
-"""``train.compile=true``: ``torch.compile`` of the training forward (its backward too, through
-AOTAutograd), used only where it pays.
+"""``train.compile=true``: ``torch.compile`` of the training step's forward and loss (their
+backward too, through AOTAutograd), used only where it pays.
 
-A compile costs tens of seconds (``COMPILE_SECONDS``: 20-35 s from a cold cache on the 2-core
-CPU, seen by hand; 0.1-4.4 s warm in ``benchmarks/multiseed.csv``) and can save at most a share
-of each step (``EXPECTED_SAVING``, an optimistic bound). So a run (``CompileProbe``) first times
-``PROBE_STEPS`` eager steps and compiles only if ``steps left x step time x EXPECTED_SAVING >
-COMPILE_SECONDS``, never for an overhead-bound CPU step (tokens x d_model <=
-``OVERHEAD_BOUND_WORK``: compiled, the ``tiny`` step ran 1.65-1.9x slower, measured once by
-hand); then it times as many compiled steps and keeps whichever ran faster. Each decision is
-printed (skipped and why; the compile time; compiled vs eager ms/step, kept or back to eager).
-On this CPU the compiled ``small`` step measured 1.15-1.26x slower than eager in CPU time
-(``benchmarks/multiseed.py --compile``), so runs here end up eager. Those numbers are for a
-forward that Dynamo splits into 7-10 graphs (graph breaks at attention's ``ContextVar`` read
-and, for a learned PE, its ``.item()`` range check); removing the breaks in a trial only brought
-``small`` level with eager, so a whole-graph compile is not yet measured here. Evaluation and
-generation stay eager (their shapes vary: each would compile again). A compiled step rounds
-differently from an eager one (fused kernels).
+What is compiled (``compile_step``): a ``ModelLoss`` (the model and its loss in one graph) with
+``inductor_options``: on CPU the ``UnfusedBias`` pass and ``cpp_wrapper``. The forward traces
+as one graph (no graph break: attention reads no ``ContextVar`` there, the learned PE skips
+its value checks, the model its inference-mode check), and on CPU attention is written out
+(two batched matmuls and a softmax that Inductor fuses) instead of SDPA's CPU kernel.
+
+Measured on the ``small`` step (d 64, 2 layers, 64 x 16 tokens, fp32, one thread, the 2-core
+CPU; ``benchmarks/multiseed.py --sizes small --seeds 1 --compile`` with its compiled arm set as
+``Trainer.compile_probe`` sets it, and same-process A/B scripts with the benchmark's
+definitions, medians of 3-5; % of the 512^3 matmul peak measured in the same run, 196-218
+GFLOP/s): eager 8.4-9.2 ms (31-35%); compiled 6.6-6.9 ms (40.6-42.2%; 0.77-0.82x eager). Each
+change's share, one at a time from the compiled forward with graph breaks (26-28%): no graph
+break ~37.5%; written-out attention -5% of the step; the loss in the graph -0.2 to -0.6 ms;
+``UnfusedBias`` -0.3 ms; ``cpp_wrapper`` -0.2 ms. Tried and left out: ``max_autotune`` (C++
+GEMM templates win only the 16x16x16 attention matmuls: -0.03 ms, +~9 s of compile);
+``memory_planning``, ``cpp.simdlen=256`` (slower), glibc malloc thresholds (page faults:
+~270 a step eager, ~30 compiled; -0.05 ms). What is left: the matmuls (3.8 ms of the step;
+3.1 ms timed alone) and Inductor's erf-based GELU kernels (~1.4 ms forward and backward).
+
+A compile costs ``COMPILE_SECONDS`` (16.3-16.9 s for ``small`` from an empty Inductor cache,
+1.5-2 s with a warm one) and saves a share of each step (``EXPECTED_SAVING``, the ``small``
+saving; elsewhere it is checked). So a run (``CompileProbe``) first times ``PROBE_STEPS`` eager
+steps and compiles only if ``steps left x step time x EXPECTED_SAVING > COMPILE_SECONDS``,
+never for an overhead-bound CPU step (tokens x d_model <= ``OVERHEAD_BOUND_WORK``: compiled,
+the ``tiny`` step now runs 0.63-0.8 ms against 0.9-1.0 eager, but ~0.3 ms a step repays a
+compile only after ~60k steps, and its 4-step timing windows are too noisy to judge); then it
+times as many compiled steps and keeps whichever ran faster. Each decision is printed (skipped
+and why; the compile time; compiled vs eager ms/step, kept or back to eager; a failed compile
+and why, then eager). Evaluation and generation stay eager (their shapes vary: each would
+compile again). A compiled step rounds differently from an eager one (fused kernels).
 
 ``compile_unavailable()`` says why torch.compile cannot run here (on CPU Inductor needs a C++
 compiler); ``check_compile`` turns ``train.compile=true`` there into a ``ConfigError`` (exit 2).
@@ -23,6 +38,7 @@ compiler); ``check_compile`` turns ``train.compile=true`` there into a ``ConfigE
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import time
@@ -30,13 +46,12 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
-from torch._inductor.custom_graph_pass import CustomGraphPass, get_hash_for_files
 
 from transformer_lab.errors import ConfigError
 
 PROBE_STEPS = (2, 6)  # eager steps timed before deciding: [2, 6) (the first ones warm up)
-COMPILE_SECONDS = 35.0  # one compile of the training forward + backward, 2-core CPU, cold cache
-EXPECTED_SAVING = 0.15  # the share of a step a compile might save (optimistic: it is checked)
+COMPILE_SECONDS = 20.0  # one compile of the training step, 2-core CPU, empty cache (~17 s)
+EXPECTED_SAVING = 0.2  # the share of a step a compile saves (small: 18-23%; it is checked)
 OVERHEAD_BOUND_WORK = 8192  # tokens x d_model at or below which a CPU step is overhead-bound
 
 Forward = Callable[..., torch.Tensor]  # inputs -> logits, or (inputs, targets) -> loss
@@ -76,7 +91,7 @@ def pays(step_s: float, steps_left: int, work: int, device: str) -> tuple[bool, 
     (in words). ``work``: tokens per step x d_model of one seed."""
     if not str(device).startswith("cuda") and work <= OVERHEAD_BOUND_WORK:
         return False, (f"an overhead-bound step on CPU (tokens x d_model = {work} <= "
-                       f"{OVERHEAD_BOUND_WORK}) runs slower compiled")
+                       f"{OVERHEAD_BOUND_WORK}) saves too little to repay a compile")
     saving = steps_left * step_s * EXPECTED_SAVING
     if saving <= COMPILE_SECONDS:
         return False, (f"{steps_left} steps of {step_s * 1e3:.1f} ms would save at most "
@@ -98,44 +113,31 @@ class ModelLoss(nn.Module):
         return self.loss(self.model(inputs), targets)
 
 
-class UnfusedBias(CustomGraphPass):
-    """Inductor post-grad pass (CPU): ``addmm(bias, a, b)`` -> ``mm(a, b) + bias``. ATen's CPU
-    addmm first copies the broadcast bias into its fresh output (a whole extra pass over it);
-    unfused, the bias add joins the pointwise kernel that follows (GELU, the residual add, the
-    head split). Inductor does the same on GPUs only (``unfuse_bias_add_to_pointwise``)."""
-
-    def __call__(self, graph: torch.fx.Graph) -> None:
-        addmm = torch.ops.aten.addmm.default
-        for node in list(graph.find_nodes(op="call_function", target=addmm)):
-            if node.kwargs or len(node.args) != 3:  # beta / alpha given: leave it
-                continue
-            bias, mat1, mat2 = node.args
-            with graph.inserting_before(node):
-                product = graph.call_function(torch.ops.aten.mm.default, (mat1, mat2))
-                total = graph.call_function(torch.ops.aten.add.Tensor, (product, bias))
-            product.meta, total.meta = dict(node.meta), dict(node.meta)  # same shape, dtype
-            node.replace_all_uses_with(total)
-            graph.erase_node(node)
-
-    def uuid(self) -> bytes:
-        return get_hash_for_files((__file__,))
-
-
 def inductor_options(device: str) -> dict[str, object]:
-    """Inductor settings of a training-step compile: on CPU ``UnfusedBias``, ``cpp_wrapper``
-    (the step's kernel calls from C++, not Python) and ``max_autotune`` (C++ GEMM templates
-    where they win: the attention's batched matmuls); Inductor's defaults elsewhere (not
-    measured here)."""
+    """Inductor settings of a training-step compile: on CPU ``UnfusedBias`` and ``cpp_wrapper``
+    (the step's kernel calls from C++, not Python); Inductor's defaults elsewhere (not measured
+    here)."""
     if str(device).startswith("cuda"):
         return {}
-    return {"post_grad_custom_post_pass": UnfusedBias(), "cpp_wrapper": True,
-            "max_autotune": True}
+    from transformer_lab.training.inductor_passes import UnfusedBias  # imports Inductor: 0.7 s
+
+    return {"post_grad_custom_post_pass": UnfusedBias(), "cpp_wrapper": True}
+
+
+@functools.cache
+def _inductor_backend(cuda: bool) -> object:
+    """One Inductor backend per device kind, shared by every compile: Dynamo guards on the
+    backend object, so a new one per ``torch.compile`` recompiled the same graph for each
+    model (each seed of a run) until its recompile limit (8) left the rest eager."""
+    return torch._TorchCompileInductorWrapper(None, inductor_options("cuda" if cuda else "cpu"),
+                                              False)
 
 
 def compile_step(module: nn.Module, device: str) -> Forward:
     """``torch.compile`` of a training forward (a ``ModelLoss``, or a model) for ``device``:
-    static shapes, ``inductor_options``."""
-    return torch.compile(module, dynamic=False, options=inductor_options(device))
+    static shapes, ``inductor_options``; models of the same class and shapes share one graph."""
+    backend = _inductor_backend(str(device).startswith("cuda"))
+    return torch.compile(module, dynamic=False, backend=backend)
 
 
 class TimedFirstCall:
@@ -155,7 +157,7 @@ class TimedFirstCall:
         start = time.perf_counter()
         try:
             out = self.forward(*args)
-        except Exception as error:  # noqa: BLE001 - any compile failure falls back to eager
+        except Exception as error:  # any compile failure: eager from then on
             self.seconds, self.failed, self.forward = time.perf_counter() - start, True, self.eager
             reason = (str(error).strip().splitlines() or [""])[0][:200]
             self.report(f"train.compile: compiling {self.label} failed "

@@ -236,6 +236,10 @@ class RotaryPositionalEncoding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors."""
+        if torch.compiler.is_compiling() and not positions.is_floating_point():
+            # The cache checks below read tensor values: a graph break under torch.compile. A
+            # compiled step follows eager steps of the same positions, which sized the cache.
+            return self.cos_cached[positions], self.sin_cached[positions]  # (T, rot/2) each
         if positions.is_floating_point() or (positions.numel() and int(positions.min()) < 0):
             cos, sin = rotary_cos_sin(positions, self._inv_freq.to(positions.device))
             return cos * self.attention_scale, sin * self.attention_scale

@@ -85,6 +85,8 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.table = table.to(device=self.table.device, dtype=self.table.dtype)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # the size check reads values (a graph break); the
+            return self.table[positions]  # eager steps before the compile sized the table
         if positions.numel() > 0:
             needed = int(positions.max()) + 1
             if needed > self.table.shape[0]:
