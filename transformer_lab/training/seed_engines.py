@@ -140,8 +140,8 @@ def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
     if refusals["stacked"] is None and group > 1:
         return SeedEngine("stacked", f"{min(group, len(models))} per group ({where})", group)
     if refusals["stacked"] is None:
-        refusals["stacked"] = (f"one seed per group here ({where} > {GROUP_MAX_WORK // 2}: "
-                               "stacked activations would spill out of the CPU's cache)")
+        refusals["stacked"] = (f"one seed per group here ({where}; a group holds at most "
+                               f"{GROUP_MAX_WORK} on CPU: more would spill out of the cache)")
     if refusals["vmap"] is None and worth_vectorising(cfg, task, batches):
         return SeedEngine("vmap", f"pays here ({where})")
     vmap_refusal = refusals["vmap"] or "does not pay for a step this large on CPU"
