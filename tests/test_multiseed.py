@@ -8,7 +8,8 @@ import torch
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
-from transformer_lab.training.multiseed import fit_seeds, vectorisable
+from transformer_lab.training.multiseed import fit_seeds
+from transformer_lab.training.seed_engines import vectorisable
 from transformer_lab.training.trainer import Trainer
 
 SEEDS = [0, 1, 2]

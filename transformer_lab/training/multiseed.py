@@ -67,8 +67,7 @@ from transformer_lab.training.compile import engine_probe
 from transformer_lab.training.seed_batches import SeedBatches
 from transformer_lab.training.seed_engines import (
     choose_engine,
-    module_state_refusal,
-    vectorisable,
+    vmap_refusal,
 )
 from transformer_lab.training.trainer import Trainer, TrainResult
 
@@ -123,7 +122,7 @@ def fit_seeds(
     if engine is None and vectorise is False:
         engine = "sequential"
     elif engine is None and vectorise:  # the older vectorise=True: vmap where it can, else auto
-        engine = None if (vectorisable(cfg) or module_state_refusal(models[0])) else "vmap"
+        engine = None if vmap_refusal(cfg, models[0]) else "vmap"
     chosen = choose_engine(cfg, task, models, budgets, horizon, batches, engine, group)
     if len(seeds) > 1:
         from transformer_lab.results.console import console

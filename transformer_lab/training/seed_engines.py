@@ -65,6 +65,12 @@ def worth_vectorising(cfg: DictConfig, task: Task,
     return step_work(cfg, task, batches) <= BATCH_MAX_WORK
 
 
+def vmap_refusal(cfg: DictConfig, model: nn.Module) -> str | None:
+    """None if the vmap engine can train ``model``'s seeds (``cfg`` and the built model agree
+    to it), else why not."""
+    return vectorisable(cfg) or module_state_refusal(model)
+
+
 def module_state_refusal(model: nn.Module) -> str | None:
     for module in model.modules():
         if getattr(type(module), "keeps_running_statistics", False) is True or isinstance(
@@ -130,7 +136,7 @@ def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
             raise ValueError(f"engine={engine} cannot train these seeds: {why}")
         return SeedEngine("sequential", why)
     refusals = {"stacked": stacking_refusal(cfg, models[0]),
-                "vmap": vectorisable(cfg) or module_state_refusal(models[0])}
+                "vmap": vmap_refusal(cfg, models[0])}
     if engine is not None:
         if refusals[engine] is not None:
             raise ValueError(f"engine={engine} cannot train these seeds: {refusals[engine]}")
@@ -144,5 +150,5 @@ def choose_engine(cfg: DictConfig, task: Task, models: Sequence[nn.Module],
                                f"{GROUP_MAX_WORK} on CPU: more would spill out of the cache)")
     if refusals["vmap"] is None and worth_vectorising(cfg, task, batches):
         return SeedEngine("vmap", f"pays here ({where})")
-    vmap_refusal = refusals["vmap"] or "does not pay for a step this large on CPU"
-    return SeedEngine("sequential", f"stacked: {refusals['stacked']}; vmap: {vmap_refusal}")
+    no_vmap = refusals["vmap"] or "does not pay for a step this large on CPU"
+    return SeedEngine("sequential", f"stacked: {refusals['stacked']}; vmap: {no_vmap}")
