@@ -72,3 +72,27 @@ def test_the_auto_choice_groups_by_work(overrides, engine, group, capsys):
     if group == 2:
         fit_seeds(cfg, [0, 1, 2], 2, task=task, models=models)
         assert "as seed-stacked groups of 2, one group after another" in capsys.readouterr().out
+
+
+def test_groups_keep_budgets_solved_seeds_and_running_statistics_bit_for_bit():
+    """Seeds with their own budgets under one horizon, BatchNorm's running statistics, and a
+    seed that stops once solved: groups of 2 give what one group of 4 gives, exactly."""
+    cfg = config("norm_layer=batchnorm", "model.attn_bias=false", "model.ffn_bias=false",
+                 "train.eval_every=2")
+    task = build_task(cfg)
+    budgets = {0: 3, 1: 7, 2: 5, 3: 6}
+    outcomes = []
+    for group in (4, 2):
+        models = build_seeded_models(cfg, list(budgets))
+        results = fit_seeds(cfg, list(budgets), budgets, task=task, models=models, horizon=7,
+                            engine="stacked", group=group, target_exact_match=0.007)
+        outcomes.append((results, [m.state_dict() for m in models]))
+    (together, weights), (grouped, grouped_weights) = outcomes
+    for a, b, wa, wb in zip(together, grouped, weights, grouped_weights, strict=True):
+        assert (a.steps, a.solved_step, a.train_losses) == (b.steps, b.solved_step,
+                                                            b.train_losses)
+        for name in wa:  # running_mean / running_var included
+            torch.testing.assert_close(wa[name], wb[name], rtol=0, atol=0, msg=name)
+    # seed 0 is solved at its first evaluation (step 2 of 3); the others run their budgets
+    assert [(r.steps, r.solved_step) for r in together] == [(2, 2), (7, None), (5, None),
+                                                            (6, None)]
