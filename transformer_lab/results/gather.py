@@ -1,10 +1,15 @@
 """Reading the runs under a folder for ``tlab report`` (``report.py``): which folders are runs,
 their ``summary.csv``, ``metrics.csv`` loss curves, ``run.json`` status and Hydra overrides, and
 which settings were swept (keys whose value differs between runs; see ``report.py``).
+
+A run that trained several seeds together (``--seeds N``) and wrote ``seeds.csv`` (2+ rows) is
+one row per seed: its settings and status from ``summary.csv``, each seed's ``seed`` and
+numbers from ``seeds.csv`` (a number seeds.csv lacks, e.g. ``wall_s``, is the run's).
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +29,8 @@ from transformer_lab.results.run_directory import (
 # order; a column absent from every run is left out.
 METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "wall_s",
            "tokens_per_s"]
-_NOT_GROUPED = {"seed"}
+# Never grouped by: a seed is a sample, and so is a seed trained with ``--seeds N``.
+_NOT_GROUPED = {"seed", "routine.seeds"}
 _SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
                OSError)
@@ -35,12 +41,18 @@ class Gathered:
     """The runs under a folder, ready to summarise."""
 
     root: Path
-    runs: pd.DataFrame                     # one row per run (and per summary.csv row)
-    curves: pd.DataFrame                   # run_dir, curve, step, loss: training-loss rows
+    runs: pd.DataFrame                     # one row per run (per seed of seeds.csv)
+    curves: pd.DataFrame                   # run_dir, curve, seed, step, loss: training loss
     group_keys: list[str]                  # swept keys the pivot groups by (seed excluded)
     swept_keys: list[str]                  # every key that varies, seed included
     skipped: list[tuple[Path, str]] = field(default_factory=list)  # unreadable files, why
     superseded: int = 0                    # <job>.failed-<n> folders left out
+    seeded: set[str] = field(default_factory=set)  # run_dirs counted per seed (seeds.csv)
+
+    def first_of_run(self) -> pd.Series:
+        """Per row of ``runs``: False for the 2nd, 3rd, ... seed of a run counted per seed
+        (``seeds.csv``), so that counting True rows counts run folders."""
+        return ~(self.runs["run_dir"].isin(self.seeded) & self.runs["run_dir"].duplicated())
 
 
 
@@ -130,13 +142,28 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
              "routine": info.get("routine"), "error": info.get("error")}]
 
 
+def read_seeds(run_dir: Path) -> list[dict[str, Any]]:
+    """Rows of ``seeds.csv`` (one per seed a ``--seeds N`` run trained), ``[]`` when there is
+    none or it has fewer than 2 rows; raises a ``_CSV_ERRORS`` member if it is corrupt."""
+    path = run_dir / "seeds.csv"
+    if not path.exists():
+        return []
+    table = pd.read_csv(path)
+    if "seed" not in table.columns:
+        raise ValueError("no 'seed' column")
+    if table["seed"].isna().any() or table["seed"].duplicated().any():
+        raise ValueError("a seed missing or twice")
+    return table.to_dict("records") if len(table) > 1 else []
+
+
 def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | None:
     """Training-loss rows (step, loss, curve) of ``metrics.csv``; ``None`` if absent. ``curve``
     names the model a row belongs to (its ``stage/variant/seed`` tags: seeds trained together).
 
     A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
     column) contributes only the rows of ``own_variant`` (the run's PE), of its ``reverse``
-    stage when it has several stages: the control's curve is not the run's."""
+    stage when it has several stages: the control's curve is not the run's. ``seed``: the
+    row's ``seed`` column (NaN without one)."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return None
@@ -156,9 +183,11 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
     parts = table[tags].astype(str)  # joined per row: agg("/".join, axis=1) is far slower
     curve = (pd.Series(map("/".join, parts.itertuples(index=False, name=None)), index=table.index)
              if tags and len(table) else "")
+    seed = pd.to_numeric(table["seed"], errors="coerce") if "seed" in table.columns else math.nan
     table = table.assign(step=pd.to_numeric(table["step"], errors="coerce"),
-                         loss=pd.to_numeric(table["loss"], errors="coerce"), curve=curve)
-    return table[["step", "loss", "curve"]].dropna(subset=["step", "loss"])
+                         loss=pd.to_numeric(table["loss"], errors="coerce"), curve=curve,
+                         seed=seed)
+    return table[["step", "loss", "curve", "seed"]].dropna(subset=["step", "loss"])
 
 
 def _reason(exc: BaseException) -> str:
@@ -176,6 +205,7 @@ def gather(root: Path) -> Gathered:
         raise ConfigError(f"no runs under '{root}' (a run is a folder with run.json, "
                           "summary.csv or metrics.csv)")
     rows: list[dict[str, Any]] = []
+    seeded: set[str] = set()
     curves: list[pd.DataFrame] = []
     skipped: list[tuple[Path, str]] = []
     overrides_by_run: dict[str, dict[str, str]] = {}
@@ -198,7 +228,14 @@ def gather(root: Path) -> Gathered:
         overrides_by_run[name] = overrides
         choices_by_run[name] = extra.get("choices", {})
         info = read_json(run_dir / "run.json")
-        for summary in summary_rows:
+        try:
+            per_seed = read_seeds(run_dir) if len(summary_rows) == 1 else []
+        except _CSV_ERRORS as exc:
+            per_seed = []
+            skipped.append((run_dir / "seeds.csv", _reason(exc) + " (counted as one run)"))
+        if per_seed:
+            seeded.add(name)
+        for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
             row = {"run_dir": name, "job": extra.get("job"), **summary}
             if pd.isna(row.get("status")):
                 row["status"] = info.get("status", "unknown")
@@ -208,15 +245,20 @@ def gather(root: Path) -> Gathered:
                           + "; ".join(f"{p}: {why}" for p, why in skipped))
     runs = pd.DataFrame(rows)
     swept = _swept_keys(root, runs, overrides_by_run, choices_by_run)
+    per_seed = runs["run_dir"].isin(seeded)
+    own_seeds = runs.loc[per_seed, "seed"] if seeded else None
     for key, values in swept.items():
         runs[key] = runs["run_dir"].map(values)
+    if own_seeds is not None:  # each row's seed from seeds.csv, not the run's first seed
+        runs.loc[per_seed, "seed"] = own_seeds
     for metric in METRICS:
         if metric in runs.columns:
             runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
     curve_table = (pd.concat(curves, ignore_index=True) if curves
-                   else pd.DataFrame(columns=["step", "loss", "curve", "run_dir"]))
+                   else pd.DataFrame(columns=["step", "loss", "curve", "seed", "run_dir"]))
     group_keys = [k for k in swept if k not in _NOT_GROUPED]
-    return Gathered(root, runs, curve_table, group_keys, list(swept), skipped, superseded)
+    return Gathered(root, runs, curve_table, group_keys, list(swept), skipped, superseded,
+                    seeded)
 
 
 def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],

@@ -6,17 +6,29 @@ each run the report reads ``summary.csv`` (one row per run: choices, sizes, numb
 ``run.json`` (the status of a run that has not finished: partial sweeps work) and Hydra's
 ``.hydra/overrides.yaml`` + ``.hydra/hydra.yaml`` (the overrides and group choices it ran with).
 
+Multi-seed jobs: a run that trained several seeds together (``--seeds N``, ``routine.seeds``)
+writes ``seeds.csv``; with 2+ rows it counts as one sample per seed, its settings and status from
+``summary.csv`` and each seed's ``seed`` and numbers from ``seeds.csv`` (the numbers a one-seed
+run of that seed would have; ``wall_s`` and others it lacks are the job's). So a seed is a seed:
+``--seeds 3`` jobs, ``seed=0,1,2`` jobs and a folder mixing both give the same pivot, verdicts
+paired by seed (``routine.seeds`` is never a grouped key). Without ``seeds.csv`` a run is one
+sample, as always.
+
 Swept keys are the override keys whose value differs between runs (a group key such as ``pe``
 takes the group's choice, a value key such as ``model.n_heads`` the resolved config value, so a
 run that left a key at its default still gets a value). The pivot groups the runs by the swept
-keys other than ``seed`` and gives, per group, the number of runs, how many passed and
-``mean ± std`` over the seeds of each summary number (sample std, ddof=1).
+keys other than ``seed`` and gives, per group, the number of run folders (``n_runs``), how many
+passed (``n_passed``), the number of samples (``n_seeds``: one per run, or per seed of a run's
+``seeds.csv``), the seeds and ``mean ± std`` over the samples of each summary number (sample std,
+ddof=1).
 
 Files (into DIR or ``--out``; an earlier report is never overwritten: the first report is
 ``report.*``, later ones ``report-2.*``, ``report-3.*``, ...):
 
-    report.csv              one row per run: run_dir, job, status, swept keys, summary columns
-    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed);
+    report.csv              one row per run (per seed of a multi-seed run): run_dir, job,
+                            status, swept keys, summary columns
+    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed,
+                            n_seeds);
                             with a seed key also the plotted metric's 95% CI and, against a
                             baseline group paired by seed, the verdict columns (``verdicts.py``)
     report.md               the pivot as a markdown table, plus failed and skipped runs
@@ -26,14 +38,14 @@ Files (into DIR or ``--out``; an earlier report is never overwritten: the first 
 ``--metric early_loss`` or ``--metric late_loss_std`` (``curve_metrics.py``: mean training loss
 over the first 10% of the steps, std over the last 30%) computes both numbers from each run's
 training-loss curves (several in one run, e.g. seeds trained together: the mean of each curve's
-number, as comparison.csv) and reports them like
+number, as comparison.csv; a run counted per seed gets each seed's own) and reports them like
 summary numbers, with the verdicts on the one asked for.
 
 Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
 A run whose ``summary.csv`` cannot be parsed is skipped and named; an unreadable ``metrics.csv``
-only drops that run's loss curve.
+only drops that run's loss curve, an unreadable ``seeds.csv`` makes the run one sample (named).
 
-Files: ``report_gather.py`` reads the runs and finds the swept keys; this file summarises them,
+Files: ``gather.py`` reads the runs and finds the swept keys; this file summarises them,
 plots and writes the report.
 """
 
@@ -70,25 +82,34 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
 def with_curve_metrics(gathered: Gathered) -> Gathered:
     """``gathered`` with a column per ``CURVE_METRICS`` read off each run's training-loss curves:
     the number of each curve (a run that trains several seeds together has one per seed), then
-    their mean, as ``comparison.csv`` has it; NaN without a curve."""
-    values: dict[str, dict] = {metric: {} for metric in CURVE_METRICS}
-    for run_dir, rows in gathered.curves.groupby("run_dir", sort=False):
-        curves = []  # (steps, losses) of each model the run trained
-        for _, curve in rows.groupby("curve", sort=False):
-            curve = curve.sort_values("step")
-            curves.append((curve["step"].astype(int).tolist(), curve["loss"].tolist()))
-        for metric, by_run in values.items():
-            finite = [v for v in (curve_metric(metric, *curve) for curve in curves)
-                      if math.isfinite(v)]
-            by_run[run_dir] = statistics.fmean(finite) if finite else math.nan
-    runs = gathered.runs.assign(**{metric: gathered.runs["run_dir"].map(by_run).astype(float)
-                                   for metric, by_run in values.items()})
+    their mean, as ``comparison.csv`` has it; a run counted per seed (``seeds.csv``) gets on
+    each seed's row the mean over that seed's curves only. NaN without a curve."""
+    numbers: dict[tuple, list[dict[str, float]]] = {}  # (run_dir, seed or None) -> per curve
+    for (run_dir, _), curve in gathered.curves.groupby(["run_dir", "curve"], sort=False):
+        curve = curve.sort_values("step")
+        steps, losses = curve["step"].astype(int).tolist(), curve["loss"].tolist()
+        value = {metric: curve_metric(metric, steps, losses) for metric in CURVE_METRICS}
+        numbers.setdefault((run_dir, None), []).append(value)
+        if run_dir in gathered.seeded and curve["seed"].notna().any():
+            numbers.setdefault((run_dir, float(curve["seed"].iloc[0])), []).append(value)
+
+    def mean_of(key: tuple, metric: str) -> float:
+        finite = [v[metric] for v in numbers.get(key, []) if math.isfinite(v[metric])]
+        return statistics.fmean(finite) if finite else math.nan
+
+    keys = [(run_dir, float(seed) if run_dir in gathered.seeded else None)
+            for run_dir, seed in zip(gathered.runs["run_dir"], gathered.runs["seed"]
+                                     if "seed" in gathered.runs.columns
+                                     else [None] * len(gathered.runs), strict=True)]
+    runs = gathered.runs.assign(**{metric: [mean_of(key, metric) for key in keys]
+                                   for metric in CURVE_METRICS})
     return dataclasses.replace(gathered, runs=runs)
 
 
 def pivot_table(gathered: Gathered) -> pd.DataFrame:
     """One row per group of the swept keys (seed excluded): counts and mean/std of metrics."""
-    runs = gathered.runs.copy()
+    runs = gathered.runs.assign(_first=gathered.first_of_run())
+    runs["_passed"] = runs["_first"] & (runs["status"] == "passed")
     keys = gathered.group_keys
     if not keys:
         runs["group"] = "all runs"
@@ -97,8 +118,8 @@ def pivot_table(gathered: Gathered) -> pd.DataFrame:
         runs[key] = runs[key].astype(str)
     metrics = metrics_present(runs)
     grouped = runs.groupby(keys, sort=False, dropna=False)
-    table = grouped.agg(n_runs=("run_dir", "size"),
-                        n_passed=("status", lambda s: int((s == "passed").sum())))
+    table = grouped.agg(n_runs=("_first", "sum"), n_passed=("_passed", "sum"),
+                        n_seeds=("run_dir", "size"))  # run folders; samples (seeds)
     if "seed" in runs.columns:
         table["seeds"] = grouped["seed"].agg(
             lambda s: ",".join(str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
@@ -130,8 +151,8 @@ def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tu
             cells.append(str(row["seeds"]))
         for m in metrics:
             cell = mean_std(row[f"{m}_mean"], row[f"{m}_std"])
-            if 0 < row[f"{m}_n"] < row["n_runs"]:  # e.g. solved_step of the seeds that solved
-                cell += f" ({row[f'{m}_n']} of {row['n_runs']})"
+            if 0 < row[f"{m}_n"] < row["n_seeds"]:  # e.g. solved_step of the seeds that solved
+                cell += f" ({row[f'{m}_n']} of {row['n_seeds']})"
             cells.append(cell)
         if verdict:
             cells.append("" if pd.isna(row["verdict"]) else str(row["verdict"]))
@@ -259,11 +280,13 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
 
 def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
                     files: list[str], metric: str | None = None) -> str:
-    runs = gathered.runs
-    header, body = display_rows(pivot, keys, metrics_present(runs))
+    header, body = display_rows(pivot, keys, metrics_present(gathered.runs))
+    runs = gathered.runs[gathered.first_of_run()]  # one row per run folder
     counts = runs["status"].value_counts().to_dict()
+    per_seed = (f" ({len(gathered.seeded)} of them trained several seeds: one sample per seed, "
+                "from their seeds.csv)" if gathered.seeded else "")
     lines = [f"# Report: {gathered.root}", "",
-             f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}); "
+             f"{len(runs)} runs ({', '.join(f'{n} {s}' for s, n in counts.items())}){per_seed}; "
              f"grouped by {', '.join(gathered.group_keys) or 'nothing (one group)'}; "
              "mean ± std over seeds (sample std).", "", markdown_table(header, body), ""]
     if verdicts := verdict_lines(pivot, keys, metric or ""):
@@ -295,7 +318,8 @@ def rich_table(report: Report):
     gathered = report.gathered
     keys = gathered.group_keys or ["group"]
     header, body = display_rows(report.pivot, keys, metrics_present(gathered.runs))
-    table = Table(title=f"tlab report - {gathered.root} ({len(gathered.runs)} runs)")
+    n_runs = int(gathered.first_of_run().sum())
+    table = Table(title=f"tlab report - {gathered.root} ({n_runs} runs)")
     for column in header:
         table.add_column(column, overflow="fold")
     for row in body:

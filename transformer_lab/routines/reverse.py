@@ -48,7 +48,10 @@ and ``note``; the terminal prints the verdict in words. A verdict needs 6+ seeds
 
 Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
 of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
-``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE).
+``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE; over several seeds the
+worst exact match, the median solved step) and, with several seeds, ``seeds.csv``: one row per
+seed with the numbers a one-seed run of that seed puts in its summary (``tlab report`` counts
+each row as a seed).
 
 Here: the settings checks and the training; the rows, ``reverse.csv`` and the verdict are in
 ``reverse_results.py``, the rotary check in ``rotary_check.py``, the control's training beside
@@ -83,6 +86,7 @@ from transformer_lab.routines.reverse_results import (
     control_row,
     reversal_summary,
     reverse_rows,
+    seed_rows,
     verdict_line,
 )
 from transformer_lab.routines.rotary_check import rotary_relative_check
@@ -252,6 +256,8 @@ def run_reverse(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     rows, runs = reversal_runs(cfg, run.metrics)
     table = reverse_rows(runs)
     run.write_table("reverse", table, REVERSE_COLUMNS)
+    if len(per_seed := seed_rows(runs)) > 1:
+        run.write_table("seeds", per_seed)
     console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
     if (line := verdict_line(table)) is not None:
         console.print(line, highlight=False, markup=False)

@@ -1,7 +1,8 @@
 """What a reversal run reports (``tlab reverse-task``, ``tlab validate`` step 3): one trained
 model (:class:`ReversalRun`), its PASS/FAIL rows (the chosen PE, the NoPE control), the rows of
 ``reverse.csv`` (:data:`REVERSE_COLUMNS`) with the verdict against the control, the verdict in
-words and the numbers ``summary.csv`` gets. The training is in ``reverse.py``."""
+words, the numbers ``summary.csv`` gets and, with several seeds, each seed's own in
+``seeds.csv``. The training is in ``reverse.py``."""
 
 from __future__ import annotations
 
@@ -132,3 +133,10 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
             "best_exact_match": min(run.exact_match for run in chosen),
             "solved_step": None if None in solved else statistics.median(solved),
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
+
+
+def seed_rows(runs: list[ReversalRun]) -> list[dict]:
+    """``seeds.csv``: one row per seed of the chosen PE, with the numbers a one-seed run of
+    that seed puts in its ``summary.csv`` (:func:`reversal_summary` of that seed alone)."""
+    return [{"seed": run.seed, **reversal_summary([run])}
+            for run in runs if run.role == "chosen"]

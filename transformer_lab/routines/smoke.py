@@ -10,6 +10,11 @@ Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches``
 PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
 it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
 and parameters whose gradient is all zeros.
+
+Writes ``smoke.csv`` (the check rows) and, with ``--seeds N`` > 1, ``seeds.csv``: one row per
+seed (``seed, steps, final_loss``), the numbers a one-seed run of that seed puts in its
+``summary.csv`` (whose ``final_loss`` is then the mean over the seeds); ``tlab report`` counts
+each of those rows as a seed.
 """
 
 from __future__ import annotations
@@ -147,7 +152,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     > 1, seeds ``seed .. seed + N - 1`` train together (``multiseed.fit_seeds``), each with the
     initial weights and fixed batches of its own single run (``model`` and ``batches`` are the
     first seed's): one check row per seed, metrics rows with a ``seed`` column. Returns the rows
-    and the mean loss after training."""
+    and each seed's loss on its fixed batches after training (seed -> loss)."""
     from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
 
     clock = Stopwatch()
@@ -171,10 +176,9 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
         fit_seeds(cfg, seeds, steps, task=task, models=models, batches=fixed, metrics=logs)
     wall = clock.lap() / len(seeds)
-    rows, afters = [], []
+    rows, afters = [], {}
     for seed, trained in zip(seeds, models, strict=True):
-        after = _fixed_loss(evaluators[seed], fixed[seed])
-        afters.append(after)
+        after = afters[seed] = _fixed_loss(evaluators[seed], fixed[seed])
         drop = (before[seed] - after) / before[seed] if before[seed] > 0 else 0.0
         ok = math.isfinite(after) and drop >= cfg.routine.min_drop
         detail = (f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}" if several
@@ -189,7 +193,14 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
-    return rows, sum(afters) / len(afters)
+    return rows, afters
+
+
+def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
+    """``seeds.csv``: one row per seed trained together, with the summary numbers a one-seed
+    run of that seed gets (``final_loss``: its loss on its fixed batches, ``steps``)."""
+    return [{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
+            for seed, loss in losses.items()]
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
@@ -220,16 +231,18 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     clock = Stopwatch()
     task, model, batches = smoke_setup(cfg, inputs)
     rows = forward_backward_check(cfg, model, batches[0])
-    smoke_rows, after = smoke_training(cfg, model, task, run.metrics, batches)
+    smoke_rows, losses = smoke_training(cfg, model, task, run.metrics, batches)
     rows += smoke_rows
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
+    if len(losses) > 1:
+        run.write_table("seeds", seed_rows(cfg, losses))
     console.print(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)
     failed = [r.check for r in rows if not r.passed]
     return RoutineOutcome(
         passed=passed,
         summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
-                 "final_loss": after, "wall_s": clock.lap()},
+                 "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
         message="" if passed else f"failed: {', '.join(failed)}",
     )
 
