@@ -1,5 +1,6 @@
-"""Paired statistics over seeds (transformer_lab.measures.statistics): intervals, sign-flip
-p-values, Holm, verdicts, seeds needed, the per-variant verdict table."""
+"""Paired statistics over seeds (transformer_lab.measures.statistics, seeds needed in
+measures.power_analysis): intervals, sign-flip p-values, Holm, verdicts, seeds needed, the
+per-variant verdict table."""
 
 from __future__ import annotations
 
@@ -12,19 +13,21 @@ import pandas as pd
 import pytest
 from scipy import stats
 
+from transformer_lab.measures.power_analysis import (
+    fewest_seeds_for_a_verdict,
+    paired_t_power,
+    seeds_needed,
+)
 from transformer_lab.measures.statistics import (
     BASELINE,
     BETTER,
     NO_DIFFERENCE,
     WORSE,
     describe,
-    fewest_seeds_for_a_verdict,
     has_verdict,
     holm,
     mean_interval,
     paired_comparison,
-    paired_t_power,
-    seeds_needed,
     sign_flip_p_value,
     verdict,
     verdict_table,

@@ -37,10 +37,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from transformer_lab.measures.power_analysis import seeds_needed
 from transformer_lab.measures.statistics import (
     holm,
     paired_comparison,
-    seeds_needed,
     verdict_table,
 )
 

@@ -9,7 +9,8 @@ variant's effect is measured on the paired differences ``d_i = x_variant(s_i) - 
     paired_comparison    mean of d, its t-interval, sign-flip permutation p (``PairedComparison``)
     holm                 Holm step-down adjustment over the variants
     verdict              better | worse | no detectable difference, on the adjusted p
-    seeds_needed         paired seeds for 80% power at the observed effect
+    seeds_needed         paired seeds for 80% power at the observed effect (with the power
+                         calculation, in ``measures.power_analysis``)
     verdict_table        per-(variant, seed) rows -> the per-variant columns of comparison.csv
     describe             one plain-language line per variant for the terminal
 
@@ -24,6 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+from transformer_lab.measures.power_analysis import fewest_seeds_for_a_verdict, seeds_needed
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -41,7 +44,6 @@ BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
 EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
 MONTE_CARLO_RESAMPLES = 99_999
-SEEDS_CAP = 10_000
 
 
 @dataclass(frozen=True)
@@ -163,43 +165,6 @@ def verdict(diff: float, p_adjusted: float, alpha: float = 0.05,
     return BETTER if (diff < 0) == lower_is_better else WORSE
 
 
-def paired_t_power(n: int | np.ndarray, effect: float, alpha: float = 0.05) -> np.ndarray:
-    """Power of the two-sided paired t-test with n pairs at effect size ``mean(d) / sd(d)``:
-    ``P(|T| > t_{1-a/2, n-1})`` for ``T ~ nct(df = n - 1, nc = effect * sqrt(n))``."""
-    n = np.asarray(n, dtype=float)
-    df, nc = n - 1, abs(effect) * np.sqrt(n)
-    stats = _stats()
-    critical = stats.t.ppf(1 - alpha / 2, df)
-    return stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
-
-
-def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8,
-                 comparisons: int = 1, cap: int = SEEDS_CAP) -> int | None:
-    """Smallest number of paired seeds that would detect ``diff`` (mean of variant - baseline,
-    with ``sd`` the standard deviation of the differences): the paired t-test reaches
-    ``power`` at level ``a = alpha / comparisons`` (``paired_t_power``, Cohen 1988) AND the
-    sign-flip test can reach it at all (``2 / 2^n <= a``). ``comparisons`` > 1: the variants
-    are Holm-adjusted together; ``a`` is Holm's strictest step (Bonferroni), so the number
-    holds whatever the variant's rank (3 variants: the floor is 7 seeds, not 6). ``None`` when
-    ``diff`` is 0 or nan (nothing to detect), ``sd`` is nan, or no n up to ``cap`` suffices.
-    ``sd = 0``: the second condition only.
-    """
-    if math.isnan(diff) or diff == 0 or math.isnan(sd):
-        return None
-    level = alpha / max(1, comparisons)
-    least = max(2, math.ceil(math.log2(2 / level)))  # 2 / 2^n <= level
-    if sd == 0:
-        return least if least <= cap else None
-    start = least
-    while start <= cap:  # growing blocks: cheap for large effects, exact smallest n for all
-        block = np.arange(start, min(cap, 2 * start) + 1)
-        reached = np.flatnonzero(paired_t_power(block, diff / sd, level) >= power)
-        if len(reached):
-            return int(block[reached[0]])
-        start = int(block[-1]) + 1
-    return None
-
-
 VERDICT_COLUMNS = ["diff_vs_baseline", "diff_ci_low", "diff_ci_high", "p_value", "p_adjusted",
                    "verdict", "seeds_needed", "paired_seeds", "note"]
 
@@ -253,13 +218,6 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
         table[column] = pd.Series([None if pd.isna(v) else int(v) for v in table[column]],
                                   index=table.index, dtype=object)
     return table
-
-
-def fewest_seeds_for_a_verdict(comparisons: int, alpha: float = 0.05) -> int:
-    """The least n whose exact sign-flip test can reach ``alpha`` after Holm over
-    ``comparisons`` variants: the smallest two-sided p over n seeds is 2 / 2^n, and Holm
-    multiplies the smallest by the number of comparisons (1 -> 6, 2-3 -> 7, 4-6 -> 8, 7-12 -> 9)."""
-    return max(2, math.ceil(math.log2(2 * max(comparisons, 1) / alpha)))
 
 
 def has_verdict(row: pd.Series | dict) -> bool:

@@ -1,5 +1,5 @@
-"""``tlab extrapolate``: what to train and evaluate (``plan``), the routine (``routine``), its
-tables and plot (``tables``)."""
+"""``tlab extrapolate``: what to train and evaluate (``plan``), the configs, tasks and models at
+each length (``lengths``), the routine (``routine``), its tables and plot (``tables``)."""
 
 from transformer_lab.routines.extrapolate.routine import check_config, run_extrapolate
 

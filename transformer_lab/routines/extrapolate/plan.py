@@ -3,7 +3,7 @@
 ``make_plan(cfg)`` -> :class:`Plan`: the PEs (and their config nodes), the training length, the
 evaluation lengths (``"2x"`` or a token count), the RoPE scalings (:class:`Scaling`, ``name`` or
 ``name:value``), the seeds and the fine-tune settings. Bad input raises ``ConfigError`` with one
-line naming the value and the valid ones. The routine is in ``extrapolate.py``.
+line naming the value and the valid ones. The routine is in ``routine.py``.
 """
 
 from __future__ import annotations

@@ -44,8 +44,9 @@ evaluation length and fine-tune setting), ``extrapolation.png`` (metric vs lengt
 and the training rows of every model in ``metrics.csv`` (tagged with ``pe``, ``scaling``,
 ``seed``, ``phase``).
 
-Files: ``extrapolation_plan.py`` reads and checks ``cfg.routine`` (the plan), this file trains and
-evaluates, ``extrapolation_report.py`` makes the curves, the plot and the terminal table.
+Files: ``plan.py`` reads and checks ``cfg.routine`` (the plan), ``lengths.py`` makes the configs,
+tasks and (scaled) models at each length, this file trains and evaluates, ``tables.py`` makes the
+curves, the plot and the terminal table.
 """
 
 from __future__ import annotations
@@ -58,15 +59,21 @@ from contextlib import nullcontext
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console, print_warning
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines.extrapolate.lengths import (
+    config_for,
+    evaluate,
+    positions_reachable,
+    scaled_model,
+    tasks_by_length,
+)
 from transformer_lab.routines.extrapolate.plan import Plan, Scaling, make_plan, supports_scaling
 from transformer_lab.routines.extrapolate.tables import (
     EXTRAPOLATION_COLUMNS,
@@ -76,76 +83,7 @@ from transformer_lab.routines.extrapolate.tables import (
     with_verdicts,
 )
 from transformer_lab.tasks import Task
-from transformer_lab.training.trainer import Trainer, count_parameters, evaluate_model
-
-# --------------------------------------------------------------------------------------------
-# configs, tasks and models per length
-
-
-def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | None) -> DictConfig:
-    """A copy of ``cfg`` with PE ``node`` and ``task.seq_len = seq_len``; ``model.max_len`` is
-    ``max_len`` when given (the training model length for the models this routine builds)."""
-    out = copy.deepcopy(cfg)
-    with_flag = OmegaConf.is_struct(out)
-    OmegaConf.set_struct(out, False)
-    out.pe = copy.deepcopy(node)
-    out.task.seq_len = seq_len
-    if max_len is not None:
-        out.model.max_len = max_len
-    OmegaConf.set_struct(out, with_flag)
-    return out
-
-
-def task_at(cfg: DictConfig, seq_len: int, what: str) -> Task:
-    """The task at ``seq_len`` (same ``data_seed``); a task that cannot make it is a
-    ``ConfigError`` naming ``what`` (e.g. "evaluation length 64")."""
-    try:
-        return build_task(config_for(cfg, cfg.pe, seq_len, None))
-    except ConfigError as exc:
-        raise ConfigError(f"{what} ({seq_len} tokens) cannot be generated: {exc}") from None
-
-
-def tasks_by_length(cfg: DictConfig, plan: Plan) -> dict[int, Task]:
-    """The training task and one task per evaluation length, all with the same ``data_seed``
-    (the held-out split is the same hash rule at every length)."""
-    tasks = {plan.train_len: task_at(cfg, plan.train_len, "the training length")}
-    for length in plan.eval_lens:
-        if length not in tasks:
-            tasks[length] = task_at(cfg, length, f"evaluation length {length}")
-    return tasks
-
-
-def positions_reachable(model: TransformerModel, length: int) -> str | None:
-    """None if the model's PE can encode ``length`` positions, else the PE's reason."""
-    if model.pe_kind != "additive":
-        return None
-    try:
-        model.positional(torch.arange(length))
-    except ValueError as exc:
-        return str(exc)
-    return None
-
-
-def scaled_model(model: TransformerModel, cfg_pe: DictConfig, settings: Mapping[str, Any]
-                 ) -> TransformerModel:
-    """``model`` with its RoPE rebuilt from ``cfg_pe.pe`` plus ``settings`` (no copy when
-    ``settings`` is empty). RoPE has no parameters, so the trained weights are shared."""
-    if not settings:
-        return model
-    spec = {**OmegaConf.to_container(cfg_pe.pe, resolve=True), **settings}
-    scaled = copy.copy(model)  # shallow: shares the trained weights
-    scaled._modules = dict(model._modules)
-    scaled._modules["positional"] = instantiate_component(spec, "pe")
-    return scaled
-
-
-def evaluate(model: TransformerModel, task: Task, device: torch.device) -> dict[str, float]:
-    """Held-out loss, token accuracy and exact match (NaN where the task has none), fp32."""
-    return evaluate_model(model, task, task.eval_batch().to(device))
-
-
-# --------------------------------------------------------------------------------------------
-# the routine
+from transformer_lab.training.trainer import Trainer, count_parameters
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
