@@ -74,6 +74,7 @@ def test_each_seeds_row_equals_a_one_seed_run_of_that_seed(runs):
         assert float(row["final_loss"]) == pytest.approx(float(alone["final_loss"]), rel=1e-4)
     by_seed = {row["seed"]: row for row in read_csv(runs / "reverse" / "both" / "seeds.csv")}
     assert set(by_seed) == {"0", "1"}
+    assert "tokens_per_s" not in by_seed["1"]  # shared by the seeds: the job's, in summary.csv
     (alone,) = read_csv(runs / "reverse" / "seed1" / "summary.csv")
     for column in ("steps", "params"):
         assert by_seed["1"][column] == alone[column]
@@ -148,3 +149,48 @@ def test_without_seeds_csv_a_job_is_one_row_as_before(runs, tmp_path):
     assert "verdict" not in report.pivot.columns  # one seed per group: nothing to pair
     assert [(p.name, why) for p, why in report.gathered.skipped] == [
         ("seeds.csv", "ValueError: a seed missing or twice (counted as one run)")]
+
+
+def write_run(run_dir: Path, pe: str, status: str, seeds: list[int],
+              curves: dict[tuple[str, int], list[float]]) -> None:
+    """A run folder by hand: ``summary.csv`` (seed ``seeds[0]``), ``seeds.csv`` with 2+ seeds
+    (``final_loss`` = 10 x seed) and ``metrics.csv`` with one training curve per (variant, seed)."""
+    run_dir.mkdir(parents=True)
+    (run_dir / "summary.csv").write_text(
+        f"routine,pe,seed,final_loss,status\nreverse,{pe},{seeds[0]},1.0,{status}\n")
+    if len(seeds) > 1:
+        (run_dir / "seeds.csv").write_text(
+            "seed,final_loss\n" + "".join(f"{s},{10.0 * s}\n" for s in seeds))
+    rows = [f"reverse,{variant},{seed},train,{step},{loss}\n"
+            for (variant, seed), losses in curves.items() for step, loss in enumerate(losses, 1)]
+    (run_dir / "metrics.csv").write_text("stage,variant,seed,split,step,loss\n" + "".join(rows))
+
+
+def test_a_seeds_curve_metric_leaves_out_its_nope_control(tmp_path):
+    """reverse-task with ALiBi in an encoder tags its curves ``alibi(abs)`` (the table label),
+    its controls ``none``: each seed's row gets its own PE curve's number, not the control's."""
+    own = {("alibi(abs)", 0): [1.0] * 10, ("alibi(abs)", 1): [2.0] * 10}
+    control = {("none", 0): [9.0] * 10, ("none", 1): [9.0] * 10}
+    write_run(tmp_path / "runs" / "a", "alibi", "passed", [0, 1], {**own, **control})
+    report = make_report(tmp_path / "runs", tmp_path / "r", metric="early_loss")
+    rows = report.gathered.runs
+    assert rows["seed"].tolist() == [0, 1]
+    assert rows["early_loss"].tolist() == [1.0, 2.0]
+    assert rows["final_loss"].tolist() == [0.0, 10.0]  # each seed's own numbers (seeds.csv)
+    assert set(report.gathered.curves["curve"]) == {"reverse/alibi(abs)/0", "reverse/alibi(abs)/1"}
+
+
+def test_a_failed_multi_seed_job_is_one_failed_run_of_several_samples(tmp_path):
+    """A ``--seeds 3`` job that failed (a seed did not solve) beside a passed one-seed job: the
+    pivot counts 2 run folders, 1 passed, 4 samples; report.md lists the failed job once."""
+    curve = {("rope", 0): [1.0, 0.5]}
+    write_run(tmp_path / "runs" / "a", "rope", "failed", [0, 1, 2], curve)
+    write_run(tmp_path / "runs" / "b", "rope", "passed", [3], curve)
+    report = make_report(tmp_path / "runs", tmp_path / "r")
+    (row,) = report.pivot.to_dict("records")
+    assert (row["n_runs"], row["n_passed"], row["n_seeds"], row["seeds"]) == (2, 1, 4, "0,1,2,3")
+    assert row["final_loss_mean"] == pytest.approx(statistics.mean([0.0, 10.0, 20.0, 1.0]))
+    markdown = (tmp_path / "r" / "report.md").read_text()
+    assert "2 runs (1 failed, 1 passed) (1 of them trained several seeds" in markdown
+    failed = markdown.split("## Runs that did not pass")[1].split("##")[0]
+    assert failed.count("| a |") == 1 and "| b |" not in failed

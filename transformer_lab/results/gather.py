@@ -4,7 +4,8 @@ which settings were swept (keys whose value differs between runs; see ``report.p
 
 A run that trained several seeds together (``--seeds N``) and wrote ``seeds.csv`` (2+ rows) is
 one row per seed: its settings and status from ``summary.csv``, each seed's ``seed`` and
-numbers from ``seeds.csv`` (a number seeds.csv lacks, e.g. ``wall_s``, is the run's).
+numbers from ``seeds.csv``; a number seeds.csv lacks (``wall_s``, ``tokens_per_s``: the
+seeds shared them) is the run's.
 """
 
 from __future__ import annotations
@@ -25,13 +26,14 @@ from transformer_lab.results.run_directory import (
     read_json,
 )
 
-# The summary numbers (results.NUMBER_COLUMNS) summarised over seeds, in the report's column
+# The summary numbers (run_directory.NUMBER_COLUMNS) summarised over seeds, in the report's column
 # order; a column absent from every run is left out.
 METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "wall_s",
            "tokens_per_s"]
 # Never grouped by: a seed is a sample, and so is a seed trained with ``--seeds N``.
 _NOT_GROUPED = {"seed", "routine.seeds"}
 _SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
+NOPE = "none"  # the NoPE control's ``variant`` in metrics.csv (``routines.nope_control.NOPE``)
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
                OSError)
 
@@ -53,8 +55,6 @@ class Gathered:
         """Per row of ``runs``: False for the 2nd, 3rd, ... seed of a run counted per seed
         (``seeds.csv``), so that counting True rows counts run folders."""
         return ~(self.runs["run_dir"].isin(self.seeded) & self.runs["run_dir"].duplicated())
-
-
 
 
 def find_run_dirs(root: Path) -> tuple[list[Path], int]:
@@ -161,8 +161,9 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
     names the model a row belongs to (its ``stage/variant/seed`` tags: seeds trained together).
 
     A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
-    column) contributes only the rows of ``own_variant`` (the run's PE), of its ``reverse``
-    stage when it has several stages: the control's curve is not the run's. ``seed``: the
+    column) contributes only the rows of ``own_variant`` (the run's PE, also as its table label
+    such as ``alibi(abs)``; else every variant but the control's), of its ``reverse`` stage when
+    it has several stages: the control's curve is not the run's. ``seed``: the
     row's ``seed`` column (NaN without one)."""
     path = run_dir / "metrics.csv"
     if not path.exists():
@@ -174,8 +175,11 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
         table = table[table["split"] == "train"]
     if own_variant is not None and "variant" in table.columns:
         variants = table["variant"].astype(str)
-        if (variants == own_variant).any():
-            table = table[variants == own_variant]
+        own = (variants == own_variant) | variants.str.startswith(f"{own_variant}(")  # alibi(abs)
+        if not own.any() and (variants == NOPE).any():  # a user's PE, tagged by its class name
+            own = variants != NOPE
+        if own.any():
+            table = table[own]
     if "stage" in table.columns and table["stage"].nunique() > 1 and \
             (table["stage"] == "reverse").any():
         table = table[table["stage"] == "reverse"]

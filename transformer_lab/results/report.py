@@ -1,18 +1,19 @@
 """``tlab report DIR``: gather every run under a folder (a sweep, or any folder of runs) into one
 table, a pivot over the swept settings, and plots.
 
-A run is a folder holding ``run.json``, ``summary.csv`` or ``metrics.csv`` (``results.py``). For
-each run the report reads ``summary.csv`` (one row per run: choices, sizes, numbers, status),
-``run.json`` (the status of a run that has not finished: partial sweeps work) and Hydra's
-``.hydra/overrides.yaml`` + ``.hydra/hydra.yaml`` (the overrides and group choices it ran with).
+A run is a folder holding ``run.json``, ``summary.csv`` or ``metrics.csv``
+(``run_directory.holds_run``). For each run the report reads ``summary.csv`` (one row per run:
+choices, sizes, numbers, status), ``run.json`` (the status of a run that has not finished:
+partial sweeps work) and Hydra's ``.hydra/overrides.yaml`` + ``.hydra/hydra.yaml`` (the
+overrides and group choices it ran with).
 
 Multi-seed jobs: a run that trained several seeds together (``--seeds N``, ``routine.seeds``)
 writes ``seeds.csv``; with 2+ rows it counts as one sample per seed, its settings and status from
 ``summary.csv`` and each seed's ``seed`` and numbers from ``seeds.csv`` (the numbers a one-seed
-run of that seed would have; ``wall_s`` and others it lacks are the job's). So a seed is a seed:
-``--seeds 3`` jobs, ``seed=0,1,2`` jobs and a folder mixing both give the same pivot, verdicts
-paired by seed (``routine.seeds`` is never a grouped key). Without ``seeds.csv`` a run is one
-sample, as always.
+run of that seed would have; ``wall_s``, ``tokens_per_s`` and others it lacks are the job's).
+So a seed is a seed: ``--seeds 3`` jobs, ``seed=0,1,2`` jobs and a folder mixing both give the
+same pivot, verdicts paired by seed (``routine.seeds`` is never a grouped key). Without
+``seeds.csv`` a run is one sample, as always.
 
 Swept keys are the override keys whose value differs between runs (a group key such as ``pe``
 takes the group's choice, a value key such as ``model.n_heads`` the resolved config value, so a

@@ -11,6 +11,7 @@ from transformer_lab.results.gather import Gathered
 
 
 def _group_labels(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per row of ``frame``: its group as ``key=value, ...`` (``all runs`` without keys)."""
     if not keys:
         return pd.Series(["all runs"] * len(frame), index=frame.index)
     return frame[keys].astype(str).apply(
@@ -18,6 +19,7 @@ def _group_labels(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
 
 
 def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -> Path:
+    """One bar per group of ``pivot``: the mean of ``metric`` over its samples, std error bars."""
     from transformer_lab.results.plots import plt, save
 
     labels = _group_labels(pivot, keys).tolist()
@@ -33,6 +35,8 @@ def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -
 
 
 def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
+    """Per group, the mean training loss at each step over every curve of its runs (each seed
+    of a multi-seed run is one curve), std band; None without curves."""
     if gathered.curves.empty:
         return None
     from transformer_lab.results.plots import distinct_styles, plt, save

@@ -15,14 +15,14 @@ BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measu
 
 @dataclass
 class BudgetRow:
-    section: str  # parameters | activations | flops | seed
+    section: str  # parameters | activations | flops | article
     component: str
-    scope: str  # "per layer (xL)" | "model" | "layer i" | "per token"
+    scope: str  # "layer (xL)" | "per layer" | "layer i" | "model" | "per token" | "article layer"
     formula: str
     expected: float | None
     measured: float | None
     unit: str
-    status: str = ""  # PASS | FAIL | SKIP | INFO (no check) | DIFF (a seed figure differs)
+    status: str = ""  # PASS | FAIL | SKIP | INFO (no check) | DIFF (an article figure differs)
     detail: str = ""
 
     def as_row(self) -> dict[str, Any]:

@@ -17,8 +17,8 @@ registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property
                              permute exactly, a PE's do not. With ``--trained`` also on a model
                              just trained on reversal (``routine.train_steps`` steps).
 
-Every check runs on an encoder built from the run's config (``model``, ``norm``, ``activation``
-groups), in eval mode. Exit 1 if any check fails.
+Every check runs on an encoder built from the run's config (``model``, ``block``, ``norm_layer``,
+``ffn`` groups), in eval mode. Exit 1 if any check fails.
 
 Here: the registry, which checks a PE gets, the inputs, ``--trained`` and the routine; the rows
 of each property, their tolerances and the terminal table are in ``check_properties.py``.

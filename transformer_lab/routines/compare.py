@@ -2,7 +2,7 @@
 (ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity, gradient stability) made
 runnable.
 
-For every activation of ``routine.activations`` (choices of the ``activation`` config group) and
+For every activation of ``routine.activations`` (choices of the ``ffn`` config group) and
 every seed ``seed, seed+1, .., seed+routine.seeds-1``, the run's model is built with that FFN
 and trained for ``routine.steps`` steps (the seeds of one activation together, as one
 vectorised model where that pays: ``multiseed.fit_seeds``). Within a seed every activation
@@ -172,8 +172,9 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
     return runs
 
 
-# comparison.csv column -> short terminal header (the table must fit 80 columns)
 def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    """Train every activation, write ``comparison.csv`` and ``loss_curves.png``, print the table
+    and the verdicts; PASS when every activation trained to a finite, falling loss."""
     clock = Stopwatch()
     runs = compare_runs(cfg, run)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))

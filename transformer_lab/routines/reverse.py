@@ -50,8 +50,8 @@ Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the
 of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart) and
 ``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE; over several seeds the
 worst exact match, the median solved step) and, with several seeds, ``seeds.csv``: one row per
-seed with the numbers a one-seed run of that seed puts in its summary (``tlab report`` counts
-each row as a seed).
+seed with the numbers a one-seed run of that seed puts in its summary but ``tokens_per_s``
+(the seeds share one throughput; ``tlab report`` counts each row as a seed).
 
 Here: the settings checks and the training; the rows, ``reverse.csv`` and the verdict are in
 ``reverse_results.py``, the rotary check in ``rotary_check.py``, the control's training beside

@@ -137,6 +137,8 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
 
 def seed_rows(runs: list[ReversalRun]) -> list[dict]:
     """``seeds.csv``: one row per seed of the chosen PE, with the numbers a one-seed run of
-    that seed puts in its ``summary.csv`` (:func:`reversal_summary` of that seed alone)."""
-    return [{"seed": run.seed, **reversal_summary([run])}
+    that seed puts in its ``summary.csv`` (:func:`reversal_summary` of that seed alone), less
+    ``tokens_per_s``: seeds trained together share one throughput (``multiseed.fit_seeds``)."""
+    return [{"seed": run.seed, **{key: value for key, value in reversal_summary([run]).items()
+                                  if key != "tokens_per_s"}}
             for run in runs if run.role == "chosen"]
