@@ -13,9 +13,10 @@ no evaluation until the last step: ``one_seed`` is ``Trainer.fit`` of seed 0, th
 for the step (``seed_groups.group_size``: all seeds for ``tiny``, 4 for ``mid``, one at a time
 for ``small`` on CPU), ``stacked_all`` all S seeds in one stacked model. ``--compile`` adds
 ``one_seed_compiled`` and ``stacked_compiled``: the same steps compiled as
-``train.compile=true`` compiles them (``compile_s``: the first call, compile included). The
-arms alternate ``--repeats`` times so that load changes
-hit them alike; each row is the median.
+``train.compile=true`` compiles them, from the first step (``compile_s``: the first call,
+compile included). With one seed, ``stacked`` is ``Trainer.fit`` too (``fit_seeds`` trains a
+single seed alone). The arms alternate ``--repeats`` times so that load changes hit them alike;
+each row is the median.
 
 ``ms_per_step`` is the slope between a call of ``--steps`` steps and one of ``--steps / 6``:
 what one more step costs, without a call's fixed cost (stacking the models, one ``Trainer``
@@ -141,9 +142,7 @@ def make_arms(size_name: str, n_seeds: int, device: str, names: list[str],
     arms: dict[str, Arm] = {"one_seed": lambda steps: one.fit(steps)}
     for name in names:
         if n_seeds == 1 and name != "stacked":
-            continue  # one seed: vmap and sequential are Trainer.fit, the one_seed arm
-        if name == "stacked_all" and n_seeds == 1:
-            continue
+            continue  # one seed: every other arm is Trainer.fit, the one_seed arm
         models = build_seeded_models(cfg, seeds)
         engine, group = ("stacked", n_seeds) if name == "stacked_all" else (name, None)
         arms[name] = (lambda steps, engine=engine, group=group, models=models:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from transformer_lab.training import optim
-from transformer_lab.training.trainer import adamw_param_groups
+from transformer_lab.training.optim import adamw_param_groups
 
 
 def _params(seed: int) -> list[torch.nn.Parameter]:

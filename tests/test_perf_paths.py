@@ -14,7 +14,8 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.training.trainer import Trainer, clip_gradients
+from transformer_lab.training.optim import clip_gradients
+from transformer_lab.training.trainer import Trainer
 
 
 def trainer_for(*overrides: str, seed: int = 0) -> Trainer:

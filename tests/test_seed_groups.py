@@ -9,6 +9,7 @@ import torch
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.training.multiseed import build_seeded_models, choose_engine, fit_seeds
+from transformer_lab.training.seed_engines import SeedEngine
 from transformer_lab.training.seed_groups import GROUP_MAX_WORK, group_size, seed_groups
 
 
@@ -47,11 +48,20 @@ def test_the_grouping_does_not_change_any_number():
 
 
 def test_a_group_of_one_is_the_seeds_single_run():
+    """3 seeds in groups of 2: seed 3 is left alone in the last group and trains as its single
+    run (its losses and weights exactly); seeds 1 and 2 as in one group of 3."""
     cfg = config("pe=rope")
-    (grouped,), _ = trained_weights(cfg, [3], 1)
-    in_pair = fit_seeds(cfg, [2, 3], 6, engine="stacked", group=1)[1]
-    alone = fit_seeds(cfg, [3], 6)[0]
-    assert grouped.train_losses == in_pair.train_losses == alone.train_losses
+    (alone,), (alone_weights,) = trained_weights(cfg, [3], 1)  # one seed: its single run
+    split, split_weights = trained_weights(cfg, [1, 2, 3], 2)
+    whole, _ = trained_weights(cfg, [1, 2, 3], 3)
+    assert split[2].train_losses == alone.train_losses
+    for name, value in alone_weights.items():
+        torch.testing.assert_close(split_weights[2][name], value, rtol=0, atol=0, msg=name)
+    assert [r.train_losses for r in split[:2]] == [r.train_losses for r in whole[:2]]
+    with pytest.raises(ValueError, match="group=0"):
+        fit_seeds(cfg, [1, 2], 2, engine="stacked", group=0)
+    line = SeedEngine("stacked", "asked for", 1).describe([1, 2, 3])
+    assert "one after another, each as its own run" in line
 
 
 @pytest.mark.parametrize(("overrides", "engine", "group"), [

@@ -217,3 +217,54 @@ def test_every_compile_shares_one_backend_so_one_graph_serves_every_seed(monkeyp
     assert len(backends) == 3 and backends[0] is backends[1] is backends[2]
     assert compile_module.compile_step(torch.nn.Linear(2, 2), "cuda") is None  # recorded
     assert backends[3] is not backends[0]  # CUDA: Inductor's defaults, another backend
+
+
+@pytest.mark.parametrize("overrides", [("pe=rope",), ("pe=learned", "pe.interpolate=true"),
+                                       ("pe=sinusoidal",), ("pe=sinusoidal_learned",)])
+def test_a_fresh_models_traced_step_is_one_graph_with_the_eager_loss(overrides):
+    """The PEs skip their value checks when traced. Traced before any eager step (RoPE's
+    cos/sin cache still empty, as ``benchmarks/multiseed.py``'s compiled arms start) and with
+    interpolate=True, the step is still one graph and computes the eager loss."""
+    from transformer_lab.training.trainer import sequence_loss
+
+    torch._dynamo.reset()
+    cfg, task = small_config(*overrides)
+    model = build_seeded_models(cfg, [0])[0]
+    step = compile_module.ModelLoss(model, sequence_loss)
+    batch = task.train_batch(8, torch.Generator().manual_seed(0))
+    explained = torch._dynamo.explain(step)(batch.inputs, batch.targets)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    traced = torch.compile(step, backend="eager", dynamic=False)(batch.inputs, batch.targets)
+    torch.testing.assert_close(traced, step(batch.inputs, batch.targets), rtol=1e-5, atol=1e-6)
+
+
+def test_traced_tables_past_their_length_act_as_eager():
+    """A traced T longer than a table takes the checked path: sinusoidal extends its table,
+    a learned table without interpolation raises the eager error (not an index error)."""
+    from transformer_lab.components.positional import (
+        LearnedPositionalEncoding,
+        SinusoidalPositionalEncoding,
+    )
+
+    torch._dynamo.reset()
+    sinusoidal = SinusoidalPositionalEncoding(8, max_len=2)
+    traced = torch.compile(lambda: sinusoidal(torch.arange(5)), backend="eager")()
+    torch.testing.assert_close(traced, SinusoidalPositionalEncoding(8, max_len=5).table)
+    learned = LearnedPositionalEncoding(8, max_len=2)
+    with pytest.raises(ValueError, match="longer than the learned position table"):
+        torch.compile(lambda: learned(torch.arange(5)), backend="eager")()
+
+
+def test_a_stacked_model_with_learned_tables_traces_as_one_graph():
+    from transformer_lab.training.seed_stack import stack_models
+
+    torch._dynamo.reset()
+    cfg, task = small_config("pe=learned")
+    stacked = stack_models(build_seeded_models(cfg, [0, 1]))
+    inputs = task.train_batch(8, torch.Generator().manual_seed(0)).inputs.repeat(2, 1)
+    eager = stacked(inputs)  # (S*B, T, V)
+    explained = torch._dynamo.explain(stacked)(inputs)
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(stacked, backend="eager")(inputs), eager)

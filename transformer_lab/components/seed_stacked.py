@@ -213,6 +213,10 @@ class SeedStackedLearnedPE(SeedStackedLayer, LearnedPositionalEncoding):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if positions.numel() == 0:
             return self.weight[:, :0]  # (S, 0, d)
+        if torch.compiler.is_compiling() and positions.shape[0] <= self.max_len:
+            # ``_checked`` reads values (a graph break); a traced forward's positions are the
+            # model's arange(T), in the stored tables (as ``LearnedPositionalEncoding.forward``)
+            return self.weight.index_select(1, positions)  # (S, T, d_model)
         length, in_order = self._checked(positions)
         if in_order:  # 0, 1, ..., T-1 (the model's cached positions): a slice, not a gather
             return self.table(length)  # (S, T, d_model)

@@ -3,15 +3,19 @@ backward too, through AOTAutograd), used only where it pays.
 
 What is compiled (``compile_step``): a ``ModelLoss`` (the model and its loss in one graph) with
 ``inductor_options``: on CPU the ``UnfusedBias`` pass and ``cpp_wrapper``. The forward traces
-as one graph (no graph break: attention reads no ``ContextVar`` there, the learned PE skips
-its value checks, the model its inference-mode check), and on CPU attention is written out
-(two batched matmuls and a softmax that Inductor fuses) instead of SDPA's CPU kernel.
+as one graph (no graph break: attention reads no ``ContextVar`` there, the PEs skip their
+value checks, the model its inference-mode check; ``ffn=moe`` still breaks at its routing's
+data-dependent shapes; dynamic RoPE scaling at its length check), and on CPU attention is
+written out (two batched matmuls and a softmax that Inductor fuses) instead of SDPA's CPU
+kernel.
 
 Measured on the ``small`` step (d 64, 2 layers, 64 x 16 tokens, fp32, one thread, the 2-core
 CPU; ``benchmarks/multiseed.py --sizes small --seeds 1 --compile`` with its compiled arm set as
 ``Trainer.compile_probe`` sets it, and same-process A/B scripts with the benchmark's
 definitions, medians of 3-5; % of the 512^3 matmul peak measured in the same run, 196-218
-GFLOP/s): eager 8.4-9.2 ms (31-35%); compiled 6.6-6.9 ms (40.6-42.2%; 0.77-0.82x eager). Each
+GFLOP/s): eager 8.4-9.2 ms (31-35%); compiled 6.6-6.9 ms (40.6-42.2%; 0.77-0.82x eager); the
+benchmark's rows kept in ``benchmarks/multiseed.csv``: eager 8.7-9.0 ms (31.7-32.7%), compiled
+7.0-7.3 ms (39.3-40.7%; 0.80-0.82x). Each
 change's share, one at a time from the compiled forward with graph breaks (26-28%): no graph
 break ~37.5%; written-out attention -5% of the step; the loss in the graph -0.2 to -0.6 ms;
 ``UnfusedBias`` -0.3 ms; ``cpp_wrapper`` -0.2 ms. Tried and left out: ``max_autotune`` (C++

@@ -42,13 +42,14 @@ group's). A seed that reaches ``target_exact_match`` stops counting: its result 
 Auto choice (``seed_engines.choose_engine``; ``benchmarks/multiseed.py``,
 ``benchmarks/multiseed.csv``): the stacked engine wherever the model stacks, in groups sized to
 the CPU's cache (``seed_groups.group_size``: all seeds of an overhead-bound step such as
-``tiny``'s, 8 of them 1.44x one seed; one at a time, i.e. one after another, for a step as large
+``tiny``'s, 8 of them 1.47x one seed; one at a time, i.e. one after another, for a step as large
 as ``small``'s, where stacked activations spill out of cache; all of them on CUDA); else vmap
-where batching pays (CUDA, or tokens per step x d_model <= ``BATCH_MAX_WORK`` on CPU); else one
-after another. The batched engines get every seed's batch of a step as one (S, B, T) tensor,
-drawn 64 steps at a time from each seed's own generator (``seed_batches.SeedBatches``: the
-numbers of per-step draws). ``train.compile=true``: the stacked engine compiles its model where
-it pays (``training/compile.py``).
+where batching pays (CUDA, or tokens per step x d_model <= ``seed_engines.BATCH_MAX_WORK`` on
+CPU); else one after another. The batched engines get every seed's batch of a step as one
+(S, B, T) tensor, drawn 64 steps at a time from each seed's own generator
+(``seed_batches.SeedBatches``: the numbers of per-step draws). ``train.compile=true``: the
+stacked engine compiles its model where it pays (``training/compile.py``); a group of one
+compiles as its single run does.
 """
 
 from __future__ import annotations
@@ -65,13 +66,12 @@ from transformer_lab.results.run_directory import CsvLog, TaggedLog
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.compile import engine_probe
 from transformer_lab.training.seed_batches import SeedBatches
-from transformer_lab.training.seed_engines import (
-    choose_engine,
-    vmap_refusal,
-)
+from transformer_lab.training.seed_engines import choose_engine, vmap_refusal
 from transformer_lab.training.trainer import Trainer, TrainResult
 
 OnStep = Callable[[int, int, float], None]
+
+
 def build_seeded_models(cfg: DictConfig, seeds: Sequence[int]) -> list[nn.Module]:
     """One model per seed, initialised as a single run with that seed would be."""
     from transformer_lab.model import build_model
@@ -119,6 +119,8 @@ def fit_seeds(
         raise ValueError(f"{len(models)} models for {len(seeds)} seeds")
     models, seeds = list(models), list(seeds)
     budgets = [int(steps[s]) if isinstance(steps, Mapping) else int(steps) for s in seeds]
+    if group is not None and group < 1:
+        raise ValueError(f"group={group} is not valid; a stacked group holds at least 1 seed")
     if engine is None and vectorise is False:
         engine = "sequential"
     elif engine is None and vectorise:  # the older vectorise=True: vmap where it can, else auto

@@ -58,8 +58,8 @@ def step_work(cfg: DictConfig, task: Task,
 
 def worth_vectorising(cfg: DictConfig, task: Task,
                       batches: Mapping[int, Sequence[Batch]] | None = None) -> bool:
-    """Batching seeds (stacked or vmap) pays on CUDA, or on CPU for overhead-bound steps
-    (``step_work`` <= ``BATCH_MAX_WORK``; see the docstring)."""
+    """Whether the vmap engine pays: on CUDA, or on CPU for overhead-bound steps (``step_work``
+    <= ``BATCH_MAX_WORK``). The stacked engine's own measure is ``seed_groups.group_size``."""
     if str(cfg.train.device).startswith("cuda"):
         return True
     return step_work(cfg, task, batches) <= BATCH_MAX_WORK
@@ -100,7 +100,7 @@ class SeedEngine:
                  "sequential": "one after another", "single": "alone"}[self.name]
         if self.name == "stacked" and self.group is not None and self.group < len(seeds):
             words = (f"as seed-stacked groups of {self.group}, one group after another"
-                     if self.group > 1 else "one after another, each as a 1-seed stacked model")
+                     if self.group > 1 else "one after another, each as its own run")
         return f"{label} train {words} (seed_engine={self.name}: {self.why})"
 
 

@@ -4,21 +4,24 @@ at most G seeds each (``seed_stack.stack_models``), one group after another.
 Why groups. Stacking S seeds shares one step's fixed cost (Python, op dispatch, optimiser
 bookkeeping) among them, which is most of a small step's time; but every activation becomes S
 times larger. On a CPU, a step whose activations no longer fit the core's cache runs each seed's
-arithmetic slower than a single seed does (8 ``small`` seeds stacked: 9.4x one seed, 8 seeds
-one after another 7.5x, ``benchmarks/multiseed.csv``). So the seeds are stacked only as far as
+arithmetic slower than a single seed does (``small`` seeds all in one stacked model: 9.1x one
+seed for 8, 19.5x for 16; one after another 8.1x and 16.4x; CPU time, the ``stacked_all`` and
+``sequential`` rows of ``benchmarks/multiseed.csv``). So the seeds are stacked only as far as
 their activations stay small: a group of G seeds has G x tokens x d_model <= ``GROUP_MAX_WORK``
 (``group_size``), G = S on CUDA (launch-bound: stack them all). Each group trains to its end
 before the next starts, so one group's weights, optimiser state and activations are all the
 cache holds; a group of one seed is trained by its own ``Trainer``, as a single run (a 1-seed
-stacked model ran 2% slower and rounds differently). Stepping the groups in turn instead
-(every group one step, then the next step) was 10% slower than one after another for 8
-``small`` seeds in groups of one (80.4 against 73.2 ms/step, measured once): the groups then
-evict each other's state from the cache every step.
+stacked model ran 2-10% slower, the measurements at ``GROUP_MAX_WORK``, and rounds
+differently). Stepping the groups in turn instead (every group one step, then the next step)
+was 10% slower than one after another for 8 ``small`` seeds in groups of one (80.4 against
+73.2 ms/step, measured once by hand): the groups then evict each other's state from the cache
+every step.
 
 Grouping does not change the numbers: a seed's slice of a batched kernel does not depend on the
-other seeds in it (seed s of a group of 2 equals seed s of a group of 8, bit for bit, tested).
-Each seed's own model is bound to views of its slices (``bind_seed_views``): ``models[k]``
-always holds seed k's current weights, and no second copy is kept.
+other seeds in it (seed s of a group of 2 equals seed s of a group of 4, bit for bit:
+``tests/test_seed_groups.py``). Each seed's own model is bound to views of its slices
+(``bind_seed_views``): ``models[k]`` always holds seed k's current weights, and no second copy
+is kept.
 """
 
 from __future__ import annotations
@@ -35,11 +38,14 @@ from transformer_lab.tasks import Batch
 from transformer_lab.training.compile import CompileProbe
 from transformer_lab.training.seed_stack import SeedStackedTrainer, stack_models
 
-# Tokens x d_model of a whole group, at most, on CPU. Measured with 8 seeds (CPU ms/step of
-# groups of 8 / 4 / 2 / 1 against one after another, /tmp-free script in the issue-13 note):
-# per-seed work 4096: 7.6 / 9.1 / 12.5 / 18.1 vs 16.5; 16384: 24.6 / 22.2 / 23.6 / 30.1 vs 27.8;
-# 32768: 46.9 / 39.1 / 38.8 / 42.4 vs 40.6; 65536 (``small``): 94.3 / 89.3 / 74.9 / 75.2 vs 73.4.
-# The best group holds 32k-65k of work; a group of one is a single run (``Trainer``).
+# Tokens x d_model of a whole group, at most, on CPU. Measured by hand once, 8 seeds, CPU ms/step
+# of groups of 8 / 4 / 2 / 1 (then a 1-seed stacked model) against one after another (a script
+# not kept in the repository): per-seed work 4096: 7.6 / 9.1 / 12.5 / 18.1 vs 16.5; 16384:
+# 24.6 / 22.2 / 23.6 / 30.1 vs 27.8; 32768: 46.9 / 39.1 / 38.8 / 42.4 vs 40.6; 65536 (``small``):
+# 94.3 / 89.3 / 74.9 / 75.2 vs 73.4. The best group holds 32k-65k of work. What is kept:
+# ``benchmarks/multiseed.csv`` (8 seeds, CPU ratio to one seed): ``mid`` (16384) in groups of 4
+# 5.64x, in one group 5.41x, one after another 8.0x; ``small`` (65536) one at a time 7.92x, in
+# one group 9.09x.
 GROUP_MAX_WORK = 65536
 
 

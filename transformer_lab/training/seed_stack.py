@@ -41,8 +41,9 @@ from torch import nn
 from transformer_lab.components.seed_stacked import SeedStackedLayer
 from transformer_lab.model import TransformerModel
 from transformer_lab.tasks import IGNORE_INDEX, Batch
+from transformer_lab.training.optim import make_adamw, set_lr
 from transformer_lab.training.seed_stack_layers import stacked_form
-from transformer_lab.training.trainer import SCHEDULES, PlainConfig, make_adamw, set_lr
+from transformer_lab.training.trainer import SCHEDULES, PlainConfig
 
 _KNOWN_MODULES = ("torch.nn.", "transformer_lab.")  # classes whose forward is known to be safe
 

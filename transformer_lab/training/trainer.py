@@ -24,7 +24,12 @@ from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 from transformer_lab.training.compile import CompileProbe, ModelLoss
 from transformer_lab.training.lockstep import Lockstep
-from transformer_lab.training.optim import AdamW
+from transformer_lab.training.optim import (
+    adamw_param_groups,
+    clip_gradients,
+    make_adamw,
+    set_lr,
+)
 from transformer_lab.training.schedules import SCHEDULES
 
 
@@ -57,49 +62,6 @@ def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def clip_gradients(params: Sequence[nn.Parameter], max_norm: float) -> torch.Tensor:
-    """``clip_grad_norm_`` without its per-call grouping: the same numbers, fewer Python steps.
-
-    total = ||(||g_1||, ..., ||g_n||)||_2; if max_norm is finite every g_i is multiplied by
-    min(1, max_norm / (total + 1e-6)). Returns the norm before clipping as a 0-d tensor (no
-    host sync).
-    """
-    grads = [p.grad for p in params if p.grad is not None]
-    if not grads:
-        return torch.zeros(())
-    total = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # ()
-    if math.isfinite(max_norm):
-        torch._foreach_mul_(grads, (max_norm / (total + 1e-6)).clamp_(max=1.0))
-    return total
-
-
-def make_adamw(param_groups: list[dict], lr: float, betas: tuple[float, float]) -> AdamW:
-    """AdamW (Loshchilov & Hutter 2019) on the fused kernel where the device has it
-    (``transformer_lab.training.optim``: ``torch.optim.AdamW``'s numbers without its start-up
-    cost)."""
-    return AdamW(param_groups, lr=lr, betas=betas)
-
-
-def set_lr(optimizer: AdamW, lr: float) -> None:
-    """Set every param group's learning rate; a no-op when it is unchanged (constant schedules
-    skip the param-group loop)."""
-    if optimizer.param_groups[0]["lr"] != lr:
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-
-
-def adamw_param_groups(params: Sequence[torch.Tensor], weight_decay: float,
-                       leading_dims: int = 0) -> list[dict]:
-    """Weight decay on matrices only (not on biases, norm gains); one group when it is 0.
-    ``leading_dims``: extra axes in front of each parameter (e.g. a stacked seed axis)."""
-    if not weight_decay:
-        return [{"params": list(params), "weight_decay": 0.0}]
-    decay = [p for p in params if p.dim() - leading_dims >= 2]
-    no_decay = [p for p in params if p.dim() - leading_dims < 2]
-    return [{"params": decay, "weight_decay": weight_decay},
-            {"params": no_decay, "weight_decay": 0.0}]
 
 
 @torch.no_grad()
@@ -178,7 +140,6 @@ class Trainer:
         )
         self.step_count = 0
         self.started = time.perf_counter()
-        self._forward: Callable[[torch.Tensor], torch.Tensor] = model
         # (inputs, targets) -> loss: the forward and the loss, compiled together (compile.py)
         self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._eager_loss
 
@@ -210,7 +171,7 @@ class Trainer:
         return loss.detach(), grad_norm, lr
 
     def _eager_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return sequence_loss(self._forward(inputs), targets)
+        return sequence_loss(self.model(inputs), targets)
 
     def compile_probe(self, steps: int) -> CompileProbe | None:
         """With ``train.compile=true``, what compiles the training forward where it pays

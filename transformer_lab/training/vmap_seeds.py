@@ -20,14 +20,9 @@ from torch.func import stack_module_state, vmap
 
 from transformer_lab.components.attention import written_out_attention
 from transformer_lab.tasks import Batch
+from transformer_lab.training.optim import adamw_param_groups, make_adamw, set_lr
 from transformer_lab.training.seed_stack import clip_seed_gradients
-from transformer_lab.training.trainer import (
-    Trainer,
-    adamw_param_groups,
-    make_adamw,
-    sequence_loss,
-    set_lr,
-)
+from transformer_lab.training.trainer import Trainer, sequence_loss
 
 
 def _parameter_slots(model: nn.Module) -> list[tuple[nn.Module, str, str]]:

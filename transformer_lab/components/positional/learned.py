@@ -104,10 +104,11 @@ class LearnedPositionalEncoding(nn.Module):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if positions.numel() == 0:
             return self.weight[:0]  # (0, d)
-        if torch.compiler.is_compiling() and not self.interpolate:
-            # The checks below read tensor values: a graph break under torch.compile. A compiled
-            # step follows eager steps whose positions passed them, and Inductor's gather still
-            # checks its indices (an index >= max_len fails there, with a plainer message).
+        if torch.compiler.is_compiling() and positions.shape[0] <= self.max_len:
+            # The checks below read tensor values: a graph break under torch.compile. A traced
+            # forward's positions are the model's arange(T), so with T <= max_len they are in
+            # the stored table (interpolate or not: table(T) is its first T rows); a longer T
+            # takes the checked path below (its error, or the interpolated table).
             return self.weight[positions]  # (T, d_model): table(length)[positions]
         if int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
