@@ -106,3 +106,12 @@ def test_groups_keep_budgets_solved_seeds_and_running_statistics_bit_for_bit():
     # seed 0 is solved at its first evaluation (step 2 of 3); the others run their budgets
     assert [(r.steps, r.solved_step) for r in together] == [(2, 2), (7, None), (5, None),
                                                             (6, None)]
+
+
+def test_the_engine_line_names_the_seeds_it_trains():
+    from transformer_lab.training.seed_engines import SeedEngine
+
+    engine = SeedEngine("sequential", "asked for")
+    assert engine.describe([3, 4, 5]).startswith("seeds 3-5 train one after another")
+    assert engine.describe([3, 7]).startswith("seeds 3, 7 train")  # not "3-7"
+    assert engine.describe([2]).startswith("seed 2 train")

@@ -95,7 +95,9 @@ class SeedEngine:
     group: int | None = None  # stacked: seeds per stacked group (``seed_groups.group_size``)
 
     def describe(self, seeds: Sequence[int]) -> str:
-        label = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+        consecutive = list(seeds) == list(range(seeds[0], seeds[0] + len(seeds)))
+        label = (f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}"
+                 if consecutive else f"seeds {', '.join(map(str, seeds))}")
         words = {"stacked": "as one seed-stacked model", "vmap": "as one vmap-batched model",
                  "sequential": "one after another", "single": "alone"}[self.name]
         if self.name == "stacked" and self.group is not None and self.group < len(seeds):
