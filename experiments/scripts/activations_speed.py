@@ -18,13 +18,12 @@ time. ``speed_min_vs_relu``: the same ratio of the fastest rounds (least disturb
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
 import torch
 
-from experiments.scripts.interleaved_timing import time_variants
+from experiments.scripts.interleaved_timing import time_variants, timing_arguments
 
 ACTIVATIONS = ["relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "reglu", "geglu", "swiglu"]
 SETTING = ["experiment=compare_activations", "task=text", "task.corpus=tinyshakespeare",
@@ -48,12 +47,7 @@ def median_interval(values: list[float], confidence: float = 0.95) -> tuple[floa
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=31)
-    parser.add_argument("--steps", type=int, default=5, help="steps per activation per round")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
+    args = timing_arguments(__doc__, rounds=31, steps=5, out=OUT, argv=argv)
 
     from benchmarks.common import write_csv
 

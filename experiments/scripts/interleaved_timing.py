@@ -7,12 +7,26 @@ pairs every variant's round with the others' under the same load, so per-round r
 
 from __future__ import annotations
 
+import argparse
 import time
 from collections.abc import Callable, Hashable
+from pathlib import Path
 
 import torch
 
 from transformer_lab.training.trainer import Trainer
+
+
+def timing_arguments(doc: str, rounds: int, steps: int, out: Path,
+                     argv: list[str] | None) -> argparse.Namespace:
+    """The speed scripts' command line: ``--rounds``, ``--steps`` (per variant per round),
+    ``--out``."""
+    parser = argparse.ArgumentParser(description=doc,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--steps", type=int, default=steps, help="steps per variant per round")
+    parser.add_argument("--out", type=Path, default=out)
+    return parser.parse_args(argv)
 
 
 def step_runner(trainer: Trainer, batches: list) -> Callable[[int], None]:

@@ -20,13 +20,12 @@ has it): the same function, so any speed difference between the two is the imple
 
 from __future__ import annotations
 
-import argparse
 import statistics
 from pathlib import Path
 
 import torch
 
-from experiments.scripts.interleaved_timing import time_variants
+from experiments.scripts.interleaved_timing import time_variants, timing_arguments
 
 SETTING = ["experiment=compare_activations", "ffn=gelu", "task=text",
            "task.corpus=tinyshakespeare", "task.seq_len=64", "arch=decoder",
@@ -42,12 +41,7 @@ COLUMNS = ["block", "norm_layer", "ms_per_step", "ms_per_step_min", "tokens_per_
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--steps", type=int, default=20, help="steps per variant per round")
-    parser.add_argument("--out", type=Path, default=OUT)
-    args = parser.parse_args(argv)
+    args = timing_arguments(__doc__, rounds=7, steps=20, out=OUT, argv=argv)
 
     from benchmarks.common import write_csv
     from transformer_lab.measures.statistics import mean_interval

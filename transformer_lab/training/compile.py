@@ -2,12 +2,12 @@
 backward too, through AOTAutograd), used only where it pays.
 
 What is compiled (``compile_step``): a ``ModelLoss`` (the model and its loss in one graph) with
-``inductor_options``: on CPU the ``UnfusedBias`` pass and ``cpp_wrapper``. The forward traces
-as one graph (no graph break: attention reads no ``ContextVar`` there, the PEs skip their
-value checks, the model its inference-mode check; ``ffn=moe`` still breaks at its routing's
-data-dependent shapes; dynamic RoPE scaling at its length check), and on CPU attention is
-written out (two batched matmuls and a softmax that Inductor fuses) instead of SDPA's CPU
-kernel.
+one shared Inductor backend (``_inductor_backend``: on CPU the ``UnfusedBias`` pass and
+``cpp_wrapper``). The forward traces as one graph (no graph break: attention reads no
+``ContextVar`` there, the PEs skip their value checks, the model its inference-mode check;
+``ffn=moe`` still breaks at its routing's data-dependent shapes; dynamic RoPE scaling at its
+length check), and on CPU attention is written out (two batched matmuls and a softmax that
+Inductor fuses) instead of SDPA's CPU kernel.
 
 Measured on the ``small`` step (d 64, 2 layers, 64 x 16 tokens, fp32, one thread, the 2-core
 CPU; ``benchmarks/multiseed.py --sizes small --seeds 1 --compile`` with its compiled arm set as
@@ -117,29 +117,24 @@ class ModelLoss(nn.Module):
         return self.loss(self.model(inputs), targets)
 
 
-def inductor_options(device: str) -> dict[str, object]:
-    """Inductor settings of a training-step compile: on CPU ``UnfusedBias`` and ``cpp_wrapper``
-    (the step's kernel calls from C++, not Python); Inductor's defaults elsewhere (not measured
-    here)."""
-    if str(device).startswith("cuda"):
-        return {}
-    from transformer_lab.training.inductor_passes import UnfusedBias  # imports Inductor: 0.7 s
-
-    return {"post_grad_custom_post_pass": UnfusedBias(), "cpp_wrapper": True}
-
-
 @functools.cache
 def _inductor_backend(cuda: bool) -> object:
-    """One Inductor backend per device kind, shared by every compile: Dynamo guards on the
-    backend object, so a new one per ``torch.compile`` recompiled the same graph for each
-    model (each seed of a run) until its recompile limit (8) left the rest eager."""
-    return torch._TorchCompileInductorWrapper(None, inductor_options("cuda" if cuda else "cpu"),
-                                              False)
+    """The Inductor backend of every training-step compile, one per device kind: on CPU the
+    ``UnfusedBias`` pass and ``cpp_wrapper`` (the step's kernel calls from C++, not Python);
+    Inductor's defaults on CUDA (not measured here). One object, shared: Dynamo guards on the
+    backend, so a new one per ``torch.compile`` recompiled the same graph for each model (each
+    seed of a run) until its recompile limit (8) left the rest eager."""
+    options: dict[str, object] = {}
+    if not cuda:
+        from transformer_lab.training.inductor_passes import UnfusedBias  # imports Inductor: 0.7 s
+
+        options = {"post_grad_custom_post_pass": UnfusedBias(), "cpp_wrapper": True}
+    return torch._TorchCompileInductorWrapper(None, options, False)
 
 
 def compile_step(module: nn.Module, device: str) -> Forward:
     """``torch.compile`` of a training forward (a ``ModelLoss``, or a model) for ``device``:
-    static shapes, ``inductor_options``; models of the same class and shapes share one graph."""
+    static shapes, ``_inductor_backend``; models of the same class and shapes share one graph."""
     backend = _inductor_backend(str(device).startswith("cuda"))
     return torch.compile(module, dynamic=False, backend=backend)
 

@@ -1,4 +1,4 @@
-"""Inductor graph passes of ``train.compile`` (``compile.inductor_options``). A module of its
+"""Inductor graph passes of ``train.compile`` (``compile._inductor_backend``). A module of its
 own because it imports ``torch._inductor`` (0.7 s), which only a run that compiles should pay.
 """
 

@@ -42,7 +42,7 @@ group's). A seed that reaches ``target_exact_match`` stops counting: its result 
 Auto choice (``seed_engines.choose_engine``; ``benchmarks/multiseed.py``,
 ``benchmarks/multiseed.csv``): the stacked engine wherever the model stacks, in groups sized to
 the CPU's cache (``seed_groups.group_size``: all seeds of an overhead-bound step such as
-``tiny``'s, 8 of them 1.47x one seed; one at a time, i.e. one after another, for a step as large
+``tiny``'s, 8 of them 1.50x one seed; one at a time, i.e. one after another, for a step as large
 as ``small``'s, where stacked activations spill out of cache; all of them on CUDA); else vmap
 where batching pays (CUDA, or tokens per step x d_model <= ``seed_engines.BATCH_MAX_WORK`` on
 CPU); else one after another. The batched engines get every seed's batch of a step as one

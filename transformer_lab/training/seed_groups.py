@@ -4,8 +4,8 @@ at most G seeds each (``seed_stack.stack_models``), one group after another.
 Why groups. Stacking S seeds shares one step's fixed cost (Python, op dispatch, optimiser
 bookkeeping) among them, which is most of a small step's time; but every activation becomes S
 times larger. On a CPU, a step whose activations no longer fit the core's cache runs each seed's
-arithmetic slower than a single seed does (``small`` seeds all in one stacked model: 9.1x one
-seed for 8, 19.5x for 16; one after another 8.1x and 16.4x; CPU time, the ``stacked_all`` and
+arithmetic slower than a single seed does (``small`` seeds all in one stacked model: 10.3x one
+seed for 8, 19.9x for 16; one after another 8.0x and 15.6x; CPU time, the ``stacked_all`` and
 ``sequential`` rows of ``benchmarks/multiseed.csv``). So the seeds are stacked only as far as
 their activations stay small: a group of G seeds has G x tokens x d_model <= ``GROUP_MAX_WORK``
 (``group_size``), G = S on CUDA (launch-bound: stack them all). Each group trains to its end
@@ -44,8 +44,8 @@ from transformer_lab.training.seed_stack import SeedStackedTrainer, stack_models
 # 24.6 / 22.2 / 23.6 / 30.1 vs 27.8; 32768: 46.9 / 39.1 / 38.8 / 42.4 vs 40.6; 65536 (``small``):
 # 94.3 / 89.3 / 74.9 / 75.2 vs 73.4. The best group holds 32k-65k of work. What is kept:
 # ``benchmarks/multiseed.csv`` (8 seeds, CPU ratio to one seed): ``mid`` (16384) in groups of 4
-# 5.64x, in one group 5.41x, one after another 8.0x; ``small`` (65536) one at a time 7.92x, in
-# one group 9.09x.
+# 5.58x, in one group 5.37x, one after another 7.56x; ``small`` (65536) one at a time 7.90x, in
+# one group 10.28x.
 GROUP_MAX_WORK = 65536
 
 
@@ -97,7 +97,6 @@ class StackedSeeds:
     def compile_probe(self, steps: int) -> CompileProbe:
         """``train.compile=true``: compile the stacked model's forward where it pays."""
         first = self.trainers[0]
-        work = int(first._train.batch_size) * int(first.task.model_seq_len) * first.d_model
-        return CompileProbe(self.stacked, steps, work, str(first.device),
+        return CompileProbe(self.stacked, steps, first.step_work(), str(first.device),
                             f"the {len(self.trainers)}-seed stacked step",
                             lambda forward: setattr(self.trainer, "forward", forward))

@@ -173,13 +173,16 @@ class Trainer:
     def _eager_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return sequence_loss(self.model(inputs), targets)
 
+    def step_work(self) -> int:
+        """Tokens per step x d_model: what decides whether a compile can pay on a CPU."""
+        return int(self._train.batch_size) * int(self.task.model_seq_len) * int(self.d_model)
+
     def compile_probe(self, steps: int) -> CompileProbe | None:
         """With ``train.compile=true``, what compiles the training forward where it pays
         (``training/compile.py``); None otherwise."""
         if not self._train.get("compile"):
             return None
-        work = int(self._train.batch_size) * int(self.task.model_seq_len) * int(self.d_model)
-        return CompileProbe(ModelLoss(self.model, sequence_loss), steps, work,
+        return CompileProbe(ModelLoss(self.model, sequence_loss), steps, self.step_work(),
                             str(self.device), "the training step",
                             lambda loss: setattr(self, "_loss", loss))
 
