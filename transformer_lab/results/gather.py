@@ -175,9 +175,9 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
         table = table[table["split"] == "train"]
     if own_variant is not None and "variant" in table.columns:
         variants = table["variant"].astype(str)
-        own = (variants == own_variant) | variants.str.startswith(f"{own_variant}(")  # alibi(abs)
-        if not own.any() and (variants == NOPE).any():  # a user's PE, tagged by its class name
-            own = variants != NOPE
+        own = variants == own_variant
+        if not own.any() and (variants == NOPE).any():  # tagged by its table label (alibi(abs),
+            own = variants != NOPE  # a user's PE's class name): all but the NoPE control
         if own.any():
             table = table[own]
     if "stage" in table.columns and table["stage"].nunique() > 1 and \
