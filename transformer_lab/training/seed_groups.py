@@ -38,14 +38,14 @@ from transformer_lab.tasks import Batch
 from transformer_lab.training.compile import CompileProbe
 from transformer_lab.training.seed_stack import SeedStackedTrainer, stack_models
 
-# Tokens x d_model of a whole group, at most, on CPU. Measured by hand once, 8 seeds, CPU ms/step
-# of groups of 8 / 4 / 2 / 1 (then a 1-seed stacked model) against one after another (a script
-# not kept in the repository): per-seed work 4096: 7.6 / 9.1 / 12.5 / 18.1 vs 16.5; 16384:
-# 24.6 / 22.2 / 23.6 / 30.1 vs 27.8; 32768: 46.9 / 39.1 / 38.8 / 42.4 vs 40.6; 65536 (``small``):
-# 94.3 / 89.3 / 74.9 / 75.2 vs 73.4. The best group holds 32k-65k of work. What is kept:
-# ``benchmarks/multiseed.csv`` (8 seeds, CPU ratio to one seed): ``mid`` (16384) in groups of 4
-# 5.58x, in one group 5.37x, one after another 7.56x; ``small`` (65536) one at a time 7.90x, in
-# one group 10.28x.
+# Tokens x d_model of a whole group, at most, on CPU. ``python -m benchmarks.seed_groups``
+# (``benchmarks/seed_groups.csv``): 8 seeds, CPU ms/step in groups of 8 / 4 / 2 / 1 against one
+# after another, per-seed work 4096: 6.8 / 8.4 / 11.9 / 16.1 vs 15.8; 16384: 18.6 / 19.0 / 22.6 /
+# 27.5 vs 26.5; 32768: 36.7 / 34.2 / 37.3 / 40.3 vs 40.9; 65536 (``small``): 83.9 / 71.6 / 67.6 /
+# 69.0 vs 68.9. On the quiet machine the best group holds ~131k; a first run by hand while
+# another job ran put it at 32k-65k (65536: groups of 2 74.9 vs 73.4 one after another). 65536 is
+# kept: at most 2% slower than the best for ``small`` (8% at 32768), and a ``small`` seed then
+# trains as its own single run, with exactly its numbers (the studies in ``experiments/``).
 GROUP_MAX_WORK = 65536
 
 
