@@ -11,7 +11,7 @@ their activations stay small: a group of G seeds has G x tokens x d_model <= ``G
 (``group_size``), G = S on CUDA (launch-bound: stack them all). Each group trains to its end
 before the next starts, so one group's weights, optimiser state and activations are all the
 cache holds; a group of one seed is trained by its own ``Trainer``, as a single run (a 1-seed
-stacked model ran 2-10% slower, the measurements at ``GROUP_MAX_WORK``, and rounds
+stacked model ran up to 4% slower in ``benchmarks/seed_groups.csv``, and rounds
 differently). Stepping the groups in turn instead (every group one step, then the next step)
 was 10% slower than one after another for 8 ``small`` seeds in groups of one (80.4 against
 73.2 ms/step, measured once by hand): the groups then evict each other's state from the cache
