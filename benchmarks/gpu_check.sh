@@ -1,9 +1,7 @@
 #!/usr/bin/env bash
 # Everything tlab checks on a GPU machine, in one go (a lent GPU is rare and its time short):
-#   the CUDA tests, the training-step benchmark (fp32 and bf16), the multi-seed benchmark
-#   (seed-stacked, vmap and one-after-another engines at S = 1, 4, 8, 16), `tlab validate` and
-#   `tlab smoke --seeds 4` (auto choice on CUDA: the seed-stacked engine) on the GPU, then the
-#   whole test suite.
+#   the CUDA tests, the training-step benchmark (fp32 and bf16), `tlab validate` and
+#   `tlab smoke --seeds 4` on the GPU, then the whole test suite.
 #
 #   OUT=/some/dir bash benchmarks/gpu_check.sh   # CSVs, logs and run folders: $OUT/gpu_check.tgz
 #
@@ -52,10 +50,7 @@ command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,m
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda, \
 torch.cuda.is_available() and torch.cuda.get_device_name(0))"
 part cuda_tests 150 python3 -m pytest -q -p no:cacheprovider -rs tests/test_cuda.py \
-    tests/test_perf_paths.py tests/test_multiseed.py tests/test_seed_stack.py
-part multiseed 150 python3 -m benchmarks.multiseed --device "$DEVICE" --sizes small,tiny \
-    --seeds 1,4,8,16 --steps 50 --repeats 3 --arms stacked,vmap,sequential \
-    --out "$WORK/multiseed_cuda.csv"
+    tests/test_trainer.py
 part bench_fp32 120 python3 -m benchmarks.run --device "$DEVICE" --steps-scale 5 \
     --out "$WORK/results_cuda.csv"
 part bench_bf16 90 python3 -m benchmarks.run --device "$DEVICE" --precision bf16 --steps-scale 5 \

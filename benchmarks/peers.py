@@ -157,6 +157,7 @@ def build_tlab(size: BenchSize, device: torch.device, precision: str,
     from transformer_lab.config.compose import compose
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
+    from transformer_lab.routines.variants import train_settings
     from transformer_lab.tasks import Batch
     from transformer_lab.training.trainer import Trainer
 
@@ -165,7 +166,7 @@ def build_tlab(size: BenchSize, device: torch.device, precision: str,
     model = build_model(cfg).to(device)
     n = non_embedding_params(model)
     runnable = torch.compile(model) if compile_model else model
-    trainer = Trainer(runnable, task, cfg.train, cfg.model.d_model, seed=0)
+    trainer = Trainer(runnable, task, train_settings(cfg), seed=0)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss, _grad_norm, _lr = trainer.train_step(Batch(inputs, targets))

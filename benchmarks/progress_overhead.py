@@ -1,6 +1,6 @@
 """What the live progress bar costs a training run (issue 15: at most 2%).
 
-Trains the same tiny reversal model (``experiment=reverse``'s tiny config, 1 thread, log_every
+Trains the same tiny reversal model (``experiment=reverse_task``'s tiny config, 1 thread, log_every
 10) with its metrics rows going to a ``CsvLog`` alone, and to a ``CsvLog`` that also feeds a
 ``RunProgress`` drawing to a terminal console (forced on, output to /dev/null). Runs alternate
 (ABAB...) so that load from other processes hits both alike; prints the median wall time of each
@@ -26,6 +26,7 @@ from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
 from transformer_lab.results.progress import REFRESH_PER_SECOND, RunProgress, progress_bar
 from transformer_lab.results.run_directory import METRIC_COLUMNS, CsvLog
+from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 
@@ -41,7 +42,7 @@ def one_run(cfg, steps: int, with_bar: bool, folder: Path) -> float:
     log = CsvLog(folder / f"metrics-{time.perf_counter_ns()}.csv", METRIC_COLUMNS, listeners)
     task = build_task(cfg)
     model = build_model(cfg, seed=0)
-    trainer = Trainer(model, task, cfg.train, cfg.model.d_model, 0, log)
+    trainer = Trainer(model, task, train_settings(cfg), 0, log)
     started = time.perf_counter()
     with progress_bar(log, "benchmark", total=steps):
         trainer.fit(steps)
@@ -81,7 +82,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cfg = compose(["experiment=reverse", "train.eval_every=0", "train.log_every=10"])
+    cfg = compose(["experiment=reverse_task", "train.eval_every=0", "train.log_every=10"])
     walls: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
         one_run(cfg, 50, True, Path(tmp))  # warm-up

@@ -41,7 +41,7 @@ from pathlib import Path
 from benchmarks.common import write_csv
 
 RESULTS = Path(__file__).resolve().parent / "sweep_parallel.csv"
-SWEEP = ["experiment=reverse", "pe=sinusoidal,rope,alibi", "seed=0,1"]
+SWEEP = ["experiment=reverse_task", "pe=sinusoidal,rope,alibi", "seed=0,1"]
 N_JOBS_IN_SWEEP = 6
 COLUMNS = ["variant", "repeat", "wall_s", "cpu_s", "jobs_recorded", "job_wall_s_sum",
            "exit_code", "max_steps", "n_jobs", "cpus", "load_avg_1m"]

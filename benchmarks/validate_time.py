@@ -118,7 +118,7 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
     import torch
 
     from transformer_lab.config.compose import compose
-    from transformer_lab.routines.nope_control import train_to_target
+    from transformer_lab.routines.reverse_task import train_reversal
 
     torch.set_num_threads(1)
     rows = []
@@ -126,10 +126,11 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
         for pe in pes:
             solved, matches, walls = [], [], []
             for seed in range(seeds):
-                cfg = compose(["experiment=reverse", *PES[pe], f"arch={arch}", f"seed={seed}",
-                               *extra])
-                result, _ = train_to_target(cfg, None, int(cfg.routine.max_steps),
-                                            float(cfg.routine.target))
+                cfg = compose(["experiment=reverse_task", *PES[pe], f"arch={arch}",
+                               f"seed={seed}", *extra])
+                [run] = train_reversal(cfg, "chosen", [seed],
+                                       {seed: int(cfg.routine.max_steps)}, None, "reverse_task")
+                result = run.result
                 solved.append(result.solved_step)
                 matches.append(result.best_exact_match or 0.0)
                 walls.append(result.wall_s)

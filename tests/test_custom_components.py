@@ -75,7 +75,7 @@ def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):
 def test_correct_custom_rope_passes_the_relative_check(cfg_for):
     from transformer_lab.routines.rotary_check import rotary_relative_check
 
-    cfg = cfg_for("experiment=reverse", "pe=rope")
+    cfg = cfg_for("experiment=reverse_task", "pe=rope")
     cfg.pe = {"name": "my_rope", "_target_": "examples.my_components.MyRoPE", "head_dim": 8}
     assert rotary_relative_check(cfg).status == "PASS"
 
@@ -121,7 +121,7 @@ def _model(cfg):
 def test_protocol_checks_name_the_component(cfg_for):
     from torch import nn
 
-    cfg = cfg_for("experiment=reverse", "pe=sinusoidal")
+    cfg = cfg_for("experiment=reverse_task", "pe=sinusoidal")
     model, seq_len = _model(cfg)
     check_protocols(cfg, model, seq_len)  # the built-in components follow it
 

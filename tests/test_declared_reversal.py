@@ -7,12 +7,12 @@ import pytest
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
-from transformer_lab.routines.reverse import pe_label, with_declared_settings
+from transformer_lab.routines.reverse_task import pe_label, with_declared_settings
 
 
 @pytest.mark.parametrize(("arch", "max_steps"), [("encoder", 5000), ("decoder", 600)])
 def test_alibi_trains_reversal_with_its_declared_settings(arch, max_steps):
-    cfg = compose(["experiment=reverse", "pe=alibi", f"arch={arch}"])
+    cfg = compose(["experiment=reverse_task", "pe=alibi", f"arch={arch}"])
     variant, note = with_declared_settings(cfg)
     assert variant.train.schedule == "warmup_cosine" and variant.train.warmup == 20
     assert variant.routine.max_steps == max_steps
@@ -21,14 +21,14 @@ def test_alibi_trains_reversal_with_its_declared_settings(arch, max_steps):
 
 
 def test_the_declared_settings_can_be_switched_off_and_others_declare_none():
-    cfg = compose(["experiment=reverse", "pe=alibi", "routine.declared_settings=false"])
+    cfg = compose(["experiment=reverse_task", "pe=alibi", "routine.declared_settings=false"])
     assert with_declared_settings(cfg) == (cfg, "")
-    rope = compose(["experiment=reverse", "pe=rope"])
+    rope = compose(["experiment=reverse_task", "pe=rope"])
     assert with_declared_settings(rope) == (rope, "")
 
 
 def test_alibi_encoder_default_is_split_and_a_bad_declaration_is_refused(monkeypatch):
-    cfg = compose(["experiment=reverse", "pe=alibi", "arch=encoder"])
+    cfg = compose(["experiment=reverse_task", "pe=alibi", "arch=encoder"])
     assert pe_label(cfg) == "alibi(split)"
     from transformer_lab.components.positional import ALiBiPositionalBias
 
@@ -39,7 +39,7 @@ def test_alibi_encoder_default_is_split_and_a_bad_declaration_is_refused(monkeyp
 
 
 def test_a_norm_layer_declares_its_settings_too():
-    cfg = compose(["experiment=reverse", "block=post", "norm_layer=batchnorm"])
+    cfg = compose(["experiment=reverse_task", "block=post", "norm_layer=batchnorm"])
     variant, note = with_declared_settings(cfg)
     assert variant.train.schedule == "warmup_cosine" and "norm_layer=batchnorm" in note
     assert variant.routine.max_steps == 1200

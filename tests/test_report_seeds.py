@@ -17,7 +17,7 @@ from transformer_lab.results.curve_metrics import curve_metric
 from transformer_lab.results.report import make_report
 
 SMOKE = ["experiment=smoke"]
-REVERSE = ["experiment=reverse", "routine.max_steps=20", "routine.control=false",
+REVERSE = ["experiment=reverse_task", "routine.max_steps=20", "routine.control=false",
            "task.eval_size=64", "train.eval_every=10", "model.d_model=16", "model.n_layers=1",
            "model.d_ff=32"]
 
@@ -71,10 +71,10 @@ def test_each_seeds_row_equals_a_one_seed_run_of_that_seed(runs):
         (alone,) = read_csv(runs / "single" / str(seed) / "summary.csv")
         assert alone["activation"] == "relu" and alone["seed"] == str(seed)
         assert row["steps"] == alone["steps"]
-        assert float(row["final_loss"]) == pytest.approx(float(alone["final_loss"]), rel=1e-4)
+        assert row["final_loss"] == alone["final_loss"]  # one after another: its own run
     by_seed = {row["seed"]: row for row in read_csv(runs / "reverse" / "both" / "seeds.csv")}
     assert set(by_seed) == {"0", "1"}
-    assert "tokens_per_s" not in by_seed["1"]  # shared by the seeds: the job's, in summary.csv
+    assert float(by_seed["1"]["tokens_per_s"]) > 0  # each seed's own throughput
     (alone,) = read_csv(runs / "reverse" / "seed1" / "summary.csv")
     for column in ("steps", "params"):
         assert by_seed["1"][column] == alone[column]
@@ -82,7 +82,7 @@ def test_each_seeds_row_equals_a_one_seed_run_of_that_seed(runs):
         together_value, alone_value = number(by_seed["1"][column]), number(alone[column])
         assert (together_value is None) == (alone_value is None), column
         if alone_value is not None:
-            assert together_value == pytest.approx(alone_value, rel=1e-4, abs=1e-6), column
+            assert together_value == alone_value, column
 
 
 def test_report_counts_every_seed_of_a_multi_seed_job(runs, tmp_path):

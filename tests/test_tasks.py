@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-from omegaconf import OmegaConf
 
 from transformer_lab.tasks import (
     IGNORE_INDEX,
@@ -17,6 +16,7 @@ from transformer_lab.tasks import (
 )
 from transformer_lab.tasks.sequence import SEP
 from transformer_lab.training.schedules import SCHEDULES
+from transformer_lab.training.trainer import TrainSettings
 
 
 def test_encoder_reverse_layout():
@@ -90,23 +90,23 @@ def test_text_task(tmp_path):
         TextTask(path=str(path), seq_len=200)
 
 
-def _train_cfg(**kw):
+def _train_cfg(d_model: int = 512, **kw):
     base = {"lr": 1e-3, "warmup": 4000, "noam_factor": 1.0, "steps": 100, "min_lr_ratio": 0.1}
-    return OmegaConf.create({**base, **kw})
+    return TrainSettings.from_mapping({**base, **kw}, d_model=d_model)
 
 
 def test_noam_is_vaswani_equation_3():
     cfg = _train_cfg()
     for step in (1, 100, 4000, 10000):
         expected = 512**-0.5 * min(step**-0.5, step * 4000**-1.5)
-        assert SCHEDULES["noam"](step, cfg, 512, 20000) == pytest.approx(expected)
-    peak = max(range(1, 20000, 50), key=lambda s: SCHEDULES["noam"](s, cfg, 512, 20000))
+        assert SCHEDULES["noam"](step, cfg, 20000) == pytest.approx(expected)
+    peak = max(range(1, 20000, 50), key=lambda s: SCHEDULES["noam"](s, cfg, 20000))
     assert abs(peak - 4000) <= 50
 
 
 def test_warmup_cosine_shape():
-    cfg = _train_cfg(warmup=10, steps=110)
-    lr = [SCHEDULES["warmup_cosine"](s, cfg, 8, 110) for s in range(1, 111)]
+    cfg = _train_cfg(d_model=8, warmup=10, steps=110)
+    lr = [SCHEDULES["warmup_cosine"](s, cfg, 110) for s in range(1, 111)]
     assert lr[4] == pytest.approx(0.5e-3) and lr[9] == pytest.approx(1e-3)
     assert lr[-1] == pytest.approx(1e-4)
     assert all(a >= b for a, b in zip(lr[9:], lr[10:], strict=False))

@@ -33,7 +33,7 @@ def test_validate_passes_on_a_working_configuration(tlab, tmp_path):
     assert [r["activation"] for r in read_csv(out / "comparison.csv")] == ["relu", "gelu"]
     assert (out / "loss_curves.png").exists()
     stages = {r["stage"] for r in read_csv(out / "metrics.csv")}
-    assert stages == {"smoke", "reverse", "compare"}
+    assert stages == {"smoke", "reverse_task", "compare"}
     # Step 1 ran the source article's minimal model: 4 tokens, d_model 8.
     shape = next(r for r in rows if r["check"] == "output_shape")["detail"]
     assert shape.startswith("(8, 4, 10)")

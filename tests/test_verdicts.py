@@ -24,7 +24,7 @@ from transformer_lab.routines.extrapolate.tables import (
     baselines,
     with_verdicts,
 )
-from transformer_lab.routines.reverse_results import ReversalRun, reverse_rows, verdict_line
+from transformer_lab.routines.reverse_task import ReversalRun, reverse_rows, verdict_line
 from transformer_lab.training.trainer import TrainResult
 
 FAST = ["model=tiny", "model.d_model=16", "task.seq_len=8", "task.eval_size=32",

@@ -49,7 +49,7 @@ SIZE_ARGUMENTS = {  # constructor arguments the model fills in
                 "${oc.select:model.head_dim,null}}",  # as configs/pe/rope.yaml
     "max_len": "${model.max_len}",
 }
-MAIN_TABLES = {"validate": "validation", "smoke": "smoke", "reverse": "reverse",
+MAIN_TABLES = {"validate": "validation", "smoke": "smoke", "reverse_task": "reverse",
                "compare_activations": "comparison", "check": "checks"}
 Component = str | type | object | None
 
@@ -265,7 +265,7 @@ def reverse_task(pe: Component = None, *, ffn: Component = None, norm_layer: Com
                  out: str | Path | None = None, config_dir: str | Path | None = None) -> Result:
     """Step 3 (``tlab reverse-task``): reversal to the target exact match beside a NoPE
     control; ``.table``: reverse.csv."""
-    return _launch("reverse", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
+    return _launch("reverse_task", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
                    {"block": block, "arch": arch, "task.seq_len": seq_len,
                     "routine.max_steps": max_steps, "routine.target": target,
                     "routine.seeds": seeds}, overrides, out, config_dir)

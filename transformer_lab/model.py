@@ -5,14 +5,15 @@
                   -> final norm (pre/sandwich) -> output head -> logits (B, T, vocab)
 
 Which positional encoding, FFN, block wiring and norm layer are used is decided by the config
-groups ``pe``, ``activation``, ``norm`` and ``norm_layer`` through their ``_target_``: there is no
-if/elif over component names here.
+groups ``pe``, ``ffn``, ``block`` and ``norm_layer`` through their ``_target_``: there is no
+if/elif over component names here. The model is plain torch: it knows nothing of how it is
+trained (seeds, compilation, the optimiser).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+import threading
 
 import torch
 from omegaconf import DictConfig
@@ -23,6 +24,8 @@ from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
 from transformer_lab.config.instantiate import instantiate_component, resolve_component
 from transformer_lab.errors import ConfigError
+
+_BUILDING = threading.Lock()  # build_model: seeding the global generator and drawing from it
 
 
 def embedding_scale(setting: str | float, d_model: int) -> float:
@@ -37,26 +40,6 @@ def embedding_scale(setting: str | float, d_model: int) -> float:
         raise ValueError(
             f"model.embed_scale={setting!r} is not valid; use 'sqrt', 'none' or a number"
         ) from None
-
-
-def add_positional(x: torch.Tensor, pe: torch.Tensor) -> torch.Tensor:
-    """x (B, T, D) plus an additive PE (T, D). In a seed-stacked model (``training.seed_stack``)
-    x is (S*B, T, D), seed-major, and a learned PE is per seed, (S, T, D): added via (S, B, T, D).
-    """
-    if pe.dim() == 2:
-        return x + pe
-    seeds = pe.shape[0]
-    return (x.view(seeds, -1, *x.shape[1:]) + pe.unsqueeze(1)).view(x.shape)
-
-
-def expand_seed_mask(mask: torch.Tensor, rows: int) -> torch.Tensor:
-    """A per-seed attention mask (S, H, T, T) (T5 bias of a seed-stacked model) as SDPA's
-    (S*B, H, T, T) for ``rows`` = S*B sequences; a shared (H, T, T) mask is returned as is."""
-    if mask.dim() != 4:
-        return mask
-    seeds = mask.shape[0]
-    return mask.unsqueeze(1).expand(seeds, rows // seeds, *mask.shape[1:]).reshape(
-        rows, *mask.shape[1:])  # (S*B, H, T, T)
 
 
 class TransformerModel(nn.Module):
@@ -97,8 +80,6 @@ class TransformerModel(nn.Module):
             self.lm_head.weight = self.token_embedding.weight
         self.output_head = output_head  # False: forward returns the final hidden states
         self._aux_sources: list[nn.Module] | None = None  # ``_reporters()``, found once
-        self._causal_masks: dict[tuple[int, torch.device], torch.Tensor] = {}
-        self._position_cache: dict[tuple[int, torch.device], torch.Tensor] = {}
 
     @property
     def pe_kind(self) -> str:
@@ -110,8 +91,8 @@ class TransformerModel(nn.Module):
         if self.embed_scale != 1.0:
             x = x * self.embed_scale
         if self.pe_kind == "additive":
-            pe = self.positional(positions)  # (T, D), or (S, T, D) in a seed-stacked model
-            x = add_positional(x, pe if self.pe_scale == 1.0 else self.pe_scale * pe)
+            pe = self.positional(positions)  # (T, D)
+            x = x + (pe if self.pe_scale == 1.0 else self.pe_scale * pe)
         if "embed_norm" in self._modules:
             x = self.embed_norm(x)
         if self.training and self.embed_dropout.p > 0.0:
@@ -128,43 +109,19 @@ class TransformerModel(nn.Module):
         return mask
 
     @staticmethod
-    def _cached(store: dict, key: tuple, make: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """``store[key]``, made once (one allocation per length and device, not per step). Not
-        cached under inference mode (an inference tensor cannot be used in training later), nor
-        in a graph that torch.compile traces: made there, it is part of the graph, which then
-        has no guard on this model's dict (a lookup there traced the empty dict of a model
-        compiled before its first step, and the next call, with the dict filled, compiled the
-        step a second time: 2 graphs for 10 models instead of 1, measured)."""
-        if torch.compiler.is_compiling() or torch.is_inference_mode_enabled():
-            return make()
-        if key not in store:
-            store[key] = make()
-        return store[key]
-
-    def _positions(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """``arange(seq_len)`` on ``device``, cached."""
-        return self._cached(self._position_cache, (seq_len, device),
-                            lambda: torch.arange(seq_len, device=device))
-
-    def _causal_mask(self, seq_len: int, device: torch.device) -> torch.Tensor:
-        """(T, T): 0 on and below the diagonal, -inf above it; cached."""
-
-        def make() -> torch.Tensor:
-            future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
-            return torch.zeros(seq_len, seq_len, device=device).masked_fill(future, float("-inf"))
-
-        return self._cached(self._causal_masks, (seq_len, device), make)
+    def _causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
+        """(T, T): 0 on and below the diagonal, -inf above it."""
+        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
+        return torch.zeros(seq_len, seq_len, device=device).masked_fill(future, float("-inf"))
 
     def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, vocab), or the final hidden states (B, T, D) when the
         model has no ``output_head`` (imported without one). With ``need_weights`` each
         attention module keeps its probabilities (B, H, T, T) in ``last_weights``."""
         seq_len = tokens.shape[1]
-        positions = self._positions(seq_len, tokens.device)  # (T,)
+        positions = torch.arange(seq_len, device=tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
-        mask = self.attention_mask(seq_len, tokens.device)  # (H, T, T), (S, H, T, T) or None
-        if mask is not None:
-            mask = expand_seed_mask(mask, tokens.shape[0])
+        mask = self.attention_mask(seq_len, tokens.device)  # (H, T, T) or None
         inputs = AttentionInputs(
             positions=positions,
             rotary=self.positional if self.pe_kind == "rotary" else None,
@@ -223,11 +180,17 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
 
     With ``seed`` torch's global generator is seeded first (``torch.manual_seed(seed)``), so the
     same seed gives the same initial weights; without it the caller's generator state is used.
-    Initialisation is N(0, model.init_std) for every weight matrix and embedding, zero biases,
-    ones for norm gains.
+    Seeding and drawing the weights happen under one lock: two threads that build models at
+    once each get their own seed's weights. Initialisation is N(0, model.init_std) for every
+    weight matrix and embedding, zero biases, ones for norm gains.
     """
-    if seed is not None:
-        torch.manual_seed(int(seed))
+    with _BUILDING:
+        if seed is not None:
+            torch.manual_seed(int(seed))
+        return _build(cfg)
+
+
+def _build(cfg: DictConfig) -> TransformerModel:
     m = cfg.model
     positional = instantiate_component(cfg, "pe")
     try:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 
@@ -62,7 +63,7 @@ def build_trainer(overrides: list[str]) -> Trainer:
 
     cfg = compose(overrides)
     task = build_task(cfg)  # also fills in cfg.model.vocab_size, as validate_config does
-    return Trainer(build_model(cfg, seed=0), task, cfg.train, cfg.model.d_model, seed=0)
+    return Trainer(build_model(cfg, seed=0), task, train_settings(cfg), seed=0)
 
 
 def time_variants(setting: list[str], variants: dict[Hashable, list[str]], rounds: int,

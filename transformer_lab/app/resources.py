@@ -9,7 +9,7 @@ numbers (exit code 2) before anything is allocated; ``force=true`` (``--force``)
     evaluation       the held-out batch's largest layer, without gradients
     Python objects   about 256 KB per model (a tiny module alone measures 60 KB)
 
-times the models trained at once (``routine.seeds``, and the NoPE control beside a reverse run).
+times the models in memory at once (``models_of``).
 The estimate is rough on purpose: it refuses what cannot fit, not what is merely close.
 """
 
@@ -90,11 +90,9 @@ def _lengths(cfg: DictConfig, task: Any) -> tuple[int, int]:
 
 
 def models_of(cfg: DictConfig) -> int:
-    """Models trained at once: ``routine.seeds``, twice that beside a NoPE control."""
-    models = int(_get(cfg, "routine.seeds", 1))
-    if cfg.routine.name in ("reverse", "validate") and _get(cfg, "routine.control", False) is True:
-        models *= 2
-    return models
+    """Models in memory at once: one (seeds and variants train one after another), all of
+    ``routine.seeds`` for smoke (built up front, each with its fixed batches)."""
+    return int(_get(cfg, "routine.seeds", 1)) if cfg.routine.name == "smoke" else 1
 
 
 def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:

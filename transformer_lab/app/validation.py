@@ -16,7 +16,6 @@ from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine
-from transformer_lab.training.compile import check_compile
 from transformer_lab.training.threads import check_threads
 
 
@@ -34,7 +33,6 @@ def validate_config(cfg: DictConfig) -> JobInputs:
                           f"{', '.join(SCHEDULES)}")
     _check_device(cfg.train.device)
     check_threads(cfg.train.get("threads"))
-    check_compile(cfg.train.get("compile", False), cfg.train.device)
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
     if requested_vocab is not None and requested_vocab != task.vocab_size:

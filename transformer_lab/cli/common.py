@@ -28,8 +28,7 @@ Activation = Annotated[str | None, typer.Option("--activation", help="FFN activa
 Arch = Annotated[str | None, typer.Option("--arch", help="encoder or decoder.")]
 Seeds = Annotated[int | None, typer.Option(
     "--seeds", min=1, help="Seeds seed..seed+N-1 (routine.seeds; the experiment's default), "
-    "trained together: one seed-stacked (or vmap-batched) model where that pays, else one after "
-    "another; each seed gets the numbers of a run of its own, and the run says which engine.",
+    "trained one after another: each seed gets the numbers of a run of its own.",
     show_default=False)]
 ConfigDir = Annotated[Path | None, typer.Option(
     "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "

@@ -63,5 +63,5 @@ def reverse_task(
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch,
                "task.seq_len": seq_len, "task.vocab_size": vocab, "routine.max_steps": max_steps,
                "routine.target": target, "routine.seeds": seeds}
-    launch("reverse", options, overrides, multirun, out, resume=resume,
+    launch("reverse_task", options, overrides, multirun, out, resume=resume,
            config_dir=config_dir)

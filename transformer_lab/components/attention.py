@@ -6,9 +6,8 @@ where M is an additive mask: ALiBi / T5 biases and the causal -inf mask, prepare
 by the model. Rotary encodings are applied to Q and K before the product (Su et al. 2021).
 
 Q, K and V come from one fused projection (fewer kernel launches); the output projection follows.
-Inside ``written_out_attention()`` (used under ``torch.func.vmap``) the product is computed as
-two matmuls and an fp32 softmax instead of SDPA: the same numbers (tested); so is a CPU
-forward that ``torch.compile`` traces (``written_out_active``).
+With ``need_weights`` the product is written out (two matmuls and an fp32 softmax) so that the
+probabilities can be kept: the same numbers as SDPA (tested).
 
 Knobs of real architectures (defaults keep the original Transformer):
 * ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): K and V have
@@ -24,9 +23,6 @@ Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T, Dh) -> out (B, T, D).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
 from dataclasses import dataclass
 
 import torch
@@ -43,33 +39,6 @@ class AttentionInputs:
     mask: torch.Tensor | None = None  # (H or 1, T, T) additive float mask, or None
     is_causal: bool = False  # let SDPA apply the causal mask itself (only when mask is None)
     need_weights: bool = False  # also compute and keep the attention probabilities
-
-
-_WRITTEN_OUT: ContextVar[bool] = ContextVar("tlab_written_out_attention", default=False)
-
-
-@contextmanager
-def written_out_attention() -> Iterator[None]:
-    """Within this block (this thread), attention is computed as two matmuls and an fp32
-    softmax instead of SDPA's fused kernels. ``torch.func.vmap`` (``multiseed``) needs it: the
-    fused kernels have no batching rule (vmap loops over the batch; on CUDA the memory-efficient
-    kernel's backward then fails), and under vmap autocast's fp32 softmax is skipped."""
-    token = _WRITTEN_OUT.set(True)
-    try:
-        yield
-    finally:
-        _WRITTEN_OUT.reset(token)
-
-
-def written_out_active(device: torch.device) -> bool:
-    """Whether attention is written out here: inside ``written_out_attention()`` in eager
-    code. In a graph that ``torch.compile`` traces the block is not seen (Dynamo cannot read a
-    ``ContextVar``: it would break the graph); there attention is written out on CPU, where
-    Inductor fuses the scale, mask and softmax around two small batched matmuls and the step
-    ran ~5% faster than with SDPA's CPU kernel (``training/compile.py``), and SDPA elsewhere."""
-    if torch.compiler.is_compiling():
-        return device.type == "cpu"
-    return _WRITTEN_OUT.get()
 
 
 def projection_sizes(d_model: int, n_heads: int, n_kv_heads: int | None = None,
@@ -158,8 +127,6 @@ class MultiHeadAttention(nn.Module):
         if inputs.need_weights:
             out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p,
                                                                   self.scale)
-        elif written_out_active(q.device):
-            out, _ = self._attention_with_weights(q, k, v, inputs, dropout_p, self.scale)
         else:
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal,

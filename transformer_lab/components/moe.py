@@ -73,11 +73,6 @@ class MoEFeedForward(nn.Module):
     """Top-k routed experts with Switch load-balancing and optional router z-loss."""
 
     # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
-    #: why several seeds train one after another: the routing leaves an auxiliary loss and
-    #: expert fractions on the module after each forward, which vmap cannot give each seed
-    seeds_one_after_another = ("ffn=moe leaves an auxiliary loss on the module after each "
-                               "forward (module state)")
-
     @classmethod
     def count_parameters(cls, d_model: int, d_ff: int, n_experts: int = 8,
                          expert: str = "swiglu", bias: bool = True,

@@ -18,17 +18,12 @@ from torch import nn
 class LayerNorm(nn.LayerNorm):
     """``torch.nn.LayerNorm`` over the last axis: (B, T, D) -> (B, T, D)."""
 
-    #: module state updated in place in training (it would forbid vectorised seeds): none
-    keeps_running_statistics = False
 
     @classmethod
     def count_parameters(cls, d_model: int) -> int:
         """Parameters of one norm: gain and bias, ``2 D``."""
         return 2 * d_model
 
-    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
-    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
-    seed_stacked = "SeedStackedLayerNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5) -> None:
         super().__init__(d_model, eps=eps)
@@ -37,17 +32,12 @@ class LayerNorm(nn.LayerNorm):
 class RMSNorm(nn.Module):
     """Root-mean-square norm without centring or bias: (B, T, D) -> (B, T, D)."""
 
-    #: module state updated in place in training (it would forbid vectorised seeds): none
-    keeps_running_statistics = False
 
     @classmethod
     def count_parameters(cls, d_model: int) -> int:
         """Parameters of one norm: the gain, ``D``."""
         return d_model
 
-    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
-    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
-    seed_stacked = "SeedStackedRMSNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -68,10 +58,6 @@ class SequenceBatchNorm(nn.BatchNorm1d):
     (every token's output depends on the batch's future tokens through mean and variance).
     """
 
-    #: running mean and variance are module state updated in place in training: seeds of a
-    #: model with this norm cannot train as one vectorised model (``training/multiseed.py``)
-    keeps_running_statistics = True
-
     @classmethod
     def count_parameters(cls, d_model: int) -> int:
         """Parameters of one norm: gain and bias, ``2 D`` (the running statistics are buffers)."""
@@ -85,9 +71,6 @@ class SequenceBatchNorm(nn.BatchNorm1d):
         280 / 490 / 840 steps (seeds 0-2; over 600 steps seed 2 reached only 0.97)."""
         return {"train.schedule": "warmup_cosine", "train.warmup": 20, "routine.max_steps": 1200}
 
-    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
-    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
-    seed_stacked = "SeedStackedBatchNorm"
 
     def __init__(self, d_model: int, eps: float = 1e-5, momentum: float = 0.1) -> None:
         super().__init__(d_model, eps=eps, momentum=momentum)

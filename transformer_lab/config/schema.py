@@ -116,7 +116,6 @@ SCHEMA: dict[str, Rule] = {
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
     "train.device": Rule("str", required=True),
     "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),
-    "train.compile": Rule("bool"),
     # the groups every run needs
     "arch.causal": Rule("bool", required=True),
     "task.name": Rule("str", required=True), "task._target_": Rule("str", required=True),

@@ -33,7 +33,10 @@ METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "
 # Never grouped by: a seed is a sample, and so is a seed trained with ``--seeds N``.
 _NOT_GROUPED = {"seed", "routine.seeds"}
 _SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
-NOPE = "none"  # the NoPE control's ``variant`` in metrics.csv (``routines.nope_control.NOPE``)
+NOPE = "none"  # the NoPE control's ``variant`` in metrics.csv (``routines.reverse_task.NOPE``)
+# The ``stage`` of reversal rows in metrics.csv (``routines.reverse_task.STAGE``; runs of tlab
+# 0.2 and earlier wrote ``reverse``).
+REVERSAL_STAGES = ("reverse_task", "reverse")
 _CSV_ERRORS = (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, ValueError,
                OSError)
 
@@ -162,7 +165,7 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
 
     A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
     column) contributes only the rows of ``own_variant`` (the run's PE, also as its table label
-    such as ``alibi(abs)``; else every variant but the control's), of its ``reverse`` stage when
+    such as ``alibi(abs)``; else every variant but the control's), of its reversal stage when
     it has several stages: the control's curve is not the run's. ``seed``: the
     row's ``seed`` column (NaN without one)."""
     path = run_dir / "metrics.csv"
@@ -180,9 +183,9 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
             own = variants != NOPE  # a user's PE's class name): all but the NoPE control
         if own.any():
             table = table[own]
-    if "stage" in table.columns and table["stage"].nunique() > 1 and \
-            (table["stage"] == "reverse").any():
-        table = table[table["stage"] == "reverse"]
+    reversal = table["stage"].isin(REVERSAL_STAGES) if "stage" in table.columns else None
+    if reversal is not None and table["stage"].nunique() > 1 and reversal.any():
+        table = table[reversal]
     tags = [c for c in ("stage", "variant", "seed") if c in table.columns]
     parts = table[tags].astype(str)  # joined per row: agg("/".join, axis=1) is far slower
     curve = (pd.Series(map("/".join, parts.itertuples(index=False, name=None)), index=table.index)

@@ -7,7 +7,7 @@ update per logged row (``benchmarks/progress_overhead.py``). A routine wraps a t
 in ``progress_bar(log, label, total)`` (where it used to show a spinner)::
 
     with progress_bar(run.metrics, "reversal: pe=rope", total=2 * max_steps):
-        fit_seeds(...)  # rows written to run.metrics (or a TaggedLog of it) move the bar
+        trainer.fit(...)  # rows written to run.metrics (or a TaggedLog of it) move the bar
 
 The bar shows steps done / total, the latest training loss, the latest held-out exact match
 (where the task has one), tokens/s and the time left. Rows of several models (tagged ``seed``,

@@ -50,7 +50,8 @@ def config_params(cfg: DictConfig) -> dict[str, Any]:
     return flatten(tree)
 
 
-# Row columns that describe how a row was made, not which curve it belongs to.
+# Row columns that describe how a row was made, not which curve it belongs to (tlab 0.2 runs
+# wrote ``seed_engine``).
 NOT_TAGS = {"seed_engine"}
 
 

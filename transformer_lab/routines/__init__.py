@@ -22,7 +22,7 @@ ROUTINES: dict[str, str] = {
     "check": "transformer_lab.routines.check:run_check",
     "plot_pe": "transformer_lab.routines.plot_pe:run_plot_pe",
     "extrapolate": "transformer_lab.routines.extrapolate.routine:run_extrapolate",
-    "reverse": "transformer_lab.routines.reverse:run_reverse",
+    "reverse_task": "transformer_lab.routines.reverse_task:run_reverse_task",
     "compare_activations": "transformer_lab.routines.compare:run_compare",
     "validate": "transformer_lab.routines.validate:run_validate",
     "mutants": "transformer_lab.routines.mutants:run_mutants",

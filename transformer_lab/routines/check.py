@@ -186,11 +186,12 @@ def pes_to_check(cfg: DictConfig) -> list[str]:
 def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> ComponentCheck:
     """Train on the run's task (reversal) for ``routine.train_steps`` steps, then swap-test."""
     from transformer_lab.config.instantiate import build_task
+    from transformer_lab.routines.variants import train_settings
     from transformer_lab.training.trainer import Trainer
 
     task = build_task(cfg)
     model = build_for_check(cfg).train()
-    trainer = Trainer(model, task, cfg.train, int(cfg.model.d_model), int(cfg.seed), None)
+    trainer = Trainer(model, task, train_settings(cfg), int(cfg.seed))
     result = trainer.fit(int(cfg.routine.train_steps), target_exact_match=SOLVED)
     row = swap_row(model, tokens, f"{component} (trained)", expect_permuted=model.pe_kind == "none")
     match = result.best_exact_match

@@ -4,8 +4,7 @@ runnable.
 
 For every activation of ``routine.activations`` (choices of the ``ffn`` config group) and
 every seed ``seed, seed+1, .., seed+routine.seeds-1``, the run's model is built with that FFN
-and trained for ``routine.steps`` steps (the seeds of one activation together, as one
-vectorised model where that pays: ``multiseed.fit_seeds``). Within a seed every activation
+and trained for ``routine.steps`` steps (one model after another). Within a seed every activation
 starts from the same ``torch.manual_seed`` (same initial attention/embedding weights; the FFN
 weights too where the shapes match) and sees the same batches in the same order (the trainer's
 generator is seeded with the seed), so the curves differ by the activation only.
@@ -65,6 +64,7 @@ from omegaconf import DictConfig, ListConfig
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
+from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
@@ -79,8 +79,8 @@ from transformer_lab.routines.compare_results import (
     verdict_lines,
 )
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
-from transformer_lab.routines.variants import seed_list, stage_log, with_choice
-from transformer_lab.training.trainer import count_parameters
+from transformer_lab.routines.variants import seed_list, stage_log, train_settings, with_choice
+from transformer_lab.training.trainer import Trainer, count_parameters
 
 
 def activation_list(cfg: DictConfig) -> list[str]:
@@ -121,43 +121,35 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
                 stage: str = "compare") -> list[SeedRun]:
-    """Train the model of ``cfg`` (one activation) with each of ``seeds`` for ``routine.steps``.
-
-    The seeds train together (``multiseed.fit_seeds``: one vectorised model where that pays,
-    else one after another), each with exactly the numbers of a run of its own. Throughput is
-    the median over log intervals of one seed's tokens per second (robust to the first steps'
-    warm-up and to other processes); seeds trained as one model share the wall time, so every
-    activation of a comparison is measured the same way.
+    """Train the model of ``cfg`` (one activation) with each of ``seeds`` for ``routine.steps``,
+    one after another, each as a run of its own. Throughput is the median over log intervals
+    of one seed's tokens per second (robust to the first steps' warm-up and to other
+    processes), so every activation of a comparison is measured the same way.
     """
-    from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
-
     activation = str(cfg.ffn.get("name"))
-    task = build_task(cfg)
-    models = build_seeded_models(cfg, seeds)
-    logged: dict[int, list[tuple[int, float]]] = {s: [] for s in seeds}  # (step, perf_counter)
-    results = fit_seeds(cfg, seeds, int(cfg.routine.steps), task=task, models=models,
-                        metrics={s: stage_log(log, stage, activation, s) for s in seeds},
-                        on_step=lambda s, step, loss: logged[s].append((step,
-                                                                        time.perf_counter())))
-    tokens_per_step = int(cfg.train.batch_size) * task.model_seq_len
+    task, settings = build_task(cfg), train_settings(cfg)
+    tokens_per_step = settings.batch_size * task.model_seq_len
     runs = []
-    for seed, model, result in zip(seeds, models, results, strict=True):
-        points = logged[seed]
+    for seed in seeds:
+        model = build_model(cfg, seed=seed)
+        logged: list[tuple[int, float]] = []  # (step, perf_counter) at each logged step
+        trainer = Trainer(model, task, settings, seed, stage_log(log, stage, activation, seed))
+        result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss, logged=logged:
+                             logged.append((step, time.perf_counter())))
         speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
-                  for (s0, t0), (s1, t1) in zip(points, points[1:], strict=False) if t1 > t0]
+                  for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
         ffn_params = sum(p.numel() for block in model.blocks
                          for p in block.feedforward.parameters())
         runs.append(SeedRun(activation, seed, count_parameters(model), ffn_params,
                             result.steps, result.final_loss, result.wall_s,
-                            result.train_losses, [step for step, _ in points], result.grad_norms,
+                            result.train_losses, [step for step, _ in logged], result.grad_norms,
                             statistics.median(speeds) if speeds else result.tokens_per_s))
     return runs
 
 
 def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
-    """Train every activation with seeds ``seed .. seed + routine.seeds - 1`` (the seeds of one
-    activation together, see ``train_seeds``); each finished (activation, seed) pair is
-    appended to ``compare_runs.csv``."""
+    """Train every activation with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``);
+    each activation's finished (activation, seed) pairs are appended to ``compare_runs.csv``."""
     activations, seeds = activation_list(cfg), seed_list(cfg)
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []

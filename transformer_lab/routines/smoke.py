@@ -41,7 +41,7 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list
+from transformer_lab.routines.variants import seed_list, train_settings
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
@@ -149,36 +149,35 @@ def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float
 def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
                    batches: list[Batch]) -> tuple[list[CheckRow], float]:
     """Step 2: train on fixed batches and check that the loss falls. With ``routine.seeds`` = N
-    > 1, seeds ``seed .. seed + N - 1`` train together (``multiseed.fit_seeds``), each with the
-    initial weights and fixed batches of its own single run (``model`` and ``batches`` are the
-    first seed's): one check row per seed, metrics rows with a ``seed`` column. Returns the rows
-    and each seed's loss on its fixed batches after training (seed -> loss)."""
-    from transformer_lab.training.multiseed import build_seeded_models, fit_seeds
-
+    > 1, seeds ``seed .. seed + N - 1`` train one after another, each with the initial weights
+    and fixed batches of its own single run (``model`` and ``batches`` are the first seed's):
+    one check row per seed, metrics rows with a ``seed`` column. Returns the rows and each
+    seed's loss on its fixed batches after training (seed -> loss)."""
     clock = Stopwatch()
     seeds = seed_list(cfg)
     several = len(seeds) > 1
-    models = [model, *build_seeded_models(cfg, seeds[1:])]
+    models = [model, *(build_model(cfg, seed=seed) for seed in seeds[1:])]
     fixed = {seeds[0]: batches}
     for seed in seeds[1:]:
         generator = torch.Generator().manual_seed(seed)
         fixed[seed] = [task.train_batch(cfg.routine.batch_size, generator)
                        for _ in range(cfg.routine.n_batches)]
-    evaluators = {s: Trainer(m, task, cfg.train, cfg.model.d_model, s)
-                  for s, m in zip(seeds, models, strict=True)}
-    before = {s: _fixed_loss(evaluators[s], fixed[s]) for s in seeds}
+    settings = train_settings(cfg)
+    trainers = {s: Trainer(m, task, settings, s, TaggedLog(metrics, seed=s) if several
+                           else metrics) for s, m in zip(seeds, models, strict=True)}
+    before = {s: _fixed_loss(trainers[s], fixed[s]) for s in seeds}
     # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
     # ratio after training hides a PE that swamped the tokens when training began
     ratios = {s: pe_to_embedding_ratio(m, fixed[s][0]) for s, m in zip(seeds, models, strict=True)}
     steps = int(cfg.routine.steps)
-    logs = {s: TaggedLog(metrics, seed=s) if several else metrics for s in seeds}
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
     with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
-        fit_seeds(cfg, seeds, steps, task=task, models=models, batches=fixed, metrics=logs)
+        for seed in seeds:
+            trainers[seed].fit(steps, batches=fixed[seed])
     wall = clock.lap() / len(seeds)
     rows, afters = [], {}
     for seed, trained in zip(seeds, models, strict=True):
-        after = afters[seed] = _fixed_loss(evaluators[seed], fixed[seed])
+        after = afters[seed] = _fixed_loss(trainers[seed], fixed[seed])
         drop = (before[seed] - after) / before[seed] if before[seed] > 0 else 0.0
         ok = math.isfinite(after) and drop >= cfg.routine.min_drop
         detail = (f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}" if several
@@ -197,7 +196,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
 
 
 def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
-    """``seeds.csv``: one row per seed trained together, with the summary numbers a one-seed
+    """``seeds.csv``: one row per seed of the run, with the summary numbers a one-seed
     run of that seed gets (``final_loss``: its loss on its fixed batches, ``steps``)."""
     return [{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
             for seed, loss in losses.items()]

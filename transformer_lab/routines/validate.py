@@ -20,39 +20,48 @@ and training settings of steps 1-2 and 4 are the run's config with ``routine.smo
 stops the routine (the later steps would not mean anything); later failures do not, so the
 table shows everything that is wrong. A diverging step is a FAIL of that step.
 
-Step 4 does not depend on steps 1-3: where it can (``comparison_beside``: ``routine.parallel``,
-Linux, CPU, one torch thread) it runs in a child process forked before step 1
-(``background.py``), on the second core, and its rows, files and metrics rows join the run
-after step 3 as if it had run there; step 3's NoPE control then trains after the chosen PE.
+Step 4 does not depend on steps 1-3: where a second core is free for it (``comparison_beside``)
+it trains on a second thread beside them (:class:`StepBeside`; torch releases the GIL inside
+its operators, so the two threads' steps overlap), and its rows, files and metrics rows join
+the run after step 3 as if it had run there; its numbers are those of a run after step 3.
 
 Writes ``validation.csv`` (``step, check, status, metric, value, threshold, wall_s, detail``;
 one row per check, appended as each step ends so an interrupted run keeps the finished steps),
 ``reverse.csv``, ``comparison.csv``, ``compare_runs.csv``, ``loss_curves.png`` and every
-training row in ``metrics.csv`` (``stage`` = smoke / reverse / compare).
+training row in ``metrics.csv`` (``stage`` = smoke / reverse_task / compare).
 """
 
 from __future__ import annotations
 
-import copy
 import os
-import sys
-from collections.abc import Callable
+import shutil
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from pathlib import Path
+from typing import Any
 
-from omegaconf import DictConfig, open_dict
+from omegaconf import DictConfig
 
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import JobInputs, RoutineOutcome, compare, compare_output, reverse
-from transformer_lab.routines.background import BackgroundStep, StepFailed
+from transformer_lab.routines import (
+    JobInputs,
+    RoutineOutcome,
+    compare,
+    compare_output,
+    reverse_task,
+)
 from transformer_lab.routines.compare_results import (
     COMPARISON_COLUMNS,
     comparison_checks,
     comparison_rows,
 )
-from transformer_lab.routines.reverse_results import REVERSE_COLUMNS, reversal_summary, reverse_rows
+from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, seed_list, stage_log
 
@@ -82,7 +91,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
         if not isinstance(value, int) or value < 1:
             raise ConfigError(f"routine.smoke.routine.{key}={value} is not valid; it must be "
                               "an integer >= 1")
-    reverse.check_config(cfg, inputs)
+    reverse_task.check_config(cfg, inputs)
     compare_cfg = configs["compare"]
     compare.check_config(compare_cfg, inputs)  # the compare patch leaves the task as it is
 
@@ -103,7 +112,7 @@ def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
 
 def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], dict]:
     try:
-        rows, runs = reverse.reversal_runs(cfg, run.metrics)
+        rows, runs = reverse_task.reversal_runs(cfg, run.metrics)
     except Diverged as exc:
         return [CheckRow(3, "reverse_exact_match", "FAIL", detail=f"diverged: {exc}")], {}
     run.write_table("reverse", reverse_rows(runs), REVERSE_COLUMNS)
@@ -118,47 +127,118 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     compare_output.plot_loss_curves(runs, run.path / "loss_curves.png",
-                             f"tlab validate step 4: pe={reverse.pe_label(cfg)}, "
-                             f"{reverse.arch_name(cfg)}, {cfg.routine.steps} steps")
+                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
+                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
     return comparison_checks(rows)
 
 
 def comparison_beside(cfg: DictConfig) -> bool:
-    """Step 4 runs in a child process beside steps 1-3 (``routine.parallel``, default true): on
-    Linux, on the CPU, with 2+ cores, one torch thread (``train.threads=1``, the default: a
-    forked child hangs in OpenMP's thread pool once the parent has used it), without
-    ``train.compile`` (its compiler workers and kernels are not for a forked child) and not in
-    a sweep job (its launcher shares the cores out). Its numbers are those of the sequential
-    path."""
-    if not cfg.routine.get("parallel", True) or not hasattr(os, "fork") \
-            or not sys.platform.startswith("linux"):
-        return False
-    configs = step_configs(cfg)
-    if any(not str(c.train.device).startswith("cpu") or c.train.get("threads") != 1
-           or c.train.get("compile", False) for c in configs.values()):
+    """Step 4 trains on a second thread beside steps 1-3 (``routine.parallel``, default true)
+    where that is safe and pays: the machine has cores for both steps' torch threads; no step
+    uses dropout (it draws from torch's global generator, which the threads share); not a
+    sweep job (its launcher shares the cores out)."""
+    if not cfg.routine.get("parallel", True):
         return False
     import torch
 
     from transformer_lab.config.hydra_adapter import in_multirun
     from transformer_lab.training.threads import available_cores
 
-    return not in_multirun() and torch.get_num_threads() == 1 and available_cores() >= 2
+    for config in step_configs(cfg).values():
+        if any(float(p) for p in config.model.dropout.values()):
+            return False
+    threads = cfg.train.get("threads") or torch.get_num_threads()
+    return not in_multirun() and available_cores() >= 2 * int(threads)
 
 
-def reverse_config(cfg: DictConfig, beside: bool) -> DictConfig:
-    """Step 3's config; with step 4 beside it, the NoPE control trains after the chosen PE
-    (``control_thread: auto`` -> false): the second core is step 4's; a third thread on two
-    cores was no faster on a quiet machine and slower on a busy one (same numbers either way)."""
-    if not beside or cfg.routine.get("control_thread", "auto") != "auto":
-        return cfg
-    variant = copy.deepcopy(cfg)
-    with open_dict(variant):
-        variant.routine.control_thread = False
-    return variant
+class StepCancelled(Exception):
+    """Raised on the step's thread when the routine no longer wants its result."""
 
 
-def comparison_child(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]]:
-    """Step 4 as the child process runs it: its rows carry its own wall time."""
+class StepFailed(Exception):
+    """The step on the second thread raised (its text)."""
+
+
+class HeldRows:
+    """The metrics log of the step on the second thread: keeps its (already tagged) rows for
+    ``metrics.csv``, draws no progress bar (no listeners), and raises ``StepCancelled`` at the
+    next row once the step is cancelled (every training step logs a row)."""
+
+    def __init__(self, cancelled: threading.Event) -> None:
+        self.rows: list[dict[str, Any]] = []
+        self.listeners: list[Callable] = []
+        self.cancelled = cancelled
+
+    def write(self, row: Mapping[str, Any]) -> None:
+        if self.cancelled.is_set():
+            raise StepCancelled
+        self.rows.append(dict(row))
+
+    def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            self.write(row)
+
+
+class StagedRun(RunDirectory):
+    """The run directory as the step's thread sees it: tables and plots in a staging folder
+    (moved into the run when collected, dropped when cancelled), metrics rows held."""
+
+    def __init__(self, path: Path, cfg: Any, cancelled: threading.Event) -> None:
+        super().__init__(path, cfg)
+        self.held = HeldRows(cancelled)
+
+    @property
+    def metrics(self) -> HeldRows:  # type: ignore[override]
+        return self.held
+
+
+class StepBeside:
+    """``step(staged_run)`` on a second thread; ``collect`` its result into the run, or
+    ``cancel`` it."""
+
+    STAGING = ".step-beside"  # the step's folder in the run directory, until collected
+
+    def __init__(self, step: Callable[[RunDirectory], Any], run: RunDirectory) -> None:
+        self.staging = run.path / self.STAGING
+        shutil.rmtree(self.staging, ignore_errors=True)
+        self.staging.mkdir()
+        self.cancelled = threading.Event()
+        self.staged = StagedRun(self.staging, run.cfg, self.cancelled)
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tlab-step")
+        self.future: Future = self._pool.submit(step, self.staged)
+        self.done = False
+
+    def collect(self, run: RunDirectory, showing: AbstractContextManager | None = None) -> Any:
+        """Wait for the step (inside ``showing``, e.g. a progress bar), move its files into
+        ``run`` and write its metrics rows; its result, or ``StepFailed`` with its error
+        (``KeyboardInterrupt`` raised again)."""
+        with showing or nullcontext():
+            error = self.future.exception()  # waits
+        self.done = True
+        self._pool.shutdown()
+        if error is not None:
+            shutil.rmtree(self.staging, ignore_errors=True)
+            if isinstance(error, KeyboardInterrupt):
+                raise KeyboardInterrupt  # as if it had run on the main thread: exit 130
+            raise StepFailed(f"{type(error).__name__}: {error}")
+        for name in sorted(os.listdir(self.staging)):
+            os.replace(self.staging / name, run.path / name)
+        shutil.rmtree(self.staging, ignore_errors=True)
+        run.metrics.write_all(self.staged.held.rows)
+        return self.future.result()
+
+    def cancel(self) -> None:
+        """Stop the step at its next metrics row (if it was not collected) and drop its files."""
+        if self.done:
+            return
+        self.done = True
+        self.cancelled.set()
+        self._pool.shutdown(wait=True)
+        shutil.rmtree(self.staging, ignore_errors=True)
+
+
+def comparison_alone(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]]:
+    """Step 4 as the second thread runs it: its rows carry its own wall time."""
     def step(run: RunDirectory) -> list[CheckRow]:
         clock = Stopwatch()
         rows = comparison_step(cfg, run)
@@ -167,18 +247,17 @@ def comparison_child(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]
     return step
 
 
-def collect_comparison(cfg: DictConfig, background: BackgroundStep,
+def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
-    """Step 4's rows from the child (its files and metrics rows moved into ``run``), with a
-    progress bar while the parent waits for it; a child that raised or died is a FAIL of step
-    4 with the reason."""
+    """Step 4's rows from the second thread (its files and metrics rows moved into ``run``),
+    with a progress bar while it finishes; a step that raised is a FAIL of step 4."""
     routine = cfg.routine
     seeds, activations = len(seed_list(cfg)), compare.activation_list(cfg)
-    bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
+    bar = progress_bar(run.metrics, f"step 4 on a second thread: {', '.join(activations)}, "
                        f"{seeds} seed{'s' if seeds > 1 else ''}: {routine.steps} steps",
                        total=int(routine.steps) * seeds * len(activations))
     try:
-        return background.collect(run, bar)
+        return beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
@@ -201,9 +280,9 @@ def skipped(step: int, reason: str) -> CheckRow:
 
 
 def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
-              background: BackgroundStep | None) -> tuple[list[CheckRow], dict]:
+              beside: StepBeside | None) -> tuple[list[CheckRow], dict]:
     """Steps 1-4 in order, each step's rows recorded in ``validation.csv`` as it ends; step 4
-    from ``background`` when it runs there. A failing step 1 skips the others."""
+    from ``beside`` when it runs there. A failing step 1 skips the others."""
     clock, log = Stopwatch(), run.log("validation", CHECK_COLUMNS)
     step_rows = smoke_steps(configs["smoke"], run)  # a progress bar while it trains
     _record(log, step_rows, clock.lap())
@@ -213,15 +292,14 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
                  if not any(row.step == step for row in step_rows)]
         _record(log, later)
         return rows + later, summary
-    step_rows, summary = reversal_step(reverse_config(configs["reverse"], background is not None),
-                                       run)
+    step_rows, summary = reversal_step(configs["reverse"], run)
     _record(log, step_rows, clock.lap())
     rows += step_rows
-    if background is None:
+    if beside is None:
         step_rows = comparison_step(configs["compare"], run)
         _record(log, step_rows, clock.lap())
-    else:  # the child's rows carry its own wall time
-        step_rows = collect_comparison(configs["compare"], background, run)
+    else:  # the thread's rows carry its own wall time
+        step_rows = collect_comparison(configs["compare"], beside, run)
         _record(log, step_rows)
     return rows + step_rows, summary
 
@@ -229,21 +307,18 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
 def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
     configs = step_configs(cfg)
-    background = None
-    if comparison_beside(cfg):  # forked before any progress bar's thread starts
-        import pandas  # noqa: F401 - both need it (verdict columns): imported once, not twice
-
-        background = BackgroundStep.start(comparison_child(configs["compare"]), run)
+    beside = StepBeside(comparison_alone(configs["compare"]), run) \
+        if comparison_beside(cfg) else None
     try:
-        rows, summary = run_steps(configs, run, background)
+        rows, summary = run_steps(configs, run, beside)
     finally:
-        if background is not None:
-            background.cancel()  # not collected (step 1 failed, Ctrl-C, an error): stop it
+        if beside is not None:
+            beside.cancel()  # not collected (step 1 failed, Ctrl-C, an error): stop it
 
     console.print(check_table(rows, f"tlab validate - {run.path}"))
     failed_steps = sorted({row.step for row in rows if not row.passed})
     for step in failed_steps:
-        if step == 3 and reverse.pe_label(cfg) == "none":
+        if step == 3 and reverse_task.pe_label(cfg) == "none":
             console.print("[yellow]step 3 failed as expected[/]: pe=none is the control (an "
                           "encoder cannot reverse without a PE; a decoder may learn it from its "
                           "mask); run a PE to validate it")

@@ -4,7 +4,8 @@ The validation routine trains several models in one run directory: the chosen PE
 control (step 3), one model per activation and seed (step 4). Each is the run's own config with
 one config group swapped (``with_choice(cfg, "pe", "none")``) or a block of settings merged over
 it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the columns
-``stage``, ``variant`` and ``seed`` (``stage_log``).
+``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
+``train.*`` keys into the trainer's typed settings.
 """
 
 from __future__ import annotations
@@ -19,12 +20,19 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CsvLog, TaggedLog
+from transformer_lab.training.trainer import TrainSettings
 
 
 def stage_log(log: CsvLog | None, stage: str, variant: str = "",
               seed: int | None = None) -> TaggedLog:
     """``log`` with the ``stage``, ``variant`` and ``seed`` columns of one trained model."""
     return TaggedLog(log, stage=stage, variant=variant, seed=seed)
+
+
+def train_settings(cfg: DictConfig) -> TrainSettings:
+    """The typed training settings of ``cfg``: its ``train.*`` keys and ``model.d_model``."""
+    return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
+                                      int(cfg.model.d_model))
 
 
 def seed_list(cfg: DictConfig) -> list[int]:

@@ -34,14 +34,6 @@ class Task(ABC):
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         """A fresh training batch drawn with ``generator``."""
 
-    def train_batches(self, batch_size: int, generator: torch.Generator, count: int) -> Batch:
-        """``count`` consecutive ``train_batch`` draws as one Batch of (count, B, T) tensors:
-        the same numbers, and the same generator state after, as ``count`` calls. Tasks
-        override it with one vectorised draw (a seed-batched run draws many steps at once)."""
-        batches = [self.train_batch(batch_size, generator) for _ in range(count)]
-        return Batch(torch.stack([b.inputs for b in batches]),
-                     torch.stack([b.targets for b in batches]))  # (count, B, T) each
-
     @abstractmethod
     def eval_batch(self) -> Batch:
         """The fixed held-out batch (never drawn by ``train_batch``)."""

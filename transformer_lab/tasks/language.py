@@ -49,14 +49,6 @@ class LanguageModelTask(Task):
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self._windows(self.train_tokens, batch_size, generator)
 
-    def train_batches(self, batch_size: int, generator: torch.Generator, count: int) -> Batch:
-        """``count`` ``train_batch`` draws in one ``randint`` (the same stream): (count, B, T)."""
-        if type(self).train_batch is not LanguageModelTask.train_batch:
-            return super().train_batches(batch_size, generator, count)  # a subclass's draw
-        batch = self._windows(self.train_tokens, count * batch_size, generator)
-        return Batch(batch.inputs.reshape(count, batch_size, -1),
-                     batch.targets.reshape(count, batch_size, -1))
-
     def eval_batch(self) -> Batch:
         return self._eval
 

@@ -84,46 +84,6 @@ class SequenceTransformTask(Task):
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self._layout(self._sample(batch_size, generator, held_out=False))
 
-    def train_batches(self, batch_size: int, generator: torch.Generator, count: int) -> Batch:
-        """``count`` ``train_batch`` draws at once, (count, B, T) each: every step's chunk of
-        ``max(2B, 64)`` sources comes from one ``randint`` over all steps (the generator's
-        stream is the same) and keeps its first B training sources; a chunk with too few (rare)
-        takes the next one, as ``_sample`` does, so the numbers and the generator's state
-        equal ``count`` calls of ``train_batch``."""
-        own = (type(self).train_batch, type(self)._sample)
-        if own != (SequenceTransformTask.train_batch, SequenceTransformTask._sample):
-            return super().train_batches(batch_size, generator, count)  # a subclass's draw
-        rows = max(2 * batch_size, 64)
-        draw = torch.randint(1, self.vocab_size, (count, rows, self.seq_len), generator=generator)
-        keep = ~self._is_held_out(draw.view(-1, self.seq_len)).view(count, rows)  # (count, rows)
-        if bool((keep.sum(dim=1) >= batch_size).all()):
-            first = keep & (keep.cumsum(dim=1) <= batch_size)  # each chunk's first B kept rows
-            sources = draw[first]  # (count * B, L)
-        else:
-            sources = self._sample_steps(draw, keep, batch_size, generator)
-        batch = self._layout(sources)  # (count * B, T)
-        return Batch(batch.inputs.view(count, batch_size, -1),
-                     batch.targets.view(count, batch_size, -1))
-
-    def _sample_steps(self, draw: torch.Tensor, keep: torch.Tensor, batch_size: int,
-                      generator: torch.Generator) -> torch.Tensor:
-        """``_sample`` for each of ``len(draw)`` steps from chunks already drawn (count, rows,
-        L), drawing further chunks when the steps need more: (count * B, L)."""
-        pending = [chunk[k] for chunk, k in zip(draw, keep, strict=True)]  # kept rows, in order
-        steps = []
-        for _ in range(len(draw)):
-            parts, have = [], 0
-            while have < batch_size:
-                if pending:
-                    part = pending.pop(0)
-                else:
-                    chunk = torch.randint(1, self.vocab_size, draw.shape[1:], generator=generator)
-                    part = chunk[~self._is_held_out(chunk)]
-                parts.append(part)
-                have += len(part)
-            steps.append(torch.cat(parts)[:batch_size])
-        return torch.cat(steps)
-
     def eval_batch(self) -> Batch:
         return self._eval
 

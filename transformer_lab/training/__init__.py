@@ -1,2 +1,2 @@
-"""Training: the loop (``trainer``), several seeds at once (``multiseed``), the optimiser,
-learning-rate schedules, lock-stepped threads and CPU thread counts."""
+"""Training: the loop (``trainer``: one model, its optimiser, schedule and metrics rows),
+learning-rate schedules and CPU thread counts."""

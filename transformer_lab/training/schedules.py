@@ -1,5 +1,6 @@
 """Learning-rate schedules, chosen by ``train.schedule``; each maps a step (1-based) to an lr,
-given the train settings, d_model and ``total_steps``, the length of the training being run.
+given the train settings (``trainer.TrainSettings``: lr, warm-up, d_model, ...) and
+``total_steps``, the length of the training being run.
 
 constant:       lr
 noam:           noam_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
@@ -14,21 +15,30 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from typing import Protocol
 
-from omegaconf import DictConfig
+
+class ScheduleSettings(Protocol):
+    """What a schedule reads of the train settings (``trainer.TrainSettings`` has them)."""
+
+    lr: float
+    warmup: int
+    noam_factor: float
+    min_lr_ratio: float
+    d_model: int
 
 
-def constant(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
+def constant(step: int, train: ScheduleSettings, total_steps: int) -> float:
     return float(train.lr)
 
 
-def noam(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
+def noam(step: int, train: ScheduleSettings, total_steps: int) -> float:
     step = max(step, 1)
     warmup = max(int(train.warmup), 1)
-    return float(train.noam_factor) * d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
+    return float(train.noam_factor) * train.d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def warmup_cosine(step: int, train: DictConfig, d_model: int, total_steps: int) -> float:
+def warmup_cosine(step: int, train: ScheduleSettings, total_steps: int) -> float:
     lr, warmup, total = float(train.lr), int(train.warmup), int(total_steps)
     if warmup > 0 and step <= warmup:
         return lr * step / warmup
@@ -37,7 +47,7 @@ def warmup_cosine(step: int, train: DictConfig, d_model: int, total_steps: int) 
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-SCHEDULES: dict[str, Callable[[int, DictConfig, int, int], float]] = {
+SCHEDULES: dict[str, Callable[[int, ScheduleSettings, int], float]] = {
     "constant": constant,
     "noam": noam,
     "warmup_cosine": warmup_cosine,

@@ -1,42 +1,86 @@
-"""The training loop: AdamW, gradient clipping, a schedule from ``schedules.SCHEDULES``,
-periodic held-out evaluation, and metrics rows written as it goes.
+"""The training loop: one model on one task.
 
-Deterministic on CPU: the caller seeds torch before building the model; batches are drawn from
-a ``torch.Generator`` seeded with ``seed``, so the same config gives the same numbers.
+    settings = TrainSettings.from_mapping(train_keys, d_model=64)   # typed ``train.*``
+    trainer = Trainer(model, task, settings, seed=0, metrics=run.metrics)
+    result = trainer.fit(200)                   # TrainResult: steps, final_loss, curves, ...
+
+Each step: the learning rate of the schedule (``schedules.SCHEDULES``), forward and loss (under
+bf16 autocast with ``precision="bf16"``), the model's auxiliary loss (MoE load balancing)
+added, backward, ``torch.nn.utils.clip_grad_norm_``
+and a ``torch.optim.AdamW`` step (decay on matrices only). Every ``log_every`` steps a ``train``
+row, every ``eval_every`` steps and at the end a held-out ``val`` row; NaN/inf stops the run
+with ``Diverged`` after its row is written. Several seeds are several trainers, one after
+another: each gets exactly the numbers of a run of its own.
+
+Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
+batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
+give the same numbers.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from types import SimpleNamespace
+from dataclasses import dataclass, field, fields
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from transformer_lab.errors import Diverged
+from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
-from transformer_lab.training.compile import CompileProbe, ModelLoss
-from transformer_lab.training.lockstep import Lockstep
-from transformer_lab.training.optim import (
-    adamw_param_groups,
-    clip_gradients,
-    make_adamw,
-    set_lr,
-)
 from transformer_lab.training.schedules import SCHEDULES
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train.*`` keys of a composed config, typed (``configs/train/default.yaml`` says
+    what each means), plus the model width the ``noam`` schedule scales by."""
+
+    d_model: int
+    steps: int = 200
+    batch_size: int = 64
+    lr: float = 3e-3
+    schedule: str = "constant"
+    warmup: int = 0
+    noam_factor: float = 1.0
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.0
+    betas: tuple[float, float] = (0.9, 0.98)
+    grad_clip: float | None = 1.0
+    log_every: int = 10
+    eval_every: int = 0
+    threads: int | None = 1
+    device: str = "cpu"
+    precision: str = "fp32"
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule='{self.schedule}' is not known; valid: "
+                              f"{', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision='{self.precision}' is not valid; use "
+                              f"{' or '.join(PRECISIONS)}")
+
+    @classmethod
+    def from_mapping(cls, train: Mapping[str, object], d_model: int) -> TrainSettings:
+        """From the ``train`` node as a plain mapping (keys this class does not know are
+        ignored); ``betas`` becomes a tuple."""
+        known = {f.name for f in fields(cls)} - {"d_model"}
+        values = {key: value for key, value in train.items() if key in known}
+        if "betas" in values:
+            values["betas"] = tuple(float(b) for b in values["betas"])  # type: ignore[union-attr]
+        return cls(d_model=int(d_model), **values)  # type: ignore[arg-type]
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T). The cast to
-    fp32 (a no-op for fp32 logits) is what autocast does for cross-entropy, made explicit: under
-    vmap on CUDA autocast's fp32 casts were seen to be skipped (for the attention softmax)."""
+    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T); in fp32
+    (a no-op for fp32 logits), as autocast computes cross-entropy."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
 
@@ -64,6 +108,26 @@ def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def decay_groups(params: Sequence[nn.Parameter], weight_decay: float) -> list[dict]:
+    """Optimiser parameter groups: weight decay on matrices only (not on biases, norm gains,
+    embeddings' 1-D cousins); one group when it is 0."""
+    if not weight_decay:
+        return [{"params": list(params), "weight_decay": 0.0}]
+    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+
+
+def make_adamw(params: Sequence[nn.Parameter], settings: TrainSettings,
+               lr: float) -> torch.optim.AdamW:
+    """``torch.optim.AdamW`` over ``decay_groups``; its fused kernel where every parameter is
+    a floating tensor on the CPU or a GPU (one kernel for all tensors: the same numbers on
+    every run of the same build)."""
+    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
+                                 for p in params)
+    return torch.optim.AdamW(decay_groups(params, settings.weight_decay), lr=lr,
+                             betas=settings.betas, fused=fused or None)
+
+
 @torch.no_grad()
 def evaluate_model(model: nn.Module, task: Task, batch: Batch,
                    precision: AbstractContextManager = nullcontext(),
@@ -82,22 +146,6 @@ def evaluate_model(model: nn.Module, task: Task, batch: Batch,
             "exact_match": math.nan if match is None else match}
 
 
-class PlainConfig(SimpleNamespace):
-    """A read-only snapshot of a config node with plain attributes: reading a DictConfig value
-    costs microseconds, too much for a per-step schedule call on a tiny model."""
-
-    def __init__(self, node: DictConfig | dict) -> None:
-        values = OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) \
-            else dict(node)
-        super().__init__(**values)
-
-    def get(self, key: str, default: object = None) -> object:
-        return getattr(self, key, default)
-
-    def __getitem__(self, key: str) -> object:
-        return getattr(self, key)
-
-
 @dataclass
 class TrainResult:
     steps: int = 0
@@ -111,42 +159,28 @@ class TrainResult:
 
 
 class Trainer:
-    """Owns the optimiser and the step counter for one model on one task."""
+    """Owns the optimiser, the data generator and the step counter for one model on one task."""
 
-    def __init__(self, model: nn.Module, task: Task, train: DictConfig, d_model: int,
-                 seed: int, metrics: CsvLog | None = None) -> None:
-        if train.schedule not in SCHEDULES:
-            raise ValueError(f"train.schedule='{train.schedule}' is not known; valid: "
-                             f"{', '.join(SCHEDULES)}")
+    def __init__(self, model: nn.Module, task: Task, settings: TrainSettings, seed: int,
+                 metrics: CsvLog | None = None) -> None:
         self.model = model
         self.task = task
-        self.cfg = train
-        self.d_model = d_model
+        self.settings = settings
         self.metrics = metrics
-        self.device = torch.device(train.device)
+        self.device = torch.device(settings.device)
         model.to(self.device)  # in place (same Parameter objects); a no-op on CPU
-        self.generator = torch.Generator().manual_seed(seed)
-        self.schedule = SCHEDULES[train.schedule]
-        self._train = PlainConfig(train)  # hot-path copy of the train settings
+        self.generator = torch.Generator().manual_seed(int(seed))
+        self.schedule = SCHEDULES[settings.schedule]
         self._params = [p for p in model.parameters() if p.requires_grad]
-        groups = adamw_param_groups(self._params, float(train.weight_decay))
-        self._horizon = int(train.steps)  # the schedule's total steps; each fit sets it
-        lr = self.schedule(1, self._train, d_model, self._horizon)
-        self.optimizer = make_adamw(groups, lr, tuple(train.betas))
-        self._grad_clip = float(train.grad_clip) if train.grad_clip else math.inf
-        self.autocast = (
+        self._horizon = settings.steps  # the schedule's total steps; each fit sets it
+        self.optimizer = make_adamw(self._params, settings, self.schedule(1, settings,
+                                                                          self._horizon))
+        self.max_grad_norm = settings.grad_clip if settings.grad_clip else math.inf
+        self.autocast: AbstractContextManager = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
-            if train.precision == "bf16" else nullcontext()
-        )
+            if settings.precision == "bf16" else nullcontext())
         self.step_count = 0
         self.started = time.perf_counter()
-        # (inputs, targets) -> loss: the forward and the loss, compiled together (compile.py)
-        self._loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = self._eager_loss
-
-    @property
-    def _lr(self) -> float:
-        """The learning rate the last step used (the optimiser's)."""
-        return self.optimizer.param_groups[0]["lr"]
 
     def plan_schedule(self, steps: int) -> None:
         """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
@@ -156,35 +190,19 @@ class Trainer:
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
-        lr = self.schedule(self.step_count, self._train, self.d_model, self._horizon)
-        set_lr(self.optimizer, lr)
+        lr = self.schedule(self.step_count, self.settings, self._horizon)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
         if not self.model.training:
             self.model.train()
         with self.autocast:
-            loss = self._loss(batch.inputs, batch.targets)
+            loss = sequence_loss(self.model(batch.inputs), batch.targets)
             auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
-        for param in self._params:  # zero_grad(set_to_none=True) without its hooks
-            param.grad = None
+        self.optimizer.zero_grad(set_to_none=True)
         (loss if auxiliary is None else loss + auxiliary).backward()
-        grad_norm = clip_gradients(self._params, self._grad_clip)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         self.optimizer.step()
         return loss.detach(), grad_norm, lr
-
-    def _eager_loss(self, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        return sequence_loss(self.model(inputs), targets)
-
-    def step_work(self) -> int:
-        """Tokens per step x d_model: what decides whether a compile can pay on a CPU."""
-        return int(self._train.batch_size) * int(self.task.model_seq_len) * int(self.d_model)
-
-    def compile_probe(self, steps: int) -> CompileProbe | None:
-        """With ``train.compile=true``, what compiles the training forward where it pays
-        (``training/compile.py``); None otherwise."""
-        if not self._train.get("compile"):
-            return None
-        return CompileProbe(ModelLoss(self.model, sequence_loss), steps, self.step_work(),
-                            str(self.device), "the training step",
-                            lambda loss: setattr(self, "_loss", loss))
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
         """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision
@@ -199,17 +217,16 @@ class Trainer:
 
     def record_train(self, result: TrainResult, step: int, loss: float, grad_norm: float,
                      lr: float, tokens_per_s: float,
-                     on_step: Callable[[int, float], None] | None = None,
-                     who: str = "") -> None:
+                     on_step: Callable[[int, float], None] | None = None) -> None:
         """A ``train`` row into the metrics and ``result``; ``Diverged`` (after the row is
-        written) when the loss or gradient norm is not finite. ``who`` prefixes the message."""
+        written) when the loss or gradient norm is not finite."""
         result.train_losses.append(loss)
         result.grad_norms.append(grad_norm)
         self.log({"step": step, "split": "train", "loss": loss, "lr": lr,
                   "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
                   **model_auxiliary_metrics(self.model)})
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            raise Diverged(f"{who}loss became {loss} at step {step} (lr={lr:.3g})")
+            raise Diverged(f"loss became {loss} at step {step} (lr={lr:.3g})")
         if on_step is not None:
             on_step(step, loss)
 
@@ -231,51 +248,29 @@ class Trainer:
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
             on_step: Callable[[int, float], None] | None = None,
-            lead: Lockstep | None = None, follow: Lockstep | None = None,
             horizon: int | None = None) -> TrainResult:
         """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
 
-        Every ``train.log_every`` steps a ``train`` row is logged (loss, lr, grad norm,
-        tokens/s) and the loss is checked: NaN/inf raises ``Diverged`` after the row is written.
-        Every ``train.eval_every`` steps (and at the end) a ``val`` row is logged; with
-        ``target_exact_match`` training stops at the first evaluation that reaches it.
-        ``lead`` / ``follow``: this run leads, or follows on another thread, a ``Lockstep``
-        (a follower stops after the leader's last step, as if that were its ``steps``).
-        ``horizon``: the number of steps the schedule plans for (``warmup_cosine`` reaches its
-        floor there; default ``steps``), e.g. a routine's step budget when it may stop early.
+        With ``target_exact_match`` training stops at the first evaluation that reaches it.
+        ``on_step(step, loss)`` is called at every logged step. ``horizon``: the number of
+        steps the schedule plans for (``warmup_cosine`` reaches its floor there; default
+        ``steps``), e.g. a routine's step budget when it may stop early.
         """
         self.plan_schedule(steps if horizon is None else horizon)
-        try:
-            return self._fit(steps, batches, target_exact_match, on_step, follow, lead)
-        finally:
-            if lead is not None:  # also on an error: the follower must not wait for more
-                lead.stopped(self.step_count)
-
-    def _fit(self, steps: int, batches: Sequence[Batch] | None, target_exact_match: float | None,
-             on_step: Callable[[int, float], None] | None, follow: Lockstep | None = None,
-             lead: Lockstep | None = None) -> TrainResult:
         result = TrainResult()
-        log_every, eval_every = max(1, self.cfg.log_every), self.cfg.eval_every
+        log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
         tokens_since, total_tokens = 0, 0
-        probe = self.compile_probe(steps)  # train.compile=true: compile if it pays, or None
         started = clock = time.perf_counter()
         for i in range(steps):
-            if i == 0 and follow is not None and not follow.may_take(self.step_count + 1):
-                break  # the leader took no steps at all (later steps: ``last`` below)
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:
-                batch = self.task.train_batch(self._train.batch_size, self.generator)
+                batch = self.task.train_batch(self.settings.batch_size, self.generator)
             batch = batch.to(self.device)
             loss, grad_norm, lr = self.train_step(batch)
             tokens_since += batch.inputs.numel()
             total_tokens += batch.inputs.numel()
-            if probe is not None:
-                probe.after_step(i)
-            step = self.step_count
-            if lead is not None:
-                lead.took(step)
-            last = i == steps - 1 or (follow is not None and not follow.may_take(step + 1))
+            step, last = self.step_count, i == steps - 1
             if step % log_every == 0 or last:
                 now = time.perf_counter()
                 self.record_train(result, step, loss.item(), grad_norm.item(), lr,
@@ -284,8 +279,6 @@ class Trainer:
             evaluating = (eval_every and step % eval_every == 0) or last
             if evaluating and self.record_eval(result, step, lr, target_exact_match):
                 break  # solved
-            if last:
-                break
         result.steps = self.step_count
         result.wall_s = time.perf_counter() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)

@@ -52,9 +52,6 @@ class LearnedPositionalEncoding(nn.Module):
             return ("sinusoidal_shift", "permutation")
         return ("permutation",)
 
-    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
-    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
-    seed_stacked = "SeedStackedLearnedPE"
 
     def __init__(
         self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False
@@ -104,12 +101,6 @@ class LearnedPositionalEncoding(nn.Module):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         if positions.numel() == 0:
             return self.weight[:0]  # (0, d)
-        if torch.compiler.is_compiling() and positions.shape[0] <= self.max_len:
-            # The checks below read tensor values: a graph break under torch.compile. A traced
-            # forward's positions are the model's arange(T), so with T <= max_len they are in
-            # the stored table (interpolate or not: table(T) is its first T rows); a longer T
-            # takes the checked path below (its error, or the interpolated table).
-            return self.weight[positions]  # (T, d_model): table(length)[positions]
         if int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
         length = int(positions.max()) + 1

@@ -236,16 +236,6 @@ class RotaryPositionalEncoding(nn.Module):
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors."""
-        if torch.compiler.is_compiling():
-            # The cache checks below read tensor values: a graph break under torch.compile. A
-            # traced forward's positions are the model's arange(T): the fp32 cache's rows when
-            # it holds T of them, else cos/sin computed in the graph (a compile before any
-            # eager step, which sizes the cache, or a longer T).
-            if (not positions.is_floating_point() and self.cos_cached.dtype == torch.float32
-                    and positions.shape[0] <= self.cos_cached.shape[0]):
-                return self.cos_cached[positions], self.sin_cached[positions]  # (T, rot/2)
-            cos, sin = rotary_cos_sin(positions, self._inv_freq.to(positions.device))
-            return cos * self.attention_scale, sin * self.attention_scale
         if positions.is_floating_point() or (positions.numel() and int(positions.min()) < 0):
             cos, sin = rotary_cos_sin(positions, self._inv_freq.to(positions.device))
             return cos * self.attention_scale, sin * self.attention_scale

@@ -85,10 +85,6 @@ class SinusoidalPositionalEncoding(nn.Module):
         self.table = table.to(device=self.table.device, dtype=self.table.dtype)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if torch.compiler.is_compiling() and positions.shape[0] <= self.table.shape[0]:
-            # the size check below reads values (a graph break); a traced forward's positions
-            # are the model's arange(T), in the table when T fits (a longer T extends it below)
-            return self.table[positions]  # (T, d_model)
         if positions.numel() > 0:
             needed = int(positions.max()) + 1
             if needed > self.table.shape[0]:

@@ -86,9 +86,6 @@ class T5RelativeBias(nn.Module):
         """Parameters the module holds: the ``(num_buckets, n_heads)`` table."""
         return num_buckets * n_heads
 
-    #: its seed-stacked form (a class in ``components/seed_stacked.py``): S copies as one layer
-    #: with a leading seed axis, to train S seeds as one model (``training/seed_stack.py``)
-    seed_stacked = "SeedStackedT5Bias"
 
     def __init__(
         self,

@@ -52,6 +52,7 @@ curves, the plot and the terminal table.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import time
 from collections.abc import Mapping
@@ -82,6 +83,7 @@ from transformer_lab.routines.extrapolate.tables import (
     verdict_lines,
     with_verdicts,
 )
+from transformer_lab.routines.variants import train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.trainer import Trainer, count_parameters
 
@@ -178,7 +180,7 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
-    trainer = Trainer(model, train_task, cfg.train, cfg.model.d_model, seed, log)
+    trainer = Trainer(model, train_task, train_settings(cfg), seed, log)
     try:
         with progress_bar(log, f"extrapolate: training pe={pe} seed={seed} at length "
                           f"{plan.train_len}", total=steps) if steps else nullcontext():
@@ -220,12 +222,10 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
 def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, seed: int,
               run: RunDirectory, pe: str, scaling: Scaling, length: int) -> str | None:
     """Fine-tune ``model`` in place at ``length``; returns an error reason or None."""
-    train_cfg = copy.deepcopy(cfg.train)
-    train_cfg.lr = plan.finetune_lr
-    train_cfg.warmup = 0
+    settings = dataclasses.replace(train_settings(cfg), lr=float(plan.finetune_lr), warmup=0)
     log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed, phase="finetune",
                     seq_len=length)
-    trainer = Trainer(model, task, train_cfg, cfg.model.d_model, seed, log)
+    trainer = Trainer(model, task, settings, seed, log)
     try:
         with progress_bar(log, f"extrapolate: fine-tuning pe={pe} {scaling.label} at "
                           f"length {length}", total=int(plan.finetune_steps)):

@@ -1,4 +1,5 @@
-"""Code paths of the fast training step, the GPU options and the CLI start-up (no timings)."""
+"""The training loop (``training.trainer``): torch's optimiser and clipping, the schedule,
+bf16, seeds one after another with their own runs' numbers; and the CLI start-up."""
 
 from __future__ import annotations
 
@@ -14,15 +15,14 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.training.optim import clip_gradients
-from transformer_lab.training.trainer import Trainer
+from transformer_lab.routines.variants import train_settings
+from transformer_lab.training.trainer import Trainer, TrainSettings
 
 
 def trainer_for(*overrides: str, seed: int = 0) -> Trainer:
     cfg = compose(["experiment=smoke", "train.batch_size=8", *overrides])
     task = build_task(cfg)
-    torch.manual_seed(seed)
-    return Trainer(build_model(cfg), task, cfg.train, cfg.model.d_model, seed)
+    return Trainer(build_model(cfg, seed=seed), task, train_settings(cfg), seed)
 
 
 def test_cli_start_up_imports_neither_torch_nor_hydra():
@@ -36,26 +36,58 @@ def test_cli_start_up_imports_neither_torch_nor_hydra():
     assert json.loads(out) == []
 
 
-def test_clip_gradients_matches_clip_grad_norm():
-    torch.manual_seed(0)
-    params = [torch.nn.Parameter(torch.randn(5, 3)) for _ in range(3)]
-    for p in params:
-        p.grad = torch.randn_like(p) * 10
-    expected_grads = [p.grad.clone() for p in params]
-    reference = [torch.nn.Parameter(p.detach().clone()) for p in params]
-    for r, g in zip(reference, expected_grads, strict=True):
-        r.grad = g.clone()
-    expected_norm = torch.nn.utils.clip_grad_norm_(reference, 1.0)
-    norm = clip_gradients(params, 1.0)
-    assert torch.equal(norm, expected_norm)
-    for p, r in zip(params, reference, strict=True):
-        assert torch.equal(p.grad, r.grad)
-    assert clip_gradients(params, float("inf")) == pytest.approx(1.0, rel=1e-5)  # no clipping
+def test_the_logged_norm_is_before_clipping_and_the_step_uses_clipped_gradients():
+    trainer = trainer_for("train.grad_clip=0.001", "train.lr=0.01")
+    batch = trainer.task.train_batch(8, trainer.generator)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    _, norm, _ = trainer.train_step(batch)
+    grads = [p.grad for p in trainer.model.parameters() if p.grad is not None]
+    clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    assert norm.item() > 0.01  # the norm before clipping, far above the limit
+    assert clipped.item() == pytest.approx(0.001, rel=1e-3)  # max_norm / (norm + 1e-6) applied
+    moved = [p for p, b in zip(trainer.model.parameters(), before, strict=True)
+             if not torch.equal(p, b)]
+    assert moved  # AdamW stepped
 
 
-def test_one_param_group_without_weight_decay_and_two_with_it():
-    assert len(trainer_for().optimizer.param_groups) == 1
-    assert len(trainer_for("train.weight_decay=0.1").optimizer.param_groups) == 2
+def test_torch_adamw_decays_matrices_only():
+    trainer = trainer_for()
+    assert isinstance(trainer.optimizer, torch.optim.AdamW)
+    assert len(trainer.optimizer.param_groups) == 1
+    groups = trainer_for("train.weight_decay=0.1").optimizer.param_groups
+    assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
+    assert all(p.dim() >= 2 for p in groups[0]["params"])
+    assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[1]["params"]
+    assert groups[0]["betas"] == (0.9, 0.98)  # train.betas
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("schedule", "linear", "train.schedule='linear' is not known; valid: constant"),
+    ("precision", "fp16", "train.precision='fp16' is not valid; use fp32 or bf16"),
+])
+def test_bad_train_settings_name_the_key(key, value, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        TrainSettings.from_mapping({key: value}, d_model=8)
+
+
+def test_seeds_train_one_after_another_with_their_own_runs_numbers(tlab, tmp_path):
+    import csv
+
+    code, out, err = tlab("experiment=smoke", "routine.seeds=2", f"hydra.run.dir={tmp_path}/two")
+    assert code == 0, err
+    rows = list(csv.DictReader((tmp_path / "two" / "smoke.csv").open()))
+    seed_rows = [r for r in rows if r["check"].startswith("smoke_loss_falls")]
+    assert [r["check"] for r in seed_rows] == ["smoke_loss_falls[seed=0]",
+                                               "smoke_loss_falls[seed=1]"]
+    metrics = list(csv.DictReader((tmp_path / "two" / "metrics.csv").open()))
+    assert {r["seed"] for r in metrics} == {"0", "1"}
+    code, _, err = tlab("experiment=smoke", "seed=1", f"hydra.run.dir={tmp_path}/one")
+    assert code == 0, err
+    single = [r for r in csv.DictReader((tmp_path / "one" / "smoke.csv").open())
+              if r["check"] == "smoke_loss_falls"]
+    assert single[0]["value"] == seed_rows[1]["value"]  # the same run: the same numbers
+    code, _, err = tlab("experiment=smoke", "routine.seeds=0", f"hydra.run.dir={tmp_path}/bad")
+    assert code == 2 and "routine.seeds=0" in err
 
 
 def test_same_seed_gives_identical_losses():
@@ -80,13 +112,14 @@ def test_warmup_cosine_decays_over_the_steps_fit_is_asked_for():
     lrs = []
     trainer = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
                           "train.min_lr_ratio=0.1", "train.steps=200", "train.log_every=1")
-    trainer.fit(12, on_step=lambda step, loss: lrs.append(trainer._lr))
+    trainer.fit(12, on_step=lambda step, loss: lrs.append(trainer.optimizer.param_groups[0]["lr"]))
     assert lrs[1] == pytest.approx(0.01)  # warm-up done at step 2
     assert lrs[-1] == pytest.approx(0.001)  # the floor at step 12
     again = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
                         "train.min_lr_ratio=0.1", "train.log_every=1")
     horizon = []
-    again.fit(6, horizon=12, on_step=lambda step, loss: horizon.append(again._lr))
+    again.fit(6, horizon=12,
+              on_step=lambda step, loss: horizon.append(again.optimizer.param_groups[0]["lr"]))
     assert horizon == pytest.approx(lrs[:6])  # a run stopped early keeps the planned schedule
 
 

@@ -1,0 +1,358 @@
+"""``tlab reverse-task``: step 3 of the validation routine, sequence reversal.
+
+The task (:class:`transformer_lab.tasks.ReverseTask`): a source ``x_0 .. x_{L-1}`` of random
+symbols must come out reversed, ``y_i = x_{L-1-i}``.
+
+* ``arch=encoder``: bidirectional attention, inputs (B, L) -> logits (B, L, V); position ``i``
+  predicts ``x_{L-1-i}``. The model must know *where* each token is: without a positional
+  encoding an encoder is permutation-equivariant (permuting the input permutes the outputs), so
+  every position sees the same multiset of tokens and reversal is impossible beyond chance.
+* ``arch=decoder``: causal attention on ``source SEP reversed`` (length 2L, shifted by one),
+  loss on the L target tokens; exact match by greedy decoding from ``source SEP`` (not teacher
+  forcing).
+
+Training (``Trainer.fit``) stops at the first held-out evaluation (every ``train.eval_every``
+steps) whose exact match reaches ``routine.target`` (default 0.99), or after
+``routine.max_steps``. PASS when the target is reached.
+
+Two checks more make the result mean something:
+
+* ``nope_control`` (``routine.control=true``): the same model, seed and data without a PE
+  (``pe=none``), trained after the chosen PE for as many steps as it used. It shows the PE is
+  what makes the difference. In an encoder it must *not* solve the task; if it does, some
+  component leaks position (e.g. an FFN or norm that mixes positions) and the check fails. In a
+  decoder it is informational: the causal mask lets a NoPE decoder infer positions.
+* ``rotary_relative`` (rotary PEs only, before training): with the same query and key vector at
+  every position, the rotated scores ``q_m . k_n`` must depend on ``n - m`` only (Su et al. 2021,
+  RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
+  fails it, even when it still trains.
+
+What each PE is expected to do, per architecture, is what its class declares
+(``expected_reversal``: a dict arch -> text, or a classmethod of the arch and the PE's config
+arguments, as ALiBi's depends on ``symmetric``); measured numbers are in
+``experiments/reverse_expectations.md``. Settings a component declares for reversal
+(``reversal_settings``: ALiBi's and BatchNorm's cosine schedule) apply to it and its control.
+
+``routine.seeds`` = N > 1 (``--seeds``): seeds ``seed .. seed+N-1`` train one after another,
+then their controls, each for its own seed's number of steps; PASS when every seed solves, one
+check row per seed and model.
+
+With the control, ``reverse.csv`` also says whether the chosen PE beats it, paired by seed, on
+held-out exact match (higher is better; ``measures.statistics``): ``best_exact_match_ci_low/high``
+(95% interval over the seeds of the row's model) and, on the chosen PE's rows, ``diff_vs_baseline``
+(chosen - NoPE) with its CI, ``p_value``, ``p_adjusted``, ``verdict`` (better | worse | no
+detectable difference; ``baseline`` on the control's rows), ``seeds_needed``, ``paired_seeds``
+and ``note``; the terminal prints the verdict in words. A verdict needs 6+ seeds.
+
+Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
+of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart),
+``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE; over several seeds the
+worst exact match, the median solved step) and, with several seeds, ``seeds.csv``: one row per
+seed with the numbers a one-seed run of that seed puts in its summary.
+"""
+
+from __future__ import annotations
+
+import copy
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.knowledge import declared
+from transformer_lab.errors import ConfigError
+from transformer_lab.measures.statistics import (
+    VERDICT_COLUMNS,
+    describe,
+    has_verdict,
+    verdict_table,
+)
+from transformer_lab.model import build_model
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
+from transformer_lab.results.console import console
+from transformer_lab.results.progress import progress_bar
+from transformer_lab.results.run_directory import CsvLog, RunDirectory
+from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines.objective import Objective, steps_to_solve
+from transformer_lab.routines.rotary_check import rotary_relative_check
+from transformer_lab.routines.variants import seed_list, stage_log, train_settings, with_choice
+from transformer_lab.tasks.sequence import SequenceTransformTask
+from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
+
+STAGE = "reverse_task"  # the ``stage`` of its rows in metrics.csv (also inside tlab validate)
+NOPE = "none"  # the control's PE
+# The expected outcome of a PE whose class declares none (``expected_reversal``).
+UNKNOWN_EXPECTATION = "unknown (your own component)"
+# Chosen-PE exact match this close to the NoPE control's counts as "no better than NoPE".
+NO_BETTER_MARGIN = 0.05
+# Config groups whose classes may declare ``reversal_settings`` (later ones win on a clash).
+DECLARING_GROUPS = ("pe", "block", "norm_layer", "ffn")
+REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_exact_match",
+                   "target", "steps", "params", "wall_s", "tokens_per_s", "expected",
+                   "best_exact_match_ci_low", "best_exact_match_ci_high", *VERDICT_COLUMNS]
+
+
+# --- what the PE is and what it should do --------------------------------------------------
+
+def arch_name(cfg: DictConfig) -> str:
+    return "decoder" if cfg.arch.causal else "encoder"
+
+
+def pe_label(cfg: DictConfig) -> str:
+    """The PE as a table shows it: its group name (the class name of a user's own
+    ``_target_``), as the class's ``variant_label`` rewrites it where it declares one (ALiBi in
+    an encoder: ``alibi(abs|split)``)."""
+    target = str(cfg.pe.get("_target_", ""))
+    name = str(cfg.pe.get("name"))
+    if not target.startswith("transformer_lab."):
+        name = target.rsplit(".", 1)[-1] or name
+    label = declared(cfg.pe, "variant_label", name=name, arch=arch_name(cfg))
+    return label if isinstance(label, str) else name
+
+
+def expected_outcome(cfg: DictConfig) -> str:
+    """What the PE is expected to do on reversal in this arch, as its class declares it
+    (``expected_reversal``); ``UNKNOWN_EXPECTATION`` where it declares nothing."""
+    arch = arch_name(cfg)
+    expected = declared(cfg.pe, "expected_reversal", arch=arch)
+    if isinstance(expected, Mapping):
+        expected = expected.get(arch)
+    return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
+
+
+def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+    """Pre-flight checks of the routine's settings."""
+    routine = cfg.routine
+    target = routine.get("target")
+    if isinstance(target, bool) or not isinstance(target, int | float) \
+            or not 0.0 < target <= 1.0:
+        raise ConfigError(f"routine.target={target} is not valid; it must be in (0, 1] "
+                          "(a held-out exact-match fraction, e.g. 0.99)")
+    max_steps = routine.get("max_steps")
+    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
+        raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
+                          ">= 1")
+    seed_list(cfg)
+    if not isinstance(routine.get("control", True), bool):
+        raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
+                          "false")
+    if not isinstance(inputs.task, SequenceTransformTask):
+        raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
+                          "reverse-task needs task=reverse (or task=copy)")
+
+
+def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
+    """``cfg`` with the reversal settings its components' classes declare (``reversal_settings``:
+    dotted ``train.*`` / ``routine.max_steps`` keys, e.g. ALiBi's cosine schedule), which the
+    NoPE control then shares; off with ``routine.declared_settings=false``. Also returns a note
+    naming them ("" when there are none)."""
+    settings, owners = {}, []
+    for group in DECLARING_GROUPS:
+        found = declared(cfg.get(group), "reversal_settings", arch=arch_name(cfg))
+        if isinstance(found, Mapping) and found:
+            settings.update(found)
+            owners.append(f"{group}={cfg[group].get('name')}")
+    if not settings or not cfg.routine.get("declared_settings", True):
+        return cfg, ""
+    variant = copy.deepcopy(cfg)
+    for key, value in settings.items():
+        if not (key.startswith("train.") or key == "routine.max_steps"):
+            raise ConfigError(f"{', '.join(owners)} declares reversal setting {key}; only "
+                              "train.* and routine.max_steps may be declared")
+        OmegaConf.update(variant, key, value, force_add=True)
+    named = ", ".join(f"{key}={value}" for key, value in settings.items())
+    return variant, (f"with the settings {', '.join(owners)} declares for reversal: {named} "
+                     "(routine.declared_settings=false: without)")
+
+
+# --- one trained model ---------------------------------------------------------------------
+
+@dataclass
+class ReversalRun:
+    """One trained model of the reversal step and its ``reverse.csv`` row."""
+
+    role: str  # "chosen" or "nope_control"
+    pe: str
+    arch: str
+    seed: int
+    target: float
+    result: TrainResult
+    params: int
+    expected: str
+
+    @property
+    def solved(self) -> bool:
+        return self.result.solved_step is not None
+
+    @property
+    def exact_match(self) -> float:
+        return self.result.best_exact_match or 0.0
+
+    def as_row(self) -> dict:
+        r = self.result
+        return {"role": self.role, "pe": self.pe, "arch": self.arch, "seed": self.seed,
+                "solved": self.solved, "solved_step": r.solved_step,
+                "best_exact_match": self.exact_match, "target": self.target, "steps": r.steps,
+                "params": self.params, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+                "expected": self.expected}
+
+
+def train_reversal(cfg: DictConfig, role: str, seeds: list[int], budgets: Mapping[int, int],
+                   log: CsvLog | None, stage: str) -> list[ReversalRun]:
+    """Every seed of ``cfg``, one after another, until solved or its budget
+    (``budgets[seed]``), with the schedule planned for ``routine.max_steps`` as in a one-seed
+    run; each model is built just before it trains, as in a run of its own."""
+    target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
+    settings, task = train_settings(cfg), build_task(cfg)  # (build_task sets model.vocab_size)
+    which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+    title = f"reversal: pe={name}, arch={arch}, {which}" if role == "chosen" else \
+        f"reversal: NoPE control, arch={arch}, {which}"
+    runs = []
+    with progress_bar(log, title, total=sum(budgets[s] for s in seeds)):
+        for seed in seeds:
+            model = build_model(cfg, seed=seed)
+            trainer = Trainer(model, task, settings, seed, stage_log(log, stage, name, seed))
+            result = trainer.fit(budgets[seed], target_exact_match=target,
+                                 horizon=int(cfg.routine.max_steps))
+            runs.append(ReversalRun(role, name, arch, seed, target, result,
+                                    count_parameters(model), expected_outcome(cfg)))
+    return runs
+
+
+def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
+                  stage: str = STAGE) -> tuple[list[CheckRow], list[ReversalRun]]:
+    """Step 3: the rotary check, the chosen PE's training (every seed) and then the NoPE
+    controls, each for as many steps as the chosen PE took with its seed; training rows go to
+    ``log`` tagged with ``stage``, the PE and the seed. The PE's declared reversal settings
+    (:func:`with_declared_settings`) apply to both."""
+    cfg, note = with_declared_settings(cfg)
+    rows: list[CheckRow] = []
+    rotary = rotary_relative_check(cfg)
+    if rotary is not None:
+        rows.append(rotary)
+    seeds = seed_list(cfg)
+    chosen = train_reversal(cfg, "chosen", seeds, dict.fromkeys(seeds, int(cfg.routine.max_steps)),
+                            log, stage)
+    controls: list[ReversalRun | None] = [None] * len(chosen)
+    if cfg.routine.get("control", True) and pe_label(cfg) != NOPE:
+        budgets = {run.seed: run.result.solved_step or run.result.steps for run in chosen}
+        controls = train_reversal(with_choice(cfg, "pe", NOPE), "nope_control", seeds,
+                                  budgets, log, stage)
+    several, runs = len(seeds) > 1, []
+    for run, control in zip(chosen, controls, strict=True):
+        rows.append(chosen_row(run, control, with_seed=several))
+        rows[-1].detail += f"; {note}" if note else ""
+        runs.append(run)
+        if control is not None:
+            rows.append(control_row(control, with_seed=several))
+            runs.append(control)
+    return rows, runs
+
+
+# --- check rows, reverse.csv, summary -------------------------------------------------------
+
+def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
+               with_seed: bool = False) -> CheckRow:
+    r = chosen.result
+    if chosen.solved:
+        detail = f"pe={chosen.pe} reached {chosen.exact_match:.3f} at step {r.solved_step}"
+    else:
+        detail = f"pe={chosen.pe} reached only {chosen.exact_match:.3f} in {r.steps} steps"
+    if control is not None:
+        detail += f"; NoPE control {control.exact_match:.3f} in {control.result.steps} steps"
+    if not chosen.solved:
+        no_better = control is not None and (
+            chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
+        if chosen.pe == NOPE:
+            detail += (f"; as expected: pe={NOPE} is the control, a model told nothing about "
+                       f"positions ({chosen.expected}); a correct PE must do better")
+        elif no_better:
+            detail += ("; no better than no PE at all: the model gets no usable position "
+                       "information - check that the PE's output depends on its `positions` "
+                       "argument")
+        else:
+            detail += (f"; expected for pe={chosen.pe} ({chosen.arch}): {chosen.expected}; "
+                       "if it should solve it, try more routine.max_steps or another train.lr")
+    if with_seed:
+        detail = f"seed {chosen.seed}: {detail}"
+    return CheckRow(3, "reverse_exact_match", status(chosen.solved), "exact_match",
+                    chosen.exact_match, chosen.target, r.wall_s, detail)
+
+
+def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
+    r = control.result
+    detail = f"NoPE {control.arch}: exact match {control.exact_match:.3f} in {r.steps} steps"
+    if control.arch == "encoder":
+        ok = not control.solved
+        detail += ("; as expected, a NoPE encoder is permutation-equivariant" if ok else
+                   "; a NoPE encoder should not be able to reverse: some component mixes "
+                   "positions (an FFN or norm that is not position-wise?)")
+    else:
+        ok = True
+        detail += " (informational: a causal decoder infers position from its mask)"
+    if with_seed:
+        detail = f"seed {control.seed}: {detail}"
+    return CheckRow(3, "nope_control", status(ok), "exact_match", control.exact_match,
+                    f"< {control.target}" if control.arch == "encoder" else None, r.wall_s,
+                    detail)
+
+
+def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
+    """``reverse.csv``: one row per model; with NoPE controls, the interval over seeds of each
+    model's held-out exact match and the chosen PE's paired verdict against its control."""
+    rows = [run.as_row() for run in runs]
+    if not any(run.role == "nope_control" for run in runs):
+        return rows
+    import pandas as pd
+
+    verdicts = verdict_table(pd.DataFrame(rows), "role", "best_exact_match",
+                             baseline="nope_control", lower_is_better=False)
+    return [{**row, **verdicts.loc[row["role"]].to_dict()} for row in rows]
+
+
+def verdict_line(rows: list[dict]) -> str | None:
+    """The chosen PE against its NoPE control in words (None without a control)."""
+    chosen = next((row for row in rows if row["role"] == "chosen"), None)
+    if chosen is None or not has_verdict(chosen):
+        return None
+    return describe(f"pe={chosen['pe']}", chosen, f"pe={NOPE}", value="held-out exact match")
+
+
+def reversal_summary(runs: list[ReversalRun]) -> dict:
+    """The chosen PE's numbers; with several seeds: the worst seed's exact match, the median
+    solved step (when every seed solved), the longest run."""
+    chosen = [run for run in runs if run.role == "chosen"]
+    solved = [run.result.solved_step for run in chosen]
+    return {"params": chosen[0].params, "steps": max(run.result.steps for run in chosen),
+            "final_loss": statistics.fmean(run.result.final_loss for run in chosen),
+            "best_exact_match": min(run.exact_match for run in chosen),
+            "solved_step": None if None in solved else statistics.median(solved),
+            "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
+
+
+def seed_rows(runs: list[ReversalRun]) -> list[dict]:
+    """``seeds.csv``: one row per seed of the chosen PE, with the numbers a one-seed run of
+    that seed puts in its ``summary.csv`` (:func:`reversal_summary` of that seed alone)."""
+    return [{"seed": run.seed, **reversal_summary([run])} for run in runs if run.role == "chosen"]
+
+
+def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    clock = Stopwatch()
+    rows, runs = reversal_runs(cfg, run.metrics)
+    table = reverse_rows(runs)
+    run.write_table("reverse", table, REVERSE_COLUMNS)
+    if len(per_seed := seed_rows(runs)) > 1:
+        run.write_table("seeds", per_seed)
+    console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
+    if (line := verdict_line(table)) is not None:
+        console.print(line, highlight=False, markup=False)
+    failed = [r for r in rows if not r.passed]
+    summary = {**reversal_summary(runs), "wall_s": clock.lap()}
+    message = "; ".join(f"{r.check}: {r.detail}" for r in failed)
+    return RoutineOutcome(passed=not failed, summary=summary, message=message)
+
+
+# What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.
+OBJECTIVE = Objective("steps_to_solve", "minimize", steps_to_solve)
