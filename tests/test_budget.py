@@ -23,9 +23,7 @@ from transformer_lab.measures.parameters import (
     training_flops_per_token,
 )
 from transformer_lab.model import build_model
-from transformer_lab.routines.budget import measure_activations
-from transformer_lab.routines.budget_parameters import parameter_rows
-from transformer_lab.routines.budget_rows import BUDGET_COLUMNS
+from transformer_lab.routines.budget import BUDGET_COLUMNS, measure_activations, parameter_rows
 
 
 def budget_cfg(*overrides: str):
@@ -100,9 +98,9 @@ def test_a_component_that_disagrees_with_its_formula_fails():
 
 
 def test_budget_exits_1_on_a_formula_mismatch(tlab, tmp_path, monkeypatch):
-    import transformer_lab.routines.budget_parameters as budget_parameters
+    import transformer_lab.routines.budget as budget
 
-    monkeypatch.setattr(budget_parameters, "attention_projection_params",
+    monkeypatch.setattr(budget, "attention_projection_params",
                         lambda d, bias: {"q": d * d, "k": d * d, "v": d * d, "o": 0})
     out = tmp_path / "bad"
     code, stdout, _ = tlab("experiment=budget", "model.d_model=32", "model.n_heads=4",

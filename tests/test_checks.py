@@ -21,14 +21,16 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.measures.properties import rope_relative_violation
 from transformer_lab.model import build_model
-from transformer_lab.routines.check import check_tokens, pes_with_checks, trained_swap_row
-from transformer_lab.routines.check_properties import (
+from transformer_lab.routines.check import (
     CHECK_TABLE_COLUMNS,
+    check_tokens,
     equivariance_row,
     pairing_mismatch_row,
+    pes_with_checks,
     rope_relative_rows,
     sinusoidal_shift_row,
     swap_row,
+    trained_swap_row,
 )
 
 HEAD_DIM = 16
@@ -88,8 +90,8 @@ def test_rope_relative_fails_for_an_absolute_rotation():
 
 
 def test_seed_example_2_5_equals_7_10():
-    rotate = lambda x, p: apply_rotary(x, p)  # noqa: E731
-    assert rope_relative_violation(rotate, rotate, 4, pairs=[(2, 5)], shifts=[0, 5]) < 1e-6
+    rope = lambda q, k, p: (apply_rotary(q, p), apply_rotary(k, p))  # noqa: E731
+    assert rope_relative_violation(rope, 4, pairs=[(2, 5)], shifts=[0, 5]).value < 1e-6
 
 
 def test_pairing_mismatch_is_detected_and_a_blind_detector_fails():

@@ -8,13 +8,13 @@ import pytest
 import torch
 from helpers import assert_refused, read_csv
 
-from transformer_lab.routines.compare import train_seeds
-from transformer_lab.routines.compare_results import (
+from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
     SeedRun,
     comparison_rows,
     ema,
     steps_to_target,
+    train_seeds,
 )
 from transformer_lab.routines.variants import with_choice
 

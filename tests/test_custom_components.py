@@ -73,7 +73,7 @@ def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):
 
 
 def test_correct_custom_rope_passes_the_relative_check(cfg_for):
-    from transformer_lab.routines.rotary_check import rotary_relative_check
+    from transformer_lab.routines.check import rotary_relative_check
 
     cfg = cfg_for("experiment=reverse_task", "pe=rope")
     cfg.pe = {"name": "my_rope", "_target_": "examples.my_components.MyRoPE", "head_dim": 8}

@@ -149,7 +149,7 @@ def test_protocol_mutants_are_refused_before_the_run(name):
 
 @pytest.mark.parametrize("name", ["mixed_pairing_rope", "flipped_sign_rope"])
 def test_rope_mutants_pass_step1_and_fail_the_rotary_relative_check(name):
-    from transformer_lab.routines.rotary_check import rotary_relative_check
+    from transformer_lab.routines.check import rotary_relative_check
 
     cfg = _mutant(name)
     assert _failed(model_properties(_build(cfg), VOCAB)) == {}

@@ -8,8 +8,8 @@ import time
 import pytest
 from helpers import assert_refused, read_csv
 
+from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, expected_outcome, reversal_runs
-from transformer_lab.routines.rotary_check import rotary_relative_check
 
 # Encoder reversal of 4 tokens at the reverse-task defaults, with a smaller held-out set.
 FAST = ["task.eval_size=128"]

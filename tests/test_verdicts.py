@@ -13,7 +13,7 @@ import pytest
 from helpers import read_csv
 from scipy import stats
 
-from transformer_lab.routines.compare_results import (
+from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
     SeedRun,
     comparison_checks,

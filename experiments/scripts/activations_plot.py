@@ -27,8 +27,7 @@ RUNS = Path(__file__).resolve().parents[1] / "activations_runs.csv"
 
 def smoothed_curves(metrics_csv: Path) -> pd.DataFrame:
     """(step, activation, seed) -> EMA of the training loss, as a wide frame indexed by step."""
-    from transformer_lab.routines.compare_output import SMOOTHING
-    from transformer_lab.routines.compare_results import ema
+    from transformer_lab.routines.compare import SMOOTHING, ema
 
     metrics = pd.read_csv(metrics_csv)
     train = metrics[metrics["split"] == "train"].sort_values("step")

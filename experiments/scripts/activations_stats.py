@@ -59,8 +59,7 @@ EARLY_STEP = 200
 
 def early_losses(metrics_csv: Path, step: int = EARLY_STEP) -> pd.DataFrame:
     """(activation, seed, train_loss_ema_step<step>): the smoothed training loss at ``step``."""
-    from transformer_lab.routines.compare_output import SMOOTHING
-    from transformer_lab.routines.compare_results import ema
+    from transformer_lab.routines.compare import SMOOTHING, ema
 
     metrics = pd.read_csv(metrics_csv)
     train = metrics[metrics["split"] == "train"].sort_values("step")

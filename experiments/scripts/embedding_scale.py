@@ -82,8 +82,7 @@ def init_ratio(pe: str, embed_scale: str, pe_scale: str, seed: int) -> tuple[flo
 def group_facts(runs: pd.DataFrame, curves: pd.DataFrame) -> pd.DataFrame:
     """Per group: init ratio and norms (mean over its seeds), the smoke's swamp flag and the
     median step at which the smoothed training loss reaches ``LEVEL``."""
-    from transformer_lab.routines.compare_output import SMOOTHING
-    from transformer_lab.routines.compare_results import ema
+    from transformer_lab.routines.compare import SMOOTHING, ema
     from transformer_lab.routines.smoke import PE_SWAMP_RATIO
 
     first = {}

@@ -1,6 +1,8 @@
-"""Measurements behind ``tlab check``: each returns how far a component is from a property.
+"""Measurements of component properties: each returns how far a component is from one.
 
-    rope_relative_violation      RoPE: q_m . k_n depends only on n - m (Su et al. 2021, eq. 16)
+    rope_relative_violation      RoPE: q_m . k_n depends only on n - m (Su et al. 2021, eq. 16);
+                                 ``tlab check`` and step 3 of ``tlab validate`` /
+                                 ``tlab reverse-task``
     sinusoidal_shift_residual    sinusoidal PE: PE(pos + k) = M_k PE(pos), one M_k for every pos
                                  (Vaswani et al. 2017, sec. 3.5)
     permutation_error            f(P x) vs P f(x): zero for a position-free (NoPE) encoder
@@ -8,18 +10,20 @@
                                  exactly without a PE (the article's "我打你" / "你打我" test)
 
 The functions take callables and modules, so a deliberately broken component can be passed in
-(the tests do). All return a relative or absolute error as a float; ``tlab check`` decides
-PASS/FAIL against a tolerance.
+(the tests do). Each returns a relative or absolute error (``rope_relative_violation`` also
+where it saw it); the routines decide PASS/FAIL against a tolerance.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import torch
 from torch import nn
 
-Rotate = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x (T, d), positions (T,)) -> x
+# A rotary PE: (q (B, H, T, d), k (B, H, T, d), positions (T,)) -> rotated q, k.
+Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 # (m, n) query/key position pairs and the shifts added to both; (2, 5) + 5 = (7, 10) is the
 # seed's example.
@@ -27,28 +31,48 @@ RELATIVE_PAIRS: tuple[tuple[int, int], ...] = ((2, 5), (0, 3), (10, 4), (1, 30))
 RELATIVE_SHIFTS: tuple[int, ...] = (0, 5, 17, 64)
 
 
-def rope_relative_violation(rotate_q: Rotate, rotate_k: Rotate, head_dim: int,
+class RelativeViolation(NamedTuple):
+    """The largest change of ``q.k`` that :func:`rope_relative_violation` saw when both
+    positions moved by the same amount."""
+
+    value: float  # that change, relative to |q| |k|: 0 for a correct RoPE
+    positions: tuple[tuple[int, int], tuple[int, int]]  # (m, n) before and after the move
+    scores: tuple[float, float]  # q.k at those two positions
+
+
+@torch.no_grad()
+def rope_relative_violation(rotary: Rotary, head_dim: int,
                             pairs: Sequence[tuple[int, int]] = RELATIVE_PAIRS,
                             shifts: Sequence[int] = RELATIVE_SHIFTS, n_vectors: int = 8,
-                            seed: int = 0) -> float:
-    """Largest spread of ``rotate_q(q, m + s) . rotate_k(k, n + s)`` over the shifts ``s``,
-    relative to ``|q| |k|``, for random q, k and every (m, n) pair. 0 for a correct RoPE."""
+                            seed: int = 0) -> RelativeViolation:
+    """Largest spread of ``q_{m+s} . k_{n+s}`` over the shifts ``s``, relative to ``|q| |k|``,
+    for random q, k and every (m, n) pair, with q and k rotated by ``rotary`` (the PE's own q
+    and k rotations: a pairing or sign that differs between them shows).
+
+    The ``n_vectors`` random (q, k) pairs go in as the heads of one batch element; the q of
+    every (pair, shift) is rotated in one call, the k in another."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
     k = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
     scale = q.norm(dim=-1) * k.norm(dim=-1)  # (N,)
-    worst = 0.0
-    for m, n in pairs:
-        scores = []
-        for shift in shifts:
-            q_pos = torch.full((n_vectors,), m + shift)
-            k_pos = torch.full((n_vectors,), n + shift)
-            q_rot = rotate_q(q[:, None, :], q_pos[:1]).squeeze(1)  # (N, d)
-            k_rot = rotate_k(k[:, None, :], k_pos[:1]).squeeze(1)  # (N, d)
-            scores.append((q_rot * k_rot).sum(dim=-1) / scale)  # (N,)
-        stacked = torch.stack(scores)  # (S, N)
-        worst = max(worst, (stacked.max(dim=0).values - stacked.min(dim=0).values).max().item())
-    return worst
+    m, n = torch.tensor(pairs).T  # (P,) each
+    shift = torch.tensor(shifts)[:, None]  # (S, 1)
+    q_positions, k_positions = (m + shift).flatten(), (n + shift).flatten()  # (S*P,) each
+    queries = q[None, :, None, :].expand(1, -1, len(q_positions), -1)  # (1, N, S*P, d)
+    keys = k[None, :, None, :].expand(1, -1, len(k_positions), -1)  # (1, N, S*P, d)
+    q_rot = rotary(queries, keys, q_positions)[0][0]  # (N, S*P, d)
+    k_rot = rotary(queries, keys, k_positions)[1][0]  # (N, S*P, d)
+    scores = (q_rot * k_rot).sum(dim=-1).unflatten(1, (len(shifts), len(pairs)))  # (N, S, P)
+    relative = scores / scale[:, None, None]  # (N, S, P)
+    spread = relative.max(dim=1).values - relative.min(dim=1).values  # (N, P)
+    vector, pair = divmod(int(spread.argmax()), len(pairs))
+    extremes = relative[vector, :, pair]  # (S,)
+    before, after = sorted((int(extremes.argmin()), int(extremes.argmax())))
+    m0, n0 = pairs[pair]
+    return RelativeViolation(
+        spread.max().item(),
+        ((m0 + shifts[before], n0 + shifts[before]), (m0 + shifts[after], n0 + shifts[after])),
+        (scores[vector, before, pair].item(), scores[vector, after, pair].item()))
 
 
 def shift_positions(d: int, n_positions: int = 256) -> int:

@@ -18,36 +18,45 @@ FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
 :func:`transformer_lab.measures.parameters.training_flops_per_token`); the ``6 N`` part is checked
 against ``torch.utils.flop_counter`` on a short pass.
 
-Here: the settings, activation memory, FLOPs, the article's figures and the routine; the
-parameter rows are in ``budget_parameters.py``, a ``budget.csv`` row and the terminal table in
-``budget_rows.py``.
+In this order: the settings, a ``budget.csv`` row, the parameter rows, activation memory, FLOPs,
+the article's figures, the terminal table and the routine.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from rich.table import Table
+from torch import nn
 
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
 from transformer_lab.measures.parameters import (
     DTYPE_BYTES,
+    active_ffn_params,
+    attention_knob_values,
     attention_params,
+    attention_projection_params,
     attention_scores_bytes,
+    embedding_norm_params,
     feedforward_params,
     ffn_activation_bytes,
     ffn_hidden_size,
+    ffn_weight_matrices,
     layer_activation_terms,
+    norm_params_per_layer,
+    parameter_breakdown,
     training_flops_per_token,
 )
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
-from transformer_lab.routines.budget_parameters import parameter_rows
-from transformer_lab.routines.budget_rows import BUDGET_COLUMNS, BudgetRow, budget_table, compare
 
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -67,6 +76,172 @@ def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): the routine's sizes and dtype."""
     budget_settings(cfg)
+
+
+# --------------------------------------------------------------------------------------------
+# a row of budget.csv
+
+
+BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",
+                  "status", "detail"]
+
+
+@dataclass
+class BudgetRow:
+    section: str  # parameters | activations | flops | article
+    component: str
+    scope: str  # "layer (xL)" | "per layer" | "layer i" | "model" | "per token" | "article layer"
+    formula: str
+    expected: float | None
+    measured: float | None
+    unit: str
+    status: str = ""  # PASS | FAIL | SKIP | INFO (no check) | DIFF (an article figure differs)
+    detail: str = ""
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def compare(expected: float | None, measured: float | None) -> str:
+    """PASS when formula and measurement agree exactly, FAIL when not, SKIP without a formula."""
+    if expected is None or measured is None:
+        return "SKIP"
+    return "PASS" if expected == measured else "FAIL"
+
+
+# --------------------------------------------------------------------------------------------
+# parameters
+
+
+def numel(module: nn.Module | None) -> int:
+    return 0 if module is None else sum(p.numel() for p in module.parameters())
+
+
+def qkv_slices(attention: nn.Module) -> dict[str, int]:
+    """Parameters of Q, K, V (slices of the fused ``qkv_proj``: H Dh, H_kv Dh, H_kv Dh rows)
+    and O of one attention."""
+    d_model = attention.out_proj.weight.shape[0]
+    sizes = {name: getattr(attention, size, d_model)
+             for name, size in (("q", "q_size"), ("k", "kv_size"), ("v", "kv_size"))}
+    counts, start = {}, 0
+    for name in "qkv":
+        rows = slice(start, start + sizes[name])
+        start += sizes[name]
+        weight = attention.qkv_proj.weight[rows].numel()
+        bias = attention.qkv_proj.bias
+        counts[name] = weight + (0 if bias is None else bias[rows].numel())
+    counts["o"] = numel(attention.out_proj)
+    return counts
+
+
+def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
+    """Formula vs ``sum(p.numel())`` per component, per layer (every layer compared) and total."""
+    m = cfg.model
+    formulas = parameter_breakdown(cfg)
+    d, layers = m.d_model, m.n_layers
+    rows = [BudgetRow("parameters", "token_embedding", "model", "V*D", formulas[
+        "token_embedding"], numel(model.token_embedding), "params")]
+    rows.append(BudgetRow("parameters", "positional", "model", f"pe={cfg.pe.get('name')}",
+                          formulas["positional"], numel(model.positional), "params"))
+
+    def per_layer(component: str, formula: str, expected: int | None, measure) -> BudgetRow:
+        measured = [measure(block) for block in model.blocks]
+        bad = [i for i, value in enumerate(measured) if value != expected]
+        row = BudgetRow("parameters", component, f"layer (x{layers})", formula, expected,
+                        measured[0] if measured else None, "params")
+        row.status = compare(expected, row.measured)
+        if expected is not None and bad:
+            row.status = "FAIL"
+            row.detail = f"layers {bad} differ from the formula: {[measured[i] for i in bad]}"
+        return row
+
+    knobs = attention_knob_values(m)
+    default = all(knobs[k] is None for k in knobs)  # the original Transformer's attention
+    projections = (attention_projection_params(d, m.attn_bias) if default
+                   else attention_projection_params(d, m.attn_bias, m.n_heads, **knobs))
+    bias_text = " + D" if m.attn_bias else ""
+    for name in "qkvo":
+        formula = f"D*D{bias_text}" if default else (
+            "D*H*Dh" if name == "q" else "H*Dh*D" if name == "o" else "D*H_kv*Dh") + " (+ bias)"
+        rows.append(per_layer(f"attention.{name}", formula, projections[name],
+                              lambda block, name=name: qkv_slices(block.attention)[name]))
+    attention = sum(projections.values())
+    rows.append(per_layer("attention", f"4*D*D{' + 4*D' if m.attn_bias else ''}" if default
+                          else "Q + K + V + O", attention, lambda block: numel(block.attention)))
+    ffn = None if formulas["feedforward"] is None else formulas["feedforward"] // max(layers, 1)
+    hidden = ffn_hidden_size(cfg)
+    gated = ffn_weight_matrices(cfg) == 3  # gate, up, down (as the FFN class declares)
+    ffn_formula = (f"3*D*H{' + 2*H + D' if m.ffn_bias else ''}, H={hidden}" if gated
+                   else f"2*D*F{' + F + D' if m.ffn_bias else ''}")
+    if ffn is not None and active_ffn_params(cfg) != ffn:  # Mixture of Experts
+        ffn_formula = f"D*E + E*expert, E={cfg.ffn.get('n_experts')}"
+    rows.append(per_layer("feedforward", ffn_formula, ffn, lambda block: numel(block.feedforward)))
+    block_norms, final_norm = norm_params_per_layer(cfg)
+    rows.append(per_layer("norms", f"block={cfg.block.get('name')}, "
+                          f"{cfg.norm_layer.get('name')}", block_norms,
+                          lambda block: numel(block) - numel(block.attention)
+                          - numel(block.feedforward)))
+    layer = None if None in (ffn, block_norms) else attention + ffn + block_norms
+    rows.append(per_layer("layer", "attention + feedforward + norms", layer, numel))
+    final = model.final_norm if not isinstance(model.final_norm, nn.Identity) else None
+    rows.append(BudgetRow("parameters", "final_norm", "model", "pre/sandwich only", final_norm,
+                          numel(final), "params"))
+    embed_norm = getattr(model, "embed_norm", None)
+    if m.get("embed_norm"):
+        rows.append(BudgetRow("parameters", "embed_norm", "model", "model.embed_norm",
+                              embedding_norm_params(cfg), numel(embed_norm), "params"))
+    tied = model.lm_head.weight is model.token_embedding.weight
+    rows.append(BudgetRow("parameters", "output_head", "model",
+                          "0 (tied to the embedding)" if m.get("tie_embeddings")
+                          else "D*V (no bias)", formulas["output_head"],
+                          0 if tied else numel(model.lm_head), "params"))
+    rows += moe_rows(cfg, model, formulas)
+    total = numel(model)
+    rows.append(BudgetRow("parameters", "total", "model", "sum of the above", formulas["total"],
+                          total, "params"))
+    for row in rows:
+        row.status = row.status or compare(row.expected, row.measured)
+    parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head,
+             embed_norm)
+    counted = {id(q): q.numel() for part in parts if part is not None for q in part.parameters()}
+    unaccounted = total - sum(counted.values())  # a tied matrix counted once
+    rows.append(BudgetRow("parameters", "unaccounted", "model", "total - components", 0,
+                          unaccounted, "params", compare(0, unaccounted),
+                          "parameters outside the listed components" if unaccounted else ""))
+    ffn_total = sum(numel(block.feedforward) for block in model.blocks)
+    rows.append(BudgetRow("parameters", "ffn_share", "model", "FFN / total", None,
+                          round(100 * ffn_total / max(total, 1), 2), "%", "INFO",
+                          f"FFN {ffn_total:,} of {total:,}"))
+    if model.blocks:
+        share = 100 * numel(model.blocks[0].feedforward) / max(numel(model.blocks[0]), 1)
+        rows.append(BudgetRow("parameters", "ffn_share", "per layer", "FFN / layer", None,
+                              round(share, 2), "%", "INFO", "the source article: about 2/3"))
+    return rows
+
+
+def moe_rows(cfg: DictConfig, model: TransformerModel,
+             formulas: dict[str, int | None]) -> list[BudgetRow]:
+    """A Mixture-of-Experts FFN (one that declares ``active_parameters``): the parameters a
+    token uses (router + top_k experts) next to the total, formula vs the built layer."""
+    active = active_ffn_params(cfg)
+    if not model.blocks or active is None or active == formulas["feedforward"] // max(
+            cfg.model.n_layers, 1):
+        return []
+    ffn = model.blocks[0].feedforward
+    top_k = int(getattr(ffn, "top_k", 0))
+    experts = getattr(ffn, "experts", None)
+    measured = None if experts is None else numel(ffn.gate) + top_k * numel(experts[0])
+    layers = cfg.model.n_layers
+    rows = [BudgetRow("parameters", "feedforward (active per token)", f"layer (x{layers})",
+                      f"D*E + top_k*expert, top_k={top_k}", active, measured, "params")]
+    total_active = None if formulas["total"] is None else (
+        formulas["total"] - layers * (formulas["feedforward"] // max(layers, 1) - active))
+    measured_total = None if measured is None else numel(model) - layers * (
+        numel(ffn) - measured)
+    rows.append(BudgetRow("parameters", "total (active per token)", "model",
+                          "total - L*(FFN - active FFN)", total_active, measured_total, "params",
+                          detail=f"of {formulas['total']:,} in all" if formulas["total"] else ""))
+    return rows
 
 
 # --------------------------------------------------------------------------------------------
@@ -183,6 +358,32 @@ def article_rows() -> list[BudgetRow]:
     rows[2].detail += (f"; the source article's own sum is {ffn_bias:,}: its "
                        f"{ARTICLE_FFN_WITH_BIAS:,} leaves out the output bias ({left_out})")
     return rows
+
+
+# --------------------------------------------------------------------------------------------
+# the terminal table
+
+
+def budget_table(rows: list[BudgetRow], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("component", "scope", "expected", "measured", "unit", "status"):
+        table.add_column(column, justify="right" if column in ("expected", "measured") else "left")
+    colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INFO": "dim",
+               "DIFF": "magenta"}
+
+    def text(value: float | None) -> str:
+        if value is None or (isinstance(value, float) and math.isnan(value)):
+            return ""
+        return f"{value:,.2f}" if isinstance(value, float) else f"{value:,}"
+
+    section = rows[0].section if rows else ""
+    for row in rows:
+        if row.section != section:
+            table.add_section()
+            section = row.section
+        table.add_row(f"{row.section}: {row.component}", row.scope, text(row.expected),
+                      text(row.measured), row.unit, f"[{colours[row.status]}]{row.status}[/]")
+    return table
 
 
 def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:

@@ -1,4 +1,5 @@
-"""``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``.
+"""``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``;
+and the rotary relative-position row of step 3 (``tlab validate``, ``tlab reverse-task``).
 
 Which checks apply to a PE is what its class declares (``property_checks``: names of the
 registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property_checks =
@@ -20,41 +21,96 @@ registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property
 Every check runs on an encoder built from the run's config (``model``, ``block``, ``norm_layer``,
 ``ffn`` groups), in eval mode. Exit 1 if any check fails.
 
-Here: the registry, which checks a PE gets, the inputs, ``--trained`` and the routine; the rows
-of each property, their tolerances and the terminal table are in ``check_properties.py``.
+Step 3's ``rotary_relative`` row (:func:`rotary_relative_check`) measures the RoPE property
+with the same function as ``rope_relative``, on the run's own PE: every position pair of a
+short sequence against the pair one position further.
+
+In this order: a row of ``checks.csv`` and the tolerances, the model and tokens a check runs
+on, one section per property (its rows, its check), the registry and which checks a PE gets,
+``--trained``, the routine and its table.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.properties import (
+    Rotary,
+    permutation_error,
+    rope_relative_violation,
+    shift_positions,
+    sinusoidal_shift_residual,
+    swap_attention_error,
+)
 from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
-from transformer_lab.routines.check_properties import (
-    CHECK_TABLE_COLUMNS,
-    ComponentCheck,
-    RotaryFactory,
-    component_check_table,
-    equivariance_row,
-    pairing_mismatch_row,
-    rope_relative_rows,
-    sinusoidal_shift_row,
-    swap_row,
-)
 from transformer_lab.routines.variants import with_choice
 
-SOLVED = 0.99  # --trained: training stops at this held-out exact match
+# --------------------------------------------------------------------------------------------
+# a row of checks.csv and the tolerances
+
+CHECK_TABLE_COLUMNS = ["check", "component", "status", "value", "tolerance", "detail", "wall_s"]
+
+# Tolerances. "exact" properties allow float32 rounding; "must break" properties need a
+# difference far above it.
+ROPE_TOLERANCE = 1e-4  # spread of q.k/(|q||k|) over shifts (fp32 angles up to ~100 rad)
+MISMATCH_MINIMUM = 0.05  # a pairing mix-up must move the relative score at least this much
+SHIFT_TOLERANCE = 1e-3  # relative residual of the fitted linear map on held-out positions
+# ... or more for wide tables: float32 angle rounding grows with the largest position (measured
+# 1.4e-7 per position at d 2048; this allows about 6x that).
+SHIFT_ROUNDING_PER_POSITION = 2.0**-20
+EQUIVARIANCE_TOLERANCE = 1e-5  # NoPE: relative output error, absolute attention error
+BREAK_MINIMUM = 1e-4  # a PE must change outputs / attention more than this (10x the above)
+
+
+@dataclass
+class ComponentCheck:
+    check: str
+    component: str
+    status: str  # PASS | FAIL
+    value: float
+    tolerance: str  # "<= x" (must be small) or "> x" (must be large)
+    detail: str = ""
+    wall_s: float = 0.0
+
+    @property
+    def passed(self) -> bool:
+        return self.status == "PASS"
+
+    def as_row(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def at_most(check: str, component: str, value: float, tolerance: float,
+            detail: str = "") -> ComponentCheck:
+    """A property that holds: PASS when ``value <= tolerance``."""
+    return ComponentCheck(check, component, "PASS" if value <= tolerance else "FAIL", value,
+                          f"<= {tolerance:g}", detail)
+
+
+def more_than(check: str, component: str, value: float, minimum: float,
+              detail: str = "") -> ComponentCheck:
+    """A property that must break: PASS when ``value > minimum``."""
+    return ComponentCheck(check, component, "PASS" if value > minimum else "FAIL", value,
+                          f"> {minimum:g}", detail)
+
+
+# --------------------------------------------------------------------------------------------
+# the model and the tokens a check runs on
 
 
 def check_tokens(cfg: DictConfig, seq_len: int) -> torch.Tensor:
@@ -65,10 +121,6 @@ def check_tokens(cfg: DictConfig, seq_len: int) -> torch.Tensor:
         return torch.randint(1, vocab, (1, seq_len), generator=generator)
     return torch.randperm(vocab - 1, generator=torch.Generator().manual_seed(int(cfg.seed)))[
         :seq_len][None] + 1
-
-
-# --------------------------------------------------------------------------------------------
-# the registry and the routine
 
 
 def pe_config(cfg: DictConfig, name: str) -> DictConfig:
@@ -87,6 +139,13 @@ def build_for_check(cfg: DictConfig) -> TransformerModel:
     return model.eval()
 
 
+# --------------------------------------------------------------------------------------------
+# RoPE: q_m . k_n depends on n - m only
+
+
+RotaryFactory = Callable[[float, str], Rotary]  # (base, style) -> a rotary PE module
+
+
 def rotary_factory(cfg: DictConfig) -> RotaryFactory:
     def make(base: float, style: str) -> torch.nn.Module:
         spec = OmegaConf.to_container(cfg.pe, resolve=True)
@@ -96,6 +155,35 @@ def rotary_factory(cfg: DictConfig) -> RotaryFactory:
     return make
 
 
+def rope_relative_rows(make_rotary: RotaryFactory, head_dim: int, bases: list[float],
+                       component: str) -> list[ComponentCheck]:
+    rows = []
+    for style in ("half", "interleaved"):
+        for base in bases:
+            value = rope_relative_violation(make_rotary(base, style), head_dim).value
+            rows.append(at_most("rope_relative", f"{component} {style} base={base:g}",
+                                value, ROPE_TOLERANCE,
+                                "max spread of q.k/(|q||k|) over shifts 0,5,17,64 of (m,n) = "
+                                "(2,5) [the source article: = (7,10)], (0,3), (10,4), (1,30)"))
+    return rows
+
+
+def pairing_mismatch_row(make_rotary: RotaryFactory, head_dim: int, base: float,
+                         component: str) -> ComponentCheck:
+    half, interleaved = make_rotary(base, "half"), make_rotary(base, "interleaved")
+
+    def mixed(q: torch.Tensor, k: torch.Tensor,
+              positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return half(q, k, positions)[0], interleaved(q, k, positions)[1]
+
+    value = rope_relative_violation(mixed, head_dim).value
+    detected = value > MISMATCH_MINIMUM
+    detail = ("half on q, interleaved on k: q.k now depends on absolute position (mismatch "
+              "detected)" if detected else "half on q, interleaved on k did NOT break the "
+              "relative property: the detector cannot tell the pairings apart")
+    return more_than("rope_pairing_mismatch", component, value, MISMATCH_MINIMUM, detail)
+
+
 def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
                 component: str) -> list[ComponentCheck]:
     make = rotary_factory(cfg)
@@ -103,6 +191,50 @@ def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
     bases = sorted({float(cfg.pe.base), *map(float, cfg.routine.rope_bases)})
     return [*rope_relative_rows(make, head_dim, bases, component),
             pairing_mismatch_row(make, head_dim, float(cfg.pe.base), component)]
+
+
+def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
+    """Step 3's row (``tlab validate``, ``tlab reverse-task``; also ``tlab mutants`` and
+    ``testing.assert_rope_relative``): for a rotary PE, is ``q_m . k_n`` a function of ``n - m``
+    only?
+
+    One random q and k, rotated by the run's PE at every position pair (m, n) with
+    ``m, n < n_positions - 1`` and at (m + 1, n + 1): ``q_m . k_n`` must equal
+    ``q_{m+1} . k_{n+1}`` (:func:`rope_relative_violation`). Returns None for other kinds of PE.
+    """
+    clock = Stopwatch()
+    pe = instantiate_component(cfg, "pe")
+    if getattr(pe, "kind", None) != "rotary":
+        return None
+    head_dim = cfg.model.d_model // cfg.model.n_heads
+    pairs = [(m, n) for m in range(n_positions - 1) for n in range(n_positions - 1)]
+    violation = rope_relative_violation(pe, head_dim, pairs, shifts=(0, 1), n_vectors=1)
+    ok = violation.value <= ROPE_TOLERANCE
+    (m, n), (m_next, n_next) = violation.positions
+    score, score_next = violation.scores
+    if ok:
+        detail = f"q.k depends on n-m only (largest drift {violation.value:.1e} of |q||k|)"
+    else:
+        detail = (f"q.k at positions (m={m}, n={n}) is {score:.4g} but at ({m_next}, {n_next}) "
+                  f"it is {score_next:.4g}: a rotary PE must make scores depend on n-m only; "
+                  "check that q and k get the same rotation (same pairing half/interleaved, "
+                  "same angles per position)")
+    return CheckRow(3, "rotary_relative", status(ok), "relative_drift", violation.value,
+                    ROPE_TOLERANCE, clock.lap(), detail)
+
+
+# --------------------------------------------------------------------------------------------
+# the sinusoidal shift
+
+
+def sinusoidal_shift_row(table: Callable[[torch.Tensor], torch.Tensor],
+                         component: str) -> ComponentCheck:
+    value = sinusoidal_shift_residual(table)
+    positions = shift_positions(table(torch.arange(1)).shape[-1])
+    tolerance = max(SHIFT_TOLERANCE, SHIFT_ROUNDING_PER_POSITION * positions)
+    return at_most("sinusoidal_shift", component, value, tolerance,
+                   "PE(pos+k) = M_k PE(pos): M_k fitted by least squares on half of the "
+                   "positions 0..max(255, 4d-1), residual on the other half (k = 1, 3, 10)")
 
 
 def sinusoidal_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
@@ -122,11 +254,45 @@ def pe_with_length(cfg: DictConfig, length: int) -> dict[str, Any]:
     return spec
 
 
+# --------------------------------------------------------------------------------------------
+# permutation equivariance and the swap test
+
+
+def equivariance_row(model: TransformerModel, tokens: torch.Tensor, component: str,
+                     expect_equivariant: bool) -> ComponentCheck:
+    # a fixed random permutation (not a reversal, which a symmetric ALiBi bias cannot see)
+    permutation = torch.randperm(tokens.shape[1], generator=torch.Generator().manual_seed(1))
+    value = permutation_error(model, tokens, permutation)
+    text = f"max |f(Px) - P f(x)| / max |f(x)|, P = {permutation.tolist()}"
+    if expect_equivariant:
+        return at_most("permutation_equivariant", component, value, EQUIVARIANCE_TOLERANCE, text)
+    return more_than("pe_breaks_permutation", component, value, BREAK_MINIMUM, text)
+
+
+def swap_row(model: TransformerModel, tokens: torch.Tensor, component: str,
+             expect_permuted: bool, i: int = 0, j: int = 2) -> ComponentCheck:
+    differing = (tokens[0] != tokens[0, i]).nonzero().flatten().tolist()
+    if tokens[0, i] == tokens[0, j] and differing:
+        j = differing[0]  # swapping two equal tokens would change nothing
+    attention, output = swap_attention_error(model, tokens, i, j)
+    detail = (f"swap tokens {i} and {j}: max |A' - P A P| over layers and heads; outputs "
+              f"differ from permuted outputs by {output:.3g}")
+    if expect_permuted:
+        return at_most("swap_attention", component, attention, EQUIVARIANCE_TOLERANCE,
+                       detail + " (NoPE: rows and columns just permute)")
+    return more_than("swap_attention", component, attention, BREAK_MINIMUM,
+                     detail + " (a PE: attention is not just permuted)")
+
+
 def equivariance_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
                         component: str) -> list[ComponentCheck]:
     nope = model.pe_kind == "none"
     return [equivariance_row(model, tokens, component, expect_equivariant=nope),
             swap_row(model, tokens, component, expect_permuted=nope)]
+
+
+# --------------------------------------------------------------------------------------------
+# the registry: which checks a PE gets
 
 
 Check = Callable[[DictConfig, TransformerModel, torch.Tensor, str], list[ComponentCheck]]
@@ -183,6 +349,13 @@ def pes_to_check(cfg: DictConfig) -> list[str]:
     return [choice]
 
 
+# --------------------------------------------------------------------------------------------
+# --trained: the swap test on a trained model
+
+
+SOLVED = 0.99  # --trained: training stops at this held-out exact match
+
+
 def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> ComponentCheck:
     """Train on the run's task (reversal) for ``routine.train_steps`` steps, then swap-test."""
     from transformer_lab.config.instantiate import build_task
@@ -205,6 +378,21 @@ def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.T
                        component: str) -> list[ComponentCheck]:
     with console.status(f"{component}: training on {cfg.task.get('name')}"):
         return [trained_swap_row(cfg, tokens, component)]
+
+
+# --------------------------------------------------------------------------------------------
+# the routine and its table
+
+
+def component_check_table(rows: list[ComponentCheck], title: str) -> Table:
+    table = Table(title=title)
+    for column in ("check", "component", "status", "value", "tolerance"):
+        table.add_column(column, overflow="fold")
+    colours = {"PASS": "green", "FAIL": "bold red"}
+    for row in rows:
+        table.add_row(row.check, row.component, f"[{colours[row.status]}]{row.status}[/]",
+                      f"{row.value:.3g}", row.tolerance)
+    return table
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:

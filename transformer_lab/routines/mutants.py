@@ -10,7 +10,7 @@ Runs every component of a suite through ``tlab validate``'s own step functions, 
 
 For each: the pre-flight's component checks (:func:`preflight`: exit 2 in ``tlab validate``),
 steps 1-2 (``validate.smoke_steps``), then step 3's rotary check
-(``rotary_check.rotary_relative_check``); with ``routine.reversal=true`` step 3's reversal training
+(``check.rotary_relative_check``); with ``routine.reversal=true`` step 3's reversal training
 and NoPE control too (minutes per PE on a CPU; the built-in reversal results are in
 ``benchmarks/validate_matrix.csv``). Step 4 compares
 relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
@@ -162,7 +162,7 @@ def preflight(cfg: DictConfig) -> None:
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     """The pre-flight, steps 1-2 and step 3 (rotary check; reversal if asked) on one
     candidate; the first failure names where it was caught."""
-    from transformer_lab.routines import rotary_check, validate
+    from transformer_lab.routines import check, validate
 
     clock = Stopwatch()
     cfg = candidate.cfg()
@@ -175,7 +175,7 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     try:
         rows = validate.smoke_steps(configs["smoke"], target)
         if first_failure(rows) is None:
-            rotary = rotary_check.rotary_relative_check(configs["reverse"])
+            rotary = check.rotary_relative_check(configs["reverse"])
             rows += [rotary] if rotary is not None else []
         if first_failure(rows) is None and reversal:
             rows += validate.reversal_step(configs["reverse"], target)[0]

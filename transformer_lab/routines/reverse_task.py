@@ -75,8 +75,8 @@ from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
-from transformer_lab.routines.rotary_check import rotary_relative_check
 from transformer_lab.routines.variants import seed_list, stage_log, train_settings, with_choice
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters

@@ -49,14 +49,8 @@ from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatc
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import (
-    JobInputs,
-    RoutineOutcome,
-    compare,
-    compare_output,
-    reverse_task,
-)
-from transformer_lab.routines.compare_results import (
+from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task
+from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
     comparison_checks,
     comparison_rows,
@@ -126,7 +120,7 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
-    compare_output.plot_loss_curves(runs, run.path / "loss_curves.png",
+    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
                              f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
     return comparison_checks(rows)
