@@ -15,7 +15,7 @@ from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
-from transformer_lab.routines import JobInputs, check_routine
+from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.training.threads import check_threads
 
 
@@ -25,6 +25,7 @@ def validate_config(cfg: DictConfig) -> JobInputs:
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
     check_schema(cfg)  # types, ranges, required keys (config/schema.py)
+    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
     check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
     from transformer_lab.training.schedules import SCHEDULES
 

@@ -5,12 +5,14 @@ composed config, before anything is built or written; a violation is one ``Confi
 
 A key of the table that the config does not have is only an error when it is ``required`` (e.g.
 ``~train.lr`` or ``~model``); keys the table does not list (a user's own component's arguments)
-are left to the component's own checks.
+are left to the component's own checks. A routine's own keys (``routine.*``) are its module's
+``SETTINGS``, checked with :func:`check_keys` (``routines.check_settings``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,44 +76,46 @@ def _range_text(rule: Rule) -> str:
     return ""
 
 
-def _int(low: float | None = None, **kw: Any) -> Rule:
+def int_rule(low: float | None = None, **kw: Any) -> Rule:
     return Rule("int", low=low, **kw)
 
 
-def _num(low: float | None = None, high: float | None = None, **kw: Any) -> Rule:
+def number_rule(low: float | None = None, high: float | None = None, **kw: Any) -> Rule:
     return Rule("number", low=low, high=high, **kw)
 
 
-POSITIVE_INT = _int(1)
-COUNT = _int(0)                               # 0, 1, 2, ...
-POSITIVE = _num(0, open_low=True)
-PROBABILITY = _num(0, 1, open_high=True)      # dropout rates
-FRACTION = _num(0, 1, open_low=True, open_high=True)
+POSITIVE_INT = int_rule(1)
+COUNT = int_rule(0)                               # 0, 1, 2, ...
+POSITIVE = number_rule(0, open_low=True)
+PROBABILITY = number_rule(0, 1, open_high=True)      # dropout rates
+FRACTION = number_rule(0, 1, open_low=True, open_high=True)
 
 SCHEMA: dict[str, Rule] = {
-    "seed": _int(0, required=True),
+    "seed": int_rule(0, required=True),
     "out_root": Rule("str", required=True),
     "force": Rule("bool"),
     # model
-    "model.d_model": _int(1, required=True), "model.n_heads": _int(1, required=True),
-    "model.n_layers": _int(1, required=True), "model.d_ff": _int(1, required=True),
-    "model.vocab_size": _int(2, nullable=True), "model.max_len": _int(1, required=True),
+    "model.d_model": int_rule(1, required=True), "model.n_heads": int_rule(1, required=True),
+    "model.n_layers": int_rule(1, required=True), "model.d_ff": int_rule(1, required=True),
+    "model.vocab_size": int_rule(2, nullable=True), "model.max_len": int_rule(1, required=True),
     "model.attn_bias": Rule("bool"), "model.ffn_bias": Rule("bool"),
     "model.gated_match_params": Rule("bool"),
     "model.embed_scale": Rule("embed_scale", nullable=True),
-    "model.pe_scale": _num(0), "model.residual_scale": POSITIVE, "model.init_std": POSITIVE,
+    "model.pe_scale": number_rule(0), "model.residual_scale": POSITIVE, "model.init_std": POSITIVE,
     # knobs of real architectures (GQA, head size, logit scale, biases, tying, parallel block)
-    "model.n_kv_heads": _int(1, nullable=True), "model.head_dim": _int(1, nullable=True),
-    "model.attn_scale": _num(0, open_low=True, nullable=True),
+    "model.n_kv_heads": int_rule(1, nullable=True), "model.head_dim": int_rule(1, nullable=True),
+    "model.attn_scale": number_rule(0, open_low=True, nullable=True),
     "model.qkv_bias": Rule("bool", nullable=True), "model.out_bias": Rule("bool", nullable=True),
     "model.tie_embeddings": Rule("bool"), "model.embed_norm": Rule("bool"),
     "model.parallel_block": Rule("bool"),
     **{f"model.dropout.{k}": PROBABILITY for k in ("embedding", "attention", "ffn", "residual")},
     # train
-    "train.steps": _int(1, required=True), "train.batch_size": _int(1, required=True),
-    "train.lr": _num(0, open_low=True, required=True), "train.schedule": Rule("str", required=True),
-    "train.warmup": COUNT, "train.noam_factor": POSITIVE, "train.min_lr_ratio": _num(0, 1),
-    "train.weight_decay": _num(0), "train.grad_clip": _num(0, open_low=True, nullable=True),
+    "train.steps": int_rule(1, required=True), "train.batch_size": int_rule(1, required=True),
+    "train.lr": number_rule(0, open_low=True, required=True),
+    "train.schedule": Rule("str", required=True),
+    "train.warmup": COUNT, "train.noam_factor": POSITIVE, "train.min_lr_ratio": number_rule(0, 1),
+    "train.weight_decay": number_rule(0),
+    "train.grad_clip": number_rule(0, open_low=True, nullable=True),
     "train.betas": Rule("list", item=PROBABILITY, min_items=2),
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
     "train.device": Rule("str", required=True),
@@ -122,19 +126,19 @@ SCHEMA: dict[str, Rule] = {
     "pe._target_": Rule("str", required=True), "block._target_": Rule("str", required=True),
     "ffn._target_": Rule("str", required=True), "norm_layer._target_": Rule("str", required=True),
     # task
-    "task.seq_len": POSITIVE_INT, "task.vocab_size": _int(2), "task.eval_size": POSITIVE_INT,
+    "task.seq_len": POSITIVE_INT, "task.vocab_size": int_rule(2), "task.eval_size": POSITIVE_INT,
     "task.holdout_mod": POSITIVE_INT, "task.data_seed": COUNT, "task.branching": POSITIVE_INT,
-    "task.n_chains": POSITIVE_INT, "task.chain_len": _int(2), "task.eval_fraction": FRACTION,
+    "task.n_chains": POSITIVE_INT, "task.chain_len": int_rule(2), "task.eval_fraction": FRACTION,
     "task.path": Rule("str", nullable=True), "task.corpus": Rule("str", nullable=True),
     "task.url": Rule("str", nullable=True),
     "task.tokenizer": Rule("str", choices=("char", "byte", "bpe")),
-    "task.bpe_vocab_size": _int(257),
+    "task.bpe_vocab_size": int_rule(257),
     # positional encodings
-    "pe.base": POSITIVE, "pe.rotary_fraction": _num(0, 1, open_low=True),
-    "pe.factor": POSITIVE, "pe.original_max_len": _int(1, nullable=True),
+    "pe.base": POSITIVE, "pe.rotary_fraction": number_rule(0, 1, open_low=True),
+    "pe.factor": POSITIVE, "pe.original_max_len": int_rule(1, nullable=True),
     "pe.num_buckets": POSITIVE_INT, "pe.max_distance": POSITIVE_INT,
     "pe.beta_fast": POSITIVE, "pe.beta_slow": POSITIVE,
-    "pe.attention_factor": _num(0, open_low=True, nullable=True),
+    "pe.attention_factor": number_rule(0, open_low=True, nullable=True),
     "pe.low_freq_factor": POSITIVE, "pe.high_freq_factor": POSITIVE,
     # Mixture of Experts (ffn=moe)
     "ffn.n_experts": POSITIVE_INT, "ffn.top_k": POSITIVE_INT,
@@ -142,26 +146,9 @@ SCHEMA: dict[str, Rule] = {
                                        "relu", "silu", "swiglu", "swish")),
     "ffn.router": Rule("str", choices=("softmax_then_topk", "topk_then_softmax")),
     "ffn.normalize_topk": Rule("bool"),
-    "ffn.load_balance_coef": _num(0), "ffn.z_loss_coef": _num(0),
-    # routines (each experiment has some of these)
+    "ffn.load_balance_coef": number_rule(0), "ffn.z_loss_coef": number_rule(0),
+    # the routine's own keys are its module's ``SETTINGS`` (``routines.check_settings``)
     "routine.name": Rule("str", required=True),
-    "routine.steps": POSITIVE_INT, "routine.seeds": POSITIVE_INT,
-    "routine.batch_size": POSITIVE_INT, "routine.n_batches": POSITIVE_INT,
-    "routine.seq_len": POSITIVE_INT, "routine.vocab_size": POSITIVE_INT,
-    "routine.max_len": _int(1, nullable=True), "routine.measure_batch": POSITIVE_INT,
-    "routine.train_steps": POSITIVE_INT, "routine.max_steps": POSITIVE_INT,
-    "routine.min_drop": _num(), "routine.target": _num(0, 1, open_low=True),
-    "routine.control": Rule("bool"), "routine.measure": Rule("bool"),
-    "routine.parallel": Rule("bool"),
-    "routine.trained": Rule("bool"), "routine.loss_target": _num(nullable=True),
-    "routine.activations": Rule("list", item=Rule("str"), min_items=1),
-    "routine.train_len": _int(1, nullable=True),
-    "routine.eval_lens": Rule("list", min_items=1),
-    "routine.scalings": Rule("list", min_items=1),
-    "routine.finetune_steps": COUNT, "routine.finetune_lr": _num(0, open_low=True, nullable=True),
-    "routine.dims": Rule("list", item=COUNT, min_items=1),
-    "routine.rope_bases": Rule("list", item=POSITIVE),
-    "routine.dtype": Rule("str"),  # its choices: tlab budget's own message names --dtype
 }
 
 # The config groups, for the message when a whole group is deleted (~model).
@@ -227,7 +214,13 @@ def check_schema(cfg: DictConfig) -> None:
         if OmegaConf.select(cfg, group, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"the config group '{group}' is required and cannot be deleted "
                               f"(~{group}); choose one with {group}=... (tlab list)")
-    for key, rule in SCHEMA.items():
+    check_keys(cfg, SCHEMA)
+
+
+def check_keys(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
+    """``ConfigError`` (one line) for the first key of ``rules`` (dotted, e.g.
+    ``routine.steps``) whose value in ``cfg`` breaks its rule."""
+    for key, rule in rules.items():
         value = _value(cfg, key)
         if value is _ABSENT:
             if rule.required:

@@ -1,10 +1,12 @@
 """Routines: what a run does once its config is composed. ``routine.name`` picks one.
 
 A routine is ``fn(cfg, run, inputs) -> RoutineOutcome``: ``inputs`` holds the task and the
-model that the app built (once) while validating the config; the routine writes its tables into
-``run`` and returns whether it passed plus the numbers for ``summary.csv``. A routine's module
-may define ``check_config(cfg, inputs)`` for its own settings (run before anything is written).
-Registered here by import path so that importing this module stays cheap.
+model that the app built (once) in pre-flight; the routine writes its tables into ``run`` and
+returns whether it passed plus the numbers for ``summary.csv``. Its module owns its settings:
+``SETTINGS`` (a ``config.schema.Rule`` per ``routine.*`` key, checked by ``check_settings``
+before anything is built) and ``check_config(cfg, inputs)`` for what ties them to the task or
+the model (both before anything is written). Registered here by import path so that importing
+this module stays cheap.
 """
 
 from __future__ import annotations
@@ -47,10 +49,28 @@ class RoutineOutcome:
 
 
 def get_routine(name: str) -> Callable[..., RoutineOutcome]:
+    return getattr(routine_module(name), ROUTINES[name].split(":")[1])
+
+
+def routine_module(name: str) -> Any:
+    """The module of routine ``name`` (``ConfigError`` naming the valid ones)."""
     if name not in ROUTINES:
         raise ConfigError(f"routine.name='{name}' is not known; valid: {', '.join(ROUTINES)}")
-    module, function = ROUTINES[name].split(":")
-    return getattr(import_module(module), function)
+    return import_module(ROUTINES[name].split(":")[0])
+
+
+def check_settings(cfg: Any, name: str | None = None) -> None:
+    """``ConfigError`` for the first ``routine.*`` key of ``cfg`` that breaks the rules of
+    routine ``name`` (default: ``cfg.routine.name``), its module's ``SETTINGS``."""
+    from omegaconf import OmegaConf
+
+    from transformer_lab.config.schema import check_keys
+
+    name = name or OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
+    if name not in ROUTINES:
+        return  # get_routine reports it
+    rules = getattr(routine_module(name), "SETTINGS", {})
+    check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
 
 
 def check_routine(cfg: Any, inputs: JobInputs) -> None:

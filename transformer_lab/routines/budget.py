@@ -34,6 +34,7 @@ from omegaconf import DictConfig
 from rich.table import Table
 from torch import nn
 
+from transformer_lab.config.schema import POSITIVE_INT, Rule
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
 from transformer_lab.measures.parameters import (
@@ -61,13 +62,14 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+# The routine's own keys (``routines.check_settings``; --dtype's choices: ``budget_settings``).
+SETTINGS = {"vocab_size": POSITIVE_INT, "seq_len": POSITIVE_INT, "batch_size": POSITIVE_INT,
+            "measure_batch": POSITIVE_INT, "measure": Rule("bool"), "dtype": Rule("str")}
+
+
 def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
-    """(vocab, seq_len, batch, dtype) from ``cfg.routine``; ConfigError for a bad value."""
+    """(vocab, seq_len, batch, dtype) from ``cfg.routine``; ConfigError for an unknown dtype."""
     r = cfg.routine
-    for key in ("vocab_size", "seq_len", "batch_size", "measure_batch"):
-        value = r.get(key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ConfigError(f"routine.{key}={value} is not valid; it must be a positive integer")
     if r.dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype {r.dtype} is not known; valid: {', '.join(DTYPE_BYTES)}")
     return int(r.vocab_size), int(r.seq_len), int(r.batch_size), str(r.dtype)

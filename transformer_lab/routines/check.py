@@ -43,6 +43,7 @@ from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
+from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
 from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
@@ -393,6 +394,11 @@ def component_check_table(rows: list[ComponentCheck], title: str) -> Table:
         table.add_row(row.check, row.component, f"[{colours[row.status]}]{row.status}[/]",
                       f"{row.value:.3g}", row.tolerance)
     return table
+
+
+# The routine's own keys (``routines.check_settings``; ``routine.pe``'s choices: ``pes_to_check``).
+SETTINGS = {"pe": Rule("str"), "seq_len": POSITIVE_INT, "rope_bases": Rule("list", item=POSITIVE),
+            "trained": Rule("bool"), "train_steps": POSITIVE_INT}
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:

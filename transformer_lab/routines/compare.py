@@ -68,6 +68,7 @@ from rich import box
 from rich.table import Table
 
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import (
@@ -97,8 +98,17 @@ def activation_list(cfg: DictConfig) -> list[str]:
     return [a.strip() for a in str(value or "").split(",") if a.strip()]
 
 
+# The routine's own keys (``routines.check_settings``; the activations' choices and the baseline
+# among them: ``check_config``). ``loss_target``: a positive loss, or null (the loss every run
+# reaches).
+SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1), "steps": POSITIVE_INT,
+            "seeds": POSITIVE_INT, "baseline": Rule("str", nullable=True),
+            "loss_target": number_rule(0, open_low=True, nullable=True)}
+
+
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight checks of the routine's settings (called by ``validate_config``)."""
+    """Pre-flight: every activation is a choice of the ``ffn`` group, listed once; the
+    baseline is one of them."""
     routine = cfg.routine
     names = activation_list(cfg)
     valid = group_choices("ffn", user_config_dirs(cfg))
@@ -110,19 +120,10 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
                               f"{', '.join(valid)}")
     if len(set(names)) != len(names):
         raise ConfigError(f"--activations lists an activation twice: {','.join(names)}")
-    steps = routine.get("steps")
-    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-        raise ConfigError(f"routine.steps={steps} is not valid (--steps); it must be an "
-                          "integer >= 1")
     baseline = routine.get("baseline")
     if baseline is not None and str(baseline) not in names:
         raise ConfigError(f"--baseline {baseline} is not among the compared activations; "
                           f"valid: {', '.join(names)}")
-    seed_list(cfg)
-    target = routine.get("loss_target")
-    if target is not None and (not isinstance(target, int | float) or target <= 0):
-        raise ConfigError(f"routine.loss_target={target} is not valid; use a positive loss or "
-                          "null (the loss every run reaches)")
 
 
 def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,

@@ -35,6 +35,7 @@ from typing import Any
 from omegaconf import DictConfig
 from rich.table import Table
 
+from transformer_lab.config.schema import Rule
 from transformer_lab.errors import ConfigError
 from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_config
 from transformer_lab.results.check_rows import CheckRow, Stopwatch
@@ -244,6 +245,12 @@ def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     return RoutineOutcome(passed=not wrong, message=message,
                           summary={"components": len(verdicts), **counts,
                                    "mutation_score": score, "wall_s": clock.lap()})
+
+
+# The routine's own keys (``routines.check_settings``; what ``dir`` and ``only`` name:
+# ``check_config``). ``only``: comma-separated names, or a list.
+SETTINGS = {"dir": Rule("str", nullable=True), "negatives": Rule("bool"),
+            "reversal": Rule("bool"), "overrides": Rule("list")}
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:

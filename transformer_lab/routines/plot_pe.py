@@ -29,6 +29,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import instantiate_component
+from transformer_lab.config.schema import COUNT, POSITIVE, Rule, int_rule
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import plots
 from transformer_lab.results.console import console
@@ -139,11 +140,14 @@ PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[P
 }
 
 
+# The routine's own keys (``routines.check_settings``).
+SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1),
+            "rope_bases": Rule("list", item=POSITIVE)}
+
+
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
     and dimensions that the PE has."""
-    if int(cfg.routine.max_len) < 2:
-        raise ConfigError(f"--max-len {cfg.routine.max_len} is not valid; it must be >= 2")
     pe = instantiate_component(cfg, "pe")
     kind, hf = getattr(pe, "kind", None), bool(cfg.get("from_hf"))
     if kind not in PLOTTERS:

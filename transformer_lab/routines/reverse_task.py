@@ -62,6 +62,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
+from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import (
     VERDICT_COLUMNS,
@@ -122,22 +123,14 @@ def expected_outcome(cfg: DictConfig) -> str:
     return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
 
 
+# The routine's own keys (``routines.check_settings``): ``target`` is a held-out exact-match
+# fraction to reach (e.g. 0.99).
+SETTINGS = {"target": number_rule(0, 1, open_low=True), "max_steps": POSITIVE_INT,
+            "seeds": POSITIVE_INT, "control": Rule("bool"), "declared_settings": Rule("bool")}
+
+
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight checks of the routine's settings."""
-    routine = cfg.routine
-    target = routine.get("target")
-    if isinstance(target, bool) or not isinstance(target, int | float) \
-            or not 0.0 < target <= 1.0:
-        raise ConfigError(f"routine.target={target} is not valid; it must be in (0, 1] "
-                          "(a held-out exact-match fraction, e.g. 0.99)")
-    max_steps = routine.get("max_steps")
-    if isinstance(max_steps, bool) or not isinstance(max_steps, int) or max_steps < 1:
-        raise ConfigError(f"routine.max_steps={max_steps} is not valid; it must be an integer "
-                          ">= 1")
-    seed_list(cfg)
-    if not isinstance(routine.get("control", True), bool):
-        raise ConfigError(f"routine.control={routine.get('control')} is not valid; use true or "
-                          "false")
+    """Pre-flight: the task must have an exact match to reach."""
     if not isinstance(inputs.task, SequenceTransformTask):
         raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")

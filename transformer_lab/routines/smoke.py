@@ -25,6 +25,7 @@ import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -202,9 +203,9 @@ def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
             for seed, loss in losses.items()]
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """``routine.seeds`` must be a positive integer."""
-    seed_list(cfg)
+# The routine's own keys (``routines.check_settings``).
+SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSITIVE_INT,
+            "min_drop": number_rule(), "seeds": POSITIVE_INT, "max_len": int_rule(1, nullable=True)}
 
 
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:

@@ -44,12 +44,13 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.config.schema import Rule
+from transformer_lab.errors import Diverged
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
-from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task
+from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
 from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
     comparison_checks,
@@ -76,15 +77,16 @@ def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
             "compare": merged(cfg, cfg.routine.compare)}
 
 
+# The routine's own keys (``routines.check_settings``): its steps' keys where they sit in a
+# validate config (steps 1-2 and 4 under routine.smoke / routine.compare, step 3 at the top).
+SETTINGS = {"parallel": Rule("bool"), **reverse_task.SETTINGS,
+            **{f"smoke.routine.{key}": rule for key, rule in smoke.SETTINGS.items()},
+            **{f"compare.routine.{key}": rule for key, rule in compare.SETTINGS.items()}}
+
+
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight checks of every step's settings (called by ``validate_config``)."""
+    """Pre-flight checks of steps 3 and 4 (what ties their settings to the task)."""
     configs = step_configs(cfg)
-    smoke = configs["smoke"].routine
-    for key in ("steps", "n_batches", "batch_size"):
-        value = smoke.get(key)
-        if not isinstance(value, int) or value < 1:
-            raise ConfigError(f"routine.smoke.routine.{key}={value} is not valid; it must be "
-                              "an integer >= 1")
     reverse_task.check_config(cfg, inputs)
     compare_cfg = configs["compare"]
     compare.check_config(compare_cfg, inputs)  # the compare patch leaves the task as it is

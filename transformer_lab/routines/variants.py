@@ -36,12 +36,8 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
 
 
 def seed_list(cfg: DictConfig) -> list[int]:
-    """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1); ``ConfigError``
-    when ``routine.seeds`` is not an integer >= 1."""
-    n = cfg.routine.get("seeds", 1)
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise ConfigError(f"routine.seeds={n} is not valid (--seeds); it must be an integer >= 1")
-    return [int(cfg.seed) + offset for offset in range(n)]
+    """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1)."""
+    return [int(cfg.seed) + offset for offset in range(int(cfg.routine.get("seeds", 1)))]
 
 
 def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:

@@ -138,7 +138,8 @@ def pe_node(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def make_plan(cfg: DictConfig) -> Plan:
-    """Read and check ``cfg.routine``; raises ``ConfigError`` with one line on bad input."""
+    """Read ``cfg.routine`` (its keys checked by the routine's ``SETTINGS``) and check what
+    ties them to each other and to the task; ``ConfigError`` with one line on bad input."""
     r = cfg.routine
     if "seq_len" not in cfg.task:
         raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "
@@ -148,8 +149,6 @@ def make_plan(cfg: DictConfig) -> Plan:
         raise ConfigError(f"routine.pes={pes} names a pe twice; list each once")
     nodes = {pe: pe_node(cfg, pe) for pe in pes}
     train_len = r.get("train_len") or cfg.task.seq_len
-    if not isinstance(train_len, int) or train_len < 1:
-        raise ConfigError(f"routine.train_len={train_len} is not valid; it must be an integer >= 1")
     entries = _as_list(r.get("eval_lens")) or ["1x"]
     eval_lens = sorted({parse_eval_length(e, train_len) for e in entries})
     scalings = [parse_scaling(s) for s in _as_list(r.get("scalings"))] or [Scaling("none")]
@@ -161,15 +160,8 @@ def make_plan(cfg: DictConfig) -> Plan:
                           f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
     seeds = seed_list(cfg)
     finetune_steps = r.get("finetune_steps", 0) or 0
-    if not isinstance(finetune_steps, int) or finetune_steps < 0:
-        raise ConfigError(f"routine.finetune_steps={finetune_steps} is not valid; use 0 (none) "
-                          "or a number of steps")
     finetune_lr = r.get("finetune_lr") or cfg.train.lr
-    if not isinstance(finetune_lr, int | float) or finetune_lr <= 0:
-        raise ConfigError(f"routine.finetune_lr={finetune_lr} is not valid; it must be > 0")
     max_len = r.get("max_len")
-    if max_len is not None and (not isinstance(max_len, int) or max_len < 1):
-        raise ConfigError(f"routine.max_len={max_len} is not valid; use null or an integer >= 1")
     return Plan(pes, nodes, train_len, eval_lens, scalings,
                 seeds, finetune_steps, float(finetune_lr),
                 max_len)

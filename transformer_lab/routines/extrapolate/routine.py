@@ -62,6 +62,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from transformer_lab.config.schema import COUNT, POSITIVE_INT, Rule, int_rule, number_rule
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console, print_warning
@@ -86,6 +87,13 @@ from transformer_lab.routines.extrapolate.tables import (
 from transformer_lab.routines.variants import train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.trainer import Trainer, count_parameters
+
+# The routine's own keys (``routines.check_settings``; what ties them together: ``make_plan``).
+SETTINGS = {"pes": Rule("list", nullable=True), "train_len": int_rule(1, nullable=True),
+            "eval_lens": Rule("list", min_items=1), "scalings": Rule("list", min_items=1),
+            "seeds": POSITIVE_INT, "finetune_steps": COUNT,
+            "finetune_lr": number_rule(0, open_low=True, nullable=True),
+            "max_len": int_rule(1, nullable=True)}
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
