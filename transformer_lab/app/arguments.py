@@ -2,7 +2,7 @@
 and the first job's config composed once (``compose_first_job``); unknown choices or keys,
 malformed overrides and an output directory that already holds a run all become one
 ``ConfigError`` line (exit code 2) instead of a Hydra traceback or a half-made run directory.
-The composed config is then validated once by :mod:`transformer_lab.app.validation`.
+The composed config then goes through the pre-flight once (:mod:`transformer_lab.app.preflight`).
 """
 
 from __future__ import annotations

@@ -4,10 +4,11 @@ same program; every other command builds Hydra overrides and comes through here,
 
 One pass per run (``main``): the command line is parsed once and checked
 (``arguments.check_arguments``), the first job's config is composed once
-(``arguments.compose_first_job``) and validated once, which builds the task and the model once
-(``validation.validate_config``). A single run then goes straight to its job with those
-(``job.execute``); a sweep, or a flag that only prints (``--cfg``, ``--info``), goes through
-Hydra's own command line, where each job composes and validates its own config.
+(``arguments.compose_first_job``) and goes through the pre-flight once, which builds the task
+and the model once (``preflight.preflight``). A single run then goes straight to its job with
+those (``job.execute``); a sweep, or a flag that only prints (``--cfg``, ``--info``), goes
+through Hydra's own command line, where each job composes its own config and runs its own
+pre-flight.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from transformer_lab.results.run_directory import claim_directory
 
 def hydra_job(cfg: DictConfig) -> int:
     """One job started by Hydra's command line (a sweep's job, in whichever process the
-    launcher runs it): validates its own config, runs, records its ``sweep.csv`` row."""
+    launcher runs it): runs its own pre-flight, runs, records its ``sweep.csv`` row."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict
@@ -71,9 +72,9 @@ def main(argv: list[str] | None = None) -> int:
             if arguments.hydra_only:
                 return _run_hydra(arguments)
             hydra, cfg = compose_first_job(arguments)
-            from transformer_lab.app.validation import validate_config
+            from transformer_lab.app.preflight import preflight
 
-            inputs = validate_config(cfg)
+            inputs = preflight(cfg)
             if arguments.multirun and search.uses_optuna(arguments.overrides):
                 search.require_objective(str(cfg.routine.name))  # a search needs one
             sweep_dir = None
@@ -139,7 +140,7 @@ def pin_run_dir(cfg: DictConfig) -> Path:
 
 def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
     """The single run of ``cfg``, in the run directory Hydra makes, with the task and model
-    built while validating it."""
+    its pre-flight built."""
     from hydra.core.hydra_config import HydraConfig
 
     from transformer_lab.app.job import execute
