@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             args = quieted(forced(args))
             if resume_dir is not None:
                 args = resume.resume_arguments(resume_dir, args)
-            arguments = check_arguments(renamed_group_aliases(args), resume=resume_dir is not None)
+            arguments = checked_arguments(args, resume=resume_dir is not None)
             if arguments.hydra_only:
                 return _run_hydra(arguments)
             hydra, cfg = compose_first_job(arguments)
@@ -204,6 +204,18 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
+    """``check_arguments`` on ``args`` with old config-group names renamed; one line on stderr
+    for each of them and for each old-named folder of the ``--config-dir`` trees."""
+    from transformer_lab.config.tree import old_group_folder_notes
+    from transformer_lab.results.console import print_warning
+
+    arguments = check_arguments(renamed_group_aliases(args), resume=resume)
+    for note in old_group_folder_notes(arguments.config_dirs):
+        print_warning(note)
+    return arguments
 
 
 def renamed_group_aliases(args: list[str]) -> list[str]:
