@@ -4,13 +4,17 @@ The tree lives in ``configs/`` at the repository root and is copied into the whe
 ``transformer_lab/configs``; ``CONFIG_DIR`` finds whichever is present. A user's own trees
 (``--config-dir``) are searched after it; in them a folder with a group's old name
 (``GROUP_ALIASES``: ``activation/``, ``norm/``) still holds choices of the new group until tlab
-0.3. Hydra finds those in its ConfigStore (``config_store_choices``), as no folder has the
-group's name.
+0.3. The Python API's components are choices offered in this process, with no file
+(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``config_store_choices``),
+as no folder of the group's name has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +28,22 @@ GROUPS = ("experiment", "preset", "model", "pe", "block", "norm_layer", "ffn", "
           "train", "logger")
 # Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
 GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
+_IN_PROCESS_CHOICES: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> config node
+
+
+@contextmanager
+def offered_in_process(choices: Mapping[str, Mapping[str, dict[str, Any]]]) -> Iterator[None]:
+    """Within the block, ``choices`` (group -> choice -> config node of plain values) are
+    choices of their groups, after every file of the same name."""
+    for group, nodes in choices.items():
+        _IN_PROCESS_CHOICES.setdefault(group, {}).update(nodes)
+    try:
+        yield
+    finally:
+        for group, nodes in choices.items():
+            left = {c: n for c, n in _IN_PROCESS_CHOICES.pop(group, {}).items() if c not in nodes}
+            if left:
+                _IN_PROCESS_CHOICES[group] = left
 
 
 def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
@@ -44,18 +64,23 @@ def group_folders(group: str) -> list[str]:
 
 def group_choices(group: str, user_dirs: Iterable[Path | str] = ()) -> list[str]:
     """The YAML files of a config group in every searched tree (in its old-named folders too),
-    without extension, sorted."""
+    without extension, and the choices offered in this process; sorted."""
     dirs = config_dirs(user_dirs)
     return sorted({p.stem for folder in group_folders(group) for d in dirs
-                   for p in (d / folder).glob("*.yaml")})
+                   for p in (d / folder).glob("*.yaml")} | set(_IN_PROCESS_CHOICES.get(group, {})))
 
 
-def choice_file(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Path | None:
+def choice_file(group: str, choice: str,
+                user_dirs: Iterable[Path | str] = ()) -> Path | io.StringIO | None:
     """The YAML of ``group=choice`` that Hydra would load: the first tree with it in the
-    group's folder, else the first with it in an old-named folder."""
+    group's folder, else the first with it in an old-named folder; for a choice offered in this
+    process, its node as text in memory (JSON, which is YAML: ``OmegaConf.load`` reads it as it
+    reads a file)."""
     dirs = config_dirs(user_dirs)
-    return next((d / folder / f"{choice}.yaml" for folder in group_folders(group) for d in dirs
+    path = next((d / folder / f"{choice}.yaml" for folder in group_folders(group) for d in dirs
                  if (d / folder / f"{choice}.yaml").is_file()), None)
+    node = _IN_PROCESS_CHOICES.get(group, {}).get(choice)
+    return io.StringIO(json.dumps(node)) if path is None and node is not None else path
 
 
 def old_group_folders(user_dirs: Iterable[Path | str]) -> list[Path]:
@@ -70,16 +95,22 @@ def old_group_folder_notes(user_dirs: Iterable[Path | str]) -> list[str]:
             "old name works until tlab 0.3)" for folder in old_group_folders(user_dirs)]
 
 
-def config_store_choices(user_dirs: Iterable[Path | str]) -> dict[str, dict[str, Path]]:
-    """Group -> choice -> file of the choices that only old-named folders hold (the first
-    tree's where several do): what Hydra must find in its ConfigStore under the new group name.
-    A choice that a folder of the new name holds too is left out: that file wins, as in
-    ``choice_file`` (Hydra would merge a stored node of the same name into it)."""
+def config_store_choices(
+        user_dirs: Iterable[Path | str]) -> dict[str, dict[str, Path | dict[str, Any]]]:
+    """Group -> choice -> file or node of the choices that no folder of the group's name holds:
+    those of old-named folders (the first tree's where several have one) and those offered in
+    this process. Hydra must find them in its ConfigStore. A choice that a folder of the group's
+    name holds too is left out: that file wins, as in ``choice_file`` (Hydra would merge a
+    stored node of the same name into it)."""
     dirs = config_dirs(user_dirs)
-    choices: dict[str, dict[str, Path]] = {}
+    choices: dict[str, dict[str, Path | dict[str, Any]]] = {}
     for folder in old_group_folders(user_dirs):
         group = GROUP_ALIASES[folder.name]
         for path in sorted(folder.glob("*.yaml")):
-            if not any((d / group / path.name).is_file() for d in dirs):
-                choices.setdefault(group, {}).setdefault(path.stem, path)
-    return choices
+            choices.setdefault(group, {}).setdefault(path.stem, path)
+    for group, nodes in _IN_PROCESS_CHOICES.items():
+        for choice, node in nodes.items():
+            choices.setdefault(group, {}).setdefault(choice, node)
+    return {group: {choice: found for choice, found in options.items()
+                    if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)}
+            for group, options in choices.items()}
