@@ -104,3 +104,87 @@ def test_testing_assertions_say_what_failed():
         assert_rope_relative("sinusoidal")
     with pytest.raises(AssertionError, match=r"pe=none \(arch=encoder\): tlab smoke failed"):
         assert_trains(pe="none", overrides=["train.lr=1e-9"])
+
+
+def test_notebook_classes_run_without_a_config_file(tmp_path, monkeypatch):
+    """Classes defined in a function (no import path) for pe, ffn and norm_layer: chosen
+    in-process, no temporary config directory; config.yaml names each class; nothing of them
+    is left in the process after the run."""
+    import tempfile
+
+    from transformer_lab.config.hydra_adapter import locate
+    from transformer_lab.config.tree import group_choices
+
+    class NotebookPE(nn.Module):
+        kind = "additive"
+
+        def __init__(self, d_model: int, base: float = 1.0) -> None:
+            super().__init__()
+            self.freqs = nn.Parameter(torch.linspace(1.0, 0.01, d_model) * base)  # (d_model,)
+
+        def forward(self, positions: torch.Tensor) -> torch.Tensor:
+            return torch.sin(positions.float()[:, None] * self.freqs)  # (T,) -> (T, d_model)
+
+    class NotebookFFN(nn.Module):
+        def __init__(self, d_model: int, d_ff: int) -> None:
+            super().__init__()
+            self.up, self.down = nn.Linear(d_model, d_ff), nn.Linear(d_ff, d_model)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))  # (B, T, D) -> (B, T, D)
+
+    class NotebookNorm(nn.Module):
+        def __init__(self, dim: int, eps: float = 1e-5) -> None:
+            super().__init__()
+            self.norm = nn.LayerNorm(dim, eps=eps)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.norm(x)
+
+    temporary: list[tuple] = []
+    mkdtemp = tempfile.mkdtemp
+    monkeypatch.setattr(tempfile, "mkdtemp",  # TemporaryDirectory calls it too
+                        lambda *a, **k: temporary.append((a, k)) or mkdtemp(*a, **k))
+    result = tl.smoke(pe=NotebookPE, ffn=NotebookFFN, norm_layer=NotebookNorm,
+                      overrides=["pe.base=2.0", "norm_layer.eps=1e-6"], out=tmp_path / "run")
+    assert result.passed, result.table
+    assert temporary == [] and [p.name for p in tmp_path.iterdir()] == ["run"]
+    summary = result.summary.iloc[0]
+    assert (summary.pe, summary.activation, summary.norm_layer) == \
+        ("NotebookPE", "NotebookFFN", "NotebookNorm")
+    config = (tmp_path / "run" / "config.yaml").read_text()
+    scope = "test_notebook_classes_run_without_a_config_file.<locals>"
+    for name in ("NotebookPE", "NotebookFFN", "NotebookNorm"):
+        assert f"{scope}.{name}\n" in config
+    assert "base: 2.0" in config and "eps: 1.0e-06" in config
+    assert "pe=NotebookPE" in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()
+    assert "NotebookPE" not in group_choices("pe")
+    target = next(line.split(": ")[1] for line in config.splitlines()
+                  if line.endswith(f"{scope}.NotebookPE"))
+    with pytest.raises(ImportError):  # resolvable only while the run lasts
+        locate(target)
+
+    compared = tl.compare_activations(["relu", NotebookFFN], steps=3, seeds=1,
+                                      overrides=["model=tiny", "task.eval_size=32"],
+                                      out=tmp_path / "compare")
+    assert compared.passed and list(compared.table.activation) == ["relu", "NotebookFFN"]
+
+
+def test_the_preflight_refuses_as_in_the_cli(tlab, tmp_path):
+    class WrongShapeFFN(nn.Module):
+        def __init__(self, d_model: int) -> None:
+            super().__init__()
+            self.out = nn.Linear(d_model, 2 * d_model)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(x)  # (B, T, D) -> (B, T, 2D): the wrong shape
+
+    with pytest.raises(ConfigError, match="ffn=WrongShapeFFN") as refused:
+        tl.smoke(ffn=WrongShapeFFN, out=tmp_path / "run")
+    assert "\n" not in str(refused.value) and not (tmp_path / "run").exists()
+    code, _, err = tlab("experiment=smoke", "train.lr=-1", f"hydra.run.dir={tmp_path / 'cli'}")
+    assert code == 2
+    with pytest.raises(ConfigError) as refused:
+        tl.smoke(overrides=["train.lr=-1"], out=tmp_path / "api")
+    assert str(refused.value) in " ".join(err.split())
+    assert not (tmp_path / "api").exists()

@@ -169,9 +169,9 @@ def test_bad_knob_values_exit_2_and_write_nothing(tlab, tmp_path, args, expected
 def test_preflight_runs_rope_at_model_head_dim():
     """The protocol check builds its q/k at ``model.head_dim`` (it used d_model // n_heads and
     refused this valid config)."""
-    from transformer_lab.app.validation import validate_config
+    from transformer_lab.app.preflight import preflight
     from transformer_lab.config.compose import compose
 
     cfg = compose(["experiment=smoke", "pe=rope", "model.d_model=32", "model.n_heads=2",
                    "model.head_dim=8"])
-    assert validate_config(cfg).model.blocks[0].attention.head_dim == 8  # not 32 // 2
+    assert preflight(cfg).model.blocks[0].attention.head_dim == 8  # not 32 // 2

@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from helpers import TLAB
 
-from transformer_lab.app.validation import validate_config
+from transformer_lab.app.preflight import preflight
 from transformer_lab.config.compose import compose
 from transformer_lab.config.tree import group_choices
 from transformer_lab.results.check_rows import CHECK_COLUMNS
@@ -33,7 +33,7 @@ def test_smoke_passes_for_every_pe_norm_activation_arch(tmp_path, monkeypatch):
         cfg = base.copy()
         for group, choice in zip(GRID, combo, strict=True):
             cfg[group] = nodes[group][choice]
-        inputs = validate_config(cfg)
+        inputs = preflight(cfg)
         outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg), inputs)
         if not outcome.passed:
             failures.append((combo, outcome.message))

@@ -138,19 +138,19 @@ def test_bf16_autocast_path_trains_on_cpu():
     assert losses[-1] < losses[0]
 
 
-def test_cuda_device_is_validated():
-    from transformer_lab.app.validation import validate_config
+def test_preflight_checks_the_device():
+    from transformer_lab.app.preflight import preflight
 
     cfg = compose(["experiment=smoke", "train.device=cuda"])
     if torch.cuda.is_available():
-        validate_config(cfg)
+        preflight(cfg)
         trainer = trainer_for("train.device=cuda", "train.precision=bf16")
         assert trainer.fit(2).steps == 2
     else:
         with pytest.raises(ConfigError, match="no CUDA device"):
-            validate_config(cfg)
+            preflight(cfg)
     with pytest.raises(ConfigError, match="use cpu or cuda"):
-        validate_config(compose(["experiment=smoke", "train.device=tpu"]))
+        preflight(compose(["experiment=smoke", "train.device=tpu"]))
 
 
 def test_no_op_dropout_and_scale_are_skipped_but_real_ones_apply():

@@ -8,41 +8,36 @@
     result.run_dir     # Path of the run directory (config.yaml, summary.csv, plots, ...)
 
 ``validate``, ``smoke``, ``reverse_task``, ``compare_activations`` and ``check`` run the command
-of the same name through the same Hydra application as the CLI (``app.hydra_app.main`` with
-the same overrides), so the files they write are the CLI's. Bad input raises
-``transformer_lab.errors.ConfigError`` with the CLI's one-line message (nothing is written).
+of the same name in this process as the CLI runs a single run: the same arguments, checked by
+``app.hydra_app.checked_arguments``, composed by ``app.arguments.compose_first_job`` and run by
+``app.hydra_app.run_single`` (pre-flight, run directory, job, every file), so the files they
+write are the CLI's. Bad input raises ``transformer_lab.errors.ConfigError`` with the CLI's
+one-line message (nothing is written).
 
-A component (``pe=``, ``ffn=``, ``norm_layer=``) may be the name of a choice (``"rope"``), a
-class, or an instance, defined anywhere, a notebook or ``__main__`` included: it is registered
-in this process under ``transformer_lab.api.components`` and given a config file of its own
-(in a temporary ``--config-dir``), so it needs no importable module path. A class gets its
-size arguments from the model (``d_model``, ``d_ff``, ``n_heads``, ``head_dim``, ``max_len``;
-any other argument without a default must be given: ``overrides=["pe.alpha=0.5"]``); a norm
-layer class is called with ``d_model``. An instance is deep-copied for every model built (its
-sizes must match the run's model). Runs are single runs (no ``-m`` sweeps) in this process.
+A component (``pe=``, ``ffn=``, ``norm_layer=``, an item of ``activations=``) may be the name of
+a choice (``"rope"``), a class, or an instance, defined anywhere, a notebook, ``__main__`` or a
+test function included: while the command runs it is a choice of its group offered in this
+process (``OfferedComponents``: no file), whose config node names its class by its qualified
+name. A class gets its size arguments from the model (``d_model``, ``d_ff``, ``n_heads``,
+``head_dim``, ``max_len``), keeps its plain defaults (an override may change them), and any
+other argument must be given: ``overrides=["pe.alpha=0.5"]``; a norm layer class is called with
+``d_model``. An instance is deep-copied for every model built (its sizes must match the run's
+model). Runs are single runs (no ``-m`` sweeps) in this process.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import inspect
-import io
 import logging
-import sys
-import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
-from transformer_lab.errors import EXIT_USAGE, ConfigError
+from transformer_lab.errors import ConfigError
 
-# Where registered components live: ``_target_: transformer_lab.api.components.<name>``.
-components = SimpleNamespace()
-_REGISTERED: dict[int, tuple[object, str]] = {}  # id(component) -> (component, its name)
 SIZE_ARGUMENTS = {  # constructor arguments the model fills in
     "d_model": "${model.d_model}", "d_ff": "${model.d_ff}", "n_heads": "${model.n_heads}",
     "head_dim": "${tlab.head_dim:${model.d_model},${model.n_heads},"
@@ -94,17 +89,30 @@ class Result:
         return f"Result({self.command}: {verdict}, run_dir='{self.run_dir}')"
 
 
-def _size_arguments(cls: type) -> dict[str, Any]:
-    """Constructor arguments of ``cls`` that the model fills in; ``???`` (must be given) for
-    other arguments without a default."""
+def _is_plain(value: object) -> bool:
+    """A default that a config node holds as it is (and an override can replace)."""
+    if isinstance(value, str):
+        return "${" not in value and value != "???"
+    return value is None or isinstance(value, bool | int | float)
+
+
+def _class_arguments(cls: type, group: str) -> dict[str, Any]:
+    """The constructor arguments of ``cls`` in its config node: the sizes the model fills in,
+    plain defaults as they are, ``???`` (must be given) for any other argument without a
+    default. A norm layer's first argument is left out: the block passes ``d_model``."""
+    parameters = [p for p in inspect.signature(cls.__init__).parameters.values()
+                  if p.name not in ("self", "name")
+                  and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if group == "norm_layer":
+        parameters = parameters[1:]
     arguments: dict[str, Any] = {}
-    for name, parameter in inspect.signature(cls.__init__).parameters.items():
-        if name == "self" or parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
-            continue
-        if name in SIZE_ARGUMENTS:
-            arguments[name] = SIZE_ARGUMENTS[name]
+    for parameter in parameters:
+        if parameter.name in SIZE_ARGUMENTS and group != "norm_layer":
+            arguments[parameter.name] = SIZE_ARGUMENTS[parameter.name]
         elif parameter.default is parameter.empty:
-            arguments[name] = "???"
+            arguments[parameter.name] = "???"
+        elif _is_plain(parameter.default):
+            arguments[parameter.name] = parameter.default
     return arguments
 
 
@@ -119,124 +127,137 @@ def _instance_class(instance: object) -> type:
     def new(klass: type, *args: Any, **kwargs: Any) -> object:
         return copy.deepcopy(instance)  # not a ``klass``: __init__ is not called again
 
-    namespace: dict[str, Any] = {"__new__": new, "__module__": __name__}
+    namespace: dict[str, Any] = {"__new__": new, "__module__": cls.__module__,
+                                 "__qualname__": cls.__qualname__}
     if count is not None:
         namespace["count_parameters"] = classmethod(lambda klass, **kwargs: count)
     return type(cls.__name__, (cls,), namespace)
 
 
-def _register(component: object) -> str:
-    """Register a class or instance in ``components``; return its ``_target_``."""
-    key = id(component)
-    if key not in _REGISTERED:
-        target = component if isinstance(component, type) else _instance_class(component)
-        base = getattr(component, "__name__", type(component).__name__)
-        name = f"{base}_{len(_REGISTERED)}"
-        setattr(components, name, target)
-        _REGISTERED[key] = (component, name)  # keeps the component alive: ids stay unique
-    return f"{__name__}.components.{_REGISTERED[key][1]}"
+def _unused(name: str, taken: Any) -> str:
+    """``name``, else the first of ``name_2``, ``name_3``, ... not in ``taken``."""
+    candidate, n = name, 1
+    while candidate in taken:
+        n += 1
+        candidate = f"{name}_{n}"
+    return candidate
 
 
-def _component_yaml(component: object, group: str, name: str) -> dict[str, Any]:
-    """The config node of a class or instance for config group ``group``."""
-    node: dict[str, Any] = {"name": name, "_target_": _register(component)}
-    if group == "norm_layer":
-        node["_partial_"] = True  # called with d_model
-    elif isinstance(component, type):
-        node.update(_size_arguments(component))
-    return node
+class OfferedComponents:
+    """The classes and instances one command was given, each a choice of its group offered in
+    this process: its config node (``nodes``) names its class by the class's qualified name
+    (``classes``), through ``config.instantiate.in_process_target``."""
+
+    def __init__(self, user_dirs: Sequence[Path] = ()) -> None:
+        self.user_dirs = list(user_dirs)
+        self.nodes: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> node
+        self.classes: dict[str, type] = {}  # qualified name -> class
+        self._choices: dict[tuple[str, int], str] = {}  # (group, id(component)) -> choice
+
+    def choice(self, group: str, component: Component) -> str | None:
+        """The choice for ``group=``: a name as it is; a class or an instance offered under its
+        class name (``Name_2`` where that is taken)."""
+        if component is None or isinstance(component, str):
+            return component
+        key = (group, id(component))
+        if key not in self._choices:
+            self._choices[key] = self._offer(group, component)
+        return self._choices[key]
+
+    def _offer(self, group: str, component: object) -> str:
+        from transformer_lab.config.instantiate import in_process_target
+        from transformer_lab.config.tree import group_choices
+
+        is_class = isinstance(component, type)
+        cls = component if is_class else type(component)
+        name = _unused(cls.__name__, {*group_choices(group, self.user_dirs),
+                                      *self.nodes.get(group, {})})
+        qualified = _unused(f"{cls.__module__}.{cls.__qualname__}", self.classes)
+        self.classes[qualified] = cls if is_class else _instance_class(component)
+        node = {"name": name, "_target_": in_process_target(qualified)}
+        if group == "norm_layer":
+            node["_partial_"] = True  # called with d_model
+        if is_class:
+            node.update(_class_arguments(cls, group))
+        self.nodes.setdefault(group, {})[name] = node
+        return name
+
+    @contextmanager
+    def offered(self) -> Iterator[None]:
+        """Within the block, the components are choices of their groups and their classes are
+        what their nodes' ``_target_`` names."""
+        from transformer_lab.config.instantiate import in_process_targets
+        from transformer_lab.config.tree import offered_in_process
+
+        with in_process_targets(self.classes), offered_in_process(self.nodes):
+            yield
 
 
-def _choice(component: Component, group: str, config_dir: Path,
-            overrides: Sequence[str]) -> str | None:
-    """The choice name for ``group=``: a string as it is, a component written to
-    ``config_dir/<group>/<name>.yaml`` first (its class name, unless tlab has that choice);
-    ``ConfigError`` for a constructor argument neither the model nor ``overrides`` gives."""
-    if component is None or isinstance(component, str):
-        return component
-    from omegaconf import OmegaConf
-
-    from transformer_lab.config.tree import group_choices
-
-    name = getattr(component, "__name__", type(component).__name__)
-    if name in group_choices(group):
-        name += "_user"
-    node = _component_yaml(component, group, name)
-    for key, value in node.items():
-        if value == "???" and not any(o.split("=", 1)[0].lstrip("+") == f"{group}.{key}"
-                                      for o in overrides):
-            raise ConfigError(f"{group}={name}: {name} takes '{key}' (no default), which tlab "
-                              f"cannot fill in from the model; give it: "
-                              f"overrides=['{group}.{key}=...']")
-    (config_dir / group).mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(OmegaConf.create(node), config_dir / group / f"{name}.yaml")
-    return name
+def _check_given(components: OfferedComponents, overrides: Sequence[str]) -> None:
+    """``ConfigError`` for a constructor argument that must be given and no override gives."""
+    given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    for group, nodes in components.nodes.items():
+        for name, node in nodes.items():
+            for key, value in node.items():
+                if value == "???" and f"{group}.{key}" not in given:
+                    raise ConfigError(f"{group}={name}: {name} takes '{key}' (no default), "
+                                      "which tlab cannot fill in from the model; give it: "
+                                      f"overrides=['{group}.{key}=...']")
 
 
-class _Tee(io.TextIOBase):
-    """Writes to ``stream`` and keeps a copy (the CLI's error message for ``ConfigError``)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream, self.copy = stream, io.StringIO()
-
-    def write(self, text: str) -> int:
-        self.copy.write(text)
-        return self.stream.write(text)
-
-    def flush(self) -> None:
-        self.stream.flush()
-
-
-@contextlib.contextmanager
-def _captured_stderr() -> Iterator[_Tee]:
-    tee = _Tee(sys.stderr)
+@contextmanager
+def _root_logging_kept() -> Iterator[None]:
+    """After the block the root logger has its handlers back: Hydra's job logging (``run.log``,
+    the console) does not outlive the run."""
     handlers = list(logging.root.handlers)
     try:
-        with contextlib.redirect_stderr(tee):
-            yield tee
-    finally:  # Hydra's job logging handlers (run.log) do not outlive the run
+        yield
+    finally:
+        for handler in set(logging.root.handlers) - set(handlers):
+            handler.close()
         logging.root.handlers[:] = handlers
 
 
-def _run_dir(experiment: str, overrides: Sequence[str], out: str | Path | None) -> Path:
-    """``out``, else the CLI's default ``<out_root>/<experiment>/<timestamp>``."""
-    if out is not None:
-        return Path(out)
-    root = next((o.split("=", 1)[1] for o in overrides if o.startswith("out_root=")), "outputs")
-    return Path(root) / experiment / datetime.now().strftime("%Y-%m-%d_%H-%M-%S-%f")
-
-
-def _launch(experiment: str, groups: dict[str, Component], options: dict[str, Any],
+def _launch(experiment: str, groups: dict[str, Component],
+            options: dict[str, Any | Callable[[dict[str, Any]], Any]],
             overrides: Sequence[str], out: str | Path | None, config_dir: str | Path | None,
             activations: Sequence[Component] | None = None) -> Result:
-    """Run ``experiment`` as the CLI does, with components registered; return its Result.
-    ``options``: overrides by key (None: left out; a callable gets the chosen groups)."""
-    from transformer_lab.app.hydra_app import main
+    """Run ``experiment`` as the CLI runs a single run, with the components offered; return
+    its Result. ``options``: overrides by key (None: left out; a callable gets the choices)."""
+    from transformer_lab.app.arguments import compose_first_job
+    from transformer_lab.app.hydra_app import (
+        checked_arguments,
+        one_line_errors,
+        run_single,
+        working_directory_importable,
+    )
     from transformer_lab.app.sweeps import quote_value
 
     overrides = [str(o) for o in overrides]
-    if any(o in ("-m", "--multirun") for o in overrides):
-        raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps")
-    run_dir = _run_dir(experiment, overrides, out)
-    with tempfile.TemporaryDirectory(prefix="tlab-components-") as temp:
-        chosen = {group: _choice(c, group, Path(temp), overrides) for group, c in groups.items()}
-        if activations is not None:
-            names = [_choice(a, "ffn", Path(temp), overrides) for a in activations]
-            chosen["routine.activations"] = "[" + ",".join(names) + "]"
-        chosen.update({key: value(chosen) if callable(value) else value
-                       for key, value in options.items()})
-        args = [f"experiment={experiment}",
-                *(f"{key}={value}" for key, value in chosen.items() if value is not None),
-                *overrides, f"hydra.run.dir={quote_value(str(run_dir))}", "--config-dir", temp]
-        if config_dir is not None:
-            args += ["--config-dir", str(config_dir)]
-        with _captured_stderr() as stderr:
-            code = main(args)
-    if code == EXIT_USAGE and not (run_dir / "run.json").is_file():
-        text = stderr.copy.getvalue()
-        message = " ".join(text[text.rfind("error:"):].removeprefix("error:").split())
-        raise ConfigError(message or f"tlab {experiment}: invalid configuration")
-    return Result(experiment, code, run_dir, MAIN_TABLES[experiment])
+    components = OfferedComponents([Path(config_dir)] if config_dir is not None else [])
+    chosen: dict[str, Any] = {group: components.choice(group, c) for group, c in groups.items()}
+    if activations is not None:
+        names = [components.choice("ffn", a) for a in activations]
+        chosen["routine.activations"] = "[" + ",".join(names) + "]"
+    _check_given(components, overrides)
+    chosen.update({key: value(chosen) if callable(value) else value
+                   for key, value in options.items()})
+    args = [f"experiment={experiment}",
+            *(f"{key}={value}" for key, value in chosen.items() if value is not None),
+            *overrides]
+    if out is not None:
+        args.append(f"hydra.run.dir={quote_value(str(out))}")
+    if config_dir is not None:
+        args += ["--config-dir", str(config_dir)]
+    with components.offered(), working_directory_importable(), _root_logging_kept():
+        with one_line_errors():
+            arguments = checked_arguments(args)
+            if not arguments.single_run:
+                raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps, "
+                                  "--cfg and --info")
+            hydra, cfg = compose_first_job(arguments)
+        code = run_single(hydra, cfg)
+    return Result(experiment, code, Path(str(cfg.hydra.run.dir)), MAIN_TABLES[experiment])
 
 
 def validate(pe: Component = None, *, ffn: Component = None, norm_layer: Component = None,

@@ -103,14 +103,17 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
     from transformer_lab.routines.variants import load_choice
 
     label = _label(pe)
+    components = api.OfferedComponents()
     if isinstance(pe, str):
         node = OmegaConf.to_container(load_choice("pe", pe))
     else:
-        node = api._component_yaml(pe, "pe", label)
+        choice = components.choice("pe", pe)
+        node = components.nodes["pe"][choice]
     model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512}
     cfg = OmegaConf.create({"model": model, "pe": node})
     try:
-        row = rotary_relative_check(cfg, n_positions)
+        with components.offered():
+            row = rotary_relative_check(cfg, n_positions)
     except ConfigError as exc:
         raise AssertionError(f"pe={label}: could not be built: {exc}") from None
     if row is None:

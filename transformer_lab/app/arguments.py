@@ -2,7 +2,7 @@
 and the first job's config composed once (``compose_first_job``); unknown choices or keys,
 malformed overrides and an output directory that already holds a run all become one
 ``ConfigError`` line (exit code 2) instead of a Hydra traceback or a half-made run directory.
-The composed config is then validated once by :mod:`transformer_lab.app.validation`.
+The composed config then goes through the pre-flight once (:mod:`transformer_lab.app.preflight`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,12 @@ from typing import Any
 from omegaconf import DictConfig
 
 from transformer_lab.config.compose import compose
-from transformer_lab.config.tree import CONFIG_DIR, config_dirs, group_choices
+from transformer_lab.config.tree import (
+    CONFIG_DIR,
+    config_dirs,
+    config_store_choices,
+    group_choices,
+)
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import claimed_by, holds_run
 
@@ -233,13 +238,15 @@ def expand_from_hf(overrides: list[str]) -> list[str]:
 
 
 def compose_first_job(arguments: Arguments) -> tuple[Any, DictConfig]:
-    """Compose the config of the (first) job once, as Hydra's app will; returns the Hydra
-    handle that can run it and the config, its ``config_dirs`` filled in. Errors become one
-    ``ConfigError`` line (an unknown key lists the keys its parent has)."""
+    """Compose the config of the (first) job once, as Hydra's app will (the choices of
+    old-named folders offered under their new group first); returns the Hydra handle that can
+    run it and the config, its ``config_dirs`` filled in. Errors become one ``ConfigError``
+    line (an unknown key lists the keys its parent has)."""
     from omegaconf import open_dict
 
-    from transformer_lab.config.hydra_adapter import compose_app_config
+    from transformer_lab.config.hydra_adapter import compose_app_config, store_choices
 
+    store_choices(config_store_choices(arguments.config_dirs))  # old-named folders' choices
     try:
         hydra, cfg = compose_app_config(CONFIG_DIR, arguments.config_dirs, arguments.first_job)
     except Exception as exc:

@@ -4,10 +4,11 @@ same program; every other command builds Hydra overrides and comes through here,
 
 One pass per run (``main``): the command line is parsed once and checked
 (``arguments.check_arguments``), the first job's config is composed once
-(``arguments.compose_first_job``) and validated once, which builds the task and the model once
-(``validation.validate_config``). A single run then goes straight to its job with those
-(``job.execute``); a sweep, or a flag that only prints (``--cfg``, ``--info``), goes through
-Hydra's own command line, where each job composes and validates its own config.
+(``arguments.compose_first_job``) and goes through the pre-flight once, which builds the task
+and the model once (``preflight.preflight``). A single run (``run_single``, which the Python
+API calls too) then goes straight to its job with those (``job.execute``); a sweep, or a flag
+that only prints (``--cfg``, ``--info``), goes through Hydra's own command line, where each
+job composes its own config and runs its own pre-flight.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from transformer_lab.results.run_directory import claim_directory
 
 def hydra_job(cfg: DictConfig) -> int:
     """One job started by Hydra's command line (a sweep's job, in whichever process the
-    launcher runs it): validates its own config, runs, records its ``sweep.csv`` row."""
+    launcher runs it): runs its own pre-flight, runs, records its ``sweep.csv`` row."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict
@@ -57,56 +58,88 @@ def hydra_job(cfg: DictConfig) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
-    from transformer_lab.app import resume, search, sweeps
+    from transformer_lab.app import resume, sweeps
     from transformer_lab.results.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
         try:
-            args, resume_dir = resume.pop_resume(args)
-            args = quieted(forced(args))
+            with one_line_errors():
+                args, resume_dir = resume.pop_resume(args)
+                args = quieted(forced(args))
+                if resume_dir is not None:
+                    args = resume.resume_arguments(resume_dir, args)
+                arguments = checked_arguments(args, resume=resume_dir is not None)
+                if arguments.hydra_only:
+                    return _run_hydra(arguments)
+                hydra, cfg = compose_first_job(arguments)
+                sweep_dir = None if arguments.single_run else \
+                    _checked_sweep(arguments, cfg, resumed=resume_dir is not None)
             if resume_dir is not None:
-                args = resume.resume_arguments(resume_dir, args)
-            arguments = check_arguments(renamed_group_aliases(args), resume=resume_dir is not None)
-            if arguments.hydra_only:
-                return _run_hydra(arguments)
-            hydra, cfg = compose_first_job(arguments)
-            from transformer_lab.app.validation import validate_config
-
-            inputs = validate_config(cfg)
-            if arguments.multirun and search.uses_optuna(arguments.overrides):
-                search.require_objective(str(cfg.routine.name))  # a search needs one
-            sweep_dir = None
-            if arguments.single_run:  # claimed before Hydra writes .hydra/ there
-                claim_directory(pin_run_dir(cfg))
-            elif arguments.multirun:
-                sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
-                if resume_dir is None:
-                    claim_directory(sweep_dir)
-        except ConfigError as exc:
-            print_error(str(exc))
-            return EXIT_USAGE
-        except Exception as exc:  # a bad value that no check above names: still one line
-            if os.environ.get("HYDRA_FULL_ERROR") == "1":
-                raise
-            first = (str(exc).strip().splitlines() or [""])[0]
-            print_error(f"invalid configuration: {type(exc).__name__}: {first} (set "
-                        "HYDRA_FULL_ERROR=1 for the traceback)")
-            return EXIT_USAGE
-        if resume_dir is not None:
-            resume.keep_multirun_yaml(resume_dir)
-        try:
+                resume.keep_multirun_yaml(resume_dir)
             if arguments.single_run:
-                return _run_single(hydra, cfg, inputs)
+                return run_single(hydra, cfg)
             if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
             code = _run_sweep(arguments, sweep_dir, cfg)
+        except ConfigError as exc:  # refused: one line
+            print_error(str(exc))
+            return EXIT_USAGE
         except KeyboardInterrupt:
             print_error("interrupted; rows logged so far are kept")
             return EXIT_INTERRUPTED
         # The jobs may have run in other processes (joblib, submitit): read their statuses.
         sweeps.print_sweep_summary(sweep_dir)
         return max(code, sweeps.sweep_exit_code(sweep_dir))
+
+
+def run_single(hydra: object, cfg: DictConfig) -> int:
+    """Run the composed config of a single run: its pre-flight, its run directory claimed
+    (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
+    ``run.log``) with the task and model the pre-flight built (``run.json``, ``config.yaml``,
+    the routine's files, ``summary.csv``); returns the job's exit code. ``ConfigError`` (one
+    line, nothing written) when the pre-flight refuses the config or the directory is taken.
+    The CLI and the Python API both run a single run with this."""
+    from transformer_lab.app.preflight import preflight
+
+    with one_line_errors():
+        inputs = preflight(cfg)
+        claim_directory(pin_run_dir(cfg))  # claimed before Hydra writes .hydra/ there
+    return _run_job(hydra, cfg, inputs)
+
+
+def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
+    """Before a sweep (or a printing flag): the first job's pre-flight, a search's objective;
+    the sweep directory, claimed unless the sweep is resumed (None when nothing runs)."""
+    from transformer_lab.app import search
+    from transformer_lab.app.preflight import preflight
+
+    preflight(cfg)
+    if not arguments.multirun:
+        return None
+    if search.uses_optuna(arguments.overrides):
+        search.require_objective(str(cfg.routine.name))  # a search needs one
+    sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
+    if not resumed:
+        claim_directory(sweep_dir)
+    return sweep_dir
+
+
+@contextmanager
+def one_line_errors() -> Iterator[None]:
+    """Within the block, an exception that no check names (a bad value deep in a library)
+    becomes a one-line ``ConfigError`` too; ``HYDRA_FULL_ERROR=1`` lets it through instead,
+    with its traceback."""
+    try:
+        yield
+    except ConfigError:
+        raise
+    except Exception as exc:
+        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+            raise
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"invalid configuration: {type(exc).__name__}: {first} (set "
+                          "HYDRA_FULL_ERROR=1 for the traceback)") from exc
 
 
 def forced(args: list[str]) -> list[str]:
@@ -137,9 +170,9 @@ def pin_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
-def _run_single(hydra: object, cfg: DictConfig, inputs: object) -> int:
-    """The single run of ``cfg``, in the run directory Hydra makes, with the task and model
-    built while validating it."""
+def _run_job(hydra: object, cfg: DictConfig, inputs: object) -> int:
+    """The job of ``cfg``, in the run directory Hydra makes, with the task and model its
+    pre-flight built."""
     from hydra.core.hydra_config import HydraConfig
 
     from transformer_lab.app.job import execute
@@ -203,6 +236,18 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     return 0
+
+
+def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
+    """``check_arguments`` on ``args`` with old config-group names renamed; one line on stderr
+    for each of them and for each old-named folder of the ``--config-dir`` trees."""
+    from transformer_lab.config.tree import old_group_folder_notes
+    from transformer_lab.results.console import print_warning
+
+    arguments = check_arguments(renamed_group_aliases(args), resume=resume)
+    for note in old_group_folder_notes(arguments.config_dirs):
+        print_warning(note)
+    return arguments
 
 
 def renamed_group_aliases(args: list[str]) -> list[str]:

@@ -1,4 +1,5 @@
-"""Run one job: create its run directory, validate, run the routine, record the outcome.
+"""Run one job: create its run directory, pre-flight its config (a sweep's job), run the routine,
+record the outcome.
 
 Statuses: ``passed``, ``failed`` (a check failed), ``diverged`` (NaN/inf loss), ``error``
 (invalid configuration or a crash), ``interrupted`` (Ctrl-C). Exit codes as in the README.
@@ -42,9 +43,9 @@ def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
 def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> int:
     """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code.
 
-    ``inputs``: the task and model that the launching process built while validating ``cfg``
-    (a single run); without them (a sweep's job) the config is validated here, once."""
-    from transformer_lab.app.validation import validate_config
+    ``inputs``: the task and model that the launching process built in ``cfg``'s pre-flight
+    (a single run); without them (a sweep's job) the pre-flight runs here, once."""
+    from transformer_lab.app.preflight import preflight
     from transformer_lab.routines import get_routine
     from transformer_lab.routines.objective import objective_value
     from transformer_lab.training.threads import torch_threads
@@ -57,7 +58,7 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
     status, error, code, numbers = "error", None, EXIT_FAILED, {}
     try:
         if inputs is None:
-            inputs = validate_config(cfg)  # also fills in model.vocab_size from the task
+            inputs = preflight(cfg)  # also fills in model.vocab_size from the task
         with torch_threads(cfg.train.get("threads")):
             run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
             outcome = get_routine(cfg.routine.name)(cfg, run, inputs)

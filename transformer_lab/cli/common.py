@@ -42,7 +42,8 @@ FromHf = Annotated[Path | None, typer.Option(
 def pass_hydra_flags(app: typer.Typer) -> None:
     """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
     ``--info``, ...): Click hands an option it does not know to the overrides argument, and
-    ``preflight`` refuses one that is not Hydra's. Call after all commands are registered."""
+    ``app.arguments.check_arguments`` refuses one that is not Hydra's. Call after all commands
+    are registered."""
     for info in app.registered_commands:
         if info.callback is not None and "overrides" in signature(info.callback).parameters:
             info.context_settings = {"ignore_unknown_options": True,

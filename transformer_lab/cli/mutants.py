@@ -26,9 +26,9 @@ def mutants(
         help="Comma-separated component names: run only these.")] = None,
     out: Out = None,
 ) -> None:
-    """Run the mutant suite (and the built-in components) through validate's pre-flight and
-    steps 1-3; print the confusion matrix and the mutation score; write mutants.csv. Exit 0
-    only with no false alarm and every mutant caught at its expected step."""
+    """Run the mutant suite (and the built-in components) through the pre-flight and the
+    validation routine's steps 1-3; print the confusion matrix and the mutation score; write
+    mutants.csv. Exit 0 only with no false alarm and every mutant caught at its expected step."""
     options = {"routine.dir": str(directory.resolve()) if directory else None,
                "routine.negatives": str(negatives).lower(),
                "routine.reversal": str(reversal).lower(),

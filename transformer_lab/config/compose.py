@@ -8,12 +8,10 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.config.tree import CONFIG_DIR
+from transformer_lab.config.tree import CONFIG_DIR, GROUP_ALIASES
 
 __all__ = ["GROUP_ALIASES", "compose", "register_resolvers", "rename_group_aliases"]
 
-# Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
-GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
 _OVERRIDE_HEAD = re.compile(
     r"^(?P<prefix>[~+]*)(?P<group>[A-Za-z_][A-Za-z0-9_]*)(?P<rest>[./@=].*)?$", re.S)
 

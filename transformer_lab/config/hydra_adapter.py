@@ -1,5 +1,5 @@
-"""The one place where tlab uses Hydra's private API (``hydra._internal``, and the Optuna
-sweeper plugin's ``_impl``).
+"""The one place where tlab uses Hydra's private API (``hydra._internal``, the layout of the
+ConfigStore's ``repo``, and the Optuna sweeper plugin's ``_impl``).
 
 Checked on hydra-core 1.3.2 and 1.3.8 (``pyproject.toml`` allows ``>=1.3,<1.4``) and
 hydra-optuna-sweeper 1.3.0. Everything else in tlab uses Hydra's public API only; if a Hydra
@@ -8,10 +8,12 @@ release moves these names, this file is the one to fix.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
+
+_PROVIDER = "tlab"  # the ConfigStore entries that store_choices makes (and replaces)
 
 
 def locate(path: str) -> Any:
@@ -44,6 +46,25 @@ def _search_path(config_dir: Path, user_dirs: list[Path]) -> Any:
         search_path.prepend(provider="command-line", path=f"file://{Path(user_dir).resolve()}",
                             anchor=SearchPathQuery(provider="schema"))
     return search_path
+
+
+def store_choices(choices: Mapping[str, Mapping[str, Path | Mapping[str, Any]]]) -> None:
+    """Offer ``choices`` (group -> choice -> its YAML file or config node) in Hydra's
+    ConfigStore, in place of those this function offered before. Hydra searches the store
+    after every config folder, and a launcher carries it to its worker processes."""
+    from hydra.core.config_store import ConfigNode, ConfigStore
+    from omegaconf import OmegaConf
+
+    store = ConfigStore.instance()
+    for options in store.repo.values():
+        if isinstance(options, dict):
+            for name in [n for n, node in options.items()
+                         if isinstance(node, ConfigNode) and node.provider == _PROVIDER]:
+                del options[name]
+    for group, options in choices.items():
+        for choice, node in options.items():
+            store.store(name=choice, group=group, provider=_PROVIDER,
+                        node=OmegaConf.load(node) if isinstance(node, Path) else node)
 
 
 def compose_app_config(config_dir: Path, user_dirs: list[Path], overrides: list[str]) -> Any:

@@ -2,12 +2,17 @@
 task of a config.
 
 A group's node is ``{_target_: dotted.path, name: label, **keyword arguments}``; ``name`` is a
-label for tables and messages, not an argument.
+label for tables and messages, not an argument. A ``_target_`` may also name a class given in
+this process (the Python API's components, defined in a notebook or a function, with no import
+path): ``in_process_targets`` makes it reachable, while a run lasts, as
+``in_process_target("<its module>.<its qualified name>")``, an attribute path of this module.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -16,6 +21,44 @@ from transformer_lab.config.hydra_adapter import locate
 from transformer_lab.errors import ConfigError
 
 HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")  # instantiate() options, not arguments
+_IN_PROCESS_CLASSES: dict[str, Any] = {}  # dotted name -> the class given in this process
+
+
+class InProcessTargets:
+    """The classes given in this process, one attribute per part of their dotted names, so that
+    any ``_target_`` lookup (Hydra's: import the module, then follow the attributes) finds
+    them."""
+
+    def __init__(self, prefix: str = "") -> None:
+        self._prefix = prefix
+
+    def __getattr__(self, part: str) -> Any:
+        path = self.__dict__.get("_prefix", "") + part
+        if path in _IN_PROCESS_CLASSES:
+            return _IN_PROCESS_CLASSES[path]
+        if any(name.startswith(f"{path}.") for name in _IN_PROCESS_CLASSES):
+            return InProcessTargets(f"{path}.")
+        raise AttributeError(f"no component '{path}' was given in this process")
+
+
+in_process = InProcessTargets()
+
+
+def in_process_target(name: str) -> str:
+    """The ``_target_`` of the class given in this process as dotted ``name``."""
+    return f"{__name__}.in_process.{name}"
+
+
+@contextmanager
+def in_process_targets(classes: Mapping[str, type]) -> Iterator[None]:
+    """Within the block, each of ``classes`` (dotted name -> class) is the object that
+    ``in_process_target(name)`` names."""
+    _IN_PROCESS_CLASSES.update(classes)
+    try:
+        yield
+    finally:
+        for name in classes:
+            _IN_PROCESS_CLASSES.pop(name, None)
 
 
 def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:

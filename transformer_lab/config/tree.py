@@ -1,12 +1,20 @@
 """Where the Hydra config tree is and what it offers (no heavy imports: used by ``tlab list``).
 
 The tree lives in ``configs/`` at the repository root and is copied into the wheel as
-``transformer_lab/configs``; ``CONFIG_DIR`` finds whichever is present.
+``transformer_lab/configs``; ``CONFIG_DIR`` finds whichever is present. A user's own trees
+(``--config-dir``) are searched after it; in them a folder with a group's old name
+(``GROUP_ALIASES``: ``activation/``, ``norm/``) still holds choices of the new group until tlab
+0.3. The Python API's components are choices offered in this process, with no file
+(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``config_store_choices``),
+as no folder of the group's name has them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import io
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +26,24 @@ CONFIG_DIR = next(
 # Groups whose choices are components or settings a user picks (shown by `tlab list`).
 GROUPS = ("experiment", "preset", "model", "pe", "block", "norm_layer", "ffn", "arch", "task",
           "train", "logger")
+# Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
+GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
+_IN_PROCESS_CHOICES: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> config node
+
+
+@contextmanager
+def offered_in_process(choices: Mapping[str, Mapping[str, dict[str, Any]]]) -> Iterator[None]:
+    """Within the block, ``choices`` (group -> choice -> config node of plain values) are
+    choices of their groups, after every file of the same name."""
+    for group, nodes in choices.items():
+        _IN_PROCESS_CHOICES.setdefault(group, {}).update(nodes)
+    try:
+        yield
+    finally:
+        for group, nodes in choices.items():
+            left = {c: n for c, n in _IN_PROCESS_CHOICES.pop(group, {}).items() if c not in nodes}
+            if left:
+                _IN_PROCESS_CHOICES[group] = left
 
 
 def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
@@ -31,12 +57,60 @@ def user_config_dirs(cfg: Any) -> list[Path]:
     return [Path(d) for d in (cfg.get("config_dirs") or ())]
 
 
+def group_folders(group: str) -> list[str]:
+    """The folder names that hold choices of ``group``: its own, then its old names."""
+    return [group, *(old for old, new in GROUP_ALIASES.items() if new == group)]
+
+
 def group_choices(group: str, user_dirs: Iterable[Path | str] = ()) -> list[str]:
-    """The YAML files of a config group in every searched tree, without extension, sorted."""
-    return sorted({p.stem for d in config_dirs(user_dirs) for p in (d / group).glob("*.yaml")})
+    """The YAML files of a config group in every searched tree (in its old-named folders too),
+    without extension, and the choices offered in this process; sorted."""
+    dirs = config_dirs(user_dirs)
+    return sorted({p.stem for folder in group_folders(group) for d in dirs
+                   for p in (d / folder).glob("*.yaml")} | set(_IN_PROCESS_CHOICES.get(group, {})))
 
 
-def choice_file(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Path | None:
-    """The YAML of ``group=choice`` that Hydra would load (the first tree that has it)."""
-    return next((d / group / f"{choice}.yaml" for d in config_dirs(user_dirs)
-                 if (d / group / f"{choice}.yaml").is_file()), None)
+def choice_file(group: str, choice: str,
+                user_dirs: Iterable[Path | str] = ()) -> Path | io.StringIO | None:
+    """The YAML of ``group=choice`` that Hydra would load: the first tree with it in the
+    group's folder, else the first with it in an old-named folder; for a choice offered in this
+    process, its node as text in memory (JSON, which is YAML: ``OmegaConf.load`` reads it as it
+    reads a file)."""
+    dirs = config_dirs(user_dirs)
+    path = next((d / folder / f"{choice}.yaml" for folder in group_folders(group) for d in dirs
+                 if (d / folder / f"{choice}.yaml").is_file()), None)
+    node = _IN_PROCESS_CHOICES.get(group, {}).get(choice)
+    return io.StringIO(json.dumps(node)) if path is None and node is not None else path
+
+
+def old_group_folders(user_dirs: Iterable[Path | str]) -> list[Path]:
+    """The folders of the user's trees named as a group was before 0.2 (``DIR/activation``)."""
+    return [Path(d) / old for d in user_dirs for old in GROUP_ALIASES
+            if (Path(d) / old).is_dir()]
+
+
+def old_group_folder_notes(user_dirs: Iterable[Path | str]) -> list[str]:
+    """One deprecation line per old-named folder of the user's trees, naming its new name."""
+    return [f"config folder '{folder}' is now '{GROUP_ALIASES[folder.name]}': rename it (the "
+            "old name works until tlab 0.3)" for folder in old_group_folders(user_dirs)]
+
+
+def config_store_choices(
+        user_dirs: Iterable[Path | str]) -> dict[str, dict[str, Path | dict[str, Any]]]:
+    """Group -> choice -> file or node of the choices that no folder of the group's name holds:
+    those of old-named folders (the first tree's where several have one) and those offered in
+    this process. Hydra must find them in its ConfigStore. A choice that a folder of the group's
+    name holds too is left out: that file wins, as in ``choice_file`` (Hydra would merge a
+    stored node of the same name into it)."""
+    dirs = config_dirs(user_dirs)
+    choices: dict[str, dict[str, Path | dict[str, Any]]] = {}
+    for folder in old_group_folders(user_dirs):
+        group = GROUP_ALIASES[folder.name]
+        for path in sorted(folder.glob("*.yaml")):
+            choices.setdefault(group, {}).setdefault(path.stem, path)
+    for group, nodes in _IN_PROCESS_CHOICES.items():
+        for choice, node in nodes.items():
+            choices.setdefault(group, {}).setdefault(choice, node)
+    return {group: {choice: found for choice, found in options.items()
+                    if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)}
+            for group, options in choices.items()}

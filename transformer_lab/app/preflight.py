@@ -1,8 +1,10 @@
-"""Checking a composed config once, before a run starts: sizes, settings, the task and the model
-(built once, each component run at the task's length), then the routine's own settings. The
-task and the model built here are handed to the routine (``JobInputs``): nothing is built twice.
+"""The pre-flight: a composed config checked once, before a run writes anything: sizes,
+settings, the task and the model (built once, each component run at the task's length), then
+the routine's own settings. The task and the model built here are handed to the routine
+(``JobInputs``): nothing is built twice.
 
-Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2).
+Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2). Not to be
+confused with the validation routine (``tlab validate``, ``routines/validate.py``), which trains.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.training.threads import check_threads
 
 
-def validate_config(cfg: DictConfig) -> JobInputs:
-    """Check sizes, build the task and the model once; return them for the routine.
+def preflight(cfg: DictConfig) -> JobInputs:
+    """Check ``cfg`` before its run: sizes, settings, the task and the model, each built once
+    and returned for the routine.
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
