@@ -62,7 +62,7 @@ def build_trainer(overrides: list[str]) -> Trainer:
     from transformer_lab.model import build_model
 
     cfg = compose(overrides)
-    task = build_task(cfg)  # also fills in cfg.model.vocab_size, as validate_config does
+    task = build_task(cfg)  # also fills in cfg.model.vocab_size, as the pre-flight does
     return Trainer(build_model(cfg, seed=0), task, train_settings(cfg), seed=0)
 
 

@@ -9,7 +9,8 @@ numbers (exit code 2) before anything is allocated; ``force=true`` (``--force``)
     evaluation       the held-out batch's largest layer, without gradients
     Python objects   about 256 KB per model (a tiny module alone measures 60 KB)
 
-times the models in memory at once (``models_of``).
+times the models a routine holds in memory at once (``routines.workload``: its batch, lengths
+and models; smoke holds all its seeds, extrapolate evaluates at longer lengths).
 The estimate is rough on purpose: it refuses what cannot fit, not what is merely close.
 """
 
@@ -21,6 +22,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.routines import workload
 
 BYTES_PER_PARAMETER = 16
 OBJECT_BYTES_PER_MODEL = 256 * 1024
@@ -75,33 +77,10 @@ def _layer_bytes(cfg: DictConfig, batch: int, seq_len: int) -> int:
     return int(sum(terms.values()))
 
 
-def _lengths(cfg: DictConfig, task: Any) -> tuple[int, int]:
-    """(training length, longest evaluation length) of the run's models."""
-    train_len = int(getattr(task, "model_seq_len", None) or _get(cfg, "task.seq_len", 1))
-    if cfg.routine.name != "extrapolate":
-        return train_len, train_len
-    from transformer_lab.routines.extrapolate.plan import parse_eval_length
-
-    base = int(_get(cfg, "routine.train_len", 0) or _get(cfg, "task.seq_len", train_len))
-    entries = _get(cfg, "routine.eval_lens", [])
-    longest = max((parse_eval_length(e, base) for e in entries), default=base)
-    factor = max(1, train_len // max(base, 1))  # decoders see source SEP target
-    return train_len, max(train_len, longest * factor)
-
-
-def models_of(cfg: DictConfig) -> int:
-    """Models in memory at once: one (seeds and variants train one after another), all of
-    ``routine.seeds`` for smoke (built up front, each with its fixed batches)."""
-    return int(_get(cfg, "routine.seeds", 1)) if cfg.routine.name == "smoke" else 1
-
-
 def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:
     """Bytes the run needs, by part (``total`` included); ``cfg.model.vocab_size`` filled in."""
-    routine = cfg.routine
-    models = models_of(cfg)
-    batch = int(_get(cfg, "routine.batch_size", 0) if routine.name == "smoke"
-                else _get(cfg, "train.batch_size", 1))
-    train_len, eval_len = _lengths(cfg, task)
+    load = workload(cfg, task)  # the routine's: models held at once, batch, lengths
+    models, batch, train_len, eval_len = load.models, load.batch, load.train_len, load.eval_len
     params = _parameters(cfg)
     vocab, n_layers = int(cfg.model.vocab_size), int(cfg.model.n_layers)
     eval_size = int(_get(cfg, "task.eval_size", batch))
@@ -146,6 +125,6 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
     activations = parts["activations"] + parts["evaluation"] + parts["python_objects"]
     raise ConfigError(
         f"this run needs about {_gb(parts['total'])} of memory but {_gb(available)} is {where} "
-        f"({_count(parts['parameters'])} parameters x {models_of(cfg)} models: "
+        f"({_count(parts['parameters'])} parameters x {workload(cfg, task).models} models: "
         f"{_gb(parts['model_state'])} weights, gradients and Adam state; activations "
         f"{_gb(activations)}); make it smaller or run anyway with --force")

@@ -1,6 +1,6 @@
 """Does a component built from the config follow its protocol? (A user's own ``_target_``.)
 
-Run once on the built model before a run starts (``config.validate_config``), on tiny inputs,
+Run once on the built model before a run starts (``app.preflight``), on tiny inputs,
 so a component that cannot work stops the run with one line (exit code 2) instead of a shape
 error deep inside training:
 

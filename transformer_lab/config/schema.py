@@ -1,5 +1,5 @@
 """The typed schema of tlab's config, in one place: every key with its type, range and whether a
-run needs it. :func:`check_schema` runs in pre-flight (``app.validation.validate_config``) on the
+run needs it. :func:`check_schema` runs in pre-flight (``app.preflight.preflight``) on the
 composed config, before anything is built or written; a violation is one ``ConfigError`` line
 (exit code 2) naming the key, the value given and what is valid.
 

@@ -11,8 +11,6 @@ as no folder of the group's name has them.
 
 from __future__ import annotations
 
-import io
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -70,17 +68,25 @@ def group_choices(group: str, user_dirs: Iterable[Path | str] = ()) -> list[str]
                    for p in (d / folder).glob("*.yaml")} | set(_IN_PROCESS_CHOICES.get(group, {})))
 
 
-def choice_file(group: str, choice: str,
-                user_dirs: Iterable[Path | str] = ()) -> Path | io.StringIO | None:
+def choice_file(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Path | None:
     """The YAML of ``group=choice`` that Hydra would load: the first tree with it in the
-    group's folder, else the first with it in an old-named folder; for a choice offered in this
-    process, its node as text in memory (JSON, which is YAML: ``OmegaConf.load`` reads it as it
-    reads a file)."""
+    group's folder, else the first with it in an old-named folder."""
     dirs = config_dirs(user_dirs)
-    path = next((d / folder / f"{choice}.yaml" for folder in group_folders(group) for d in dirs
+    return next((d / folder / f"{choice}.yaml" for folder in group_folders(group) for d in dirs
                  if (d / folder / f"{choice}.yaml").is_file()), None)
+
+
+def choice_node(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Any:
+    """The config node of ``group=choice`` as Hydra would compose it (interpolations left
+    unresolved): its file (``choice_file``), else the node offered in this process; None if
+    neither has it."""
+    from omegaconf import OmegaConf
+
+    path = choice_file(group, choice, user_dirs)
+    if path is not None:
+        return OmegaConf.load(path)
     node = _IN_PROCESS_CHOICES.get(group, {}).get(choice)
-    return io.StringIO(json.dumps(node)) if path is None and node is not None else path
+    return None if node is None else OmegaConf.create(node)
 
 
 def old_group_folders(user_dirs: Iterable[Path | str]) -> list[Path]:

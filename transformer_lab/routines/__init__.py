@@ -41,6 +41,17 @@ class JobInputs:
     model: Any
 
 
+@dataclass(frozen=True)
+class Workload:
+    """What a run holds in memory at once, for the pre-flight's estimate (``app.resources``):
+    models, training batch, training length and the longest evaluation length."""
+
+    models: int
+    batch: int
+    train_len: int
+    eval_len: int
+
+
 @dataclass
 class RoutineOutcome:
     passed: bool
@@ -73,9 +84,19 @@ def check_settings(cfg: Any, name: str | None = None) -> None:
     check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
 
 
+def workload(cfg: Any, task: Any) -> Workload:
+    """The routine's ``workload(cfg, task)`` where its module defines one, else one model
+    trained at ``train.batch_size`` and the task's length."""
+    length = int(task.model_seq_len)
+    default = Workload(1, int(cfg.train.batch_size), length, length)
+    name = cfg.routine.get("name")
+    own = getattr(routine_module(name), "workload", None) if name in ROUTINES else None
+    return default if own is None else own(cfg, task, default)
+
+
 def check_routine(cfg: Any, inputs: JobInputs) -> None:
     """The routine's own pre-flight checks: its module may define ``check_config(cfg, inputs)``,
-    which raises ``ConfigError`` for bad routine settings (called by ``validate_config``, so bad
+    which raises ``ConfigError`` for bad routine settings (called by the pre-flight, so bad
     input stops with exit 2 before anything is written)."""
     from omegaconf import OmegaConf
 

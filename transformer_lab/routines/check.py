@@ -44,7 +44,7 @@ from rich.table import Table
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
-from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
+from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     Rotary,
@@ -324,7 +324,7 @@ def declared_checks(pe: DictConfig) -> tuple[str, ...]:
 
 def checks_of(cfg: DictConfig, name: str) -> tuple[str, ...]:
     """The checks of ``pe=name`` (() for a choice that does not exist)."""
-    if cfg.pe.get("name") != name and choice_file("pe", name, user_config_dirs(cfg)) is None:
+    if cfg.pe.get("name") != name and name not in group_choices("pe", user_config_dirs(cfg)):
         return ()
     return declared_checks(pe_config(cfg, name).pe)
 

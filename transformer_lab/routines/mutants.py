@@ -150,7 +150,7 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
 
 
 def preflight(cfg: DictConfig) -> None:
-    """The component part of the app's pre-flight (``app.validation``, exit 2 in ``tlab
+    """The component part of the app's pre-flight (``app.preflight``, exit 2 in ``tlab
     validate``): build the task and the model, run each component at the task's length
     against its protocol (shapes); ``ConfigError`` names the component."""
     from transformer_lab.config.instantiate import build_task

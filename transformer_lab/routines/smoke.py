@@ -20,6 +20,7 @@ each of those rows as a seed.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from omegaconf import DictConfig
@@ -40,7 +41,7 @@ from transformer_lab.results.check_rows import (
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
-from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.variants import seed_list, train_settings
 from transformer_lab.tasks import Batch, Task
@@ -206,6 +207,11 @@ def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
 # The routine's own keys (``routines.check_settings``).
 SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSITIVE_INT,
             "min_drop": number_rule(), "seeds": POSITIVE_INT, "max_len": int_rule(1, nullable=True)}
+
+
+def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
+    """Every seed's model is built up front (with its fixed batches of ``routine.batch_size``)."""
+    return replace(default, models=len(seed_list(cfg)), batch=int(cfg.routine.batch_size))
 
 
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:

@@ -17,7 +17,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer_lab.config.tree import choice_file, group_choices, user_config_dirs
+from transformer_lab.config.tree import choice_node, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CsvLog, TaggedLog
 from transformer_lab.training.trainer import TrainSettings
@@ -41,13 +41,13 @@ def seed_list(cfg: DictConfig) -> list[int]:
 
 
 def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:
-    """The YAML of ``<config tree>/<group>/<choice>.yaml`` (interpolations left unresolved);
-    ``user_dirs``: the user's ``--config-dir`` trees, searched after tlab's."""
-    path = choice_file(group, choice, user_dirs)
-    if path is None:
+    """The node of ``group=choice`` (``config.tree.choice_node``: interpolations left
+    unresolved); ``user_dirs``: the user's ``--config-dir`` trees, searched after tlab's."""
+    node = choice_node(group, choice, user_dirs)
+    if node is None:
         valid = ", ".join(group_choices(group, user_dirs))
         raise ConfigError(f"unknown {group} '{choice}'; valid: {valid}")
-    return OmegaConf.load(path)
+    return node
 
 
 def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:

@@ -68,7 +68,7 @@ from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.console import console, print_warning
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
-from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.extrapolate.lengths import (
     config_for,
     evaluate,
@@ -76,7 +76,13 @@ from transformer_lab.routines.extrapolate.lengths import (
     scaled_model,
     tasks_by_length,
 )
-from transformer_lab.routines.extrapolate.plan import Plan, Scaling, make_plan, supports_scaling
+from transformer_lab.routines.extrapolate.plan import (
+    Plan,
+    Scaling,
+    make_plan,
+    parse_eval_length,
+    supports_scaling,
+)
 from transformer_lab.routines.extrapolate.tables import (
     EXTRAPOLATION_COLUMNS,
     plot_extrapolation,
@@ -94,6 +100,16 @@ SETTINGS = {"pes": Rule("list", nullable=True), "train_len": int_rule(1, nullabl
             "seeds": POSITIVE_INT, "finetune_steps": COUNT,
             "finetune_lr": number_rule(0, open_low=True, nullable=True),
             "max_len": int_rule(1, nullable=True)}
+
+
+def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
+    """Evaluated up to the longest of ``routine.eval_lens`` (a decoder sees source SEP target:
+    its model length is a multiple of the task's)."""
+    base = int(cfg.routine.get("train_len") or cfg.task.seq_len)
+    longest = max((parse_eval_length(e, base) for e in cfg.routine.get("eval_lens") or []),
+                  default=base)
+    factor = max(1, default.train_len // max(base, 1))
+    return dataclasses.replace(default, eval_len=max(default.train_len, longest * factor))
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
