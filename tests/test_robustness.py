@@ -49,7 +49,7 @@ def test_bad_values_are_refused_in_preflight(tlab, tmp_path, args, expected):
     ("extrapolate", ["routine.train_len=0"], "routine.train_len=0 is not valid"),
     ("extrapolate", ["routine.eval_lens=[]"], "routine.eval_lens=[] is not valid"),
     ("plot_pe", ["routine.dims=[a,b]"], "routine.dims=[a,b] is not valid"),
-    ("reverse_task", ["task.seq_len=5000"], "this run needs about"),
+    ("reverse_task", ["task.seq_len=20000"], "this run needs about"),
 ])
 def test_bad_routine_settings_are_refused(tlab, tmp_path, experiment, args, expected):
     out = tmp_path / "run"
