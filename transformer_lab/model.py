@@ -13,7 +13,6 @@ trained (seeds, compilation, the optimiser).
 from __future__ import annotations
 
 import math
-import threading
 
 import torch
 from omegaconf import DictConfig
@@ -24,8 +23,6 @@ from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
 from transformer_lab.config.instantiate import instantiate_component, resolve_component
 from transformer_lab.errors import ConfigError
-
-_BUILDING = threading.Lock()  # build_model: seeding the global generator and drawing from it
 
 
 def embedding_scale(setting: str | float, d_model: int) -> float:
@@ -180,17 +177,11 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
 
     With ``seed`` torch's global generator is seeded first (``torch.manual_seed(seed)``), so the
     same seed gives the same initial weights; without it the caller's generator state is used.
-    Seeding and drawing the weights happen under one lock: two threads that build models at
-    once each get their own seed's weights. Initialisation is N(0, model.init_std) for every
-    weight matrix and embedding, zero biases, ones for norm gains.
+    Initialisation is N(0, model.init_std) for every weight matrix and embedding, zero biases,
+    ones for norm gains.
     """
-    with _BUILDING:
-        if seed is not None:
-            torch.manual_seed(int(seed))
-        return _build(cfg)
-
-
-def _build(cfg: DictConfig) -> TransformerModel:
+    if seed is not None:
+        torch.manual_seed(int(seed))
     m = cfg.model
     positional = instantiate_component(cfg, "pe")
     try:

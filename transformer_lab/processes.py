@@ -1,4 +1,5 @@
-"""Small helpers for a sweep job's forked child in a launcher worker (``app/isolation.py``)."""
+"""Small helpers for tlab's forked child processes (a sweep job's child in a launcher worker,
+``app/isolation.py``; ``tlab validate``'s step 4 beside steps 1-3, ``routines/validate.py``)."""
 
 from __future__ import annotations
 

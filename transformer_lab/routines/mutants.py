@@ -176,10 +176,10 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     try:
         rows = validate.smoke_steps(configs["smoke"], target)
         if first_failure(rows) is None:
-            rotary = check.rotary_relative_check(configs["reverse"])
+            rotary = check.rotary_relative_check(configs["reverse_task"])
             rows += [rotary] if rotary is not None else []
         if first_failure(rows) is None and reversal:
-            rows += validate.reversal_step(configs["reverse"], target)[0]
+            rows += validate.reversal_step(configs["reverse_task"], target)[0]
     except Exception as exc:  # tlab validate would stop with exit 1
         return Verdict(candidate, f"crash:{type(exc).__name__}", str(exc)[:200], clock.lap())
     failed = first_failure(rows)

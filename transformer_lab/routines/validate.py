@@ -21,9 +21,9 @@ stops the routine (the later steps would not mean anything); later failures do n
 table shows everything that is wrong. A diverging step is a FAIL of that step.
 
 Step 4 does not depend on steps 1-3: where a second core is free for it (``comparison_beside``)
-it trains on a second thread beside them (:class:`StepBeside`; torch releases the GIL inside
-its operators, so the two threads' steps overlap), and its rows, files and metrics rows join
-the run after step 3 as if it had run there; its numbers are those of a run after step 3.
+it trains in a forked process beside them (:class:`StepBeside`), and its rows, files and metrics
+rows join the run after step 3 as if it had run there; its numbers are those of a run after
+step 3.
 
 Writes ``validation.csv`` (``step, check, status, metric, value, threshold, wall_s, detail``;
 one row per check, appended as each step ends so an interrupted run keeps the finished steps),
@@ -33,11 +33,12 @@ training row in ``metrics.csv`` (``stage`` = smoke / reverse_task / compare).
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import shutil
-import threading
+import signal
+import sys
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.errors import Diverged
+from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
@@ -72,8 +74,8 @@ STEP_HINTS = {
 
 
 def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The configs of steps 1-2 (``smoke``), 3 (``reverse``) and 4 (``compare``)."""
-    return {"smoke": merged(cfg, cfg.routine.smoke), "reverse": cfg,
+    """The configs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
+    return {"smoke": merged(cfg, cfg.routine.smoke), "reverse_task": cfg,
             "compare": merged(cfg, cfg.routine.compare)}
 
 
@@ -129,11 +131,11 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
 
 
 def comparison_beside(cfg: DictConfig) -> bool:
-    """Step 4 trains on a second thread beside steps 1-3 (``routine.parallel``, default true)
-    where that is safe and pays: the machine has cores for both steps' torch threads; no step
-    uses dropout (it draws from torch's global generator, which the threads share); not a
-    sweep job (its launcher shares the cores out)."""
-    if not cfg.routine.get("parallel", True):
+    """Step 4 runs in a second process beside steps 1-3 (``routine.parallel``, default true)
+    where that is safe and pays: Linux (``fork``), the CPU, one torch thread (``train.threads=1``,
+    the default: a forked child hangs in OpenMP's thread pool once the parent has used it), two
+    cores or more, and not a sweep job (its launcher shares the cores out)."""
+    if not cfg.routine.get("parallel", True) or not sys.platform.startswith("linux"):
         return False
     import torch
 
@@ -141,33 +143,35 @@ def comparison_beside(cfg: DictConfig) -> bool:
     from transformer_lab.training.threads import available_cores
 
     for config in step_configs(cfg).values():
-        if any(float(p) for p in config.model.dropout.values()):
+        if not str(config.train.device).startswith("cpu") or config.train.get("threads") != 1:
             return False
-    threads = cfg.train.get("threads") or torch.get_num_threads()
-    return not in_multirun() and available_cores() >= 2 * int(threads)
+    return not in_multirun() and torch.get_num_threads() == 1 and available_cores() >= 2
 
 
-class StepCancelled(Exception):
-    """Raised on the step's thread when the routine no longer wants its result."""
+def import_what_both_processes_use() -> None:
+    """Before the fork: what steps 1-3 and step 4 both import, paid once instead of twice
+    (torch.optim's first optimizer imports ``torch._dynamo``; ``scipy.stats`` and pandas make
+    the verdict columns)."""
+    import pandas  # noqa: F401
+    import scipy.stats  # noqa: F401
+    import torch
+
+    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
 
 
 class StepFailed(Exception):
-    """The step on the second thread raised (its text)."""
+    """The step in the second process raised (its text), or the process died."""
 
 
 class HeldRows:
-    """The metrics log of the step on the second thread: keeps its (already tagged) rows for
-    ``metrics.csv``, draws no progress bar (no listeners), and raises ``StepCancelled`` at the
-    next row once the step is cancelled (every training step logs a row)."""
+    """The second process's metrics log: keeps its (already tagged) rows for the parent's
+    ``metrics.csv``; no listeners, so no progress bar is drawn for it."""
 
-    def __init__(self, cancelled: threading.Event) -> None:
+    def __init__(self) -> None:
         self.rows: list[dict[str, Any]] = []
         self.listeners: list[Callable] = []
-        self.cancelled = cancelled
 
     def write(self, row: Mapping[str, Any]) -> None:
-        if self.cancelled.is_set():
-            raise StepCancelled
         self.rows.append(dict(row))
 
     def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -176,12 +180,12 @@ class HeldRows:
 
 
 class StagedRun(RunDirectory):
-    """The run directory as the step's thread sees it: tables and plots in a staging folder
+    """The run directory as the second process sees it: tables and plots in a staging folder
     (moved into the run when collected, dropped when cancelled), metrics rows held."""
 
-    def __init__(self, path: Path, cfg: Any, cancelled: threading.Event) -> None:
+    def __init__(self, path: Path, cfg: Any) -> None:
         super().__init__(path, cfg)
-        self.held = HeldRows(cancelled)
+        self.held = HeldRows()
 
     @property
     def metrics(self) -> HeldRows:  # type: ignore[override]
@@ -189,8 +193,9 @@ class StagedRun(RunDirectory):
 
 
 class StepBeside:
-    """``step(staged_run)`` on a second thread; ``collect`` its result into the run, or
-    ``cancel`` it."""
+    """``step(staged_run)`` in a forked process on another core (threads would share the GIL,
+    which a tiny model's step mostly holds); ``collect`` its result into the run, or ``cancel``
+    it. The child is quiet; Ctrl-C ends it at once, and it dies with the parent."""
 
     STAGING = ".step-beside"  # the step's folder in the run directory, until collected
 
@@ -198,43 +203,66 @@ class StepBeside:
         self.staging = run.path / self.STAGING
         shutil.rmtree(self.staging, ignore_errors=True)
         self.staging.mkdir()
-        self.cancelled = threading.Event()
-        self.staged = StagedRun(self.staging, run.cfg, self.cancelled)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="tlab-step")
-        self.future: Future = self._pool.submit(step, self.staged)
+        context = multiprocessing.get_context("fork")
+        self._results, sender = context.Pipe(duplex=False)
+        flush_output()
+        self.process = context.Process(target=_run_step, daemon=True, args=(
+            step, StagedRun(self.staging, run.cfg), sender, os.getpid()))
+        self.process.start()
+        sender.close()
         self.done = False
 
     def collect(self, run: RunDirectory, showing: AbstractContextManager | None = None) -> Any:
         """Wait for the step (inside ``showing``, e.g. a progress bar), move its files into
-        ``run`` and write its metrics rows; its result, or ``StepFailed`` with its error
-        (``KeyboardInterrupt`` raised again)."""
+        ``run`` and write its metrics rows; its result, ``StepFailed`` (its error, or how the
+        process died), or ``KeyboardInterrupt`` as it ended."""
         with showing or nullcontext():
-            error = self.future.exception()  # waits
+            try:
+                outcome, value, rows = self._results.recv()
+            except EOFError:  # it died without a result
+                outcome, value, rows = "died", None, []
+            self.process.join()
         self.done = True
-        self._pool.shutdown()
-        if error is not None:
+        if outcome != "ok":
             shutil.rmtree(self.staging, ignore_errors=True)
-            if isinstance(error, KeyboardInterrupt):
-                raise KeyboardInterrupt  # as if it had run on the main thread: exit 130
-            raise StepFailed(f"{type(error).__name__}: {error}")
+            if outcome == "interrupted":
+                raise KeyboardInterrupt  # as if it had run in this process: exit 130
+            code = self.process.exitcode or 0
+            raise StepFailed(value or (f"its process was killed by {signal_name(-code)}"
+                                       if code < 0 else f"its process exited with code {code}"))
         for name in sorted(os.listdir(self.staging)):
             os.replace(self.staging / name, run.path / name)
         shutil.rmtree(self.staging, ignore_errors=True)
-        run.metrics.write_all(self.staged.held.rows)
-        return self.future.result()
+        run.metrics.write_all(rows)
+        return value
 
     def cancel(self) -> None:
-        """Stop the step at its next metrics row (if it was not collected) and drop its files."""
+        """Stop the step (if it was not collected) and drop its files."""
         if self.done:
             return
         self.done = True
-        self.cancelled.set()
-        self._pool.shutdown(wait=True)
+        self.process.kill()
+        self.process.join()
         shutil.rmtree(self.staging, ignore_errors=True)
 
 
+def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: Any,
+              parent: int) -> None:
+    """In the forked child: run ``step``, send (outcome, value, metrics rows) back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C: die at once; the parent reports it
+    if not die_with_parent(signal.SIGKILL, parent):
+        return
+    try:
+        outcome, value = "ok", step(staged)
+    except KeyboardInterrupt:
+        outcome, value = "interrupted", None
+    except BaseException as exc:  # noqa: BLE001 - reported by the parent as a FAIL row
+        outcome, value = "error", f"{type(exc).__name__}: {exc}"
+    results.send((outcome, value, staged.held.rows))
+
+
 def comparison_alone(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]]:
-    """Step 4 as the second thread runs it: its rows carry its own wall time."""
+    """Step 4 as the second process runs it: its rows carry its own wall time."""
     def step(run: RunDirectory) -> list[CheckRow]:
         clock = Stopwatch()
         rows = comparison_step(cfg, run)
@@ -245,11 +273,11 @@ def comparison_alone(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]
 
 def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
-    """Step 4's rows from the second thread (its files and metrics rows moved into ``run``),
-    with a progress bar while it finishes; a step that raised is a FAIL of step 4."""
+    """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
+    with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
     routine = cfg.routine
     seeds, activations = len(seed_list(cfg)), compare.activation_list(cfg)
-    bar = progress_bar(run.metrics, f"step 4 on a second thread: {', '.join(activations)}, "
+    bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{seeds} seed{'s' if seeds > 1 else ''}: {routine.steps} steps",
                        total=int(routine.steps) * seeds * len(activations))
     try:
@@ -288,13 +316,13 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
                  if not any(row.step == step for row in step_rows)]
         _record(log, later)
         return rows + later, summary
-    step_rows, summary = reversal_step(configs["reverse"], run)
+    step_rows, summary = reversal_step(configs["reverse_task"], run)
     _record(log, step_rows, clock.lap())
     rows += step_rows
     if beside is None:
         step_rows = comparison_step(configs["compare"], run)
         _record(log, step_rows, clock.lap())
-    else:  # the thread's rows carry its own wall time
+    else:  # the second process's rows carry its own wall time
         step_rows = collect_comparison(configs["compare"], beside, run)
         _record(log, step_rows)
     return rows + step_rows, summary
@@ -303,8 +331,10 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
 def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
     configs = step_configs(cfg)
-    beside = StepBeside(comparison_alone(configs["compare"]), run) \
-        if comparison_beside(cfg) else None
+    beside = None
+    if comparison_beside(cfg):
+        import_what_both_processes_use()
+        beside = StepBeside(comparison_alone(configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
     finally:
