@@ -36,8 +36,12 @@ from transformer_lab.results.run_directory import CLAIM_FILE, claim_directory
     (["train.grad_clip=-1"], "train.grad_clip=-1 is not valid"),
     (["train.lr=nan"], "train.lr=nan is not valid"),
     (["model.d_model=16384", "model.n_layers=64"], "this run needs about"),
+    (["model.d_model=16384", "model.n_layers=64"], "model.d_model=16384, model.n_layers=64"),
     (["model.d_model=65536"], "this run needs about"),
     (["routine.seeds=100000"], "this run needs about"),
+    (["+model.x=1"], "model.x is not a key of model; valid: attn_bias"),
+    (["+train.foo=2"], "train.foo is not a key of train"),
+    (["+routine.bar=3"], "routine.bar is not a key of routine; valid: batch_size"),
 ])
 def test_bad_values_are_refused_in_preflight(tlab, tmp_path, args, expected):
     out = tmp_path / "run"
@@ -49,7 +53,9 @@ def test_bad_values_are_refused_in_preflight(tlab, tmp_path, args, expected):
     ("extrapolate", ["routine.train_len=0"], "routine.train_len=0 is not valid"),
     ("extrapolate", ["routine.eval_lens=[]"], "routine.eval_lens=[] is not valid"),
     ("plot_pe", ["routine.dims=[a,b]"], "routine.dims=[a,b] is not valid"),
-    ("reverse_task", ["task.seq_len=20000"], "this run needs about"),
+    ("reverse_task", ["task.seq_len=20000"], "most for training at 256x20000 tokens "
+                                             "(task.seq_len=20000)"),
+    ("extrapolate", ["routine.eval_lens=[100000]"], "(routine.eval_lens=[100000])"),
 ])
 def test_bad_routine_settings_are_refused(tlab, tmp_path, experiment, args, expected):
     out = tmp_path / "run"
@@ -89,6 +95,15 @@ def test_simultaneous_runs_into_one_out_exactly_one_wins(tmp_path):
     assert json.loads((out / CLAIM_FILE).read_text())["pid"] == winner["pid"]
     steps = [row["step"] for row in read_csv(out / "metrics.csv") if row["split"] == "train"]
     assert steps == sorted(steps, key=int) and len(steps) == len(set(steps))
+
+
+def test_out_onto_a_folder_of_a_users_files_is_refused(tlab, tmp_path):
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.txt").write_text("keep me")
+    code, _, err = tlab("experiment=smoke", f"hydra.run.dir={folder}")
+    assert code == 2 and "holds files but no run (notes.txt)" in err
+    assert sorted(p.name for p in folder.iterdir()) == ["notes.txt"]  # nothing written there
 
 
 def test_out_paths_that_cannot_be_a_run_directory(tlab, tmp_path, monkeypatch):

@@ -143,7 +143,8 @@ def group_choices_hydra(kind: str) -> list[str]:
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:
-    """Refuse an output directory that holds a run, a sweep, or is claimed by a running one."""
+    """Refuse an output directory that holds a run, a sweep, anything else (a user's files), or
+    is claimed by a running one."""
     if holds_run(path) or (sweep and (path / "sweep.csv").exists()):
         raise ConfigError(f"'{path}' already holds a run; choose another output directory "
                           "(runs are never overwritten)")
@@ -155,6 +156,10 @@ def check_output_dir(path: Path, sweep: bool) -> None:
                           "output directory")
     if sweep and path.is_dir() and any(holds_run(p) for p in path.iterdir() if p.is_dir()):
         raise ConfigError(f"'{path}' already holds a sweep's runs; choose another directory")
+    if path.is_dir() and (found := sorted(p.name for p in path.iterdir())):
+        raise ConfigError(f"'{path}' holds files but no run ({', '.join(found[:3])}"
+                          f"{', ...' if len(found) > 3 else ''}); tlab never writes among your "
+                          "files: choose a new or empty output directory")
 
 
 @dataclass

@@ -122,9 +122,22 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
         where, available = "available", available_memory_bytes()
     if available is None or parts["total"] <= 0.9 * available:
         return
-    activations = parts["activations"] + parts["evaluation"] + parts["python_objects"]
-    raise ConfigError(
-        f"this run needs about {_gb(parts['total'])} of memory but {_gb(available)} is {where} "
-        f"({_count(parts['parameters'])} parameters x {workload(cfg, task).models} models: "
-        f"{_gb(parts['model_state'])} weights, gradients and Adam state; activations "
-        f"{_gb(activations)}); make it smaller or run anyway with --force")
+    raise ConfigError(f"this run needs about {_gb(parts['total'])} of memory, "
+                      f"{_gb(available)} {where}; most for {dominant(cfg, task, parts)}: "
+                      "shrink it or use --force")
+
+
+def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
+    """The largest part of the estimate, naming the settings behind it."""
+    load, m = workload(cfg, task), cfg.model
+    part = max(("model_state", "activations", "evaluation"), key=parts.__getitem__)
+    if part == "model_state":
+        return (f"{parts['parameters']:.3g} parameters (model.d_model={m.d_model}, "
+                f"model.n_layers={m.n_layers})")
+    if part == "activations":
+        return (f"training at {load.batch}x{load.train_len} tokens "
+                f"(task.seq_len={_get(cfg, 'task.seq_len', '?')})")
+    lens = _get(cfg, "routine.eval_lens")
+    setting = f"routine.eval_lens={list(lens)}" if lens else "task.eval_size"
+    return (f"evaluation at {_get(cfg, 'task.eval_size', load.batch)}x{load.eval_len} tokens "
+            f"({setting})")

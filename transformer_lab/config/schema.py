@@ -25,8 +25,8 @@ _ABSENT = object()
 
 @dataclass(frozen=True)
 class Rule:
-    """What one key may hold. ``kind``: int, number, bool, str, list or embed_scale (sqrt, none
-    or a number); ``low``/``high`` bound numbers (``open_low``/``open_high``: strictly);
+    """What one key may hold. ``kind``: int, number, bool, str, list, embed_scale (sqrt, none
+    or a number) or any; ``low``/``high`` bound numbers (``open_low``/``open_high``: strictly);
     ``choices`` for strings; ``item``: the rule of a list's items; ``min_items`` for lists."""
 
     kind: str
@@ -118,6 +118,7 @@ SCHEMA: dict[str, Rule] = {
     "train.grad_clip": number_rule(0, open_low=True, nullable=True),
     "train.betas": Rule("list", item=PROBABILITY, min_items=2),
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT,
+    "train.threads": int_rule(1, nullable=True),
     "train.device": Rule("str", required=True),
     "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),
     # the groups every run needs
@@ -179,6 +180,8 @@ def _is_number(value: Any) -> bool:
 
 def _fits(rule: Rule, value: Any) -> bool:
     """True if ``value`` satisfies ``rule`` (null handled by the caller)."""
+    if rule.kind == "any":
+        return True
     if rule.kind == "bool":
         return isinstance(value, bool)
     if rule.kind == "str":
@@ -215,6 +218,19 @@ def check_schema(cfg: DictConfig) -> None:
             raise ConfigError(f"the config group '{group}' is required and cannot be deleted "
                               f"(~{group}); choose one with {group}=... (tlab list)")
     check_keys(cfg, SCHEMA)
+    for node in ("model", "model.dropout", "train"):
+        check_known(cfg, node, {key[len(node) + 1:].split(".")[0] for key in SCHEMA
+                                if key.startswith(node + ".")})
+
+
+def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
+    """``ConfigError`` naming a key of ``cfg[node]`` that is not in ``known`` (e.g. one added
+    with ``+model.x=1``), and the valid ones."""
+    found = OmegaConf.select(cfg, node, default=None)
+    unknown = sorted(set(found.keys()) - known) if isinstance(found, DictConfig) else []
+    if unknown:
+        raise ConfigError(f"{node}.{unknown[0]} is not a key of {node}; valid: "
+                          f"{', '.join(sorted(known))}")
 
 
 def check_keys(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:

@@ -72,16 +72,18 @@ def routine_module(name: str) -> Any:
 
 def check_settings(cfg: Any, name: str | None = None) -> None:
     """``ConfigError`` for the first ``routine.*`` key of ``cfg`` that breaks the rules of
-    routine ``name`` (default: ``cfg.routine.name``), its module's ``SETTINGS``."""
+    routine ``name`` (default: ``cfg.routine.name``), its module's ``SETTINGS``, or that they
+    do not name (e.g. added with ``+routine.x=1``)."""
     from omegaconf import OmegaConf
 
-    from transformer_lab.config.schema import check_keys
+    from transformer_lab.config.schema import check_keys, check_known
 
     name = name or OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
     if name not in ROUTINES:
         return  # get_routine reports it
     rules = getattr(routine_module(name), "SETTINGS", {})
     check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
+    check_known(cfg, "routine", {"name", *(key.split(".")[0] for key in rules)})
 
 
 def workload(cfg: Any, task: Any) -> Workload:

@@ -250,7 +250,7 @@ def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
 # The routine's own keys (``routines.check_settings``; what ``dir`` and ``only`` name:
 # ``check_config``). ``only``: comma-separated names, or a list.
 SETTINGS = {"dir": Rule("str", nullable=True), "negatives": Rule("bool"),
-            "reversal": Rule("bool"), "overrides": Rule("list")}
+            "reversal": Rule("bool"), "overrides": Rule("list"), "only": Rule("any")}
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
