@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from helpers import assert_refused
+from helpers import assert_refused, read_csv
 
 from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
 from transformer_lab.components.positional import RotaryPositionalEncoding
@@ -175,3 +175,39 @@ def test_preflight_runs_rope_at_model_head_dim():
     cfg = compose(["experiment=smoke", "pe=rope", "model.d_model=32", "model.n_heads=2",
                    "model.head_dim=8"])
     assert preflight(cfg).model.blocks[0].attention.head_dim == 8  # not 32 // 2
+
+
+PRESETS = ["gpt2", "llama", "bert", "t5_encoder", "gpt_neox", "mixtral"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_passes_smoke_on_three_seeds(tlab, tmp_path, preset):
+    """A correct real architecture must pass steps 1-2 at its defaults: smoke's lr shrinks
+    with the width (0.4 / d_model), so a preset's d_model 64 trains at 6.25e-3, not the tiny
+    model's 5e-2 (at which BERT's loss rose over 10 steps)."""
+    out = tmp_path / preset
+    code, stdout, err = tlab("experiment=smoke", f"preset={preset}", "routine.seeds=3",
+                             f"hydra.run.dir={out}")
+    assert code == 0, stdout + err
+    rows = [r for r in read_csv(out / "smoke.csv") if r["check"].startswith("smoke_loss_falls")]
+    assert len(rows) == 3 and all(r["status"] == "PASS" for r in rows)
+
+
+def test_validate_runs_steps_1_2_at_a_size_the_preset_can_be_built_at():
+    """gpt_neox's partial rotary (a quarter of each head) has no even rotary dimension at the
+    article's minimal size (head size 4): steps 1-2 run at the preset's own size, and say so;
+    where the minimal size works, it is used."""
+    from transformer_lab.routines.validate import at_step_size
+
+    cfg = compose(["experiment=validate", "preset=gpt_neox"])
+    build_task(cfg)
+    smoke_cfg, note = at_step_size(cfg, cfg.routine.smoke)
+    assert smoke_cfg.model.d_model == cfg.model.d_model == 64
+    assert "the run's own size (d_model 64" in note and "rotary" in note
+    assert smoke_cfg.train.lr == pytest.approx(0.4 / 64)  # smoke's lr at that width
+    compare_cfg, note = at_step_size(cfg, cfg.routine.compare)
+    assert (compare_cfg.model.d_model, note) == (16, "")  # head size 8: rotary dimension 2
+    plain = compose(["experiment=validate"])
+    build_task(plain)
+    small, note = at_step_size(plain, plain.routine.smoke)
+    assert (small.model.d_model, small.train.lr, note) == (8, 0.05, "")

@@ -40,13 +40,22 @@ def _head_dim(d_model: int, n_heads: int, head_dim: int | None = None) -> int:
     return int(head_dim) if head_dim is not None else _div(d_model, n_heads)
 
 
+def _per_width(total: float, width: int) -> float:
+    """``total / width``: a learning rate that shrinks as the model widens (Adam moves every
+    weight by about lr a step, so a layer's output moves by about lr x width)."""
+    return float(total) / int(width)
+
+
 def register_resolvers() -> None:
     """``${tlab.div:a,b}`` integer division, ``${tlab.not:x}`` boolean negation,
-    ``${tlab.head_dim:d_model,n_heads,head_dim}`` the per-head size."""
+    ``${tlab.head_dim:d_model,n_heads,head_dim}`` the per-head size,
+    ``${tlab.per_width:total,width}`` a width-scaled learning rate."""
     if not OmegaConf.has_resolver("tlab.head_dim"):
         OmegaConf.register_new_resolver("tlab.head_dim", _head_dim)
     if not OmegaConf.has_resolver("tlab.div"):
         OmegaConf.register_new_resolver("tlab.div", _div)
+    if not OmegaConf.has_resolver("tlab.per_width"):
+        OmegaConf.register_new_resolver("tlab.per_width", _per_width)
     if not OmegaConf.has_resolver("tlab.not"):
         OmegaConf.register_new_resolver("tlab.not", lambda x: not x)
 

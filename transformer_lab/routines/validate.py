@@ -43,10 +43,11 @@ from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
-from transformer_lab.errors import Diverged
+from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
 from transformer_lab.results.console import console
@@ -75,8 +76,30 @@ STEP_HINTS = {
 
 def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The configs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
-    return {"smoke": merged(cfg, cfg.routine.smoke), "reverse_task": cfg,
-            "compare": merged(cfg, cfg.routine.compare)}
+    return {"smoke": at_step_size(cfg, cfg.routine.smoke)[0], "reverse_task": cfg,
+            "compare": at_step_size(cfg, cfg.routine.compare)[0]}
+
+
+def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
+    """``cfg`` with a step's block (``routine.smoke`` / ``routine.compare``: a smaller model,
+    its training settings, its routine) merged over it; where the run's components cannot be
+    built at that model size (a preset's partial rotary at a head size of 4), the block without
+    its ``model`` sizes, and a note saying so ("" otherwise)."""
+    from transformer_lab.config.architecture import check_architecture
+    from transformer_lab.model import build_model
+
+    small = merged(cfg, patch)
+    try:
+        check_architecture(small)
+        with torch.random.fork_rng(devices=[]):
+            build_model(small)
+        return small, ""
+    except (ConfigError, ValueError) as exc:
+        own = merged(cfg, {key: value for key, value in patch.items() if key != "model"})
+        m = cfg.model
+        return own, (f"at the run's own size (d_model {m.d_model}, {m.n_heads} heads, "
+                     f"{m.n_layers} layers): at d_model {small.model.d_model}, "
+                     f"{small.model.n_heads} heads, {exc}")
 
 
 # The routine's own keys (``routines.check_settings``): its steps' keys where they sit in a
@@ -331,6 +354,9 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
 def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
     configs = step_configs(cfg)
+    for steps, block in (("steps 1-2", cfg.routine.smoke), ("step 4", cfg.routine.compare)):
+        if note := at_step_size(cfg, block)[1]:
+            console.print(f"{steps} run {note}", highlight=False, markup=False)
     beside = None
     if comparison_beside(cfg):
         import_what_both_processes_use()
