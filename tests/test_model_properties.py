@@ -133,7 +133,7 @@ def test_the_causal_mask_wins_over_a_large_positive_future_bias():
     # without the mask (an encoder) the same bias is a leak: the check does see it
     leaky = _build(_mutant("future_bias_alibi", "arch=encoder"))
     leaky.causal = True  # a decoder whose mask is missing would attend to the future
-    leaky.attention_mask = lambda seq_len, device: leaky.positional(seq_len, seq_len)
+    leaky.attention_mask = lambda q_len, k_len, device: leaky.positional(q_len, k_len)
     assert causality(leaky, VOCAB).passed is False
 
 

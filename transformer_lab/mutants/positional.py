@@ -105,6 +105,8 @@ class FutureBiasALiBi(ALiBiPositionalBias):
         self.value = value
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        bias = super().forward(q_len, k_len)  # (H, Tq, Tk)
-        future = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).triu(1)
+        bias = super().forward(q_len, k_len)  # (H, Tq, Tk), queries at the last Tq positions
+        first_query = k_len - q_len
+        future = torch.ones(q_len, k_len, dtype=torch.bool,
+                            device=bias.device).triu(first_query + 1)  # key after the query
         return bias + self.value * future  # (H, Tq, Tk)
