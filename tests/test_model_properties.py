@@ -102,6 +102,9 @@ DETAILS = {  # what the failing check's detail must say
     "skip_in_eval_ffn": "train-mode outputs differ from eval-mode ones",
     "float64_pe": "positional (Float64PE) returned torch.float64 for torch.float32",
     "cpu_table_pe": "made without device=",
+    "offset_blind_rope": "position 1 (one token at a time) differs from the full forward",
+    "stale_dynamic_rope": "position 15 (3 tokens at a time) differs from the full forward",
+    "top_left_alibi": "position 1 (one token at a time) differs from the full forward",
 }
 
 
