@@ -102,6 +102,9 @@ DETAILS = {  # what the failing check's detail must say
     "skip_in_eval_ffn": "train-mode outputs differ from eval-mode ones",
     "float64_pe": "positional (Float64PE) returned torch.float64 for torch.float32",
     "cpu_table_pe": "made without device=",
+    "offset_blind_rope": "position 1 (one token at a time) differs from the full forward",
+    "stale_dynamic_rope": "position 15 (3 tokens at a time) differs from the full forward",
+    "top_left_alibi": "position 1 (one token at a time) differs from the full forward",
 }
 
 
@@ -133,7 +136,7 @@ def test_the_causal_mask_wins_over_a_large_positive_future_bias():
     # without the mask (an encoder) the same bias is a leak: the check does see it
     leaky = _build(_mutant("future_bias_alibi", "arch=encoder"))
     leaky.causal = True  # a decoder whose mask is missing would attend to the future
-    leaky.attention_mask = lambda seq_len, device: leaky.positional(seq_len, seq_len)
+    leaky.attention_mask = lambda q_len, k_len, device: leaky.positional(q_len, k_len)
     assert causality(leaky, VOCAB).passed is False
 
 

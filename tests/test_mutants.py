@@ -1,7 +1,7 @@
 """``tlab mutants`` and step 1's property rows: broken components are caught at their expected
 step, correct ones pass, the confusion matrix counts them, a user's own mutants directory works.
 
-The full suite (16 mutants + 32 built-ins: ~10 s on a quiet 2-core CPU, ~40 s when it is shared;
+The full suite (19 mutants + 32 built-ins: ~10 s on a quiet 2-core CPU, ~40 s when it is shared;
 ``tlab mutants`` runs it too) runs with ``TLAB_FULL_MUTANTS=1``; the default run checks a few
 of each (~3 s).
 """
@@ -82,7 +82,7 @@ def test_confusion_matrix_and_mutation_score_count_each_outcome():
 def test_the_suite_holds_the_catalogue_and_every_built_in():
     candidates = _suite()
     broken = [c for c in candidates if c.kind == "broken"]
-    assert len(broken) == 15 and len(candidates) == 16 + len(built_in_negatives())
+    assert len(broken) == 18 and len(candidates) == 19 + len(built_in_negatives())
     names = {c.name for c in candidates}
     assert {"pe=t5/encoder", "pe=rope/decoder", "ffn=reglu", "block=deepnorm/rmsnorm"} <= names
     assert not any(name.startswith("pe=none") for name in names)  # the control is not a component

@@ -481,6 +481,9 @@ def test_alibi_causal_bias_rows() -> None:
             assert torch.all(bias[h, i, i + 1 :] == 0)  # future: 0, masked by the model
     assert pe(3, 5).shape == (4, 3, 5)
     assert torch.equal(pe(3, 5), ALiBiPositionalBias(n_heads=4)(3, 5))  # cached slice == fresh
+    assert torch.equal(pe(3, 5), pe(5, 5)[:, 2:])  # the queries are the last 3 of 5 positions
+    with pytest.raises(ValueError, match=r"q_len=6 is not valid for k_len=5"):
+        pe(6, 5)
 
 
 def test_alibi_bidirectional_forms() -> None:
@@ -555,11 +558,11 @@ def test_t5_bucket_exact_small_distances_and_monotone() -> None:
 
 def test_t5_relative_bias_module() -> None:
     pe = T5RelativeBias(n_heads=3, num_buckets=16, max_distance=32)
-    bias = pe(6, 9)
+    bias = pe(6, 9)  # the queries are the last 6 of 9 positions: query i at 3 + i
     assert bias.shape == (3, 6, 9)
     weight = pe.relative_attention_bias.weight
     for i, j in ((0, 0), (2, 7), (5, 1)):
-        bucket = _t5_bucket_reference(j - i, True, 16, 32)
+        bucket = _t5_bucket_reference(j - (3 + i), True, 16, 32)
         assert torch.equal(bias[:, i, j], weight[bucket])
     assert torch.equal(bias[:, 1:, 1:], bias[:, :-1, :-1][:, :5, :8])  # Toeplitz in (i, j)
     bias.sum().backward()

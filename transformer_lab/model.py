@@ -4,6 +4,13 @@
                   -> n_layers blocks (attention with rotary/bias hooks, FFN, norms)
                   -> final norm (pre/sandwich) -> output head -> logits (B, T, vocab)
 
+Decoders decode with a KV cache (``model.new_cache()``, ``forward(tokens, cache=cache)``): the
+new tokens sit at positions ``offset .. offset + T - 1`` (offset = tokens already cached), and
+each kind of PE is told so: an additive PE gets those positions, a rotary PE rotates the new
+queries at them and every cached key (held before rotation) at its own, a bias PE is asked for
+``pe(T, offset + T)`` (its rows for the last T positions) and the causal mask is aligned
+bottom-right (the query at position p sees the keys at positions <= p).
+
 Which positional encoding, FFN, block wiring and norm layer are used is decided by the config
 groups ``pe``, ``ffn``, ``block`` and ``norm_layer`` through their ``_target_``: there is no
 if/elif over component names here. The model is plain torch: it knows nothing of how it is
@@ -13,12 +20,13 @@ trained (seeds, compilation, the optimiser).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
+from transformer_lab.components.attention import AttentionInputs, KVCache, MultiHeadAttention
 from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
 from transformer_lab.config.instantiate import instantiate_component, resolve_component
@@ -96,38 +104,59 @@ class TransformerModel(nn.Module):
             x = self.embed_dropout(x)
         return x
 
-    def attention_mask(self, seq_len: int, device: torch.device) -> torch.Tensor | None:
-        """Additive mask shared by every layer: PE bias (H, T, T) plus the causal -inf mask."""
-        if self.pe_kind != "bias":
-            return None
-        mask = self.positional(seq_len, seq_len)  # (H, T, T)
-        if self.causal:
-            mask = mask + self._causal_mask(seq_len, device)
-        return mask
+    def attention_mask(self, q_len: int, k_len: int,
+                       device: torch.device) -> torch.Tensor | None:
+        """Additive mask shared by every layer, for the last ``q_len`` of ``k_len`` positions:
+        the PE bias (H, T_q, T_k) plus the causal -inf mask, or the causal mask alone (T_q, T_k)
+        when T_q differs from T_k (cached decoding: SDPA's ``is_causal`` aligns top-left); None
+        where SDPA's ``is_causal`` or no mask does."""
+        if self.pe_kind == "bias":
+            mask = self.positional(q_len, k_len)  # (H, T_q, T_k)
+            return mask + self._causal_mask(q_len, k_len, device) if self.causal else mask
+        if self.causal and q_len > 1 and q_len != k_len:
+            return self._causal_mask(q_len, k_len, device)  # (T_q, T_k)
+        return None
 
     @staticmethod
-    def _causal_mask(seq_len: int, device: torch.device) -> torch.Tensor:
-        """(T, T): 0 on and below the diagonal, -inf above it."""
-        future = torch.ones(seq_len, seq_len, dtype=torch.bool, device=device).triu(1)
-        return torch.zeros(seq_len, seq_len, device=device).masked_fill(future, float("-inf"))
+    def _causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+        """(T_q, T_k), queries at the last T_q positions: 0 where the key's position is at most
+        the query's, -inf after it (aligned bottom-right: each query sees itself)."""
+        future = torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(k_len - q_len + 1)
+        return torch.zeros(q_len, k_len, device=device).masked_fill(future, float("-inf"))
 
-    def forward(self, tokens: torch.Tensor, need_weights: bool = False) -> torch.Tensor:
+    def new_cache(self) -> KVCache:
+        """An empty KV cache for :meth:`forward` (decoders only: an encoder's tokens attend to
+        later ones, which a cache of earlier tokens cannot give)."""
+        if not self.causal:
+            raise ConfigError("a KV cache (cached decoding, generate) needs a decoder "
+                              "(arch=decoder); this model is an encoder (arch=encoder)")
+        return KVCache.empty(len(self.blocks))
+
+    def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
+                need_weights: bool = False) -> torch.Tensor:
         """tokens (B, T) -> logits (B, T, vocab), or the final hidden states (B, T, D) when the
-        model has no ``output_head`` (imported without one). With ``need_weights`` each
-        attention module keeps its probabilities (B, H, T, T) in ``last_weights``."""
-        seq_len = tokens.shape[1]
-        positions = torch.arange(seq_len, device=tokens.device)  # (T,)
+        model has no ``output_head`` (imported without one). With a ``cache`` (decoders,
+        :meth:`new_cache`) the tokens follow the ``cache.length`` tokens already in it, at
+        positions ``cache.length .. cache.length + T - 1``, and their keys and values are added
+        to it. With ``need_weights`` each attention module keeps its probabilities
+        (B, H, T, T_k) in ``last_weights``."""
+        q_len = tokens.shape[1]
+        offset = 0 if cache is None else cache.length
+        k_len = offset + q_len
+        positions = torch.arange(offset, k_len, device=tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
-        mask = self.attention_mask(seq_len, tokens.device)  # (H, T, T) or None
+        mask = self.attention_mask(q_len, k_len, tokens.device)  # (H, T, T_k), (T, T_k), None
         inputs = AttentionInputs(
             positions=positions,
             rotary=self.positional if self.pe_kind == "rotary" else None,
             mask=mask,
-            is_causal=self.causal and mask is None,
+            is_causal=self.causal and mask is None and q_len == k_len,
             need_weights=need_weights,
+            key_positions=None if cache is None else torch.arange(k_len, device=tokens.device),
         )
-        for block in self.blocks:
-            x = block(x, inputs)
+        for index, block in enumerate(self.blocks):
+            layer_inputs = inputs if cache is None else replace(inputs, cache=cache.layers[index])
+            x = block(x, layer_inputs)
         if not self.output_head:
             return self.final_norm(x)  # (B, T, D)
         return self.lm_head(self.final_norm(x))  # (B, T, vocab)
@@ -163,13 +192,58 @@ class TransformerModel(nn.Module):
         return [block.attention.last_weights for block in self.blocks]
 
     @torch.no_grad()
-    def generate(self, prefix: torch.Tensor, n_new: int) -> torch.Tensor:
-        """Greedy decoding (causal models): prefix (B, P) -> the n_new next tokens (B, n_new)."""
-        tokens = prefix
-        for _ in range(n_new):
-            next_token = self.forward(tokens)[:, -1].argmax(dim=-1, keepdim=True)  # (B, 1)
-            tokens = torch.cat([tokens, next_token], dim=1)
-        return tokens[:, prefix.shape[1] :]
+    def generate(self, prefix: torch.Tensor, n_new: int, *, temperature: float = 0.0,
+                 top_k: int | None = None,
+                 generator: torch.Generator | None = None) -> torch.Tensor:
+        """The ``n_new`` tokens that follow ``prefix`` (decoders): (B, P) -> (B, n_new).
+
+        One forward over the prefix fills a KV cache, then one forward per new token.
+        ``temperature`` 0 is greedy decoding (argmax); above 0 each token is drawn from
+        ``softmax(logits / temperature)``, over the ``top_k`` most likely tokens when given, with
+        ``generator`` (a seeded ``torch.Generator`` makes it reproducible). Dropout is whatever
+        the model's mode makes it: call ``model.eval()`` first. The logits are those of a full
+        forward over the tokens so far (step 1's ``cached_decoding``), except with a PE whose
+        numbers follow the sequence's length (RoPE ``scaling=dynamic``) in a model of several
+        layers: a deeper layer's cached keys were computed at a shorter length, as in any KV
+        cache.
+        """
+        if n_new < 0:
+            raise ConfigError(f"n_new={n_new} is not valid; generate 0 or more tokens")
+        if not self.output_head:
+            raise ConfigError("generate needs logits; this model was built without an output "
+                              "head (it returns hidden states)")
+        if prefix.shape[1] < 1:
+            raise ConfigError(f"prefix of shape {tuple(prefix.shape)} is empty; generation "
+                              "needs at least one token to start from")
+        cache = self.new_cache()
+        logits = self.forward(prefix, cache=cache)[:, -1]  # (B, vocab)
+        new_tokens = []
+        for step in range(n_new):
+            token = next_token(logits, temperature, top_k, generator)  # (B, 1)
+            new_tokens.append(token)
+            if step + 1 < n_new:
+                logits = self.forward(token, cache=cache)[:, -1]  # (B, vocab)
+        if not new_tokens:
+            return prefix[:, :0]
+        return torch.cat(new_tokens, dim=1)  # (B, n_new)
+
+
+def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
+               generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of ``logits`` (B, vocab) -> (B, 1): the argmax at ``temperature`` 0,
+    else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest."""
+    if temperature < 0:
+        raise ConfigError(f"temperature={temperature} is not valid; use 0 (greedy) or more")
+    if top_k is not None and top_k < 1:
+        raise ConfigError(f"top_k={top_k} is not valid; use a whole number >= 1 or none")
+    if temperature == 0:
+        return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
+    scaled = logits.float() / temperature  # (B, vocab)
+    if top_k is not None and top_k < scaled.shape[-1]:
+        kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    probabilities = scaled.softmax(dim=-1)  # (B, vocab)
+    return torch.multinomial(probabilities, 1, generator=generator)  # (B, 1)
 
 
 def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:

@@ -17,7 +17,18 @@ Knobs of real architectures (defaults keep the original Transformer):
 * ``qkv_bias`` / ``out_bias``: biases of the Q/K/V and output projections (Qwen2: Q/K/V only).
 Parameters: D (H + 2 H_kv) Dh + H Dh D (+ (H + 2 H_kv) Dh and D biases); 4 D^2 (+ 4 D) by default.
 
-Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T, Dh) -> out (B, T, D).
+Cached decoding (decoders): with a :class:`LayerKV` in ``inputs.cache`` the new tokens' keys and
+values are appended to those of the earlier tokens and the new queries attend to all of them.
+The cache holds the keys *before* the rotary PE: at every step the PE rotates the new queries at
+their positions (``pe(q, q, positions)[0]``) and every cached key at its own
+(``pe(k, k, key_positions)[1]``). A PE whose frequencies depend on the length (RoPE
+``scaling=dynamic``) then gives the numbers of a full forward over the same tokens, and a PE that
+ignores its ``positions`` is caught by step 1's ``cached_decoding``. The cost: each step rotates
+all ``T_k`` cached keys again (and the rotary call rotates its two arguments, one of which is
+dropped), where caching rotated keys would rotate only the new ones.
+
+Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T, Dh) -> out (B, T, D); with a cache
+q (B, H, T_q, Dh) against k, v (B, H_kv, T_k, Dh), T_k = cached + new tokens.
 """
 
 from __future__ import annotations
@@ -31,14 +42,57 @@ from torch import nn
 
 
 @dataclass
+class LayerKV:
+    """One layer's keys (before the rotary PE) and values of the tokens seen so far."""
+
+    keys: torch.Tensor | None = None  # (B, H_kv, T, Dh)
+    values: torch.Tensor | None = None  # (B, H_kv, T, Dh)
+
+    @property
+    def length(self) -> int:
+        """Tokens held."""
+        return 0 if self.keys is None else self.keys.shape[-2]
+
+    def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Add the new tokens' k, v (B, H_kv, T_new, Dh); return every key and value held,
+        (B, H_kv, T, Dh) each."""
+        if self.keys is None:
+            self.keys, self.values = k, v
+        else:
+            self.keys = torch.cat([self.keys, k], dim=-2)  # (B, H_kv, T + T_new, Dh)
+            self.values = torch.cat([self.values, v], dim=-2)
+        return self.keys, self.values
+
+
+@dataclass
+class KVCache:
+    """The keys and values of a decoder's earlier tokens, one :class:`LayerKV` per layer
+    (``TransformerModel.new_cache()``); ``length`` tokens are held, at positions
+    ``0 .. length - 1``."""
+
+    layers: list[LayerKV]
+
+    @classmethod
+    def empty(cls, n_layers: int) -> KVCache:
+        return cls([LayerKV() for _ in range(n_layers)])
+
+    @property
+    def length(self) -> int:
+        """Tokens held (the position of the next token)."""
+        return self.layers[0].length if self.layers else 0
+
+
+@dataclass
 class AttentionInputs:
     """What every layer's attention needs besides x; built once per forward by the model."""
 
-    positions: torch.Tensor  # (T,) integer positions
+    positions: torch.Tensor  # (T,) integer positions of the tokens in x (of the queries)
     rotary: nn.Module | None = None  # a PE of kind "rotary": (q, k, positions) -> (q, k)
-    mask: torch.Tensor | None = None  # (H or 1, T, T) additive float mask, or None
-    is_causal: bool = False  # let SDPA apply the causal mask itself (only when mask is None)
+    mask: torch.Tensor | None = None  # (H or 1, T_q, T_k) additive float mask, or None
+    is_causal: bool = False  # let SDPA apply the causal mask itself (mask None, T_q == T_k)
     need_weights: bool = False  # also compute and keep the attention probabilities
+    cache: LayerKV | None = None  # this layer's cached keys/values (cached decoding)
+    key_positions: torch.Tensor | None = None  # (T_k,) with a cache: positions of every key
 
 
 def projection_sizes(d_model: int, n_heads: int, n_kv_heads: int | None = None,
@@ -117,11 +171,15 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         batch, seq, _ = x.shape
         q, k, v = self.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
-        if inputs.rotary is not None:
+        if inputs.cache is not None:
+            k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): earlier tokens and these
+            if inputs.rotary is not None:
+                q, k = self._rotate_separately(q, k, inputs)
+        elif inputs.rotary is not None:
             q, k = inputs.rotary(q, k, inputs.positions)
         if self.n_kv_heads != self.n_heads:  # each K/V head serves H / H_kv query heads
             repeats = self.n_heads // self.n_kv_heads
-            k = k.repeat_interleave(repeats, dim=1)  # (B, H, T, Dh)
+            k = k.repeat_interleave(repeats, dim=1)  # (B, H, T_k, Dh)
             v = v.repeat_interleave(repeats, dim=1)
         dropout_p = self.dropout if self.training else 0.0
         if inputs.need_weights:
@@ -131,9 +189,22 @@ class MultiHeadAttention(nn.Module):
             out = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal,
                 scale=self.scale,
-            )  # (B, H, T, Dh)
+            )  # (B, H, T_q, Dh)
         out = out.transpose(1, 2).reshape(batch, seq, self.q_size)  # (B, T, H Dh)
         return self.out_proj(out)
+
+    @staticmethod
+    def _rotate_separately(q: torch.Tensor, k: torch.Tensor,
+                           inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
+        """With a cache: the new queries (B, H, T_q, Dh) rotated at their positions and every
+        key (B, H_kv, T_k, Dh) at its own; the rotary protocol takes q and k of one length, so
+        each goes in twice and the other output is dropped."""
+        key_positions = inputs.key_positions
+        if key_positions is None:
+            key_positions = torch.arange(k.shape[-2], device=k.device)  # (T_k,)
+        q_rotated = inputs.rotary(q, q, inputs.positions)[0]  # (B, H, T_q, Dh)
+        k_rotated = inputs.rotary(k, k, key_positions)[1]  # (B, H_kv, T_k, Dh)
+        return q_rotated, k_rotated
 
     @staticmethod
     def _attention_with_weights(
@@ -144,15 +215,15 @@ class MultiHeadAttention(nn.Module):
         dropout_p: float,
         scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same computation written out, returning probabilities (B, H, T, T) too."""
-        scores = q @ k.transpose(-2, -1)  # (B, H, T, T)
+        """The same computation written out, returning probabilities (B, H, T_q, T_k) too."""
+        scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
         scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
         if inputs.mask is not None:
             scores = scores + inputs.mask
-        elif inputs.is_causal:
+        elif inputs.is_causal:  # T_q == T_k (the model passes a mask otherwise)
             seq = q.shape[-2]
             future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
             scores = scores.masked_fill(future, float("-inf"))
         weights = scores.float().softmax(dim=-1).to(v.dtype)  # fp32 softmax, as autocast does
-        out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T, Dh)
+        out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T_q, Dh)
         return out, weights.detach()

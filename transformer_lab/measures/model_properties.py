@@ -24,6 +24,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from transformer_lab.measures.cached_decoding import cached_decoding
 from transformer_lab.measures.output_properties import device_placement, ffn_gain, output_dtype
 from transformer_lab.measures.property_result import (
     PropertyResult,
@@ -276,6 +277,7 @@ def model_properties(model: nn.Module, vocab_size: int,
         causality(model, vocab_size),
         finite_at_max_len(model, vocab_size, max_len),  # before injectivity: it names an inf
         position_injectivity(model, vocab_size, max_len),
+        cached_decoding(amplified_copy(model), vocab_size, max_len or position_max_len(model)),
         batch_independence(model, vocab_size),
         train_eval_agreement(model, vocab_size),
         ffn_gain(model, vocab_size),

@@ -55,6 +55,14 @@ MUTANTS: tuple[Mutant, ...] = (
            "step3:rotary_relative", {"head_dim": _HEAD_DIM}),
     Mutant("flipped_sign_rope", "pe", f"{_M}.positional.FlippedSignRoPE", "encoder",
            "step3:rotary_relative", {"head_dim": _HEAD_DIM}),
+    # position offsets under a KV cache (right in a full forward, wrong in cached decoding)
+    Mutant("offset_blind_rope", "pe", f"{_M}.positional.OffsetBlindRoPE", "decoder",
+           "step1:cached_decoding", {"head_dim": _HEAD_DIM}),
+    Mutant("stale_dynamic_rope", "pe", f"{_M}.positional.StaleDynamicRoPE", "decoder",
+           "step1:cached_decoding", {"head_dim": _HEAD_DIM, "scaling": "dynamic",
+                                     "factor": 2.0, "original_max_len": 16}),
+    Mutant("top_left_alibi", "pe", f"{_M}.positional.TopLeftALiBi", "decoder",
+           "step1:cached_decoding", {"n_heads": "${model.n_heads}", "causal": True}),
     # future leaks in a decoder
     Mutant("sequence_axis_norm", "norm_layer", f"{_M}.norms.SequenceAxisNorm", "decoder",
            "step1:causality", partial=True),

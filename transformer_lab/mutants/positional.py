@@ -10,6 +10,9 @@ from transformer_lab.components.positional import (
     RotaryPositionalEncoding,
     SinusoidalPositionalEncoding,
     apply_rotary,
+    rope_inverse_frequencies,
+    rotary_cos_sin,
+    rotate_with_cos_sin,
     sinusoidal_table,
 )
 
@@ -105,6 +108,54 @@ class FutureBiasALiBi(ALiBiPositionalBias):
         self.value = value
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        bias = super().forward(q_len, k_len)  # (H, Tq, Tk)
-        future = torch.ones(q_len, k_len, dtype=torch.bool, device=bias.device).triu(1)
+        bias = super().forward(q_len, k_len)  # (H, Tq, Tk), queries at the last Tq positions
+        first_query = k_len - q_len
+        future = torch.ones(q_len, k_len, dtype=torch.bool,
+                            device=bias.device).triu(first_query + 1)  # key after the query
         return bias + self.value * future  # (H, Tq, Tk)
+
+
+# Bugs that only show with a KV cache, where the new tokens sit after an offset: a full forward
+# (positions 0 .. T-1, q_len == k_len) is right, so only step 1's cached_decoding sees them.
+
+
+class OffsetBlindRoPE(RotaryPositionalEncoding):
+    """Rotates by ``arange`` of its input's length instead of the ``positions`` it is given:
+    the same in a full forward, but under a KV cache the new token at position ``p`` is rotated
+    as position 0 (Megatron-LM #453, llama2.c #286: the position offset is lost)."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        from_zero = torch.arange(q.shape[-2], device=positions.device)  # (T,) bug: positions
+        return super().forward(q, k, from_zero)
+
+
+class StaleDynamicRoPE(RotaryPositionalEncoding):
+    """Dynamic NTK RoPE (``scaling="dynamic"``) that scales its base for the length of the
+    tensors it rotates, ``q.shape[-2]``, instead of the sequence's length
+    ``max(positions) + 1``. A full forward makes them equal; under a KV cache the new queries
+    (1 or a few tokens) keep the unscaled frequencies of a short sequence while the cached keys
+    get those of the grown one (HF transformers #25104: queries and keys rotated with different
+    bases once the sequence passes ``original_max_len``). Rotates all of ``head_dim``."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        stale_len = max(q.shape[-2], self.original_max_len or 0)  # bug: max(positions) + 1
+        inv_freq, scale = rope_inverse_frequencies(
+            self.head_dim, self.base, scaling=self.scaling, factor=self.factor,
+            original_max_len=self.original_max_len, seq_len=stale_len)  # (Dh/2,)
+        cos, sin = rotary_cos_sin(positions, inv_freq.to(q.device))  # (T, Dh/2) each
+        cos, sin = cos * scale, sin * scale
+        return (rotate_with_cos_sin(q, cos, sin, self.style),  # (B, H, T, Dh)
+                rotate_with_cos_sin(k, cos, sin, self.style))
+
+
+class TopLeftALiBi(ALiBiPositionalBias):
+    """Returns the first ``q_len`` rows of its bias table (aligned top-left) instead of the
+    last: the same in a full forward, but under a KV cache the new token at position ``p`` gets
+    the biases of position 0 (PyTorch #108108: ``is_causal`` aligned top-left when
+    ``q_len < k_len``)."""
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        table = super().forward(k_len, k_len)  # (H, Tk, Tk)
+        return table[:, :q_len, :k_len]  # (H, Tq, Tk) bug: rows k_len - q_len .. k_len - 1

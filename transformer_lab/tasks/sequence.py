@@ -5,7 +5,9 @@ target token i (for reversal, source token L-1-i). A permutation-equivariant mod
 cannot do this: every position sees the same set of tokens.
 
 Decoder layout (``arch=decoder``): the sequence ``source SEP target`` (length 2L+1) is shifted
-by one; loss only on the L target tokens; exact match by greedy decoding from ``source SEP``.
+by one; loss only on the L target tokens; exact match by greedy decoding from ``source SEP``
+(``model.generate``: one forward over the prefix, then one token at a time with a KV cache; the
+tokens of re-running the whole sequence for each one, ``tests/test_kv_cache.py``).
 
 Held-out split: a sequence belongs to the held-out set when a multiplicative hash of it is
 0 mod ``holdout_mod``; training batches never contain such sequences.
@@ -94,7 +96,7 @@ class SequenceTransformTask(Task):
             return (predicted == batch.targets).all(dim=1).float().mean().item()
         prefix = batch.inputs[:, : self.seq_len + 1]  # source SEP
         target = batch.targets[:, self.seq_len :]  # (B, L)
-        generated = model.generate(prefix, self.seq_len)  # greedy, not teacher-forced
+        generated = model.generate(prefix, self.seq_len)  # (B, L) greedy, not teacher-forced
         return (generated == target).all(dim=1).float().mean().item()
 
 

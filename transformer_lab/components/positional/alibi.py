@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .base import query_offset
+
 ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
 
 
@@ -57,8 +59,10 @@ class ALiBiPositionalBias(nn.Module):
       make the bias asymmetric, so the model can tell left from right. Every row keeps its
       diagonal, so no row is fully masked by the bias itself. Needs ``n_heads >= 2``.
 
-    Query ``i`` is at position ``i`` and key ``j`` at ``j`` (both from 0). The full-size bias is
-    cached as a buffer and sliced for smaller sizes.
+    The queries are the last ``q_len`` of the ``k_len`` positions (the protocol of
+    :mod:`.base`): query ``i`` at position ``k_len - q_len + i``, key ``j`` at ``j``; in a full
+    forward (``q_len == k_len``) query ``i`` is at ``i``. The full-size bias is cached as a
+    buffer and its bottom-right ``(q_len, k_len)`` block returned.
 
     Shapes:
         ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32.
@@ -149,10 +153,10 @@ class ALiBiPositionalBias(nn.Module):
         return bias
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        size = max(q_len, k_len)
-        if size > self.cached.shape[-1] or self.cached.dtype != torch.float32:
-            self.cached = self._build(max(size, self.cached.shape[-1]))
-        return self.cached[:, :q_len, :k_len]  # (H, Tq, Tk)
+        first_query = query_offset(q_len, k_len)
+        if k_len > self.cached.shape[-1] or self.cached.dtype != torch.float32:
+            self.cached = self._build(max(k_len, self.cached.shape[-1]))
+        return self.cached[:, first_query:k_len, :k_len]  # (H, Tq, Tk)
 
     def extra_repr(self) -> str:
         return f"n_heads={self.n_heads}, causal={self.causal}, symmetric={self.symmetric!r}"

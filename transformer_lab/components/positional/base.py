@@ -19,9 +19,25 @@ bias     ``pe(q_len, k_len)``                     added to every layer's attenti
          returns ``Tensor[H, q_len, k_len]``      (computed once per forward, shared by layers)
 ======== ======================================== =============================================
 
-For ``bias`` modules query ``i`` sits at position ``i`` and key ``j`` at position ``j``
-(``arange(q_len)`` and ``arange(k_len)``); ``bias[h, i, j]`` is added to ``q_i . k_j`` of head
-``h`` before the softmax. ``-inf`` entries mask a key out.
+Positions after an offset (cached decoding). A decoder with a KV cache runs the new tokens
+only, at positions ``offset .. offset + T - 1`` (``offset`` = tokens already cached), so a PE
+must use what it is given, never ``arange`` of its input's length:
+
+* ``additive``: ``positions`` is ``arange(offset, offset + T)``: return the rows of those
+  positions.
+* ``rotary``: the model calls it twice per step, on tensors of one length each: the new queries
+  at their positions (``pe(q, q, arange(offset, offset + T))[0]``) and every key, cached before
+  rotation, at its own (``pe(k, k, arange(offset + T))[1]``). Rotate by ``positions``; a
+  length-dependent scaling (dynamic NTK) must follow ``max(positions) + 1``, the sequence's
+  length, not ``T``.
+* ``bias``: the queries are the *last* ``q_len`` of the ``k_len`` positions: query ``i`` sits
+  at position ``k_len - q_len + i`` and key ``j`` at ``j`` (:func:`query_offset`); in a full
+  forward ``q_len == k_len`` and query ``i`` is at ``i``. ``bias[h, i, j]`` is added to
+  ``q_i . k_j`` of head ``h`` before the softmax; ``-inf`` entries mask a key out. Returning the
+  first ``q_len`` rows instead (top-left) is the bug of PyTorch #108108.
+
+Step 1's ``cached_decoding`` (``measures/cached_decoding.py``) compares decoding with a cache
+against the full forward and names the first position where they differ.
 
 Writing your own PE: subclass ``nn.Module``, set ``kind``, implement ``forward`` with the
 signature of the table above, and point a Hydra config at it with ``_target_``. The model calls
@@ -36,7 +52,7 @@ the protocol. Minimal example::
             self.n_heads = n_heads
 
         def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-            i = torch.arange(q_len)[:, None]                     # (Tq, 1)
+            i = torch.arange(k_len - q_len, k_len)[:, None]      # (Tq, 1): the last positions
             j = torch.arange(k_len)[None, :]                     # (1, Tk)
             dist = (i - j).abs().float()                         # (Tq, Tk)
             return -dist.expand(self.n_heads, q_len, k_len)      # (H, Tq, Tk)
@@ -56,6 +72,15 @@ _FORWARD_SIGNATURES: dict[str, tuple[int, str]] = {
     "rotary": (3, "forward(q, k, positions) -> (q, k)"),
     "bias": (2, "forward(q_len, k_len) -> Tensor[H, q_len, k_len]"),
 }
+
+
+def query_offset(q_len: int, k_len: int) -> int:
+    """Position of a bias PE's first query: the queries are the last ``q_len`` of the ``k_len``
+    positions, so ``k_len - q_len`` (0 in a full forward)."""
+    if not 0 <= q_len <= k_len:
+        raise ValueError(f"q_len={q_len} is not valid for k_len={k_len}: the queries are the "
+                         f"last q_len of the k_len positions, 0 <= q_len <= k_len")
+    return k_len - q_len
 
 
 def _valid_kinds() -> str:

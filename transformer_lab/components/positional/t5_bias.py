@@ -7,6 +7,8 @@ import math
 import torch
 from torch import nn
 
+from .base import query_offset
+
 
 def t5_relative_bucket(
     relative_position: torch.Tensor,
@@ -64,9 +66,10 @@ class T5RelativeBias(nn.Module):
     right have separate buckets) and ``False`` for causal decoders. ``E`` starts as
     ``N(0, 0.02^2)``.
 
-    Query ``i`` is at position ``i`` and key ``j`` at ``j``. The bucket index matrix is cached
-    (non-persistent buffer) and sliced; the bias values are recomputed each call since they are
-    learned.
+    The queries are the last ``q_len`` of the ``k_len`` positions (the protocol of
+    :mod:`.base`): query ``i`` at position ``k_len - q_len + i``, key ``j`` at ``j``. The bucket
+    index matrix is cached (non-persistent buffer) and its bottom-right block taken; the bias
+    values are recomputed each call since they are learned.
 
     Shapes:
         ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``.
@@ -112,15 +115,15 @@ class T5RelativeBias(nn.Module):
         nn.init.normal_(self.relative_attention_bias.weight, mean=0.0, std=0.02)
 
     def _bucket_matrix(self, q_len: int, k_len: int) -> torch.Tensor:
-        size = max(q_len, k_len)
-        if size > self.buckets.shape[-1]:
+        first_query = query_offset(q_len, k_len)
+        if k_len > self.buckets.shape[-1]:
             device = self.buckets.device
-            query = torch.arange(size, device=device)[:, None]  # (L, 1)
-            key = torch.arange(size, device=device)[None, :]  # (1, L)
+            query = torch.arange(k_len, device=device)[:, None]  # (L, 1)
+            key = torch.arange(k_len, device=device)[None, :]  # (1, L)
             self.buckets = t5_relative_bucket(
                 key - query, self.bidirectional, self.num_buckets, self.max_distance
             )  # (L, L)
-        return self.buckets[:q_len, :k_len]  # (Tq, Tk)
+        return self.buckets[first_query:k_len, :k_len]  # (Tq, Tk)
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
         buckets = self._bucket_matrix(q_len, k_len)  # (Tq, Tk)

@@ -1,0 +1,188 @@
+"""Step 1's ``cached_decoding``: decoding with a KV cache gives the logits of the full forward.
+
+The largest class of real RoPE / ALiBi bugs shows only when a decoder generates with a KV cache,
+where the new tokens sit at positions ``offset .. offset + T - 1``: a PE that rotates by
+``arange`` of its input instead of the positions it is given (Megatron-LM #453, llama2.c #286),
+a dynamic NTK RoPE whose frequencies do not follow the sequence's length (HF transformers
+#25104), a bias or causal mask aligned top-left when ``q_len < k_len`` (PyTorch #108108). The
+full forward is right, so training and teacher-forced evaluation look fine; generation is wrong.
+
+One random sequence of ``max_len`` tokens is decoded twice with a cache (``model.new_cache()``):
+one token per step and ``chunk`` tokens per step. Each compared step is checked against the
+full forward over the same prefix (the tokens up to the step's end) at the step's positions: the
+full forward on the prefix, not on the whole sequence, so that a PE whose numbers depend on the
+length (RoPE ``scaling=dynamic``) is held to what it gives at that length. The compared steps
+(:func:`decoding_spans`) are the first 8 tokens, the tokens on each side of every power of two
+from 16 (a scaling that starts past ``original_max_len`` shows at once) and the last tokens;
+between them one step feeds the tokens in between, so the cache's offsets reach ``max_len`` in
+a few dozen forwards.
+
+A PE whose numbers follow the sequence's length (RoPE ``scaling=dynamic``: a prefix's logits
+change when the sequence grows, :func:`depends_on_length`) cannot give a cache the full
+forward's numbers past the first layer: the keys a deeper layer cached were computed from hidden
+states of a shorter sequence (true of every KV cache; the full forward recomputes them). In a
+model of several layers such a PE is compared on a copy holding the first layer only
+(:func:`first_layer_only`), where the cache must equal the full forward; the row's detail says
+so. Step 1's tiny model has one layer.
+
+Tolerance: the two paths sum the same products in a different order (matrix products of other
+shapes, a softmax over the cached keys), a few float32 roundings (eps = 1.2e-7) times the square
+root of the sums' lengths: a few 1e-6 of the logits' norm at 256 keys. A difference above
+``RELATIVE_TOLERANCE`` (1e-5) is a bug. Encoders: SKIP (no cache: every token attends to later
+ones). :func:`.model_properties.model_properties` runs it on its amplified copy of the model
+(visible attention, as for the other invariance checks).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    failed,
+    random_tokens,
+    relative_change,
+)
+
+RELATIVE_TOLERANCE = 1e-5  # float32 summation-order noise is a few 1e-6 of the logits' norm
+CHUNK = 3  # tokens per step of the chunked decoding
+FIRST_LAYER_NOTE = (" (first layer only: the logits depend on the sequence's length, and a "
+                    "deeper layer's cached keys come from a shorter sequence)")
+ADVICE = ("cached decoding (a KV cache) disagrees with the full forward: check how the PE "
+          "uses `positions` after an offset")
+
+
+def decoding_spans(max_len: int, step: int) -> list[tuple[int, int, bool]]:
+    """``(start, end, compared)`` token spans covering ``0 .. max_len``, one forward each: the
+    compared ones hold ``step`` tokens (the first 8 tokens, those from positions ``p - 1`` and
+    ``p`` for each power of two ``p >= 16``, the last ones), the others feed the tokens between
+    them."""
+    starts = list(range(0, min(8, max_len), step))
+    power = 16
+    while power <= max_len:
+        starts += [power - 1, power]
+        power *= 2
+    starts.append(max(max_len - step, 0))
+    spans: list[tuple[int, int, bool]] = []
+    done = 0  # tokens in the cache
+    for start in sorted({start for start in starts if start < max_len}):
+        if start < done:  # already in a compared span
+            continue
+        if start > done:
+            spans.append((done, start, False))  # the tokens in between, in one step
+        done = min(start + step, max_len)
+        spans.append((start, done, True))
+    if done < max_len:
+        spans.append((done, max_len, True))
+    return spans
+
+
+@dataclass
+class Mismatch:
+    """The first position where one way of decoding left the full forward."""
+
+    position: int
+    relative: float
+    steps: str  # how the tokens were fed: "one token at a time", "3 tokens at a time"
+
+
+@contextmanager
+def _evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode without gradients; the model's mode is restored."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            yield
+    finally:
+        model.train(was_training)
+
+
+def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
+                    full: dict[int, torch.Tensor]) -> tuple[float, Mismatch | None]:
+    """Decode ``tokens`` (1, L) along ``decoding_spans(L, step)`` with a cache; compare each
+    compared span with ``full[end]``, the full forward's logits (end, V) over the tokens up to
+    its end. Returns the worst relative difference and the first position past the
+    tolerance."""
+    worst, cache = 0.0, model.new_cache()
+    label = "one token at a time" if step == 1 else f"{step} tokens at a time"
+    for start, end, compared in decoding_spans(tokens.shape[1], step):
+        cached = model(tokens[:, start:end], cache=cache).float()[0]  # (T_step, V)
+        if not compared:
+            continue
+        reference = full[end][start:end]  # (T_step, V)
+        delta = relative_change(cached - reference, reference)  # (T_step,)
+        delta = torch.where(torch.isnan(delta), torch.inf, delta)
+        worst = max(worst, float(delta.max()))
+        over = torch.nonzero(delta > RELATIVE_TOLERANCE)
+        if len(over):
+            index = int(over[0])
+            return worst, Mismatch(start + index, float(delta[index]), label)
+    return worst, None
+
+
+def _full_forwards(model: nn.Module, tokens: torch.Tensor,
+                   ends: set[int]) -> dict[int, torch.Tensor]:
+    """``end -> logits (end, V)`` of the full forward over the first ``end`` tokens."""
+    return {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+
+
+def depends_on_length(full: dict[int, torch.Tensor]) -> bool:
+    """Whether a prefix's logits change when the sequence grows (a PE whose numbers follow the
+    length, such as RoPE ``scaling=dynamic``): ``full`` maps lengths to full-forward logits."""
+    longest = full[max(full)]  # (L, V)
+    return any(float(relative_change(logits - longest[:end], longest[:end]).max())
+               > RELATIVE_TOLERANCE for end, logits in full.items())
+
+
+def first_layer_only(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its first block only (embedding, block 0, final norm, head)."""
+    copied = copy.deepcopy(model)
+    copied.blocks = nn.ModuleList(list(copied.blocks)[:1])
+    return copied
+
+
+def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
+                    chunk: int = CHUNK) -> PropertyResult:
+    """Decoders: the logits of decoding with a KV cache, one token and ``chunk`` tokens at a
+    time up to ``max_len`` tokens, equal those of the full forward on the same prefix (the
+    module docstring says which lengths, why this tolerance, and why a length-dependent PE is
+    compared on the first layer only)."""
+    name = "cached_decoding"
+    if not getattr(model, "causal", False):
+        return PropertyResult(name, None, detail="encoder: no KV cache (every token attends "
+                              "to later ones)")
+    tokens = random_tokens(vocab_size, 1, max_len, seed=5)  # (1, L)
+    steps = (1, chunk)
+    ends = {end for step in steps for _, end, compared in decoding_spans(max_len, step)
+            if compared}
+    scope = ""
+    try:
+        with _evaluating(model):
+            full = _full_forwards(model, tokens, ends)
+            if not bool(torch.isfinite(full[max_len]).all()):
+                return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
+                                      f"non-finite logits in a forward of {max_len} tokens: "
+                                      "not compared (see finite_at_max_len)")
+            if len(model.blocks) > 1 and depends_on_length(full):
+                model, scope = first_layer_only(model), FIRST_LAYER_NOTE
+                full = _full_forwards(model, tokens, ends)
+            results = [_first_mismatch(model, tokens, step, full) for step in steps]
+    except Exception as exc:
+        return failed(name, exc)
+    worst = max(w for w, _ in results)
+    mismatches = [m for _, m in results if m is not None]
+    if not mismatches:
+        return PropertyResult(name, True, worst, RELATIVE_TOLERANCE,
+                              f"one token and {chunk} tokens at a time up to {max_len} tokens "
+                              f"equal the full forward{scope}")
+    first = min(mismatches, key=lambda m: m.position)
+    return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
+                          f"position {first.position} ({first.steps}) differs from the full "
+                          f"forward by {first.relative:.2g} (relative){scope}; {ADVICE}")
