@@ -5,7 +5,7 @@ control (step 3), one model per activation and seed (step 4). Each is the run's 
 one config group swapped (``with_choice(cfg, "pe", "none")``) or a block of settings merged over
 it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the columns
 ``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
-``train.*`` keys into the trainer's typed settings.
+``train.*`` keys and its ``optimizer`` node into the trainer's typed settings.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from transformer_lab.config.tree import choice_node, group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CsvLog, TaggedLog
+from transformer_lab.training.optimizers import TLAB_KEYS, OptimizerSettings
 from transformer_lab.training.trainer import TrainSettings
 
 
@@ -30,9 +31,31 @@ def stage_log(log: CsvLog | None, stage: str, variant: str = "",
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
-    """The typed training settings of ``cfg``: its ``train.*`` keys and ``model.d_model``."""
+    """The typed training settings of ``cfg``: its ``train.*`` keys, ``model.d_model`` and
+    its ``optimizer`` node (a config without one, e.g. an older run's: AdamW with
+    ``train.betas`` and ``train.weight_decay``)."""
+    node = cfg.get("optimizer")
     return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
-                                      int(cfg.model.d_model))
+                                      int(cfg.model.d_model),
+                                      None if node is None else optimizer_settings(node))
+
+
+def optimizer_settings(node: DictConfig) -> OptimizerSettings:
+    """An ``optimizer`` node (``configs/optimizer/*.yaml``, interpolations resolved) as typed
+    settings."""
+    return _optimizer_settings(OmegaConf.to_container(node, resolve=True))
+
+
+def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
+    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists become
+    tuples, as torch's signatures have them); ``rest`` in the same way."""
+    rest = values.get("rest")
+    return OptimizerSettings(
+        name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
+        arguments={key: tuple(value) if isinstance(value, list) else value
+                   for key, value in values.items() if key not in TLAB_KEYS},
+        params=str(values.get("params", "all")), lr_ratio=float(values.get("lr_ratio", 1.0)),
+        rest=None if rest is None else _optimizer_settings(rest))
 
 
 def seed_list(cfg: DictConfig) -> list[int]:
