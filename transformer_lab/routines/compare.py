@@ -316,11 +316,12 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
 
 def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
     """Train every variant with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``),
-    sharing initial weights per seed unless ``routine.shared_init`` is false; each variant's
+    sharing initial weights per seed with ``routine.shared_init`` (tlab compare's default; a
+    config without the key, as validate's step 4, keeps each model's own); each variant's
     finished (variant, seed) pairs are appended to ``compare_runs.csv``."""
     vary, seeds = variation(cfg), seed_list(cfg)
     initial: dict[int, dict[str, torch.Tensor]] | None = \
-        {} if cfg.routine.get("shared_init", True) else None
+        {} if cfg.routine.get("shared_init", False) else None
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []
     for name, variant in variant_configs(cfg):
