@@ -52,9 +52,9 @@ def test_the_logged_norm_is_before_clipping_and_the_step_uses_clipped_gradients(
 
 def test_torch_adamw_decays_matrices_only():
     trainer = trainer_for()
-    assert isinstance(trainer.optimizer, torch.optim.AdamW)
-    assert len(trainer.optimizer.param_groups) == 1
-    groups = trainer_for("train.weight_decay=0.1").optimizer.param_groups
+    assert isinstance(trainer.optimizers[0], torch.optim.AdamW)
+    assert len(trainer.optimizers[0].param_groups) == 1
+    groups = trainer_for("train.weight_decay=0.1").optimizers[0].param_groups
     assert [g["weight_decay"] for g in groups] == [0.1, 0.0]
     assert all(p.dim() >= 2 for p in groups[0]["params"])
     assert all(p.dim() < 2 for p in groups[1]["params"]) and groups[1]["params"]
@@ -101,7 +101,7 @@ def test_schedule_updates_reach_the_optimiser():
     lrs = []
     for _ in range(3):
         _, _, lr = trainer.train_step(batch)
-        lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        lrs.append(trainer.optimizers[0].param_groups[0]["lr"])
         assert lrs[-1] == lr
     assert lrs == pytest.approx([0.0025, 0.005, 0.0075])
 
@@ -112,14 +112,15 @@ def test_warmup_cosine_decays_over_the_steps_fit_is_asked_for():
     lrs = []
     trainer = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
                           "train.min_lr_ratio=0.1", "train.steps=200", "train.log_every=1")
-    trainer.fit(12, on_step=lambda step, loss: lrs.append(trainer.optimizer.param_groups[0]["lr"]))
+    trainer.fit(12, on_step=lambda step, loss: lrs.append(
+        trainer.optimizers[0].param_groups[0]["lr"]))
     assert lrs[1] == pytest.approx(0.01)  # warm-up done at step 2
     assert lrs[-1] == pytest.approx(0.001)  # the floor at step 12
     again = trainer_for("train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01",
                         "train.min_lr_ratio=0.1", "train.log_every=1")
     horizon = []
     again.fit(6, horizon=12,
-              on_step=lambda step, loss: horizon.append(again.optimizer.param_groups[0]["lr"]))
+              on_step=lambda step, loss: horizon.append(again.optimizers[0].param_groups[0]["lr"]))
     assert horizon == pytest.approx(lrs[:6])  # a run stopped early keeps the planned schedule
 
 

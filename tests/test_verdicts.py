@@ -80,7 +80,8 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
     assert header[len(OLD_COLUMNS):] == [
         "final_loss_ci_low", "final_loss_ci_high", "diff_vs_baseline", "diff_ci_low",
         "diff_ci_high", "p_value", "p_adjusted", "verdict", "seeds_needed", "paired_seeds", "note",
-        "early_loss", "late_loss_std"]  # the curve metrics came after the verdict columns
+        "early_loss", "late_loss_std",  # the curve metrics came after the verdict columns
+        "variant", "varied", "params_vs_baseline", "params_note"]  # then tlab compare's
     per_seed = read_csv(out / "compare_runs.csv")
     assert len(per_seed) == 21  # one row per (activation, seed)
     loss = {(r["activation"], int(r["seed"])): float(r["final_loss"]) for r in per_seed}

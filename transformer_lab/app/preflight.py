@@ -1,7 +1,7 @@
 """The pre-flight: a composed config checked once, before a run writes anything: sizes,
-settings, the task and the model (built once, each component run at the task's length), then
-the routine's own settings. The task and the model built here are handed to the routine
-(``JobInputs``): nothing is built twice.
+settings, the task and the model (built once, each component run at the task's length), the
+optimiser over that model's parameters, then the routine's own settings. The task and the model
+built here are handed to the routine (``JobInputs``): nothing is built twice.
 
 Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2). Not to be
 confused with the validation routine (``tlab validate``, ``routines/validate.py``), which trains.
@@ -18,6 +18,8 @@ from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
+from transformer_lab.routines.variants import train_settings
+from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.threads import check_threads
 
 
@@ -44,6 +46,7 @@ def preflight(cfg: DictConfig) -> JobInputs:
                           f"the task's ({task.vocab_size}); set task.vocab_size instead")
     check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
     inputs = JobInputs(task=task, model=build_checked_model(cfg, task.model_seq_len))
+    check_optimizer(train_settings(cfg).optimizer, inputs.model)  # the optimizer group
     if cfg.get("from_hf"):  # --from-hf DIR: its weights, checked to fit the model built here
         from transformer_lab.interop.hf import load_hf_weights
 

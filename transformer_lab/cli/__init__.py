@@ -15,10 +15,12 @@ from transformer_lab.cli import report as report_command
 from transformer_lab.cli.budget import budget as budget_command
 from transformer_lab.cli.check import check as check_command
 from transformer_lab.cli.common import pass_hydra_flags
+from transformer_lab.cli.compare import compare
 from transformer_lab.cli.compare_activations import compare_activations
 from transformer_lab.cli.mutants import mutants as mutants_command
 from transformer_lab.cli.plot_pe import plot_pe as plot_pe_command
 from transformer_lab.cli.reverse_task import reverse_task
+from transformer_lab.cli.train import train
 from transformer_lab.cli.validate import validate
 
 app = typer.Typer(
@@ -63,6 +65,7 @@ def main_options(
     """Global options (--version); the help text is the Typer app's."""
 
 
+app.command("train")(train)
 app.command("smoke")(smoke.smoke)
 app.command("run", context_settings=run.CONTEXT)(run.run)
 app.command("list")(listing.list_choices)
@@ -72,6 +75,7 @@ app.command("budget")(budget_command)
 app.command("check")(check_command)
 app.command("plot-pe")(plot_pe_command)
 app.command("reverse-task")(reverse_task)
+app.command("compare")(compare)
 app.command("compare-activations")(compare_activations)
 app.command("validate")(validate)
 app.command("mutants")(mutants_command)

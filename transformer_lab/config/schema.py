@@ -121,6 +121,11 @@ SCHEMA: dict[str, Rule] = {
     "train.threads": int_rule(1, nullable=True),
     "train.device": Rule("str", required=True),
     "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),
+    # optimizer (the class and its arguments: training.optimizers.check_optimizer, pre-flight)
+    "optimizer._target_": Rule("str", required=True), "optimizer.name": Rule("str"),
+    "optimizer.params": Rule("str", choices=("all", "hidden_matrices")),
+    "optimizer.lr_ratio": POSITIVE, "optimizer.weight_decay": number_rule(0),
+    "optimizer.rest._target_": Rule("str"), "optimizer.rest.lr_ratio": POSITIVE,
     # the groups every run needs
     "arch.causal": Rule("bool", required=True),
     "task.name": Rule("str", required=True), "task._target_": Rule("str", required=True),
@@ -153,7 +158,7 @@ SCHEMA: dict[str, Rule] = {
 }
 
 # The config groups, for the message when a whole group is deleted (~model).
-GROUPS = ("model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train")
+GROUPS = ("model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train", "optimizer")
 
 
 def _value(cfg: DictConfig, key: str) -> Any:

@@ -23,7 +23,7 @@ CONFIG_DIR = next(
 )
 # Groups whose choices are components or settings a user picks (shown by `tlab list`).
 GROUPS = ("experiment", "preset", "model", "pe", "block", "norm_layer", "ffn", "arch", "task",
-          "train", "logger")
+          "train", "optimizer", "logger")
 # Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
 GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
 _IN_PROCESS_CHOICES: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> config node

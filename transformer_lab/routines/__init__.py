@@ -20,11 +20,13 @@ from transformer_lab.errors import ConfigError
 
 ROUTINES: dict[str, str] = {
     "smoke": "transformer_lab.routines.smoke:run_smoke",
+    "train": "transformer_lab.routines.train:run_train",
     "budget": "transformer_lab.routines.budget:run_budget",
     "check": "transformer_lab.routines.check:run_check",
     "plot_pe": "transformer_lab.routines.plot_pe:run_plot_pe",
     "extrapolate": "transformer_lab.routines.extrapolate.routine:run_extrapolate",
     "reverse_task": "transformer_lab.routines.reverse_task:run_reverse_task",
+    "compare": "transformer_lab.routines.compare:run_compare",
     "compare_activations": "transformer_lab.routines.compare:run_compare",
     "validate": "transformer_lab.routines.validate:run_validate",
     "mutants": "transformer_lab.routines.mutants:run_mutants",

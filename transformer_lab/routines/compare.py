@@ -1,29 +1,44 @@
-"""``tlab compare-activations``: step 4 of the validation routine, the article's activation table
-(ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity, gradient stability) made
-runnable.
+"""``tlab compare --vary KEY=V1,V2,...``: the same run with one thing varied, every variant
+over the same seeds, and how sure the difference is. ``tlab compare-activations`` is
+``--vary ffn=...`` (``routine.activations``): step 4 of the validation routine, the source
+article's activation table (ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity,
+gradient stability) made runnable.
 
-For every activation of ``routine.activations`` (choices of the ``ffn`` config group) and
-every seed ``seed, seed+1, .., seed+routine.seeds-1``, the run's model is built with that FFN
-and trained for ``routine.steps`` steps (one model after another). Within a seed every activation
-starts from the same ``torch.manual_seed`` (same initial attention/embedding weights; the FFN
-weights too where the shapes match) and sees the same batches in the same order (the trainer's
-generator is seeded with the seed), so the curves differ by the activation only.
+KEY (``routine.vary.key``) is a config group (``pe``, ``ffn``, ``block``, ``norm_layer``,
+``optimizer``, ``task``, ``arch``, ``model``, ``preset``, ...) or any key of the config
+(``train.lr``, ``model.n_layers``, ``pe.base``); each value (``routine.vary.values``) makes a
+variant of the run's own config as ``KEY=VALUE`` on its command line would
+(``variants.with_value``): a group's choice brings its own file's settings (keys you set inside
+that group do not carry over to another choice; vary them as keys instead), a preset its group
+choices and sizes, a key takes the value. Everything else is the run's: the model, the task, the
+seeds ``seed .. seed+routine.seeds-1``, per seed the data order (the trainer's generator is
+seeded with the seed) and the initial weights wherever shapes allow: each variant's model starts
+from the first variant's initial value of every parameter with the same name and shape
+(``routine.shared_init``; false, compare-activations' default as the studies in ``experiments/``
+were made: each model keeps its own seeded initialisation, in which one extra parameter tensor
+built earlier, e.g. a T5 bias table or a gated FFN's third matrix, shifts every later one). Every
+(variant, seed) trains for ``routine.steps`` steps, one model after another.
 
-Default task: 8-token reversal (vocabulary 16) in an encoder, at the ``small`` model. The
-synthetic language-model task (``task=lm arch=decoder``) was the first choice, since it gives a
-perplexity the way the article's table means it, but its corpus is an order-1 Markov chain: the
-embedding and output head learn the bigram table and the FFN hardly matters. Measured at 200
-steps: relu, gelu, swish and leaky_relu all plateau at held-out ppl 3.63 by step ~100 with
-indistinguishable curves (near the chain's floor: exp of its entropy rate is 3.46). 8-token
-reversal needs the FFN and is still being learned at step 200, so final loss, perplexity
-(``exp`` of the held-out cross-entropy per target token) and the gradient-norm spread differ
-between activations. Any task works: ``task=lm arch=decoder``
-for a language model; inside ``tlab validate`` step 4 uses the run's own task.
+The default setup is ``tlab train``'s (a small decoder on Tiny Shakespeare, characters; see
+``configs/experiment/compare.yaml``). compare-activations keeps its own: 8-token reversal
+(vocabulary 16) in an encoder, at the ``small`` model. The synthetic language-model task
+(``task=lm arch=decoder``) was its first choice, since it gives a perplexity the way the article's
+table means it, but its corpus is an order-1 Markov chain: the embedding and output head learn
+the bigram table and the FFN hardly matters. Measured at 200 steps: relu, gelu, swish and
+leaky_relu all plateau at held-out ppl 3.63 by step ~100 with indistinguishable curves (near the
+chain's floor: exp of its entropy rate is 3.46). 8-token reversal needs the FFN and is still being
+learned at step 200, so final loss, perplexity (``exp`` of the held-out cross-entropy per target
+token) and the gradient-norm spread differ between activations. Inside ``tlab validate`` step 4
+uses the run's own task.
 
-``comparison.csv`` (one row per activation, numbers averaged over seeds):
+``comparison.csv`` (one row per variant, in the order given, numbers averaged over seeds):
 
+    variant         the value (``--vary pe=rope,alibi``: rope, alibi)
+    activation      the variant's ffn choice          varied          KEY
     params          parameters of the whole model        ffn_params      of all FFN blocks
-    tokens_per_s    median training throughput            rel_speed       / first activation's
+    params_vs_baseline  params / the baseline's - 1; ``params_note`` says how to match them
+                    when they differ by more than ``PARAMS_TOLERANCE`` (5%)
+    tokens_per_s    median training throughput            rel_speed       / first variant's
     final_loss      held-out cross-entropy at the end     final_ppl       exp(final_loss)
     grad_norm_mean  mean of the per-step gradient norm (before clipping) over all steps
     grad_norm_std   its standard deviation: the stability figure (spikes make it large)
@@ -35,22 +50,22 @@ for a language model; inside ``tlab validate`` step 4 uses the run's own task.
 
 ``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
 training loss among all runs, so ``steps_to_target`` says who got there first.
-Against the baseline activation (``routine.baseline``, ``--baseline``; default the first listed),
+Against the baseline variant (``routine.baseline``, ``--baseline``; default the first value),
 paired by seed (``measures.statistics``): ``final_loss_ci_low/high`` (95% t-interval over seeds),
-``diff_vs_baseline`` (activation - baseline) with ``diff_ci_low/high``, ``p_value`` (exact
-sign-flip permutation test), ``p_adjusted`` (Holm over the activations), ``verdict`` (better |
+``diff_vs_baseline`` (variant - baseline) with ``diff_ci_low/high``, ``p_value`` (exact
+sign-flip permutation test), ``p_adjusted`` (Holm over the variants), ``verdict`` (better |
 worse | no detectable difference at 0.05; the baseline's is ``baseline``), ``seeds_needed`` (80%
 power for the observed difference), ``paired_seeds`` and ``note``. A verdict needs 6+ seeds (7+
-for three activations against the baseline): the smallest sign-flip p over n seeds is 2 / 2^n.
-``compare_runs.csv`` has one row per (activation, seed) (``final_loss`` in full precision, so
+for three variants against the baseline): the smallest sign-flip p over n seeds is 2 / 2^n.
+``compare_runs.csv`` has one row per (variant, seed) (``final_loss`` in full precision, so
 the verdict columns can be recomputed exactly; ``early_loss`` and ``late_loss_std`` of that
 seed's curve, which ``tlab report --metric early_loss`` also computes from metrics.csv),
-written as each activation's seeds finish (an interrupted comparison keeps its finished
-activations); ``loss_curves.png`` plots the smoothed training loss, mean over seeds with the
+written as each variant's seeds finish (an interrupted comparison keeps its finished
+variants); ``loss_curves.png`` plots the smoothed training loss, mean over seeds with the
 min-max band.
 
-In this order: the settings checks, the training, a seed's run with the rows, verdicts and
-checks, the terminal table and the plot, the routine.
+In this order: the variation and its checks, the training, a seed's run with the rows, verdicts
+and checks, the terminal table and the plot, the routine.
 """
 
 from __future__ import annotations
@@ -61,24 +76,29 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from rich import box
 from rich.table import Table
+from torch import nn
 
+from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
-from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
+from transformer_lab.config.knowledge import declared
+from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import (
     BASELINE,
+    NO_DIFFERENCE,
     VERDICT_COLUMNS,
     describe,
     has_verdict,
     verdict_table,
 )
-from transformer_lab.model import build_model
+from transformer_lab.model import build_checked_model, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
@@ -86,8 +106,44 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
-from transformer_lab.routines.variants import seed_list, stage_log, train_settings, with_choice
+from transformer_lab.routines.variants import (
+    is_group,
+    seed_list,
+    stage_log,
+    train_settings,
+    with_value,
+)
+from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.trainer import Trainer, count_parameters
+
+# --------------------------------------------------------------------------------------------
+# the variation and its checks
+
+
+@dataclass(frozen=True)
+class Variation:
+    """What a comparison varies: ``key`` (a group or a dotted key) over ``values``;
+    ``option`` is how the user gave it (for messages)."""
+
+    key: str
+    values: tuple[Any, ...]
+    option: str
+
+    @property
+    def names(self) -> list[str]:
+        """Each value as the tables name it (``variant``)."""
+        return [value_name(value) for value in self.values]
+
+
+def value_name(value: Any) -> str:
+    """A value as written on a command line: ``rope``, ``0.001``, ``true``, ``null``."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(value_name(v) for v in value) + "]"
+    return str(value)
 
 
 def activation_list(cfg: DictConfig) -> list[str]:
@@ -98,74 +154,182 @@ def activation_list(cfg: DictConfig) -> list[str]:
     return [a.strip() for a in str(value or "").split(",") if a.strip()]
 
 
-# The routine's own keys (``routines.check_settings``; the activations' choices and the baseline
-# among them: ``check_config``). ``loss_target``: a positive loss, or null (the loss every run
+def variation(cfg: DictConfig) -> Variation:
+    """``routine.vary`` (``--vary KEY=V1,V2``), else ``routine.activations`` as ``ffn``
+    (compare-activations, validate's step 4); no values when neither is given."""
+    vary = cfg.routine.get("vary")
+    if vary is not None and vary.get("key") is not None:
+        values = vary.get("values")  # (not vary.values: a DictConfig's method)
+        listed = OmegaConf.to_container(values, resolve=True) \
+            if isinstance(values, ListConfig) else []
+        return Variation(str(vary.key), tuple(listed), f"--vary {vary.key}")
+    if "activations" in cfg.routine:
+        return Variation("ffn", tuple(activation_list(cfg)), "--activations")
+    return Variation("", (), "--vary")
+
+
+def variant_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
+    """(name, config) of every variant, in the order given."""
+    vary = variation(cfg)
+    return [(name, with_value(cfg, vary.key, value))
+            for name, value in zip(vary.names, vary.values, strict=True)]
+
+
+def baseline_of(cfg: DictConfig) -> str | None:
+    """The baseline variant's name (``routine.baseline``; None: the first)."""
+    baseline = cfg.routine.get("baseline")
+    return None if baseline is None else value_name(baseline)
+
+
+# The routine's own keys (``routines.check_settings``; the variation and the baseline among its
+# values: ``check_config``). ``loss_target``: a positive loss, or null (the loss every run
 # reaches).
-SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1), "steps": POSITIVE_INT,
-            "seeds": POSITIVE_INT, "baseline": Rule("str", nullable=True),
+SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
+            "vary.key": Rule("str", nullable=True),
+            "vary.values": Rule("list", min_items=1, nullable=True),
+            "steps": POSITIVE_INT, "seeds": POSITIVE_INT, "shared_init": Rule("bool"),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
+# Keys that are no variant of a run: what runs, the samples, Hydra's own, where it writes.
+UNVARIED = ("routine", "seed", "hydra", "experiment", "out_root", "config_dirs", "force")
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight: every activation is a choice of the ``ffn`` group, listed once; the
-    baseline is one of them."""
-    routine = cfg.routine
-    names = activation_list(cfg)
-    valid = group_choices("ffn", user_config_dirs(cfg))
-    if not names:
-        raise ConfigError(f"routine.activations is empty; give one or more of: {', '.join(valid)}")
-    for name in names:
-        if name not in valid:
-            raise ConfigError(f"unknown activation '{name}' in --activations; valid: "
-                              f"{', '.join(valid)}")
+    """Pre-flight: a variation is given, its key can vary, its values are listed once, the
+    baseline is one of them, and every variant's config passes the checks the run's own did
+    (schema, architecture, task, model and its components, optimiser), named by its value."""
+    vary = variation(cfg)
+    if not vary.values:
+        if vary.option == "--activations":
+            valid = ", ".join(group_choices("ffn", user_config_dirs(cfg)))
+            raise ConfigError(f"routine.activations is empty; give one or more of: {valid}")
+        raise ConfigError("tlab compare needs --vary KEY=V1,V2,... (a config group or key and "
+                          "its values), e.g. --vary pe=rope,alibi,t5 or --vary train.lr=1e-3,3e-3")
+    if vary.key.split(".")[0] in UNVARIED:
+        raise ConfigError(f"{vary.option} cannot vary: '{vary.key}' is not a setting of the "
+                          "model or its training (seeds: --seeds N)")
+    names = vary.names
     if len(set(names)) != len(names):
-        raise ConfigError(f"--activations lists an activation twice: {','.join(names)}")
-    baseline = routine.get("baseline")
-    if baseline is not None and str(baseline) not in names:
-        raise ConfigError(f"--baseline {baseline} is not among the compared activations; "
-                          f"valid: {', '.join(names)}")
+        twice = next(name for name in names if names.count(name) > 1)
+        raise ConfigError(f"{vary.option} lists {twice} twice: {','.join(names)}")
+    baseline = baseline_of(cfg)
+    if baseline is not None and baseline not in names:
+        raise ConfigError(f"--baseline {baseline} is not among the compared values of "
+                          f"{vary.key}; valid: {', '.join(names)}")
+    for name, value in zip(names, vary.values, strict=True):
+        check_variant(cfg, vary, name, value)
+
+
+def check_variant(cfg: DictConfig, vary: Variation, name: str, value: Any) -> None:
+    """The pre-flight of one variant: ``ConfigError`` prefixed with ``KEY=VALUE``."""
+    what = "activation" if vary.option == "--activations" else vary.key
+    try:
+        if is_group(cfg, vary.key) and not isinstance(value, str):
+            raise ConfigError(f"a {vary.key} choice is a name; valid: "
+                              f"{', '.join(group_choices(vary.key, user_config_dirs(cfg)))}")
+        variant = with_value(cfg, vary.key, value)
+        check_schema(variant)
+        check_architecture(variant)
+        task = build_task(variant)
+        model = build_checked_model(variant, task.model_seq_len)
+        check_optimizer(train_settings(variant).optimizer, model)
+    except ConfigError as exc:
+        message = str(exc)
+        if message.startswith(f"unknown {vary.key} "):  # an unknown choice: say where it was
+            message = message.replace(f"unknown {vary.key} ", f"unknown {what} ", 1)
+            message = message.replace(";", f" in {vary.option};", 1)
+            raise ConfigError(message) from None
+        raise ConfigError(f"{vary.option}={name}: {message}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# the training
 
 
 def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
-                stage: str = "compare") -> list[SeedRun]:
-    """Train the model of ``cfg`` (one activation) with each of ``seeds`` for ``routine.steps``,
-    one after another, each as a run of its own. Throughput is the median over log intervals
-    of one seed's tokens per second (robust to the first steps' warm-up and to other
-    processes), so every activation of a comparison is measured the same way.
+                stage: str = "compare", variant: str | None = None,
+                initial: dict[int, dict[str, torch.Tensor]] | None = None) -> list[SeedRun]:
+    """Train the model of ``cfg`` (one variant, named ``variant``; default its ffn) with each of
+    ``seeds`` for ``routine.steps``, one after another, each as a run of its own. ``initial``
+    (seed -> parameter values), when given, shares initial weights between variants: a seed's
+    first model records its own, later ones start from them where name and shape match
+    (``start_from``). Throughput is the median over log intervals of one seed's tokens per
+    second (robust to the first steps' warm-up and to other processes), so every variant of a
+    comparison is measured the same way.
     """
     activation = str(cfg.ffn.get("name"))
+    variant = activation if variant is None else variant
     task, settings = build_task(cfg), train_settings(cfg)
     tokens_per_step = settings.batch_size * task.model_seq_len
+    gated = declared(cfg.ffn, "weight_matrices") == 3
     runs = []
     for seed in seeds:
         model = build_model(cfg, seed=seed)
+        if initial is not None:
+            if seed in initial:
+                start_from(model, initial[seed])
+            else:
+                initial[seed] = {name: p.detach().clone() for name, p in model.named_parameters()}
+        parts = parameter_parts(model)
         logged: list[tuple[int, float]] = []  # (step, perf_counter) at each logged step
-        trainer = Trainer(model, task, settings, seed, stage_log(log, stage, activation, seed))
+        trainer = Trainer(model, task, settings, seed, stage_log(log, stage, variant, seed))
         result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss, logged=logged:
                              logged.append((step, time.perf_counter())))
         speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
                   for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
-        ffn_params = sum(p.numel() for block in model.blocks
-                         for p in block.feedforward.parameters())
-        runs.append(SeedRun(activation, seed, count_parameters(model), ffn_params,
+        runs.append(SeedRun(activation, seed, count_parameters(model), parts.get("ffn", 0),
                             result.steps, result.final_loss, result.wall_s,
                             result.train_losses, [step for step, _ in logged], result.grad_norms,
-                            statistics.median(speeds) if speeds else result.tokens_per_s))
+                            statistics.median(speeds) if speeds else result.tokens_per_s,
+                            variant=variant, parts=parts, gated_ffn=gated))
     return runs
 
 
+def start_from(model: nn.Module, initial: dict[str, torch.Tensor]) -> list[str]:
+    """Copy into ``model`` every parameter of ``initial`` with the same name and shape (another
+    variant's initial weights); returns the names copied."""
+    copied = []
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            value = initial.get(name)
+            if value is not None and value.shape == parameter.shape:
+                parameter.copy_(value)
+                copied.append(name)
+    return copied
+
+
+# Where a parameter lives, by the first part of its name below ``blocks.<i>.`` (or at the top).
+MODEL_PARTS = {"token_embedding": "embedding", "positional": "pe", "attention": "attention",
+               "feedforward": "ffn", "lm_head": "head"}
+
+
+def parameter_parts(model: nn.Module) -> dict[str, int]:
+    """Parameter counts of the model by part: embedding, pe, attention, ffn, norms, head
+    (``MODEL_PARTS``; a name it does not list, e.g. a norm, counts as ``norms``)."""
+    parts: dict[str, int] = {}
+    for name, parameter in model.named_parameters():
+        words = name.split(".")
+        word = words[2] if words[0] == "blocks" and len(words) > 2 else words[0]
+        part = MODEL_PARTS.get(word, "norms")
+        parts[part] = parts.get(part, 0) + parameter.numel()
+    return parts
+
+
 def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
-    """Train every activation with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``);
-    each activation's finished (activation, seed) pairs are appended to ``compare_runs.csv``."""
-    activations, seeds = activation_list(cfg), seed_list(cfg)
+    """Train every variant with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``),
+    sharing initial weights per seed with ``routine.shared_init`` (tlab compare's default; a
+    config without the key, as validate's step 4, keeps each model's own); each variant's
+    finished (variant, seed) pairs are appended to ``compare_runs.csv``."""
+    vary, seeds = variation(cfg), seed_list(cfg)
+    initial: dict[int, dict[str, torch.Tensor]] | None = \
+        {} if cfg.routine.get("shared_init", False) else None
     runs_log = run.log("compare_runs", RUN_COLUMNS)
     runs: list[SeedRun] = []
-    for activation in activations:
-        variant = with_choice(cfg, "ffn", activation)
-        with progress_bar(run.metrics, f"{activation}, {len(seeds)} seed"
+    for name, variant in variant_configs(cfg):
+        label = name if vary.key == "ffn" else f"{vary.key}={name}"
+        with progress_bar(run.metrics, f"{label}, {len(seeds)} seed"
                           f"{'s' if len(seeds) > 1 else ''}: {cfg.routine.steps} steps",
                           total=int(cfg.routine.steps) * len(seeds)):
-            seed_runs = train_seeds(variant, seeds, run.metrics, stage)
+            seed_runs = train_seeds(variant, seeds, run.metrics, stage, name, initial)
         runs.extend(seed_runs)
         runs_log.write_all(r.as_row() for r in seed_runs)
     return runs
@@ -177,19 +341,23 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
 
 SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 
+PARAMS_TOLERANCE = 0.05  # variants whose parameter count differs more from the baseline's: flagged
+
+# The columns of compare-activations first, in their order; then a comparison's own.
 COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
                       "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
                       "steps_to_target", "seeds", "loss_target", "final_loss_std",
                       "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
-                      *VERDICT_COLUMNS, "early_loss", "late_loss_std"]
+                      *VERDICT_COLUMNS, "early_loss", "late_loss_std", "variant", "varied",
+                      "params_vs_baseline", "params_note"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
-               "wall_s", "early_loss", "late_loss_std"]
+               "wall_s", "early_loss", "late_loss_std", "variant"]
 
 
 @dataclass
 class SeedRun:
-    """One activation trained with one seed."""
+    """One variant trained with one seed (``variant``: its value; default its activation)."""
 
     activation: str
     seed: int
@@ -202,6 +370,14 @@ class SeedRun:
     logged_steps: list[int] = field(default_factory=list)
     grad_norms: list[float] = field(default_factory=list)
     tokens_per_s: float = 0.0  # median over log intervals
+    variant: str = ""
+    parts: dict[str, int] = field(default_factory=dict)  # parameter counts (parameter_parts)
+    gated_ffn: bool = False  # its FFN has three weight matrices (SwiGLU, GeGLU, ReGLU)
+
+    @property
+    def name(self) -> str:
+        """The variant's name in the tables."""
+        return self.variant or self.activation
 
     @property
     def smoothed(self) -> list[float]:
@@ -218,9 +394,9 @@ class SeedRun:
         return late_loss_std(self.logged_steps, self.train_losses)
 
     def as_row(self) -> dict:
-        return {"activation": self.activation, "seed": self.seed, "params": self.params,
-                "ffn_params": self.ffn_params, "tokens_per_s": self.tokens_per_s,
-                "final_loss": _exact(self.final_loss),
+        return {"variant": self.name, "activation": self.activation, "seed": self.seed,
+                "params": self.params, "ffn_params": self.ffn_params,
+                "tokens_per_s": self.tokens_per_s, "final_loss": _exact(self.final_loss),
                 "final_train_loss": self.smoothed[-1] if self.train_losses else math.nan,
                 "first_loss": self.train_losses[0] if self.train_losses else math.nan,
                 "grad_norm_mean": _mean(self.grad_norms),
@@ -260,22 +436,24 @@ def steps_to_target(run: SeedRun, target: float) -> int | None:
 
 
 def comparison_rows(runs: list[SeedRun], loss_target: float | None,
-                    baseline: str | None = None) -> list[dict]:
-    """One ``comparison.csv`` row per activation (in the order first seen), seeds averaged, with
-    the verdict columns against ``baseline`` (default the first activation), paired by seed."""
+                    baseline: str | None = None, varied: str = "ffn") -> list[dict]:
+    """One ``comparison.csv`` row per variant (in the order first seen), seeds averaged, with
+    the verdict columns against ``baseline`` (default the first variant), paired by seed, and
+    the parameter count against the baseline's (``parameter_note``). ``varied``: the key the
+    variants differ in."""
     finals = [r.smoothed[-1] for r in runs if r.train_losses]
     target = loss_target if loss_target is not None else max(finals, default=math.nan)
-    by_activation: dict[str, list[SeedRun]] = {}
+    by_variant: dict[str, list[SeedRun]] = {}
     for run in runs:
-        by_activation.setdefault(run.activation, []).append(run)
+        by_variant.setdefault(run.name, []).append(run)
     rows = []
-    for activation, seed_runs in by_activation.items():
+    for name, seed_runs in by_variant.items():
         reached = [steps_to_target(r, target) for r in seed_runs]
         norms = [g for r in seed_runs for g in r.grad_norms]
         final = [r.final_loss for r in seed_runs]
         rows.append({
-            "activation": activation, "params": seed_runs[0].params,
-            "ffn_params": seed_runs[0].ffn_params,
+            "variant": name, "activation": seed_runs[0].activation,
+            "params": seed_runs[0].params, "ffn_params": seed_runs[0].ffn_params,
             "tokens_per_s": _mean([r.tokens_per_s for r in seed_runs]),
             "final_loss": _mean(final), "final_ppl": _exp(_mean(final)),
             "grad_norm_mean": _mean(norms), "grad_norm_std": _std(norms),
@@ -284,7 +462,7 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
             "first_loss": _mean([r.train_losses[0] for r in seed_runs if r.train_losses]),
             "steps": seed_runs[0].steps,
             "early_loss": _mean([r.early_loss for r in seed_runs]),
-            "late_loss_std": _mean([r.late_loss_std for r in seed_runs]),
+            "late_loss_std": _mean([r.late_loss_std for r in seed_runs]), "varied": varied,
         })
     first_speed = rows[0]["tokens_per_s"] if rows else math.nan
     for row in rows:
@@ -292,24 +470,69 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
     if runs:
         import pandas as pd
 
-        per_seed = pd.DataFrame([{"activation": r.activation, "seed": r.seed,
+        per_seed = pd.DataFrame([{"variant": r.name, "seed": r.seed,
                                   "final_loss": r.final_loss} for r in runs])
-        verdicts = verdict_table(per_seed, "activation", baseline=baseline)
+        verdicts = verdict_table(per_seed, "variant", baseline=baseline)
         for row in rows:
-            row.update(verdicts.loc[row["activation"]].to_dict())
+            row.update(verdicts.loc[row["variant"]].to_dict())
+        reference = by_variant[baseline_name(rows)][0]
+        for row in rows:
+            model = by_variant[row["variant"]][0]
+            row["params_vs_baseline"] = model.params / reference.params - 1
+            row["params_note"] = parameter_note(model, reference, varied)
     return rows
 
 
+# What sizes each part of the model (``parameter_parts``), to match a variant's parameters.
+SIZING_KNOBS = {"ffn": "model.d_ff (MoE: ffn.n_experts)",
+                "attention": "model.n_heads, model.n_kv_heads or model.head_dim",
+                "pe": "the PE's own size (model.max_len for a learned table; T5: "
+                      "pe.num_buckets)",
+                "embedding": "model.d_model or the task's vocabulary",
+                "head": "model.tie_embeddings or the task's vocabulary",
+                "norms": "norm_layer= (its gains and biases)"}
+# Varied keys (and the keys below them) that size the model themselves: a different parameter
+# count is what is compared.
+SIZING_GROUPS = ("model", "preset", "task")
+
+
+def parameter_note(run: SeedRun, baseline: SeedRun, varied: str) -> str:
+    """Empty when ``run``'s model has within ``PARAMS_TOLERANCE`` of the baseline's parameters;
+    else how far off it is and how to match them: a gated FFN against a two-matrix one (or the
+    other way) by ``model.gated_match_params=true``, else the knob that sizes the part that
+    differs most (``SIZING_KNOBS``)."""
+    change = run.params / baseline.params - 1
+    if abs(change) <= PARAMS_TOLERANCE:
+        return ""
+    head = (f"{abs(change):.0%} {'more' if change > 0 else 'fewer'} parameters than "
+            f"{baseline.name}")
+    if varied.split(".")[0] in SIZING_GROUPS:
+        return f"{head}: {varied} sizes the model (the difference is the point)"
+    parts = set(run.parts) | set(baseline.parts)
+    part = max(parts, key=lambda p: abs(run.parts.get(p, 0) - baseline.parts.get(p, 0)))
+    if part == "ffn" and run.gated_ffn != baseline.gated_ffn and _about_three_halves(
+            run.parts.get("ffn", 0), baseline.parts.get("ffn", 0)):
+        return f"{head}: match them with model.gated_match_params=true (gated FFNs at 2/3 d_ff)"
+    return f"{head}, most in its {part}: match them with {SIZING_KNOBS.get(part, part)}"
+
+
+def _about_three_halves(a: int, b: int) -> bool:
+    """A gated FFN (three d x d_ff matrices) against a two-matrix one of the same d_ff: the
+    larger has about 3/2 the smaller's parameters (biases aside); an MoE has many times more."""
+    low, high = sorted((a, b))
+    return low > 0 and 1.25 <= high / low <= 1.75
+
+
 def baseline_name(rows: list[dict]) -> str:
-    """The activation whose ``verdict`` is ``baseline`` (the first row if none is marked)."""
-    return next((r["activation"] for r in rows if r.get("verdict") == BASELINE),
-                rows[0]["activation"])
+    """The variant whose ``verdict`` is ``baseline`` (the first row if none is marked)."""
+    return next((r["variant"] for r in rows if r.get("verdict") == BASELINE),
+                rows[0]["variant"])
 
 
 def verdict_lines(rows: list[dict]) -> list[str]:
-    """One plain-language line per activation against the baseline (``statistics.describe``)."""
+    """One plain-language line per variant against the baseline (``statistics.describe``)."""
     baseline = baseline_name(rows)
-    return [describe(row["activation"], row, baseline) for row in rows if has_verdict(row)]
+    return [describe(row["variant"], row, baseline) for row in rows if has_verdict(row)]
 
 
 def _exp(loss: float) -> float:
@@ -317,11 +540,14 @@ def _exp(loss: float) -> float:
 
 
 def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
-    """One check per activation: it trained to a finite loss and the loss fell. The numbers
-    are a comparison (speed, perplexity, gradient-norm spread), not a verdict on quality."""
+    """One check per variant: it trained to a finite loss and the loss fell. The numbers are a
+    comparison (speed, perplexity, gradient-norm spread), not a verdict on quality. The check
+    is named by the variant (``activation_gelu``; ``pe=alibi`` for another key)."""
     checks = []
     baseline = baseline_name(rows) if rows else None
     for row in rows:
+        varied, name = row.get("varied", "ffn"), row["variant"]
+        label = f"the FFN ({name})" if varied == "ffn" else f"{varied}={name}"
         finite = math.isfinite(row["final_loss"]) and math.isfinite(row["grad_norm_mean"])
         fell = finite and row["final_loss"] < row["first_loss"]
         detail = (f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f} (ppl "
@@ -329,13 +555,14 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
                   f"{row['rel_speed']:.2f}x), grad norm {row['grad_norm_mean']:.3g} +- "
                   f"{row['grad_norm_std']:.2g}; a comparison: PASS = finite and falling")
         if not finite:
-            detail += "; non-finite loss or gradients: lower train.lr or check the FFN"
+            detail += f"; non-finite loss or gradients: lower train.lr or check {label}"
         elif not fell:
-            detail += "; the loss did not fall: check the FFN's forward and its initialisation"
+            detail += f"; the loss did not fall: check {label}'s forward and its initialisation"
         if has_verdict(row):
-            detail += f"; {describe(row['activation'], row, baseline)}"
-        checks.append(CheckRow(step, f"activation_{row['activation']}", status(fell),
-                               "final_loss", row["final_loss"], "< first loss", 0.0, detail))
+            detail += f"; {describe(name, row, baseline)}"
+        check = f"activation_{name}" if varied == "ffn" else f"{varied}={name}"
+        checks.append(CheckRow(step, check, status(fell), "final_loss", row["final_loss"],
+                               "< first loss", 0.0, detail))
     return checks
 
 
@@ -343,26 +570,40 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
 # the terminal table and the plot
 
 
-TABLE_HEADERS = {"activation": "activation", "params": "params", "ffn_params": "ffn",
+TABLE_HEADERS = {"variant": "variant", "params": "params", "ffn_params": "ffn",
                  "tokens_per_s": "tok/s", "rel_speed": "speed", "final_loss": "loss",
                  "final_ppl": "ppl", "grad_norm_mean": "|g|", "grad_norm_std": "sd",
-                 "steps_to_target": "steps*", "seeds": "n"}
+                 "steps_to_target": "steps*", "seeds": "n", "verdict": "verdict"}
 
 
 def comparison_table(rows: list[dict], title: str) -> Table:
+    """The rows in a terminal table: the first column headed by the varied key; a parameter
+    count more than ``PARAMS_TOLERANCE`` off the baseline's marked ``!``."""
+    varied = rows[0].get("varied", "ffn") if rows else "variant"
     table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
                   caption="speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
-                  "steps; steps*: steps to the loss every run reaches; n: seeds")
+                  "steps; steps*: steps to the loss every run reaches; n: seeds; no diff.: no "
+                  f"detectable difference; !: parameters {PARAMS_TOLERANCE:.0%}+ off the "
+                  "baseline's")
+    widest = max([len(varied), *(len(str(row["variant"])) for row in rows)])
     for column, header in TABLE_HEADERS.items():
-        table.add_column(header, justify="left" if column == "activation" else "right",
-                         no_wrap=True)
+        table.add_column(varied if column == "variant" else header,
+                         justify="left" if column in ("variant", "verdict") else "right",
+                         no_wrap=True, min_width=widest if column == "variant" else None)
     for row in rows:
-        table.add_row(*(_cell(row[c]) for c in TABLE_HEADERS))
+        cells = [_cell(row.get(c)) for c in TABLE_HEADERS]
+        if row.get("params_note"):
+            cells[1] += f" {row['params_vs_baseline']:+.0%}!"
+        cells[-1] = VERDICT_CELLS.get(cells[-1], cells[-1])
+        table.add_row(*cells)
     return table
 
 
+VERDICT_CELLS = {NO_DIFFERENCE: "no diff."}  # the table's short form (comparison.csv: in full)
+
+
 def _cell(value: object) -> str:
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
         return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
@@ -370,18 +611,18 @@ def _cell(value: object) -> str:
 
 
 def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
-    """Smoothed training loss per activation: mean over seeds, min-max band."""
+    """Smoothed training loss per variant: mean over seeds, min-max band."""
     from transformer_lab.results.plots import plt, save
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    by_activation: dict[str, list[SeedRun]] = {}
+    by_variant: dict[str, list[SeedRun]] = {}
     for run in runs:
-        by_activation.setdefault(run.activation, []).append(run)
-    for activation, seed_runs in by_activation.items():
+        by_variant.setdefault(run.name, []).append(run)
+    for name, seed_runs in by_variant.items():
         length = min(len(r.smoothed) for r in seed_runs)
         steps = seed_runs[0].logged_steps[:length]
         curves = torch.tensor([r.smoothed[:length] for r in seed_runs])  # (seeds, logged)
-        label = f"{activation} ({len(seed_runs)} seed{'s' if len(seed_runs) > 1 else ''})"
+        label = f"{name} ({len(seed_runs)} seed{'s' if len(seed_runs) > 1 else ''})"
         (line,) = axes.plot(steps, curves.mean(0).tolist(), label=label)
         if len(seed_runs) > 1:
             axes.fill_between(steps, curves.min(0).values.tolist(),
@@ -395,16 +636,24 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
 
 
 def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
-    """Train every activation, write ``comparison.csv`` and ``loss_curves.png``, print the table
-    and the verdicts; PASS when every activation trained to a finite, falling loss."""
+    """Train every variant, write ``comparison.csv`` and ``loss_curves.png``, print the table,
+    the parameter flags and the verdicts; PASS when every variant trained to a finite, falling
+    loss."""
     clock = Stopwatch()
+    vary = variation(cfg)
     runs = compare_runs(cfg, run)
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg), vary.key)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
+    arch = "decoder" if cfg.arch.causal else "encoder"
     plot_loss_curves(runs, run.path / "loss_curves.png",
-                     f"{cfg.task.get('name')}, {'decoder' if cfg.arch.causal else 'encoder'}, "
-                     f"pe={cfg.pe.get('name')}: {cfg.routine.steps} steps")
-    console.print(comparison_table(rows, f"tlab compare-activations - {run.path}"))
+                     f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")
+    command = "compare-activations" if vary.option == "--activations" else \
+        f"compare --vary {vary.key}"
+    console.print(comparison_table(rows, f"tlab {command} - {run.path}"))
+    for row in rows:
+        if row.get("params_note"):
+            console.print(f"! {vary.key}={row['variant']}: {row['params_note']}",
+                          highlight=False, markup=False)
     for line in verdict_lines(rows):
         console.print(line, highlight=False, markup=False)
     checks = comparison_checks(rows)

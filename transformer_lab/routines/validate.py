@@ -145,7 +145,7 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
         runs = compare.compare_runs(cfg, run)
     except Diverged as exc:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), cfg.routine.get("baseline"))
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     compare.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
@@ -299,7 +299,7 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
     with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
     routine = cfg.routine
-    seeds, activations = len(seed_list(cfg)), compare.activation_list(cfg)
+    seeds, activations = len(seed_list(cfg)), compare.variation(cfg).names
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{seeds} seed{'s' if seeds > 1 else ''}: {routine.steps} steps",
                        total=int(routine.steps) * seeds * len(activations))

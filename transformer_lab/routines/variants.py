@@ -1,11 +1,13 @@
 """Variants of one run's config, and metrics rows tagged with the variant they belong to.
 
 The validation routine trains several models in one run directory: the chosen PE and its NoPE
-control (step 3), one model per activation and seed (step 4). Each is the run's own config with
-one config group swapped (``with_choice(cfg, "pe", "none")``) or a block of settings merged over
-it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the columns
-``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
-``train.*`` keys into the trainer's typed settings.
+control (step 3), one model per activation and seed (step 4); ``tlab compare --vary`` one per
+value and seed. Each is the run's own config with one config group swapped
+(``with_choice(cfg, "pe", "none")``), one value set (``with_value(cfg, "train.lr", 1e-3)``: a
+group's choice or a key's value, as ``KEY=VALUE`` on the command line) or a block of settings
+merged over it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the
+columns ``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
+``train.*`` keys and its ``optimizer`` node into the trainer's typed settings.
 """
 
 from __future__ import annotations
@@ -17,9 +19,15 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from transformer_lab.config.tree import choice_node, group_choices, user_config_dirs
+from transformer_lab.config.tree import (
+    choice_file,
+    choice_node,
+    group_choices,
+    user_config_dirs,
+)
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CsvLog, TaggedLog
+from transformer_lab.training.optimizers import TLAB_KEYS, OptimizerSettings
 from transformer_lab.training.trainer import TrainSettings
 
 
@@ -30,9 +38,31 @@ def stage_log(log: CsvLog | None, stage: str, variant: str = "",
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
-    """The typed training settings of ``cfg``: its ``train.*`` keys and ``model.d_model``."""
+    """The typed training settings of ``cfg``: its ``train.*`` keys, ``model.d_model`` and
+    its ``optimizer`` node (a config without one, e.g. an older run's: AdamW with
+    ``train.betas`` and ``train.weight_decay``)."""
+    node = cfg.get("optimizer")
     return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
-                                      int(cfg.model.d_model))
+                                      int(cfg.model.d_model),
+                                      None if node is None else optimizer_settings(node))
+
+
+def optimizer_settings(node: DictConfig) -> OptimizerSettings:
+    """An ``optimizer`` node (``configs/optimizer/*.yaml``, interpolations resolved) as typed
+    settings."""
+    return _optimizer_settings(OmegaConf.to_container(node, resolve=True))
+
+
+def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
+    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists become
+    tuples, as torch's signatures have them); ``rest`` in the same way."""
+    rest = values.get("rest")
+    return OptimizerSettings(
+        name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
+        arguments={key: tuple(value) if isinstance(value, list) else value
+                   for key, value in values.items() if key not in TLAB_KEYS},
+        params=str(values.get("params", "all")), lr_ratio=float(values.get("lr_ratio", 1.0)),
+        rest=None if rest is None else _optimizer_settings(rest))
 
 
 def seed_list(cfg: DictConfig) -> list[int]:
@@ -56,6 +86,64 @@ def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
     variant = copy.deepcopy(cfg)
     with open_dict(variant):
         variant[group] = load_choice(group, choice, user_config_dirs(cfg))
+    return variant
+
+
+def is_group(cfg: DictConfig, key: str) -> bool:
+    """True when ``key`` names a config group (a folder of choices in tlab's tree or the
+    ``--config-dir`` trees ``cfg`` was composed with), not a key."""
+    return "." not in key and bool(group_choices(key, user_config_dirs(cfg)))
+
+
+def with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
+    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it, for a group or a
+    key. A group's choice brings its own node (``with_choice``; the settings you gave inside
+    the group do not carry over), a ``# @package _global_`` choice such as a preset its group
+    choices and keys (``with_global_choice``); a key must exist and takes ``value`` as it is.
+    ``ConfigError`` (one line) for an unknown choice or key."""
+    if is_group(cfg, key):
+        path = choice_file(key, str(value), user_config_dirs(cfg))
+        if path is not None and _package(path) == "_global_":
+            return with_global_choice(cfg, key, str(value))
+        return with_choice(cfg, key, str(value))
+    parent, _, leaf = key.rpartition(".")
+    node = OmegaConf.select(cfg, parent) if parent else cfg
+    if not isinstance(node, DictConfig) or leaf not in node:
+        where = f"'{parent}'" if parent else "the config"
+        keys = ", ".join(str(k) for k in node) if isinstance(node, DictConfig) else "none"
+        raise ConfigError(f"unknown key '{key}' ('{leaf}' is not in {where}; its keys: {keys})")
+    variant = copy.deepcopy(cfg)
+    with open_dict(variant):
+        OmegaConf.update(variant, key, value, merge=True)
+    return variant
+
+
+def _package(path: Path) -> str | None:
+    """The ``# @package`` header of a config file (None without one)."""
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.startswith("# @package"):
+            return line.split(None, 2)[-1].strip()
+        if line.strip() and not line.startswith("#"):
+            return None
+    return None
+
+
+def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
+    """``cfg`` with a ``_global_`` choice applied as Hydra applies it after the experiment (a
+    preset: its ``override /group: choice`` entries, then its keys merged over the config)."""
+    node = load_choice(group, choice, user_config_dirs(cfg))
+    variant = cfg
+    for entry in node.get("defaults", []):
+        overrides = entry.items() if isinstance(entry, Mapping) else [(entry, None)]
+        for name, picked in overrides:
+            if not str(name).startswith("override /") or picked is None:
+                raise ConfigError(f"{group}={choice} cannot be varied: its defaults list has "
+                                  f"'{name}' (only 'override /group: choice' entries)")
+            variant = with_choice(variant, str(name).removeprefix("override /"), str(picked))
+    body = OmegaConf.masked_copy(node, [k for k in node if k != "defaults"])
+    variant = copy.deepcopy(variant) if variant is cfg else variant
+    with open_dict(variant):
+        variant.merge_with(body)
     return variant
 
 

@@ -4,13 +4,15 @@
     trainer = Trainer(model, task, settings, seed=0, metrics=run.metrics)
     result = trainer.fit(200)                   # TrainResult: steps, final_loss, curves, ...
 
-Each step: the learning rate of the schedule (``schedules.SCHEDULES``), forward and loss (under
-bf16 autocast with ``precision="bf16"``), the model's auxiliary loss (MoE load balancing)
-added, backward, ``torch.nn.utils.clip_grad_norm_``
-and a ``torch.optim.AdamW`` step (decay on matrices only). Every ``log_every`` steps a ``train``
-row, every ``eval_every`` steps and at the end a held-out ``val`` row; NaN/inf stops the run
-with ``Diverged`` after its row is written. Several seeds are several trainers, one after
-another: each gets exactly the numbers of a run of its own.
+Each step: the learning rate of the schedule (``schedules.SCHEDULES``) on every parameter group
+of every optimiser, forward and loss (under bf16 autocast with ``precision="bf16"``), the model's
+auxiliary loss (MoE load balancing) added, backward, ``torch.nn.utils.clip_grad_norm_`` and a
+step of the optimisers ``settings.optimizer`` describes (``optimizers``: ``torch.optim.AdamW`` by
+default, decay on matrices only; Muon on the hidden matrices and AdamW on the rest; any
+``torch.optim.Optimizer``). Every ``log_every`` steps a ``train`` row, every ``eval_every``
+steps and at the end a held-out ``val`` row; NaN/inf stops the run with ``Diverged`` after its
+row is written. Several seeds are several trainers, one after another: each gets exactly the
+numbers of a run of its own.
 
 Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
 batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
@@ -32,6 +34,7 @@ from torch import nn
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
+from transformer_lab.training.optimizers import OptimizerSet, OptimizerSettings, build_optimizers
 from transformer_lab.training.schedules import SCHEDULES
 
 PRECISIONS = ("fp32", "bf16")
@@ -40,7 +43,9 @@ PRECISIONS = ("fp32", "bf16")
 @dataclass(frozen=True)
 class TrainSettings:
     """The ``train.*`` keys of a composed config, typed (``configs/train/default.yaml`` says
-    what each means), plus the model width the ``noam`` schedule scales by."""
+    what each means), plus the model width the ``noam`` schedule scales by and the optimiser
+    (the ``optimizer`` group; ``train.betas`` and ``train.weight_decay`` reach it through the
+    node's interpolations)."""
 
     d_model: int
     steps: int = 200
@@ -50,14 +55,13 @@ class TrainSettings:
     warmup: int = 0
     noam_factor: float = 1.0
     min_lr_ratio: float = 0.1
-    weight_decay: float = 0.0
-    betas: tuple[float, float] = (0.9, 0.98)
     grad_clip: float | None = 1.0
     log_every: int = 10
     eval_every: int = 0
     threads: int | None = 1
     device: str = "cpu"
     precision: str = "fp32"
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
 
     def __post_init__(self) -> None:
         if self.schedule not in SCHEDULES:
@@ -68,14 +72,17 @@ class TrainSettings:
                               f"{' or '.join(PRECISIONS)}")
 
     @classmethod
-    def from_mapping(cls, train: Mapping[str, object], d_model: int) -> TrainSettings:
+    def from_mapping(cls, train: Mapping[str, object], d_model: int,
+                     optimizer: OptimizerSettings | None = None) -> TrainSettings:
         """From the ``train`` node as a plain mapping (keys this class does not know are
-        ignored); ``betas`` becomes a tuple."""
-        known = {f.name for f in fields(cls)} - {"d_model"}
+        ignored) and the optimiser's settings (default: AdamW with ``train.betas`` and
+        ``train.weight_decay``, as ``configs/optimizer/adamw.yaml``)."""
+        known = {f.name for f in fields(cls)} - {"d_model", "optimizer"}
         values = {key: value for key, value in train.items() if key in known}
-        if "betas" in values:
-            values["betas"] = tuple(float(b) for b in values["betas"])  # type: ignore[union-attr]
-        return cls(d_model=int(d_model), **values)  # type: ignore[arg-type]
+        if optimizer is None:
+            betas, decay = train.get("betas", (0.9, 0.98)), train.get("weight_decay", 0.0)
+            optimizer = OptimizerSettings.adamw(betas, decay)  # type: ignore[arg-type]
+        return cls(d_model=int(d_model), optimizer=optimizer, **values)  # type: ignore[arg-type]
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -106,26 +113,6 @@ def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
 
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
-
-
-def decay_groups(params: Sequence[nn.Parameter], weight_decay: float) -> list[dict]:
-    """Optimiser parameter groups: weight decay on matrices only (not on biases, norm gains,
-    embeddings' 1-D cousins); one group when it is 0."""
-    if not weight_decay:
-        return [{"params": list(params), "weight_decay": 0.0}]
-    return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-
-
-def make_adamw(params: Sequence[nn.Parameter], settings: TrainSettings,
-               lr: float) -> torch.optim.AdamW:
-    """``torch.optim.AdamW`` over ``decay_groups``; its fused kernel where every parameter is
-    a floating tensor on the CPU or a GPU (one kernel for all tensors: the same numbers on
-    every run of the same build)."""
-    fused = bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
-                                 for p in params)
-    return torch.optim.AdamW(decay_groups(params, settings.weight_decay), lr=lr,
-                             betas=settings.betas, fused=fused or None)
 
 
 @torch.no_grad()
@@ -159,7 +146,8 @@ class TrainResult:
 
 
 class Trainer:
-    """Owns the optimiser, the data generator and the step counter for one model on one task."""
+    """Owns the optimisers, the data generator and the step counter for one model on one
+    task."""
 
     def __init__(self, model: nn.Module, task: Task, settings: TrainSettings, seed: int,
                  metrics: CsvLog | None = None) -> None:
@@ -173,8 +161,8 @@ class Trainer:
         self.schedule = SCHEDULES[settings.schedule]
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._horizon = settings.steps  # the schedule's total steps; each fit sets it
-        self.optimizer = make_adamw(self._params, settings, self.schedule(1, settings,
-                                                                          self._horizon))
+        self.optimizers: OptimizerSet = build_optimizers(
+            model, settings.optimizer, self.schedule(1, settings, self._horizon))
         self.max_grad_norm = settings.grad_clip if settings.grad_clip else math.inf
         self.autocast: AbstractContextManager = (
             torch.autocast(self.device.type, dtype=torch.bfloat16)
@@ -191,17 +179,16 @@ class Trainer:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
         lr = self.schedule(self.step_count, self.settings, self._horizon)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.optimizers.set_lr(lr)
         if not self.model.training:
             self.model.train()
         with self.autocast:
             loss = sequence_loss(self.model(batch.inputs), batch.targets)
             auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizers.zero_grad()
         (loss if auxiliary is None else loss + auxiliary).backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
-        self.optimizer.step()
+        self.optimizers.step()
         return loss.detach(), grad_norm, lr
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
