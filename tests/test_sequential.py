@@ -66,16 +66,16 @@ def test_equal_same_signed_differences_give_the_closed_form_e_value():
     assert list(BETS) == pytest.approx([0.05 * k for k in range(1, 20)])
 
 
-def test_weights_scale_each_bet_by_magnitude_over_the_median():
-    """One group (3, -1): median 2, weights (1, 1/2); the up side wins on the first seed and
-    loses half a bet on the second."""
+def test_weights_scale_each_bet_by_magnitude_over_the_upper_quartile():
+    """One group (3, -1): upper quartile 2.5 (numpy's linear rule), weights (1, 0.4); the up
+    side wins on the first seed and loses 0.4 of a bet on the second."""
     up, down = e_process(np.array([3.0, -1.0]), [2])
-    assert up[0] == pytest.approx(np.mean((1 + BETS) * (1 - BETS / 2)), rel=1e-12)
-    assert down[0] == pytest.approx(np.mean((1 - BETS) * (1 + BETS / 2)), rel=1e-12)
-    # weights use the magnitudes seen once a seed's group arrives: (4, 1) then (2, 8) ->
-    # medians 2.5 (weights 1, 0.4), then 3 (weights 2/3, 1)
+    assert up[0] == pytest.approx(np.mean((1 + BETS) * (1 - 0.4 * BETS)), rel=1e-12)
+    assert down[0] == pytest.approx(np.mean((1 - BETS) * (1 + 0.4 * BETS)), rel=1e-12)
+    # weights use the magnitudes seen once a seed's group arrives: (4, 1) -> quartile 3.25
+    # (weights 1, 1/3.25), then (4, 1, 2, 8) -> 5 (weights 0.4, 1)
     up, _ = e_process(np.array([4.0, 1.0, 2.0, 8.0]), [2, 4])
-    payoff = np.array([1.0, 0.4, 2 / 3, 1.0])
+    payoff = np.array([1.0, 1 / 3.25, 0.4, 1.0])
     assert up[1] == pytest.approx(np.mean(np.prod(1 + payoff[:, None] * BETS, axis=0)))
 
 
