@@ -182,7 +182,7 @@ def test_bonferroni_keeps_the_family_wise_rate_over_variants_sharing_a_baseline(
 
 def test_sequential_test_bookkeeping():
     test = SequentialTest(["relu", "gelu", "swish"], "relu", ALPHA, max_seeds=5)
-    assert test.variants == ["gelu", "swish"] and not test.done()
+    assert test.variants == test.running() == ["gelu", "swish"] and not test.done()
     with pytest.raises(ValueError, match="'tanh' is not a variant.*valid: gelu, swish"):
         test.update({"tanh": [1.0]})
     test.update_values({"relu": [1.0, 2.0], "gelu": [1.5, math.nan], "swish": [1.0, 2.5]})
@@ -196,7 +196,8 @@ def test_sequential_test_bookkeeping():
     for _ in range(3):
         test.update({"gelu": [0.1, -0.2], "swish": [0.3, 0.2]})
     assert test.seeds_used("gelu") == test.seeds_used("swish") == 5  # capped mid-group
-    assert test.stopped_because("gelu") == STOPPED_MAX_SEEDS and test.done()
+    assert test.stopped_because("gelu") == STOPPED_MAX_SEEDS and test.running() == []
+    assert test.done()
     assert test.verdict("gelu") is None and test.interval("gelu") == (-math.inf, math.inf)
     with pytest.raises(ValueError, match="no variant to test"):
         SequentialTest(["relu"], "relu")

@@ -175,7 +175,7 @@ def _first_excluded_beyond(start: float, step: float,
 class SequentialTest:
     """Every variant against ``baseline`` as groups of paired seeds arrive (see the module
     docstring): ``update`` per group, then ``verdict``, ``interval``, ``e_value``,
-    ``seeds_used``, ``stopped_because`` per variant and ``done`` for the run.
+    ``seeds_used``, ``stopped_because`` per variant and ``running`` / ``done`` for the run.
 
     A variant is decided when its two-sided e-value first reaches ``threshold = K / alpha``
     (K = the number of variants, fixed here); its verdict, e-value, seeds and interval are
@@ -267,6 +267,11 @@ class SequentialTest:
             return STOPPED_VERDICT
         return "" if self._running(variant) else STOPPED_MAX_SEEDS
 
+    def running(self) -> list[str]:
+        """The variants that still take seeds (the next group need train only these and the
+        baseline)."""
+        return [v for v in self.variants if self._running(v)]
+
     def done(self) -> bool:
         """True when no variant takes more seeds (each decided or at ``max_seeds``)."""
-        return not any(self._running(v) for v in self.variants)
+        return not self.running()
