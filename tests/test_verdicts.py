@@ -79,7 +79,8 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
     assert header[:len(OLD_COLUMNS)] == OLD_COLUMNS and header == COMPARISON_COLUMNS
     assert header[len(OLD_COLUMNS):] == [
         "final_loss_ci_low", "final_loss_ci_high", "diff_vs_baseline", "diff_ci_low",
-        "diff_ci_high", "p_value", "p_adjusted", "verdict", "seeds_needed", "paired_seeds", "note",
+        "diff_ci_high", "p_value", "p_adjusted", "verdict", "p_improvement", "p_improvement_low",
+        "p_improvement_high", "seeds_needed", "paired_seeds", "note",
         "early_loss", "late_loss_std",  # the curve metrics came after the verdict columns
         "variant", "varied", "params_vs_baseline", "params_note"]  # then tlab compare's
     per_seed = read_csv(out / "compare_runs.csv")
@@ -107,6 +108,11 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
         assert p_values[name] == pytest.approx(paired.pvalue)  # scipy's own paired test agrees
         assert float(row["p_value"]) == pytest.approx(p_values[name])
         assert row["paired_seeds"] == "7" and row["note"] == ""
+        wins = [0.5 if a == b else float(a < b) for i, a in enumerate(x[name])
+                for j, b in enumerate(x["gelu"]) if i != j]  # seeds i != j, lower is better
+        assert float(row["p_improvement"]) == pytest.approx(sum(wins) / len(wins))
+        assert float(row["p_improvement_low"]) <= float(row["p_improvement"]) \
+            <= float(row["p_improvement_high"])
         needed = seeds_for_power(d.mean(), d.std(ddof=1), comparisons=2)
         assert int(row["seeds_needed"]) == needed
     for name, adjusted in holm_by_hand(p_values).items():

@@ -11,6 +11,11 @@ variant's effect is measured on the paired differences ``d_i = x_variant(s_i) - 
     verdict              better | worse | no detectable difference, on the adjusted p
     seeds_needed         paired seeds for 80% power at the observed effect (with the power
                          calculation, in ``measures.power_analysis``)
+    probability_of_improvement
+                         P(a random seed of the variant beats a random seed of the baseline)
+                         with a paired bootstrap interval (``Improvement``)
+    variance_by_source   a crossed seed_init x seed_data table -> the variance from each
+                         (``VarianceComponents``)
     verdict_table        per-(variant, seed) rows -> the per-variant columns of comparison.csv
     describe             one plain-language line per variant for the terminal
 
@@ -22,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
@@ -44,6 +49,7 @@ BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
 EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
 MONTE_CARLO_RESAMPLES = 99_999
+BOOTSTRAP_RESAMPLES = 9_999  # probability of improvement's interval
 
 
 @dataclass(frozen=True)
@@ -142,6 +148,111 @@ def paired_comparison(variant: Sequence[float] | np.ndarray,
                             float(differences.std(ddof=1)), n, dropped)
 
 
+class Improvement(NamedTuple):
+    """A probability of improvement with its interval (all nan under 2 paired seeds)."""
+
+    p: float
+    low: float
+    high: float
+
+
+def probability_of_improvement(variant: Sequence[float] | np.ndarray,
+                               baseline: Sequence[float] | np.ndarray,
+                               confidence: float = 0.95, lower_is_better: bool = True,
+                               resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Improvement:
+    """P(a random seed of the variant beats a random seed of the baseline): the probability of
+    improvement of rliable (Agarwal et al. 2021, "Deep reinforcement learning at the edge of
+    the statistical precipice"), ``U / (n m)`` of the Mann-Whitney test. Beating is a lower
+    value when ``lower_is_better``, a tie counts 1/2; index i is seed i in both.
+
+    Estimator: over the n seeds where both values are finite, the share of the ``n (n - 1)``
+    ordered pairs of *different* seeds (i, j) where the variant at seed i beats the baseline
+    at seed j. Same-seed pairs are left out: a seed's variant and baseline share the initial
+    weights and the batches, so they would measure the within-seed win rate, not the
+    random-seed-against-random-seed probability (without them the estimate is unbiased for
+    it: a U-statistic). Interval: percentile bootstrap over the seeds resampled as pairs
+    (keeping each seed's dependence; rliable resamples the two sides independently because
+    its runs are unpaired), ``resamples`` draws from a fixed ``seed``, pairs of resampled
+    positions that are one original seed left out as above. A percentile interval over few
+    seeds is narrower than its nominal level, and collapses to a point when every seed of the
+    variant beats every seed of the baseline: read it with ``paired_seeds``.
+    """
+    x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
+    keep = ~(np.isnan(x) | np.isnan(y))
+    x, y = x[keep], y[keep]
+    n = len(x)
+    if n < 2:
+        return Improvement(math.nan, math.nan, math.nan)
+    beats = x[:, None] < y[None, :] if lower_is_better else x[:, None] > y[None, :]
+    wins = beats + 0.5 * (x[:, None] == y[None, :])  # (n, n): variant seed i vs baseline seed j
+    np.fill_diagonal(wins, 0.0)
+    p = float(wins.sum() / (n * (n - 1)))
+    draws = np.random.default_rng(seed).integers(0, n, size=(resamples, n))
+    flat = (np.arange(resamples)[:, None] * n + draws).ravel()
+    counts = np.bincount(flat, minlength=resamples * n).reshape(resamples, n).astype(float)
+    # counts: (resamples, n), how often each seed was drawn
+    pairs = n * n - (counts ** 2).sum(axis=1)  # ordered position pairs from different seeds
+    won = np.einsum("ri,ij,rj->r", counts, wins, counts)
+    shares = np.divide(won, pairs, out=np.full(resamples, math.nan), where=pairs > 0)
+    low, high = np.nanpercentile(shares, [50 * (1 - confidence), 50 * (1 + confidence)])
+    return Improvement(p, float(low), float(high))
+
+
+@dataclass(frozen=True)
+class VarianceComponents:
+    """A metric's variance split by source over a crossed ``n_init x n_data`` table of runs:
+    ``init`` and ``data`` (the initialisation seed's and the data-order seed's), ``residual``
+    (their interaction and everything else: one run per cell cannot tell those apart). The
+    estimates are unbiased, so one can fall below 0 (a source whose effect is within the
+    noise); ``shares`` counts such a one as 0."""
+
+    init: float
+    data: float
+    residual: float
+    n_init: int
+    n_data: int
+    mean: float
+
+    @property
+    def total(self) -> float:
+        """Variance of one run with both seeds drawn at random (negative parts as 0)."""
+        return max(self.init, 0.0) + max(self.data, 0.0) + self.residual
+
+    @property
+    def shares(self) -> tuple[float, float, float]:
+        """(init, data, residual) as fractions of ``total`` (nan when it is 0)."""
+        parts = (max(self.init, 0.0), max(self.data, 0.0), self.residual)
+        total = self.total
+        return tuple(part / total if total > 0 else math.nan for part in parts)
+
+
+def variance_by_source(table: Sequence[Sequence[float]] | np.ndarray) -> VarianceComponents:
+    """The two-way random-effects model without replication, ``y_ij = mu + a_i + b_j + e_ij``
+    with ``a_i ~ (0, var_init)`` for initialisation seed i, ``b_j ~ (0, var_data)`` for
+    data-order seed j and ``e_ij ~ (0, var_residual)``, estimated by the ANOVA method of
+    moments (Searle, Casella & McCulloch 1992, "Variance Components", Section 4.4): with the
+    mean squares of rows, columns and residual, ``E[MS_init] = var_residual + J var_init``,
+    ``E[MS_data] = var_residual + I var_data``, ``E[MS_residual] = var_residual``, so
+    ``var_init = (MS_init - MS_residual) / J`` and alike. ``table``: (I init seeds, J data
+    seeds), complete (no NaN), I, J >= 2; a ``ValueError`` otherwise."""
+    y = np.asarray(table, dtype=float)
+    if y.ndim != 2 or min(y.shape) < 2:
+        raise ValueError(f"need a table of at least 2 x 2 runs, got shape {y.shape}")
+    if np.isnan(y).any():
+        raise ValueError(f"{int(np.isnan(y).sum())} of {y.size} cells have no value")
+    rows, cols = y.shape
+    grand, row_means, col_means = y.mean(), y.mean(axis=1), y.mean(axis=0)  # (), (I,), (J,)
+    ms_init = cols * ((row_means - grand) ** 2).sum() / (rows - 1)
+    ms_data = rows * ((col_means - grand) ** 2).sum() / (cols - 1)
+    residuals = y - row_means[:, None] - col_means[None, :] + grand  # (I, J)
+    ms_residual = (residuals ** 2).sum() / ((rows - 1) * (cols - 1))
+    return VarianceComponents(float((ms_init - ms_residual) / cols),
+                              float((ms_data - ms_residual) / rows), float(ms_residual),
+                              rows, cols, float(grand))
+
+
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm (1979) step-down adjustment over m tests: with ``p_(1) <= .. <= p_(m)``,
     ``p_adj_(k) = max_{j<=k} min(1, (m - j + 1) p_(j))``. Controls the family-wise error rate
@@ -166,7 +277,8 @@ def verdict(diff: float, p_adjusted: float, alpha: float = 0.05,
 
 
 VERDICT_COLUMNS = ["diff_vs_baseline", "diff_ci_low", "diff_ci_high", "p_value", "p_adjusted",
-                   "verdict", "seeds_needed", "paired_seeds", "note"]
+                   "verdict", "p_improvement", "p_improvement_low", "p_improvement_high",
+                   "seeds_needed", "paired_seeds", "note"]
 
 
 def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "final_loss",
@@ -175,7 +287,8 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     """One row per variant (order of first appearance, indexed by ``variant``) from rows of
     (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
     then against ``baseline`` (default: the first variant), pairing rows by seed, the columns
-    ``VERDICT_COLUMNS``; Holm runs over the variants that have a p-value, ``seeds_needed``
+    ``VERDICT_COLUMNS``; Holm runs over the variants that have a p-value, ``p_improvement``
+    is ``probability_of_improvement`` (beating = lower when ``lower_is_better``), ``seeds_needed``
     counts every non-baseline variant as a comparison (see ``seeds_needed``). The baseline's
     paired columns are empty and its verdict is ``baseline``; ``note`` says why a row has no
     test, or how many seeds were dropped."""
@@ -195,12 +308,19 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
         row = {f"{value}_ci_low": interval.low, f"{value}_ci_high": interval.high,
                "diff_vs_baseline": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan,
                "p_value": math.nan, "p_adjusted": math.nan, "verdict": BASELINE,
-               "seeds_needed": None, "paired_seeds": None, "note": ""}
+               "p_improvement": math.nan, "p_improvement_low": math.nan,
+               "p_improvement_high": math.nan, "seeds_needed": None, "paired_seeds": None,
+               "note": ""}
         if name != baseline:
             pair = paired_comparison(wide[name].to_numpy(), wide[baseline].to_numpy(),
                                      confidence)
+            improvement = probability_of_improvement(wide[name].to_numpy(),
+                                                     wide[baseline].to_numpy(), confidence,
+                                                     lower_is_better)
             row.update(diff_vs_baseline=pair.diff, diff_ci_low=pair.low, diff_ci_high=pair.high,
                        p_value=pair.p_value, paired_seeds=pair.n,
+                       p_improvement=improvement.p, p_improvement_low=improvement.low,
+                       p_improvement_high=improvement.high,
                        seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
                        note=_note(pair))
         rows[name] = row
@@ -254,10 +374,20 @@ def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None
                                  for note in table.loc[tested, "note"]]
 
 
+def _improvement_text(row: pd.Series | dict, confidence: float) -> str:
+    """``, P(improvement) 0.91 (95% CI 0.75 to 1)``, or "" without one."""
+    p = row.get("p_improvement", math.nan)
+    if p is None or math.isnan(p):
+        return ""
+    low, high = row.get("p_improvement_low", math.nan), row.get("p_improvement_high", math.nan)
+    return f", P(improvement) {p:.2g} ({confidence:.0%} CI {low:.2g} to {high:.2g})"
+
+
 def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "final_loss",
              confidence: float = 0.95) -> str:
     """One line for the terminal, e.g. ``gelu vs relu: final_loss 0.012 lower (95% CI 0.004 to
-    0.020), p = 0.008, Holm 0.016 -> better``; the CI is in the same direction as the word."""
+    0.020), p = 0.008, Holm 0.016, P(improvement) 0.91 (95% CI 0.75 to 1) -> better``; the
+    CI is in the same direction as the word."""
     if row["verdict"] == BASELINE:
         return f"{name}: baseline"
     diff = row["diff_vs_baseline"]
@@ -270,7 +400,8 @@ def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "fina
         return f"{line} ({row['note']}) -> {row['verdict']}"
     low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
     line += (f" ({confidence:.0%} CI {low:.3g} to {high:.3g}), p = {row['p_value']:.2g}, "
-             f"Holm {row['p_adjusted']:.2g} -> {row['verdict']}")
+             f"Holm {row['p_adjusted']:.2g}{_improvement_text(row, confidence)} "
+             f"-> {row['verdict']}")
     if row["verdict"] == NO_DIFFERENCE and row["seeds_needed"] is not None:
         line += f" ({row['seeds_needed']} paired seeds would detect it at 80% power)"
     if row["note"]:

@@ -6,6 +6,12 @@ A run that trained several seeds together (``--seeds N``) and wrote ``seeds.csv`
 one row per seed: its settings and status from ``summary.csv``, each seed's ``seed`` and
 numbers from ``seeds.csv``; a number seeds.csv lacks (``wall_s``, ``tokens_per_s``: the
 seeds shared them) is the run's.
+
+Seed sources: a run may set ``seed_init`` (the initial weights) and ``seed_data`` (the data
+order) apart from ``seed``, which sets both. When any run does, every row gets both columns: the
+row's own ``seed_init`` / ``seed_data`` (summary.csv, seeds.csv), else its ``config.yaml``'s
+(not for a run counted per seed: its seeds.csv rows only), else the row's ``seed``. They are
+samples, like ``seed``, never grouped by.
 """
 
 from __future__ import annotations
@@ -30,8 +36,10 @@ from transformer_lab.results.run_directory import (
 # order; a column absent from every run is left out.
 METRICS = ["final_loss", "best_exact_match", "solved_step", "steps", "params", "wall_s",
            "tokens_per_s"]
+# The seeds a run may set apart from ``seed`` (which sets both): initial weights, data order.
+SEED_SOURCES = ("seed_init", "seed_data")
 # Never grouped by: a seed is a sample, and so is a seed trained with ``--seeds N``.
-_NOT_GROUPED = {"seed", "routine.seeds"}
+_NOT_GROUPED = {"seed", "routine.seeds", *SEED_SOURCES}
 _SKIPPED_DIRS = {".hydra", ".submitit", "__pycache__"}
 NOPE = "none"  # the NoPE control's ``variant`` in metrics.csv (``routines.reverse_task.NOPE``)
 # The ``stage`` of reversal rows in metrics.csv (``routines.reverse_task.STAGE``; runs of tlab
@@ -251,7 +259,9 @@ def gather(root: Path) -> Gathered:
         raise ConfigError(f"no readable runs under '{root}': "
                           + "; ".join(f"{p}: {why}" for p, why in skipped))
     runs = pd.DataFrame(rows)
-    swept = _swept_keys(root, runs, overrides_by_run, choices_by_run)
+    own_sources = {key: runs[key].copy() for key in SEED_SOURCES if key in runs.columns}
+    configs: dict[Path, Any] = {}
+    swept = _swept_keys(root, runs, overrides_by_run, choices_by_run, configs)
     per_seed = runs["run_dir"].isin(seeded)
     own_seeds = runs.loc[per_seed, "seed"] if seeded else None
     for key, values in swept.items():
@@ -261,6 +271,7 @@ def gather(root: Path) -> Gathered:
     for metric in METRICS:
         if metric in runs.columns:
             runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
+    runs = _with_seed_sources(root, runs, own_sources, seeded, configs)
     curve_table = (pd.concat(curves, ignore_index=True) if curves
                    else pd.DataFrame(columns=["step", "loss", "curve", "seed", "run_dir"]))
     group_keys = [k for k in swept if k not in _NOT_GROUPED]
@@ -268,10 +279,36 @@ def gather(root: Path) -> Gathered:
                     seeded)
 
 
+def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series],
+                       seeded: set[str], configs: dict[Path, Any]) -> pd.DataFrame:
+    """``runs`` with a ``seed_init`` and a ``seed_data`` column when any row or run sets one
+    (the module docstring says from where), else unchanged. ``own``: the columns as the
+    summary.csv / seeds.csv rows had them, before the swept keys' values were filled in."""
+    columns: dict[str, list[Any]] = {key: [] for key in SEED_SOURCES}
+    set_anywhere = False
+    seeds = runs["seed"] if "seed" in runs.columns else pd.Series(math.nan, index=runs.index)
+    for index, run_dir, seed in zip(runs.index, runs["run_dir"], seeds, strict=True):
+        for key in SEED_SOURCES:
+            value = own[key].get(index) if key in own else None
+            if (value is None or pd.isna(value)) and run_dir not in seeded:
+                value = _config_value(root / run_dir, key, configs)
+            unset = value is None or pd.isna(value)
+            set_anywhere |= not unset
+            columns[key].append(_as_seed(seed if unset else value))
+    return runs.assign(**columns) if set_anywhere else runs
+
+
+def _as_seed(value: Any) -> Any:
+    """A whole float as an int (a seed read from a CSV with gaps is 3.0): one spelling per
+    seed."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],
-                choices_by_run: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """key -> {run_dir: value} for every key whose value differs between runs."""
-    config_cache: dict[Path, Any] = {}
+                choices_by_run: dict[str, dict[str, Any]],
+                config_cache: dict[Path, Any]) -> dict[str, dict[str, Any]]:
+    """key -> {run_dir: value} for every key whose value differs between runs
+    (``config_cache``: each run's config.yaml, read once)."""
     keys = sorted({k for overrides in overrides_by_run.values() for k in overrides},
                   key=lambda k: (k == "seed", k))
     swept: dict[str, dict[str, Any]] = {}

@@ -33,6 +33,8 @@ Files (into DIR or ``--out``; an earlier report is never overwritten: the first 
                             with a seed key also the plotted metric's 95% CI and, against a
                             baseline group paired by seed, the verdict columns (``verdicts.py``)
     report.md               the pivot as a markdown table, plus failed and skipped runs
+    report-variance.csv     when the runs vary both ``seed_init`` and ``seed_data``: per group,
+                            the metric's variance from each (``variance_table``)
     report-<metric>.png     the final metric per group (mean, std error bars)
     report-loss.png         training-loss curves, one line per group (mean over seeds, std band)
 
@@ -45,6 +47,12 @@ summary numbers, with the verdicts on the one asked for.
 Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
 A run whose ``summary.csv`` cannot be parsed is skipped and named; an unreadable ``metrics.csv``
 only drops that run's loss curve, an unreadable ``seeds.csv`` makes the run one sample (named).
+
+Variance by source: when the runs vary both ``seed_init`` (initial weights) and ``seed_data``
+(data order; ``gather.py`` says where each row's come from), each group's runs should cross them
+(one run per pair) and the report metric's variance is split into the two and a residual
+(``statistics.variance_by_source``: a two-way random-effects ANOVA by the method of moments; the
+residual holds their interaction too) in ``report-variance.csv`` and a section of ``report.md``.
 
 Files: ``gather.py`` reads the runs and finds the swept keys; this file summarises them and
 writes the report; ``report_plots.py`` draws its two plots.
@@ -61,8 +69,9 @@ from pathlib import Path
 import pandas as pd
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.statistics import variance_by_source
 from transformer_lab.results.curve_metrics import CURVE_METRICS, curve_metric
-from transformer_lab.results.gather import METRICS, Gathered, gather
+from transformer_lab.results.gather import METRICS, SEED_SOURCES, Gathered, gather
 from transformer_lab.results.report_plots import plot_loss_curves, plot_metric
 from transformer_lab.results.verdicts import verdict_columns, verdict_lines
 
@@ -73,6 +82,7 @@ class Report:
     pivot: pd.DataFrame
     metric: str | None
     files: list[Path]
+    variance: pd.DataFrame | None = None  # report-variance.csv's rows, when there is one
 
 
 # --- summarising ----------------------------------------------------------------------------
@@ -133,6 +143,73 @@ def pivot_table(gathered: Gathered) -> pd.DataFrame:
     return table.reset_index()
 
 
+VARIANCE_COLUMNS = ["metric", "n_init", "n_data", "mean", "var_init", "var_data",
+                    "var_residual", "var_total", "share_init", "share_data", "share_residual",
+                    "note"]
+
+
+def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | None:
+    """Per group of the swept keys, ``metric``'s variance from ``seed_init``, from
+    ``seed_data`` and the residual (``statistics.variance_by_source`` over the group's
+    ``seed_init x seed_data`` table), with their shares of the total; None unless the runs
+    vary both. A group whose runs do not cross the two (a pair missing or twice, a failed run,
+    under 2 x 2) gets a ``note`` saying so instead of numbers."""
+    runs = gathered.runs
+    if metric is None or not set(SEED_SOURCES) <= set(runs.columns) \
+            or any(runs[k].dropna().astype(str).nunique() < 2 for k in SEED_SOURCES):
+        return None
+    keys = gathered.group_keys
+    runs = runs.assign(**{k: runs[k].astype(str) for k in (*keys, *SEED_SOURCES)})
+    rows = []
+    for group, cells in runs.groupby(keys, sort=False) if keys else [((), runs)]:
+        group = group if isinstance(group, tuple) else (group,)
+        row = {**dict(zip(keys, group, strict=True)), "metric": metric}
+        rows.append(row)
+        if cells.duplicated(list(SEED_SOURCES)).any():
+            row["note"] = "a (seed_init, seed_data) pair appears twice: one run per pair"
+            continue
+        table = cells.pivot(index="seed_init", columns="seed_data", values=metric)
+        try:  # (init seeds, data seeds); a pair no run has is NaN
+            parts = variance_by_source(table.to_numpy(dtype=float))
+        except ValueError as exc:
+            row["note"] = f"{exc}: needs every seed_init x seed_data pair"
+            continue
+        row.update(n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
+                   var_init=parts.init, var_data=parts.data, var_residual=parts.residual,
+                   var_total=parts.total, note=_negative_note(parts.init, parts.data))
+        row.update(zip(("share_init", "share_data", "share_residual"), parts.shares,
+                       strict=True))
+    return pd.DataFrame(rows).reindex(columns=[*keys, *VARIANCE_COLUMNS])
+
+
+def _negative_note(init: float, data: float) -> str:
+    below = [name for name, value in (("var_init", init), ("var_data", data)) if value < 0]
+    return (f"{' and '.join(below)} below 0 (within the noise): 0 in the total and shares"
+            if below else "")
+
+
+def variance_lines(variance: pd.DataFrame, keys: list[str]) -> list[str]:
+    """report.md's section for ``variance_table``'s rows."""
+    metric = variance["metric"].iloc[0]
+    header = [*keys, "seeds (init x data)", f"{metric} mean", "init", "data", "residual",
+              "note"]
+    body = []
+    for _, row in variance.iterrows():
+        if pd.isna(row["var_residual"]):
+            numbers = ["–"] * 5
+        else:
+            numbers = [f"{int(row['n_init'])} x {int(row['n_data'])}", f"{row['mean']:.4g}"]
+            numbers += [f"{row[f'var_{part}']:.3g} ({row[f'share_{part}']:.0%})"
+                        for part in ("init", "data", "residual")]
+        note = "" if pd.isna(row["note"]) else str(row["note"])
+        body.append([*(str(row[k]) for k in keys), *numbers, note])
+    return [f"## Variance by source ({metric} over seed_init x seed_data)", "",
+            "Variance of one run from its initialisation seed, its data-order seed and the rest "
+            "(their interaction and other noise; one run per pair cannot separate them), with "
+            "each one's share: a two-way random-effects ANOVA, method of moments "
+            "(`report-variance.csv`).", "", markdown_table(header, body), ""]
+
+
 def mean_std(mean: float, std: float) -> str:
     if mean is None or (isinstance(mean, float) and math.isnan(mean)):
         return "–"
@@ -189,7 +266,7 @@ def free_prefix(out_dir: Path) -> str:
     while True:
         prefix = "report" if n == 1 else f"report-{n}"
         if not any((out_dir / f"{prefix}{suffix}").exists()
-                   for suffix in (".csv", ".md", "-pivot.csv", "-loss.png")):
+                   for suffix in (".csv", ".md", "-pivot.csv", "-loss.png", "-variance.csv")):
             return prefix
         n += 1
 
@@ -219,6 +296,10 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
     pivot_csv = out_dir / f"{prefix}-pivot.csv"
     pivot.to_csv(pivot_csv, index=False)
     files += [runs_csv, pivot_csv]
+    variance = variance_table(gathered, chosen)
+    if variance is not None:
+        files.append(out_dir / f"{prefix}-variance.csv")
+        variance.to_csv(files[-1], index=False)
     keys = gathered.group_keys or ["group"]
     if chosen is not None:
         files.append(plot_metric(pivot, gathered.group_keys, chosen,
@@ -227,13 +308,15 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
     if curve_png is not None:
         files.append(curve_png)
     md = out_dir / f"{prefix}.md"
-    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files], chosen))
+    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files], chosen,
+                                  variance))
     files.insert(2, md)
-    return Report(gathered, pivot, chosen, files)
+    return Report(gathered, pivot, chosen, files, variance)
 
 
 def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
-                    files: list[str], metric: str | None = None) -> str:
+                    files: list[str], metric: str | None = None,
+                    variance: pd.DataFrame | None = None) -> str:
     header, body = display_rows(pivot, keys, metrics_present(gathered.runs))
     runs = gathered.runs[gathered.first_of_run()]  # one row per run folder
     counts = runs["status"].value_counts().to_dict()
@@ -246,6 +329,8 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
     if verdicts := verdict_lines(pivot, keys, metric or ""):
         lines += ["## Verdicts (paired by seed, 95% CI, Holm-adjusted p at 0.05)", "",
                   *(f"- {line}" for line in verdicts), ""]
+    if variance is not None:
+        lines += variance_lines(variance, gathered.group_keys)
     failed = runs[runs["status"] != "passed"]
     if not failed.empty:
         keys = [k for k in gathered.swept_keys if k in runs.columns]

@@ -3,7 +3,8 @@
 The compared key is the first grouped key (``pe`` in ``pe=none,rope seed=0,1,2``) or the one
 ``--baseline KEY=VALUE`` names; the baseline group is its first value, or ``VALUE``. Runs are
 compared only within groups that differ in the compared key alone (a stratum: the same values
-of every other grouped key), paired by seed, on the report's metric (``measures.statistics``):
+of every other grouped key), paired by seed (by ``seed``, ``seed_init`` and ``seed_data`` together
+where runs set the last two: ``sample_ids``), on the report's metric (``measures.statistics``):
 per group ``<metric>_ci_low/high`` and, against the stratum's baseline group, the columns of
 ``VERDICT_COLUMNS`` (Holm over the groups of a stratum), plus ``baseline`` (``key=value``).
 """
@@ -19,17 +20,33 @@ from transformer_lab.measures.statistics import (
     has_verdict,
     verdict_table,
 )
-from transformer_lab.results.gather import Gathered
+from transformer_lab.results.gather import SEED_SOURCES, Gathered
 
 # Summary numbers where a larger value is better; every other one is better lower.
 HIGHER_IS_BETTER = {"best_exact_match", "tokens_per_s"}
 
 
+def sample_ids(runs: pd.DataFrame) -> pd.Series:
+    """Per row, what pairs it with the other groups' runs: its ``seed``, or
+    ``seed/seed_init/seed_data`` when the runs set those (``gather.SEED_SOURCES``); NaN
+    without a seed."""
+    if not set(SEED_SOURCES) <= set(runs.columns):
+        return runs["seed"]
+    parts = runs[["seed", *SEED_SOURCES]]
+    labels = ["/".join(_seed_text(v) for v in row) for row in parts.itertuples(index=False)]
+    return pd.Series(labels, index=runs.index).where(parts.notna().any(axis=1))
+
+
+def _seed_text(value: object) -> str:
+    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
+
+
 def has_seeds(gathered: Gathered) -> bool:
-    """True when the runs are grouped and carry more than one seed (a sweep with a seed key)."""
+    """True when the runs are grouped and carry more than one seed (a sweep with a seed key,
+    or with ``seed_init`` / ``seed_data``)."""
     runs = gathered.runs
     return bool(gathered.group_keys) and "seed" in runs.columns \
-        and runs["seed"].dropna().astype(str).nunique() > 1
+        and sample_ids(runs).dropna().astype(str).nunique() > 1
 
 
 def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> tuple[str, str]:
@@ -62,7 +79,8 @@ def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
     keys = gathered.group_keys
     key, value = compared_key(pivot, keys, baseline)
     others = [k for k in keys if k != key]
-    runs = gathered.runs.assign(**{k: gathered.runs[k].astype(str) for k in keys})
+    runs = gathered.runs.assign(**{k: gathered.runs[k].astype(str) for k in keys},
+                                seed=sample_ids(gathered.runs))
     runs = runs[[*keys, "seed", metric]].dropna(subset=["seed"])
     columns = ["baseline", f"{metric}_ci_low", f"{metric}_ci_high", *VERDICT_COLUMNS]
     out = pivot.copy()

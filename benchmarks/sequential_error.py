@@ -1,0 +1,337 @@
+"""What ``--seeds auto`` costs and keeps: the anytime-valid test of
+``transformer_lab.measures.sequential`` against the fixed sign-flip test of
+``measures.statistics``, on paired differences resampled from the committed studies.
+
+    python -m benchmarks.sequential_error                   # 1000 runs per family, minutes
+    python -m benchmarks.sequential_error --sims 200 --group 2 --max 32 --alpha 0.05
+
+The families: every study of ``experiments/`` with one row per (variant, seed) and a
+``final_loss`` (``STUDIES``), each variant paired by seed with the study's baseline within a
+stratum (a norm placement, a PE): the differences ``d = variant - baseline``, a
+(source seeds, K variants) table per family. A simulated run draws ``--max`` seeds (rows of
+that table, with replacement: the variants of one seed stay together, as they share its
+baseline) and reads them ``--group`` at a time:
+
+- null: each variant's differences centred to mean 0 (``null``), and also centred then
+  multiplied by a random sign per seed (``null_symmetric``: exactly the tests' H0, the
+  differences symmetric about 0; centring alone keeps the skew of 8-12 source seeds);
+- alternatives: the differences as they are (a variant's true direction: the sign of its
+  source mean).
+
+Per family (and pooled over the families, each counted once per simulated run):
+
+- ``fpr_auto``: runs in which ``SequentialTest`` declared any variant (e-value Bonferroni at
+  K / alpha) under the null, with its Clopper-Pearson 95% interval;
+- ``fpr_peeking``: the same for naive peeking: the fixed test (sign-flip p-values, Holm over
+  the K variants, a verdict at p_adjusted <= alpha) re-run after every group, stopping at the
+  first verdict; ``fpr_fixed``: the fixed test once at ``--max`` seeds (its nominal rate);
+- ``power_auto``: the share of (run, variant) with a verdict in the variant's true direction
+  under the alternatives (``wrong_auto``: in the other direction); ``mean_seeds_auto``: the
+  seeds a run trained, stopping when every variant had a verdict or at ``--max`` (all
+  variants train every seed); ``mean_seeds_variant``: per variant, seeds until its verdict;
+- ``fixed_seeds``: the fewest seeds (a multiple of ``--group``) at which the fixed test's
+  power (verdicts in the true direction) reaches ``power_auto``: the fixed design of equal
+  power; empty when even ``--max`` seeds do not.
+
+``benchmarks/sequential_error.csv`` gets one row per family and an ``all`` row; the last line
+printed is ``false_positive_rate=<x> naive_peeking_rate=<y> mean_seeds_auto=<m>
+fixed_seeds=<n>`` from the ``all`` row (the ``null``: centred differences).
+
+The fixed test's p-values come from ``sign_flip_p_values``: the p-value of
+``statistics.sign_flip_p_value`` for a batch of sequences (all 2^n sign flips up to 16 seeds,
+identical to it; a Monte Carlo of ``--resamples`` flips beyond, where it uses 99,999).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from benchmarks.common import write_csv
+from transformer_lab.measures.sequential import e_process, first_crossing
+from transformer_lab.measures.statistics import EXACT_UP_TO, holm
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "benchmarks" / "sequential_error.csv"
+
+
+@dataclass(frozen=True)
+class Study:
+    """A committed study's runs table: ``variant`` column, ``baseline`` value, the columns
+    whose values make separate comparisons (``strata``) and the rows kept (``where``)."""
+
+    name: str
+    path: str
+    variant: str
+    baseline: str
+    strata: tuple[str, ...] = ()
+    where: dict[str, str] = field(default_factory=dict)
+
+
+STUDIES = [
+    Study("activations", "experiments/activations_runs.csv", "activation", "relu"),
+    Study("moe", "experiments/moe_runs.csv", "activation", "gelu"),
+    Study("norm_layers", "experiments/norm_layers_runs.csv", "norm_layer", "layernorm",
+          strata=("block",)),
+    Study("embed_scale", "experiments/embedding_scale_runs.csv", "model.embed_scale", "sqrt",
+          strata=("pe",), where={"model.pe_scale": "1.0"}),
+    Study("pe_scale", "experiments/embedding_scale_runs.csv", "model.pe_scale", "1.0",
+          where={"model.embed_scale": "sqrt", "pe": "sinusoidal"}),
+]
+
+
+@dataclass(frozen=True)
+class Family:
+    """Paired differences of K variants against one baseline: (source seeds, K)."""
+
+    name: str
+    variants: list[str]
+    differences: np.ndarray
+
+
+def families(studies: list[Study] = STUDIES, root: Path = ROOT) -> list[Family]:
+    """One ``Family`` per (study, stratum), variants paired with the baseline by seed."""
+    found = []
+    for study in studies:
+        runs = pd.read_csv(root / study.path, dtype=str)
+        for column, value in study.where.items():
+            runs = runs[runs[column].astype(float if _is_number(value) else str)
+                        == (float(value) if _is_number(value) else value)]
+        groups = runs.groupby(list(study.strata)) if study.strata else [((), runs)]
+        for stratum, rows in groups:
+            stratum = stratum if isinstance(stratum, tuple) else (stratum,)
+            wide = rows.pivot(index="seed", columns=study.variant, values="final_loss")
+            wide = wide.astype(float).dropna()  # (seeds, variants)
+            variants = [v for v in wide.columns if v != study.baseline]
+            differences = wide[variants].to_numpy() - wide[[study.baseline]].to_numpy()
+            label = "/".join([study.name, *map(str, stratum)])
+            found.append(Family(label, variants, differences))
+    return found
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+# --- the fixed test, batched -------------------------------------------------------------
+
+_SIGNS: dict[tuple[int, int], np.ndarray] = {}
+
+
+def _sign_patterns(n: int, resamples: int) -> np.ndarray:
+    """(patterns, n) of +/-1: all 2^n up to ``EXACT_UP_TO`` seeds, else ``resamples`` random
+    ones (drawn once per n from a fixed seed, independent of every data set)."""
+    key = (n, 0 if n <= EXACT_UP_TO else resamples)
+    if key not in _SIGNS:
+        if n <= EXACT_UP_TO:
+            bits = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+            _SIGNS[key] = 1.0 - 2.0 * bits
+        else:
+            _SIGNS[key] = np.random.default_rng(n).choice([-1.0, 1.0], size=(resamples, n))
+    return _SIGNS[key]
+
+
+def sign_flip_p_values(differences: np.ndarray, resamples: int = 4_999,
+                       chunk: int = 64) -> np.ndarray:
+    """Two-sided sign-flip p-values of ``mean(d) = 0`` for each row of ``differences``
+    (batch, n) -> (batch,): ``statistics.sign_flip_p_value``'s test (scipy's
+    ``permutation_test`` rule: twice the smaller tail, ties within 1e-14 relative counted,
+    capped at 1; exact up to ``EXACT_UP_TO`` seeds, else ``(count + 1) / (resamples + 1)``)."""
+    differences = np.asarray(differences, dtype=float)
+    n = differences.shape[-1]
+    signs = _sign_patterns(n, resamples)  # (patterns, n)
+    exact = n <= EXACT_UP_TO
+    p_values = np.empty(len(differences))
+    for start in range(0, len(differences), chunk):
+        block = differences[start:start + chunk]  # (chunk, n)
+        observed = block.mean(axis=-1, keepdims=True)  # (chunk, 1)
+        null = block @ signs.T / n  # (chunk, patterns)
+        gamma = np.abs(1e-14 * observed)
+        less = (null <= observed + gamma).sum(axis=-1)
+        greater = (null >= observed - gamma).sum(axis=-1)
+        adjustment = 0 if exact else 1
+        tails = (np.minimum(less, greater) + adjustment) / (len(signs) + adjustment)
+        p_values[start:start + chunk] = np.minimum(1.0, 2 * tails)
+    return p_values
+
+
+def fixed_test_verdicts(differences: np.ndarray, looks: list[int], alpha: float,
+                        resamples: int) -> np.ndarray:
+    """The fixed test at each look: (runs, K, n) -> (runs, K, looks) of -1 / 0 / +1 (a
+    verdict lower / none / higher; Holm over the K variants, p_adjusted <= alpha)."""
+    runs, k, _ = differences.shape
+    out = np.zeros((runs, k, len(looks)), dtype=int)
+    for index, n in enumerate(looks):
+        head = differences[..., :n]  # (runs, K, n)
+        p = sign_flip_p_values(head.reshape(runs * k, n), resamples).reshape(runs, k)
+        adjusted = np.apply_along_axis(holm, 1, p)  # (runs, K)
+        out[..., index] = np.where(adjusted <= alpha, np.sign(head.mean(axis=-1)), 0)
+    return out
+
+
+# --- one family ------------------------------------------------------------------------------
+
+@dataclass
+class Outcome:
+    """Counts over simulated runs of one family (pooled by adding)."""
+
+    runs: int = 0
+    variant_runs: int = 0
+    fp_auto: int = 0
+    fp_auto_symmetric: int = 0
+    fp_peeking: int = 0
+    fp_peeking_symmetric: int = 0
+    fp_fixed: int = 0
+    right_auto: int = 0
+    wrong_auto: int = 0
+    seeds_auto: int = 0
+    seeds_variant: int = 0
+    right_fixed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
+
+    def add(self, other: Outcome) -> Outcome:
+        right = (other.right_fixed if not len(self.right_fixed)
+                 else self.right_fixed + other.right_fixed)
+        merged = Outcome(**{name: getattr(self, name) + getattr(other, name)
+                            for name in self.__dataclass_fields__ if name != "right_fixed"})
+        merged.right_fixed = right
+        return merged
+
+
+def auto_decisions(differences: np.ndarray, looks: list[int],
+                   alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """``SequentialTest``'s rule on (runs, K, n): (the look index of each variant's verdict,
+    -1 for none; its direction, +1 higher / -1 lower), each (runs, K)."""
+    k = differences.shape[1]
+    up, down = e_process(differences, looks)  # (runs, K, looks) each
+    crossing = first_crossing((up + down) / 2, k / alpha)
+    at = np.maximum(crossing, 0)[..., None]
+    higher = np.take_along_axis(up, at, -1)[..., 0] >= np.take_along_axis(down, at, -1)[..., 0]
+    return crossing, np.where(higher, 1, -1)
+
+
+def simulate(family: Family, sims: int, group: int, most: int, alpha: float, resamples: int,
+             rng: np.random.Generator) -> Outcome:
+    """``sims`` runs of ``most`` seeds drawn from the family (see the module docstring)."""
+    looks = list(range(group, most + 1, group))
+    source = family.differences  # (seeds, K)
+    k = source.shape[1]
+    draws = rng.integers(0, len(source), size=(sims, most))
+    centred = (source - source.mean(axis=0))[draws].transpose(0, 2, 1)  # (sims, K, most)
+    flips = rng.choice([-1.0, 1.0], size=(sims, 1, most))
+    alternative = source[draws].transpose(0, 2, 1)
+    truth = np.sign(source.mean(axis=0))[None, :]  # (1, K)
+    outcome = Outcome(runs=sims, variant_runs=sims * k)
+    for null, name in ((centred, "fp_auto"), (centred * flips, "fp_auto_symmetric")):
+        crossing, _ = auto_decisions(null, looks, alpha)
+        setattr(outcome, name, int((crossing >= 0).any(axis=1).sum()))
+    for null, name in ((centred, "fp_peeking"), (centred * flips, "fp_peeking_symmetric")):
+        verdicts = fixed_test_verdicts(null, looks, alpha, resamples)  # (sims, K, looks)
+        setattr(outcome, name, int((verdicts != 0).any(axis=(1, 2)).sum()))
+        if name == "fp_peeking":
+            outcome.fp_fixed = int((verdicts[..., -1] != 0).any(axis=1).sum())
+    crossing, direction = auto_decisions(alternative, looks, alpha)
+    decided = crossing >= 0
+    outcome.right_auto = int((decided & (direction == truth)).sum())
+    outcome.wrong_auto = int((decided & (direction != truth)).sum())
+    seeds = np.where(decided, (crossing + 1) * group, most)  # (sims, K)
+    outcome.seeds_variant = int(seeds.sum())
+    outcome.seeds_auto = int(np.where(decided.all(axis=1), seeds.max(axis=1), most).sum())
+    verdicts = fixed_test_verdicts(alternative, looks, alpha, resamples)
+    outcome.right_fixed = (verdicts == truth[..., None]).sum(axis=(0, 1))  # (looks,)
+    return outcome
+
+
+# --- the table -------------------------------------------------------------------------------
+
+def _rate_interval(count: int, total: int) -> tuple[float, float]:
+    interval = stats.binomtest(count, total).proportion_ci(0.95, method="exact")
+    return float(interval.low), float(interval.high)
+
+
+def summary_row(name: str, variants: int, outcome: Outcome, group: int, most: int) -> dict:
+    """One CSV row from the counts (rates over runs; power over (run, variant))."""
+    runs, variant_runs = outcome.runs, outcome.variant_runs
+    power_auto = outcome.right_auto / variant_runs
+    power_fixed = outcome.right_fixed / variant_runs  # (looks,)
+    reached = np.flatnonzero(power_fixed >= power_auto)
+    fixed_seeds = int((reached[0] + 1) * group) if len(reached) else None
+    row = {"family": name, "variants": variants, "runs": runs}
+    for key in ("fp_auto", "fp_peeking"):
+        low, high = _rate_interval(getattr(outcome, key), runs)
+        label = key.replace("fp_", "fpr_")
+        row.update({label: getattr(outcome, key) / runs, f"{label}_low": low,
+                    f"{label}_high": high,
+                    f"{label}_symmetric": getattr(outcome, f"{key}_symmetric") / runs})
+    row.update(fpr_fixed=outcome.fp_fixed / runs, power_auto=power_auto,
+               wrong_auto=outcome.wrong_auto / variant_runs,
+               mean_seeds_auto=outcome.seeds_auto / runs,
+               mean_seeds_variant=outcome.seeds_variant / variant_runs,
+               fixed_seeds=fixed_seeds,
+               power_fixed_at_fixed_seeds=(float(power_fixed[reached[0]]) if len(reached)
+                                           else None),
+               power_fixed_max=float(power_fixed[-1]), group=group, max_seeds=most)
+    return row
+
+
+def _cell(value: object) -> str:
+    if value is None:
+        return "-"
+    return f"{value:.3f}" if isinstance(value, float) else str(value)
+
+
+def print_table(rows: list[dict]) -> None:
+    columns = ["family", "variants", "fpr_auto", "fpr_peeking", "fpr_fixed", "power_auto",
+               "mean_seeds_auto", "fixed_seeds", "power_fixed_max"]
+    body = [[_cell(row[c]) for c in columns] for row in rows]
+    widths = [max(len(c), *(len(line[i]) for line in body)) for i, c in enumerate(columns)]
+    print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
+    for line in body:
+        print("  ".join(c.rjust(w) for c, w in zip(line, widths, strict=True)))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sims", type=int, default=1000, help="simulated runs per family")
+    parser.add_argument("--group", type=int, default=2, help="seeds per group")
+    parser.add_argument("--max", type=int, default=32, dest="most", help="MAX seeds")
+    parser.add_argument("--alpha", type=float, default=0.05)
+    parser.add_argument("--resamples", type=int, default=4_999,
+                        help="Monte Carlo sign flips of the fixed test beyond 16 seeds")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args(argv)
+    if args.most < args.group or args.group < 1:
+        parser.error(f"--max {args.most} must be at least --group {args.group} >= 1")
+    rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+    rows, pooled = [], Outcome()
+    for family in families():
+        outcome = simulate(family, args.sims, args.group, args.most, args.alpha,
+                           args.resamples, rng)
+        rows.append(summary_row(family.name, len(family.variants), outcome, args.group,
+                                args.most))
+        pooled = pooled.add(outcome)
+    total = summary_row("all", sum(r["variants"] for r in rows), pooled, args.group, args.most)
+    rows.append(total)
+    write_csv(args.out, rows)
+    print(f"{args.sims} runs per family, groups of {args.group}, max {args.most} seeds, "
+          f"alpha {args.alpha}, {time.perf_counter() - start:.0f} s")
+    print_table(rows)
+    fixed = total["fixed_seeds"] if total["fixed_seeds"] is not None else f">{args.most}"
+    print(f"false_positive_rate={total['fpr_auto']:.4f} "
+          f"naive_peeking_rate={total['fpr_peeking']:.4f} "
+          f"mean_seeds_auto={total['mean_seeds_auto']:.2f} fixed_seeds={fixed}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,277 @@
+"""An anytime-valid paired test over seeds that arrive in groups (``--seeds auto[:MAX]``): a
+verdict per variant against the baseline that may be read after every group, and the run
+stopped as soon as every variant has one, with the false-positive rate still at most ``alpha``.
+
+Why not re-run the fixed test: checking the sign-flip p-value of ``measures.statistics`` after
+every group and stopping at p < 0.05 inflates false positives several-fold (the benchmark
+``python -m benchmarks.sequential_error`` measures by how much). A test martingale does not:
+by Ville's inequality (1939) a nonnegative martingale that starts at 1 ever reaches ``1 / a``
+with probability at most ``a``, whatever the stopping rule (Ramdas, Grunwald, Vovk & Shafer
+2023, "Game-theoretic statistics and safe anytime-valid inference").
+
+The construction, a sequential sign-flip test (testing symmetry by betting):
+
+- **Assumption** (the one the fixed sign-flip test makes): the seeds are independent and, if
+  the variant does not matter, a seed's variant and baseline values are exchangeable, so the
+  paired difference ``d_i = variant - baseline`` is symmetric about 0. Then each difference's
+  sign is a fair coin, independent of every magnitude ``|d_j|`` and of the earlier signs.
+- **Bets**: a bettor who stakes the fraction ``lam`` of its wealth on the sign of ``d_i``,
+  scaled by a weight ``w_i in [0, 1]``, multiplies its wealth by ``1 + lam * sign(d_i) * w_i``.
+  ``w_i = min(1, |d_i| / q(|d_1|, ..., |d_t|))``, ``q`` the upper quartile of the magnitudes
+  seen once ``d_i``'s group has arrived (``t`` seeds): a function of magnitudes only
+  (allowed: the signs are fair coins given them). So the largest quarter of the seeds bet
+  fully and the others in proportion to their size (a Huber-like weighted sign test): more
+  power than signs alone on normal noise, a seed far off (a diverging one) counts no more
+  than a large typical one, equal magnitudes all bet fully, and the bet leans on the mean
+  more than a median scale would: a skewed difference whose mean is 0 but median is not is
+  rarely called (the median scale, in the benchmark's centred null, was). The wealth of
+  each ``lam`` in ``BETS`` (0.05 .. 0.95) on the positive side (``up``: the variant is
+  higher) and the negative side (``down``) are mixed with equal weights, a mixture of test
+  martingales being one (the "diversified Kelly" mixture of Waudby-Smith & Ramdas 2023,
+  "Estimating means of bounded random variables by betting", JRSS-B); the two-sided e-value
+  is ``(up + down) / 2``.
+- **Correction over K variants**: e-value Bonferroni. Variant k is decided when its e-value
+  first reaches ``K / alpha`` (Ville per variant at ``alpha / K``, a union bound over the K).
+  The variants share the baseline's seeds, so their martingales are dependent; Bonferroni
+  needs no assumption on how. Direction: ``better`` or ``worse`` by the larger side.
+- **Confidence sequence**: the centre of symmetry ``m`` of the differences (their mean and
+  median, under the location model ``d_i = m + symmetric noise``) lies in
+  ``{m : the e-value of d_i - m stayed below K / alpha at every group so far}`` at every
+  group with probability at least ``1 - alpha`` simultaneously over the K variants
+  (Howard, Ramdas, McAuliffe & Sekhon 2021, "Time-uniform, nonparametric, nonasymptotic
+  confidence sequences": inverting a family of tests). ``0`` leaves that set exactly when the
+  verdict comes (``interval`` gives the set's hull). Few seeds give an unbounded interval: a
+  sign bet needs several same-signed seeds before it can exclude anything.
+
+Functions (numpy, any leading batch shape; no torch):
+
+    e_process            (up, down) e-values at each group of paired differences
+    first_crossing       the group at which an e-value first reaches a threshold
+    confidence_sequence  the interval of ``m`` not excluded up to the last group
+    SequentialTest       per variant against the baseline, updated one group at a time
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+
+from transformer_lab.measures.statistics import BETTER, WORSE
+
+BETS = np.linspace(0.05, 0.95, 19)  # the bet fractions lam, mixed with equal weight per side
+SCALE_QUANTILE = 0.75                # a seed at or above this quantile of |d| bets fully
+STOPPED_VERDICT = "verdict"          # the e-value reached K / alpha
+STOPPED_MAX_SEEDS = "max_seeds"      # MAX paired seeds without a verdict
+_REFINEMENTS, _REFINED = 5, 33  # rounds, shifts per round between the last kept and first out
+_GRID = np.linspace(-3.0, 3.0, 241)  # shifts tried around the median, in units of the spread
+
+
+def _weights(magnitudes: np.ndarray, looks: Sequence[int]) -> np.ndarray:
+    """``min(1, |d_i| / q)`` per difference, ``q`` the upper quartile of ``|d_1..d_t|`` and
+    ``t`` the end of its group; (..., n) -> (..., n). ``q = 0`` (most differences exactly 0)
+    gives weight 1."""
+    weights = np.ones_like(magnitudes)
+    start = 0
+    for end in looks:
+        scale = np.quantile(magnitudes[..., :end], SCALE_QUANTILE, axis=-1,
+                            keepdims=True)  # (..., 1)
+        block = magnitudes[..., start:end]
+        weights[..., start:end] = np.minimum(1.0, np.divide(
+            block, scale, out=np.ones_like(block), where=scale > 0))
+        start = end
+    return weights
+
+
+def e_process(differences: np.ndarray, looks: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The mixture wealth betting that the differences are positive (``up``) and negative
+    (``down``) after each group; ``looks``: the number of differences seen at the end of each
+    group (increasing, the last one ``n``). (..., n) -> two arrays of shape (..., len(looks));
+    the two-sided e-value is their mean. No NaN allowed (drop diverged seeds first)."""
+    differences = np.asarray(differences, dtype=float)
+    if not len(looks) or looks[-1] != differences.shape[-1] or min(np.diff(looks, prepend=0)) < 1:
+        raise ValueError(f"looks {list(looks)} must increase to the {differences.shape[-1]} "
+                         "differences")
+    payoff = np.sign(differences) * _weights(np.abs(differences), looks)  # (..., n) in [-1, 1]
+    at_looks = np.asarray(looks) - 1
+    sides = []
+    for side in (1.0, -1.0):
+        log_wealth = np.cumsum(np.log1p(side * payoff[..., None] * BETS), axis=-2)  # (..., n, B)
+        sides.append(np.exp(log_wealth[..., at_looks, :]).mean(axis=-1))  # (..., looks)
+    return sides[0], sides[1]
+
+
+def first_crossing(e_values: np.ndarray, threshold: float) -> np.ndarray:
+    """Index of the first group whose e-value reaches ``threshold``, -1 where none does;
+    (..., looks) -> (...)."""
+    crossed = np.asarray(e_values) >= threshold
+    return np.where(crossed.any(axis=-1), crossed.argmax(axis=-1), -1)
+
+
+def _limit_e_values(looks: Sequence[int]) -> np.ndarray:
+    """The two-sided e-value at each group when every difference has the same sign and weight
+    1: what a shift ``m`` far beyond the data gets (every ``|d_i - m|`` alike)."""
+    n = np.asarray(looks, dtype=float)[:, None]
+    return ((1 + BETS) ** n + (1 - BETS) ** n).mean(axis=-1) / 2
+
+
+def confidence_sequence(differences: Sequence[float] | np.ndarray, looks: Sequence[int],
+                        alpha: float) -> tuple[float, float]:
+    """(low, high): the hull of the shifts ``m`` whose two-sided e-value of ``d_i - m`` stayed
+    below ``1 / alpha`` at every group (``-inf`` / ``inf`` where no shift that far is
+    excluded yet; ``(nan, nan)`` when every shift is, which a symmetric location model makes
+    an event of probability at most ``alpha``). Grid over ``median +/- 3 spreads``, each end
+    refined by finer grids between its last kept and first excluded shift; the hull is a
+    superset of the set, so it keeps its coverage."""
+    d = np.asarray(differences, dtype=float)
+    threshold = 1 / alpha
+
+    def excluded(shifts: np.ndarray) -> np.ndarray:
+        up, down = e_process(d[None, :] - shifts[:, None], looks)  # (shifts, looks)
+        return ((up + down) / 2).max(axis=-1) >= threshold
+
+    centre = float(np.median(d))
+    spread = float(d.max() - d.min()) or (abs(centre) or 1.0)
+    grid = centre + spread * _GRID
+    inside = np.flatnonzero(~excluded(grid))
+    if not len(inside):
+        return math.nan, math.nan
+    far_excluded = bool((_limit_e_values(looks) >= threshold).any())
+    ends = []
+    for side, index in ((-1, inside[0]), (1, inside[-1])):
+        kept, neighbour = float(grid[index]), index + side
+        if 0 <= neighbour < len(grid):
+            out = float(grid[neighbour])
+        elif not far_excluded:
+            ends.append(side * math.inf)
+            continue
+        else:  # kept at the grid's end: step outward until a shift is excluded
+            kept, out = _first_excluded_beyond(kept, side * spread, excluded)
+            if math.isinf(out):
+                ends.append(out)
+                continue
+        for _ in range(_REFINEMENTS):  # the last kept and first excluded shift, ever closer
+            between = np.linspace(kept, out, _REFINED)
+            first_out = int(np.argmax(excluded(between)))  # between[-1] == out is excluded
+            kept, out = float(between[first_out - 1]), float(between[first_out])
+        ends.append(kept)
+    return ends[0], ends[1]
+
+
+def _first_excluded_beyond(start: float, step: float,
+                           excluded: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
+    """(the last shift kept, the first excluded) along ``start + step, start + 3 step,
+    start + 7 step, ...`` (doubling steps); the second is +/-inf if no shift is excluded
+    before the floats run out."""
+    kept = start
+    while math.isfinite(kept + step):
+        if excluded(np.array([kept + step]))[0]:
+            return kept, kept + step
+        kept, step = kept + step, 2 * step
+    return kept, math.copysign(math.inf, step)
+
+
+class SequentialTest:
+    """Every variant against ``baseline`` as groups of paired seeds arrive (see the module
+    docstring): ``update`` per group, then ``verdict``, ``interval``, ``e_value``,
+    ``seeds_used``, ``stopped_because`` per variant and ``running`` / ``done`` for the run.
+
+    A variant is decided when its two-sided e-value first reaches ``threshold = K / alpha``
+    (K = the number of variants, fixed here); its verdict, e-value, seeds and interval are
+    then final and later differences are ignored. ``max_seeds``: a variant without a verdict
+    after that many paired seeds stops (``stopped_because`` ``max_seeds``); None: no cap.
+    NaN differences (a diverged seed) are dropped and counted in ``dropped``.
+    """
+
+    def __init__(self, variants: Sequence[str], baseline: str, alpha: float = 0.05,
+                 max_seeds: int | None = None, lower_is_better: bool = True) -> None:
+        self.variants = [v for v in variants if v != baseline]
+        if not self.variants:
+            raise ValueError(f"no variant to test against the baseline '{baseline}'")
+        if not 0 < alpha < 1:
+            raise ValueError(f"alpha={alpha} must lie strictly between 0 and 1")
+        self.baseline, self.alpha, self.max_seeds = baseline, alpha, max_seeds
+        self.lower_is_better = lower_is_better
+        self.threshold = len(self.variants) / alpha
+        self._differences: dict[str, list[float]] = {v: [] for v in self.variants}
+        self._looks: dict[str, list[int]] = {v: [] for v in self.variants}
+        self._decided: dict[str, str] = {}
+        self.dropped: dict[str, int] = dict.fromkeys(self.variants, 0)
+
+    def update(self, differences: Mapping[str, Sequence[float]]) -> None:
+        """One group: per variant, the new seeds' ``variant - baseline`` (a variant may be
+        absent: no new seed; a decided or capped one is ignored)."""
+        for name, values in differences.items():
+            if name not in self._differences:
+                raise ValueError(f"'{name}' is not a variant of this test; valid: "
+                                 f"{', '.join(self.variants)}")
+            if not self._running(name):
+                continue
+            values = np.asarray(values, dtype=float).ravel()
+            finite = values[~np.isnan(values)]
+            self.dropped[name] += len(values) - len(finite)
+            if self.max_seeds is not None:
+                finite = finite[:self.max_seeds - len(self._differences[name])]
+            if not len(finite):
+                continue
+            self._differences[name] += finite.tolist()
+            self._looks[name].append(len(self._differences[name]))
+            up, down = self._e_process(name)
+            if (up[-1] + down[-1]) / 2 >= self.threshold:
+                higher = up[-1] >= down[-1]
+                self._decided[name] = WORSE if higher == self.lower_is_better else BETTER
+
+    def update_values(self, values: Mapping[str, Sequence[float]]) -> None:
+        """One group as each name's values, the baseline's included, paired by position
+        (position i is one seed for every name)."""
+        if self.baseline not in values:
+            raise ValueError(f"the group has no values for the baseline '{self.baseline}'")
+        base = np.asarray(values[self.baseline], dtype=float)
+        self.update({name: np.asarray(v, dtype=float) - base
+                     for name, v in values.items() if name != self.baseline})
+
+    def _e_process(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        return e_process(np.asarray(self._differences[name]), self._looks[name])
+
+    def _running(self, name: str) -> bool:
+        capped = self.max_seeds is not None and self.seeds_used(name) >= self.max_seeds
+        return name not in self._decided and not capped
+
+    def verdict(self, variant: str) -> str | None:
+        """``better`` / ``worse`` once decided, else None."""
+        return self._decided.get(variant)
+
+    def e_value(self, variant: str) -> float:
+        """The two-sided e-value after the variant's last group (1 before any seed)."""
+        if not self._looks[variant]:
+            return 1.0
+        up, down = self._e_process(variant)
+        return float((up[-1] + down[-1]) / 2)
+
+    def interval(self, variant: str) -> tuple[float, float]:
+        """The confidence sequence for the paired difference's centre at level ``alpha / K``
+        (simultaneous over the variants): ``(-inf, inf)`` before any seed."""
+        if not self._looks[variant]:
+            return -math.inf, math.inf
+        return confidence_sequence(self._differences[variant], self._looks[variant],
+                                   self.alpha / len(self.variants))
+
+    def seeds_used(self, variant: str) -> int:
+        """Paired seeds taken by the variant (up to its verdict)."""
+        return len(self._differences[variant])
+
+    def stopped_because(self, variant: str) -> str:
+        """``verdict``, ``max_seeds``, or ``""`` while the variant still takes seeds."""
+        if variant in self._decided:
+            return STOPPED_VERDICT
+        return "" if self._running(variant) else STOPPED_MAX_SEEDS
+
+    def running(self) -> list[str]:
+        """The variants that still take seeds (the next group need train only these and the
+        baseline)."""
+        return [v for v in self.variants if self._running(v)]
+
+    def done(self) -> bool:
+        """True when no variant takes more seeds (each decided or at ``max_seeds``)."""
+        return not self.running()
