@@ -91,8 +91,9 @@ def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
     small = merged(cfg, patch)
     try:
         check_architecture(small)
+        probe = merged(small, {"model": {"vocab_size": small.model.vocab_size or 2}})
         with torch.random.fork_rng(devices=[]):
-            build_model(small)
+            build_model(probe)  # (the vocabulary, unknown before the task is built: any)
         return small, ""
     except (ConfigError, ValueError) as exc:
         own = merged(cfg, {key: value for key, value in patch.items() if key != "model"})
