@@ -336,7 +336,10 @@ def _step1_rows(cfg) -> dict:
 
     smoke = step_configs(cfg)["smoke"]
     _, model, batches = smoke_setup(smoke)
-    return {row.check: row for row in forward_backward_check(smoke, model, batches[0])}
+    before = torch.random.get_rng_state()
+    rows = forward_backward_check(smoke, model, batches[0])
+    assert torch.equal(before, torch.random.get_rng_state())  # step 2 trains as without it
+    return {row.check: row for row in rows}
 
 
 def test_the_defaults_swapped_in_are_the_primary_configs():

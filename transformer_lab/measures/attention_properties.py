@@ -61,9 +61,15 @@ def _keyless_queries(model: nn.Module, max_len: int) -> tuple[list[int], tuple[i
 
 
 def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
-    """Where the written-out attention's probabilities are not finite rows summing to 1."""
-    with torch.no_grad():
-        maps = model.eval().attention_maps(tokens)  # each (B, H, T, T)
+    """Where the written-out attention's probabilities are not finite rows summing to 1
+    (measured in eval mode; each attention module's ``last_weights`` is left as it was)."""
+    kept = [(block.attention, block.attention.last_weights) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            maps = model.eval().attention_maps(tokens)  # each (B, H, T, T)
+    finally:
+        for attention, weights in kept:
+            attention.last_weights = weights
     for layer, weights in enumerate(maps):
         sums = weights.float().sum(dim=-1)  # (B, H, T)
         bad = ~torch.isfinite(sums) | ((sums - 1).abs() > WEIGHTS_TOLERANCE)

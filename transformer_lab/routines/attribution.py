@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.tree import CONFIG_DIR
@@ -67,7 +68,8 @@ def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
     tried, found = [], {name: [] for name in failing}
     for group, choice, variant in swaps(cfg):
         try:
-            results = measure(build_model(variant, seed=cfg.seed))
+            with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
+                results = measure(build_model(variant, seed=cfg.seed))
         except Exception:  # noqa: BLE001 - the default does not fit this config: no verdict
             continue
         tried.append(f"{group}={choice}")
