@@ -1,9 +1,9 @@
 """``tlab mutants`` and step 1's property rows: broken components are caught at their expected
 step, correct ones pass, the confusion matrix counts them, a user's own mutants directory works.
 
-The full suite (29 mutants + 38 built-ins and presets: ~30 s on a quiet 2-core CPU, ~75 s when it
-is shared; ``tlab mutants`` runs it too) runs with ``TLAB_FULL_MUTANTS=1``; the default run
-checks a few of each (~5 s).
+The full suite (29 mutants + 38 built-ins and presets: ~40 s on a 2-core CPU shared with other
+work, ~80 s on a busier one; ``tlab mutants`` runs it too) runs with ``TLAB_FULL_MUTANTS=1``;
+the default run checks a few of each (~5 s).
 """
 
 from __future__ import annotations

@@ -3,9 +3,11 @@
 Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
 and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
 finite gradient and the parameter count equals the formula (``parameter_count``). Before that,
-the model's forward-pass properties (``measures.model_properties``, one row each): causality
-(decoders), position injectivity and finiteness up to ``routine.max_len``, batch independence,
-train/eval agreement, FFN gain, output dtype and device placement; a failing one fails step 1.
+the model's forward-pass properties (``measures.model_properties``, one row each: dtype, device,
+eval determinism, norm scale control, FFN nonlinearity, attention masks, causality in decoders,
+finiteness, injectivity and distinguishability of positions up to ``routine.max_len``, bf16
+behaviour, batch independence, train/eval agreement, FFN gain); a failing one fails step 1 and
+its row names the culprit component (``routines.attribution``).
 Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
 PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
 it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
