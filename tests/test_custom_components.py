@@ -53,9 +53,10 @@ def test_position_blind_pe_fails_at_step_1(tlab, tmp_path):
     code, stdout, _ = validate(tlab, out, "pe=position_blind", "routine.max_steps=30")
     assert code == 1
     rows = read_csv(out / "validation.csv")
-    (failed,) = [r for r in rows if r["status"] == "FAIL"]
-    assert (failed["step"], failed["check"]) == ("1", "position_injectivity")
-    assert "positions 0 and 1 get the same representation" in failed["detail"]
+    failed = [r for r in rows if r["status"] == "FAIL"]
+    assert [(r["step"], r["check"]) for r in failed] == [
+        ("1", "position_injectivity"), ("1", "position_distinguishability")]  # both see it
+    assert "positions 0 and 1 get the same representation" in failed[0]["detail"]
     assert all(r["status"] == "SKIP" for r in rows if r["step"] in ("2", "3", "4"))
     assert "step 1 failed" in stdout
 

@@ -1,8 +1,9 @@
 """Forward-pass properties of a built model: every built-in passes, every mutant is caught.
 
 The built-ins are the tiny model of ``experiment=smoke`` (d_model 8, 2 heads) in every PE x
-arch, every FFN and every block x norm layer; the mutants are the catalogue of
-:mod:`transformer_lab.mutants`, each expected to fail a named check with a detail naming it.
+arch, every FFN and every block x norm layer, and every preset; the mutants are the catalogue
+of :mod:`transformer_lab.mutants`, each expected to fail a named check with a detail naming it
+(the harmless ones, correct designs tlab does not ship, to fail none).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from transformer_lab.mutants import (
     BUILT_IN_FFNS,
     BUILT_IN_NORM_LAYERS,
     BUILT_IN_PES,
+    BUILT_IN_PRESETS,
     BY_NAME,
     MUTANTS,
     mutant_config,
@@ -64,6 +66,8 @@ BUILT_INS = (
     + [(f"ffn={ffn}", "arch=decoder") for ffn in FFNS]
     + [(f"block={block}", f"norm_layer={layer}", "arch=decoder", "model.n_layers=2")
        for block, layer in itertools.product(BLOCKS, NORM_LAYERS)]
+    + [(f"preset={preset}",) for preset in BUILT_IN_PRESETS]  # at their own sizes
+    + [("ffn=moe", "arch=decoder")]
 )
 
 
@@ -101,11 +105,19 @@ DETAILS = {  # what the failing check's detail must say
     "noisy_train_ffn": "train-mode outputs differ from eval-mode ones",
     "skip_in_eval_ffn": "train-mode outputs differ from eval-mode ones",
     "float64_pe": "positional (Float64PE) returned torch.float64 for torch.float32",
-    "cpu_table_pe": "made without device=",
+    "cpu_table_pe": "CPUTablePE: __getitem__ at transformer_lab/mutants/positional.py",
+    "aliasing_sinusoidal_pe": "positions 11 and 55 are only 0.018 of a neighbour step apart",
+    "linear_ffn": "the FFN (LinearFFN) of block 0 has no hidden nonlinearity",
+    "rms_times_norm": "(RMSTimesNorm): output RMS",
+    "squared_variance_layernorm": "(SquaredVarianceLayerNorm): output RMS",
+    "self_masking_alibi": "(SelfMaskingALiBi) with the causal mask masks every key of query 0",
+    "bf16_table_rope": "(BF16TableRoPE) rounds to half precision in a float32 run",
+    "functional_dropout_ffn": "blocks.0.feedforward (FunctionalDropoutFFN) gave outputs",
     "offset_blind_rope": "position 1 (one token at a time) differs from the full forward",
     "stale_dynamic_rope": "position 15 (3 tokens at a time) differs from the full forward",
     "top_left_alibi": "position 1 (one token at a time) differs from the full forward",
 }
+HARMLESS = [m for m in MUTANTS if m.expected == "harmless"]
 
 
 @pytest.mark.parametrize("mutant", STEP1_MUTANTS, ids=[m.name for m in STEP1_MUTANTS])
@@ -114,6 +126,20 @@ def test_each_step1_mutant_fails_its_check_with_a_detail_naming_it(mutant):
     check = mutant.expected.split(":", 1)[1]
     assert check in failed, f"{mutant.name} passed {check}"
     assert DETAILS[mutant.name] in failed[check]
+
+
+@pytest.mark.parametrize("mutant", HARMLESS, ids=[m.name for m in HARMLESS])
+def test_each_harmless_design_passes_every_check(mutant):
+    assert _failed(model_properties(_build(_mutant(mutant.name)), VOCAB)) == {}
+
+
+def test_each_step1_mutant_fails_no_check_before_its_own():
+    order = [r.name for r in model_properties(_build(_compose()), VOCAB)]
+    for mutant in STEP1_MUTANTS:
+        results = model_properties(_build(_mutant(mutant.name)), VOCAB)
+        first = next(r.name for r in results if r.passed is False)
+        assert first == mutant.expected.split(":", 1)[1], (mutant.name, first)
+        assert order == [r.name for r in results]
 
 
 def test_the_catalogue_covers_the_issue_and_every_target_imports():

@@ -1,9 +1,9 @@
 """``tlab mutants`` and step 1's property rows: broken components are caught at their expected
 step, correct ones pass, the confusion matrix counts them, a user's own mutants directory works.
 
-The full suite (19 mutants + 32 built-ins: ~10 s on a quiet 2-core CPU, ~40 s when it is shared;
-``tlab mutants`` runs it too) runs with ``TLAB_FULL_MUTANTS=1``; the default run checks a few
-of each (~3 s).
+The full suite (32 mutants + 38 built-ins and presets: ~40 s on a 2-core CPU shared with other
+work, ~80 s on a busier one; ``tlab mutants`` runs it too) runs with ``TLAB_FULL_MUTANTS=1``;
+the default run checks a few of each (~5 s).
 """
 
 from __future__ import annotations
@@ -41,7 +41,8 @@ def _suite(*names: str, negatives: bool = True, directory: str | None = None) ->
 
 
 FEW = ["position_blind", "token_shift_ffn", "wrong_shape_pe", "float64_pe", "flipped_sign_rope",
-       "future_bias_alibi", "pe=alibi/encoder", "ffn=swiglu", "block=post/batchnorm"]
+       "future_bias_alibi", "pe=alibi/encoder", "ffn=swiglu", "block=post/batchnorm",
+       "squared_variance_layernorm", "functional_dropout_ffn", "dyt_norm", "preset=gpt_neox"]
 
 
 def test_a_few_components_are_classified_as_expected():
@@ -57,9 +58,16 @@ def test_a_few_components_are_classified_as_expected():
         "pe=alibi/encoder": ("correct-passed", ""),
         "ffn=swiglu": ("correct-passed", ""),
         "block=post/batchnorm": ("correct-passed", ""),
+        # was "positions 16 and 17 get the same representation" (position_injectivity)
+        "squared_variance_layernorm": ("caught-expected", "step1:norm_scale_control"),
+        # was "a future leak" (causality)
+        "functional_dropout_ffn": ("caught-expected", "step1:eval_determinism"),
+        "dyt_norm": ("correct-passed", ""),
+        "preset=gpt_neox": ("correct-passed", ""),
     }
     leak = next(v for v in verdicts if v.candidate.name == "token_shift_ffn")
     assert "output at position 0 changed when token 1 changed" in leak.detail
+    assert leak.detail.endswith("culprit: the FFN (TokenShiftFFN): with gelu the property holds")
 
 
 def _verdict(kind: str, expected: str, caught: str) -> Verdict:
@@ -82,9 +90,13 @@ def test_confusion_matrix_and_mutation_score_count_each_outcome():
 def test_the_suite_holds_the_catalogue_and_every_built_in():
     candidates = _suite()
     broken = [c for c in candidates if c.kind == "broken"]
-    assert len(broken) == 18 and len(candidates) == 19 + len(built_in_negatives())
+    catalogue = [c for c in candidates if not c.name.startswith(("pe=", "ffn=", "block=",
+                                                                   "preset="))]
+    assert len(broken) == 25 and len(catalogue) == 32
+    assert len(candidates) == len(catalogue) + len(built_in_negatives())
     names = {c.name for c in candidates}
-    assert {"pe=t5/encoder", "pe=rope/decoder", "ffn=reglu", "block=deepnorm/rmsnorm"} <= names
+    assert {"pe=t5/encoder", "pe=rope/decoder", "ffn=reglu", "block=deepnorm/rmsnorm",
+            "preset=llama", "preset=t5_encoder"} <= names
     assert not any(name.startswith("pe=none") for name in names)  # the control is not a component
 
 

@@ -7,20 +7,24 @@ device: a factory call without ``device=`` (``arange, zeros, ones, empty, full, 
 linspace, eye``) and ``.cpu()`` make a *host* tensor; an op whose inputs are all host tensors
 makes a host tensor; ``.to(device)``, ``.to(other)``, ``.cuda()`` make a device-following one.
 An op that mixes a host tensor of one or more dims with a device-following tensor is recorded
-(0-dim host tensors mix with CUDA tensors legally). Not caught: an explicit ``device="cpu"``
-(on this machine it equals the model's device) and CPU tensors kept as plain attributes at
-construction.
+(0-dim host tensors mix with CUDA tensors legally), with the module whose code made the op, the
+line of that code and the line where the host tensor was made. Not caught: an explicit
+``device="cpu"`` (on this machine it equals the model's device) and CPU tensors kept as plain
+attributes at construction.
 """
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
+from torch import nn
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten
 
-_HOST = "_tlab_host"  # attribute set on a host tensor
+from transformer_lab.measures.property_result import called_from, flat_tensors
+
+_HOST = "_tlab_host"  # attribute set on a host tensor: where it was made ("" if unknown)
 _FACTORIES = {"arange", "zeros", "ones", "empty", "full", "tensor", "as_tensor", "rand",
               "randn", "randint", "randperm", "linspace", "logspace", "eye"}
 _MOVES = {"to", "cuda", "type_as", "new_tensor", "new_zeros", "new_ones", "new_empty",
@@ -28,14 +32,26 @@ _MOVES = {"to", "cuda", "type_as", "new_tensor", "new_zeros", "new_ones", "new_e
 
 
 def _is_host(value: Any) -> bool:
-    return isinstance(value, torch.Tensor) and getattr(value, _HOST, False)
+    return isinstance(value, torch.Tensor) and hasattr(value, _HOST)
 
 
-def _mark(result: Any) -> Any:
-    for value in tree_flatten(result)[0]:
-        if isinstance(value, torch.Tensor):
-            setattr(value, _HOST, True)
+def _mark(result: Any, made: str) -> Any:
+    for value in flat_tensors(result):
+        setattr(value, _HOST, made)
     return result
+
+
+def _calling_module() -> str:
+    """The class of the innermost module whose own code (a method with ``self``) is running,
+    outside torch: ``CPUTablePE``; ``""`` if none."""
+    frame = inspect.currentframe()
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, nn.Module) and not frame.f_code.co_filename.startswith(
+                torch.__path__[0]):
+            return type(owner).__name__
+        frame = frame.f_back
+    return ""
 
 
 class DeviceAudit(TorchFunctionMode):
@@ -51,30 +67,42 @@ class DeviceAudit(TorchFunctionMode):
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
         if name in _FACTORIES:
-            return _mark(result) if kwargs.get("device") is None else result
+            if kwargs.get("device") is not None:
+                return result
+            return _mark(result, f"torch.{name} at {called_from(inspect.currentframe())}")
         if name == "cpu":
-            return _mark(result)
+            return _mark(result, f".cpu() at {called_from(inspect.currentframe())}")
         if name in _MOVES:
             # .to(dtype) keeps the provenance; .to(device / tensor) and new_* follow the target
             moved = name != "to" or any(isinstance(a, torch.Tensor | torch.device | str)
                                         for a in (*args[1:], kwargs.get("device")))
             if not moved:
-                return _mark(result) if _is_host(args[0]) else result
+                return _mark(result, getattr(args[0], _HOST)) if _is_host(args[0]) else result
             # a no-op move returns the same object: give back a fresh alias, not host-marked
             return result.view_as(result) if result is args[0] else result
-        tensors = [v for v in tree_flatten((args, kwargs))[0] if isinstance(v, torch.Tensor)]
+        tensors = flat_tensors((args, kwargs))
         host = [t for t in tensors if _is_host(t)]
         if not host:
             return result
         if len(host) == len(tensors):
-            return _mark(result)
+            return _mark(result, getattr(host[0], _HOST))
         if name == "__getitem__" and not _is_host(args[0]):
             return result  # a CPU index into a CUDA tensor is legal
         if any(t.dim() > 0 for t in host):
-            shapes = ", ".join(str(tuple(t.shape)) for t in host if t.dim() > 0)
-            self.violations.append(f"{name} mixed a tensor made without device= {shapes} "
-                                   "with the model's tensors")
+            self.violations.append(self._violation(name, [t for t in host if t.dim() > 0]))
         return result
+
+    @staticmethod
+    def _violation(op: str, host: list[torch.Tensor]) -> str:
+        """``CPUTablePE: __getitem__ at my_pe.py:12 (forward) mixed a tensor made without
+        device= (8, 8) (torch.arange at my_pe.py:11 (forward)) with the model's tensors``."""
+        owner = _calling_module()
+        where = called_from(inspect.currentframe())
+        shapes = ", ".join(str(tuple(t.shape)) for t in host)
+        made = getattr(host[0], _HOST)
+        return (f"{owner + ': ' if owner else ''}{op}{f' at {where}' if where else ''} mixed "
+                f"a tensor made without device= {shapes}{f' ({made})' if made else ''} with "
+                "the model's tensors")
 
 
 def host_tensor(value: Any) -> bool:

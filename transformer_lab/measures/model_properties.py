@@ -5,18 +5,28 @@
     finite_at_max_len    a forward at ``max_len`` tokens is finite (not only at 4 tokens)
     batch_independence   in eval mode a sequence's output does not depend on the others'
     train_eval_agreement without dropout, ``model.train()`` and ``model.eval()`` agree
-    and, from :mod:`.output_properties`, ``output_dtype``, ``device_placement``, ``ffn_gain``
+
+and, from the modules beside this one:
+
+    output_properties     output_dtype, device_placement, eval_determinism, ffn_gain
+    component_properties  norm_scale_control, ffn_nonlinearity (a component on its own)
+    attention_properties  query_sees_a_key, attention_paths_agree (SDPA vs written out)
+    positions             position_distinguishability (every pair of positions, on the PE)
+    bf16_behaviour        bf16_behaviour (where the run or the PE uses half precision)
+    cached_decoding       cached_decoding (decoders: a KV cache's incremental decoding equals
+                          the full forward on the same prefix)
 
 Each check returns a :class:`PropertyResult` and never raises: an exception inside the forward
-is a FAIL naming it. The invariance checks (causality, injectivity, batch independence,
-train/eval) run on :func:`amplified_copy`: at ``init_std=0.02`` attention is nearly uniform and
-a dependence through it is at float-noise level; an exact invariance holds for any weights.
-:func:`model_properties` runs them all (a few tens of ms on the tiny model).
+is a FAIL naming it (and the line of the user's code it came from). The invariance checks
+(causality, injectivity, batch independence, train/eval) run on :func:`amplified_copy`: at
+``init_std=0.02`` attention is nearly uniform and a dependence through it is at float-noise
+level; an exact invariance holds for any weights. :func:`model_properties` runs them all, in
+an order where a component's own check comes before the model-level checks it would also break
+(a dropout left on in eval mode fails ``eval_determinism``, not ``causality``).
 """
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -24,19 +34,28 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from transformer_lab.measures.attention_properties import attention_paths_agree, query_sees_a_key
+from transformer_lab.measures.bf16_behaviour import bf16_behaviour
 from transformer_lab.measures.cached_decoding import cached_decoding
-from transformer_lab.measures.output_properties import device_placement, ffn_gain, output_dtype
+from transformer_lab.measures.component_properties import ffn_nonlinearity, norm_scale_control
+from transformer_lab.measures.output_properties import (
+    device_placement,
+    eval_determinism,
+    ffn_gain,
+    output_dtype,
+)
+from transformer_lab.measures.positions import position_distinguishability, position_max_len
 from transformer_lab.measures.property_result import (
     PropertyResult,
+    amplified_copy,
     eval_outputs,
     failed,
     random_tokens,
     relative_change,
+    train_mode_without_dropout,
 )
 
-DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
 RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
-AMPLIFIED_STD = 0.3  # weight-matrix std of the copy measured by position_injectivity
 
 
 def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
@@ -70,11 +89,6 @@ def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyR
                           f"(relative change {float(delta[s, t]):.2g}): a future leak")
 
 
-def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
-    """The PE's own ``max_len`` where it has one (a learned table), else ``default``."""
-    return int(getattr(model.positional, "max_len", None) or default)
-
-
 @contextmanager
 def _without_causal_mask(model: nn.Module) -> Iterator[None]:
     causal = model.causal
@@ -93,20 +107,6 @@ def _swap_pairs(max_len: int) -> list[int]:
         left += [i - 1, i]
         i *= 2
     return sorted({p for p in [*left, max_len - 2] if 0 <= p < max_len - 1})
-
-
-def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
-    """A copy of ``model`` whose every weight matrix (parameter of 2 or more dims: projections,
-    embeddings, learned PE tables and bias tables) is rescaled to standard deviation ``std``.
-    At ``init_std=0.02`` attention is nearly uniform and a relative PE moves the outputs by
-    ~1e-6 of their norm, the float32 noise level; the rescaled copy makes it visible. A model
-    blind to position stays blind whatever its weights, so the property is unchanged."""
-    copied = copy.deepcopy(model)
-    with torch.no_grad():
-        for parameter in copied.parameters():
-            if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:
-                parameter.mul_(std / parameter.std())
-    return copied
 
 
 def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
@@ -215,35 +215,6 @@ def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
                           f"{worst:.2g} (relative) when the other sequences of its batch changed")
 
 
-def _running_statistics(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm)
-
-
-@contextmanager
-def _train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
-    """``model.train()`` with every dropout probability 0 and modules with running statistics
-    (torch BatchNorm: train mode uses the batch's statistics, by design) left in eval mode.
-    Yields the names of those modules; restores the modes and probabilities afterwards."""
-    from transformer_lab.components.attention import MultiHeadAttention
-
-    was_training, saved = model.training, []
-    model.train()
-    exempt = [n for n, m in model.named_modules() if _running_statistics(m)]
-    for module in model.modules():
-        if _running_statistics(module):
-            module.eval()
-        if isinstance(module, nn.modules.dropout._DropoutNd | MultiHeadAttention):
-            attribute = "p" if isinstance(module, nn.modules.dropout._DropoutNd) else "dropout"
-            saved.append((module, attribute, getattr(module, attribute)))
-            setattr(module, attribute, 0.0)
-    try:
-        yield exempt
-    finally:
-        for module, attribute, value in saved:
-            setattr(module, attribute, value)
-        model.train(was_training)
-
-
 def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
     """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs.
 
@@ -256,7 +227,7 @@ def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -
     try:
         copied = amplified_copy(model)
         evaluated = eval_outputs(copied, tokens)
-        with _train_mode_without_dropout(copied) as exempt, torch.no_grad():
+        with train_mode_without_dropout(copied) as exempt, torch.no_grad():
             trained = copied(tokens).float()
     except Exception as exc:
         return failed(name, exc)
@@ -268,16 +239,26 @@ def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -
                            f"ones by {worst:.2g} (relative) with dropout off") + note)
 
 
-def model_properties(model: nn.Module, vocab_size: int,
-                     max_len: int | None = None) -> list[PropertyResult]:
-    """Every check above on ``model`` (its weights and modes are left as they were)."""
+def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = None,
+                     precision: str = "fp32") -> list[PropertyResult]:
+    """Every check above on ``model`` (its weights, modes and torch's random state are left as
+    they were); ``max_len``: how far positions are checked (default: the PE's own, else 256);
+    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``."""
+    max_len = max_len or position_max_len(model)
     return [
         output_dtype(model, vocab_size),
         device_placement(model, vocab_size),
+        eval_determinism(model, vocab_size),  # before the invariances a random output breaks
+        norm_scale_control(model),
+        ffn_nonlinearity(model),
+        query_sees_a_key(model, vocab_size, max_len),
+        attention_paths_agree(model, vocab_size),
         causality(model, vocab_size),
         finite_at_max_len(model, vocab_size, max_len),  # before injectivity: it names an inf
         position_injectivity(model, vocab_size, max_len),
-        cached_decoding(amplified_copy(model), vocab_size, max_len or position_max_len(model)),
+        cached_decoding(amplified_copy(model), vocab_size, max_len),
+        position_distinguishability(model, max_len),
+        bf16_behaviour(model, vocab_size, max_len, precision),
         batch_independence(model, vocab_size),
         train_eval_agreement(model, vocab_size),
         ffn_gain(model, vocab_size),

@@ -2,6 +2,7 @@
 
     output_dtype      every module returns the model's dtype (a float64 table is a bug)
     device_placement  nothing is built on the CPU regardless of the model's device
+    eval_determinism  in eval mode the same tokens give the same outputs (no dropout left on)
     ffn_gain          an FFN does not multiply the scale of its input (it would explode with
                       depth)
 """
@@ -16,13 +17,16 @@ from torch import nn
 
 from transformer_lab.measures.property_result import (
     PropertyResult,
+    component,
     eval_outputs,
     failed,
     random_tokens,
+    relative_change,
 )
 
 FFN_GAIN_LIMIT = 10.0
 # built-ins at init: ~0.01 (init_std 0.02) to ~1 (init_std 0.3)
+SAME_OUTPUT_TOLERANCE = 1e-5  # relative: two forwards of the same tokens run the same ops
 
 
 def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
@@ -96,6 +100,79 @@ def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
         return PropertyResult(name, False, float(len(returned) + len(audit.violations)), 0.0,
                               f"{what} (on the CPU whatever the model's device)")
     return PropertyResult(name, True, 0.0, 0.0, "every tensor follows the model's device")
+
+
+def _recorded_forward(model: nn.Module, tokens: torch.Tensor
+                      ) -> tuple[torch.Tensor, list[tuple[str, nn.Module, list, list]]]:
+    """Logits of an eval forward and, in the order the modules finished, each module's name,
+    the module, its tensor inputs and its tensor outputs (copies)."""
+    names = {module: name for name, module in model.named_modules()}
+    calls: list[tuple[str, nn.Module, list, list]] = []
+
+    def tensors(value: object) -> list[torch.Tensor]:
+        values = value if isinstance(value, tuple | list) else (value,)
+        return [v.detach().float().clone() for v in values if isinstance(v, torch.Tensor)]
+
+    def hook(module: nn.Module, args: tuple, output: object) -> None:
+        calls.append((names[module] or "model", module, tensors(args), tensors(output)))
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        logits = eval_outputs(model, tokens)
+    finally:
+        for handle in handles:
+            handle.remove()
+    return logits, calls
+
+
+def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
+    """Largest relative change between two lists of same-shaped tensors (inf if shapes differ)."""
+    if len(first) != len(second) or any(a.shape != b.shape for a, b in zip(first, second,
+                                                                           strict=True)):
+        return math.inf
+    changes = [float(relative_change((a - b).reshape(-1, a.shape[-1]),
+                                     a.reshape(-1, a.shape[-1])).max())
+               for a, b in zip(first, second, strict=True) if a.numel()]
+    return max(changes, default=0.0)
+
+
+def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
+    """In eval mode two forwards of the same tokens give the same outputs.
+
+    A dropout that ``model.eval()`` does not turn off (``F.dropout(x, p)``, whose ``training``
+    defaults to True; noise drawn in ``forward``) makes evaluation and generation random, and
+    every invariance check below it fails for a reason it cannot name (a decoder's looks like a
+    future leak). On a failure the culprit is the first module, in the order they finish, whose
+    inputs are the same in both forwards and whose output is not. torch's random state is
+    restored afterwards.
+    """
+    name = "eval_determinism"
+    tokens = random_tokens(vocab_size, 2, seq_len, seed=8)
+    try:
+        with torch.random.fork_rng(devices=[]):
+            first, first_calls = _recorded_forward(model, tokens)
+            second, second_calls = _recorded_forward(model, tokens)
+    except Exception as exc:
+        return failed(name, exc)
+    change = float(relative_change(first - second, first).max())
+    if change <= SAME_OUTPUT_TOLERANCE:
+        return PropertyResult(name, True, change, SAME_OUTPUT_TOLERANCE,
+                              "two eval forwards of the same tokens agree")
+    culprit = next(((module_name, module, _differ(out_a, out_b))
+                    for (module_name, module, in_a, out_a), (_, _, in_b, out_b)
+                    in zip(first_calls, second_calls, strict=False)
+                    if _differ(in_a, in_b) <= SAME_OUTPUT_TOLERANCE
+                    and _differ(out_a, out_b) > SAME_OUTPUT_TOLERANCE), None)
+    if culprit is None:
+        where = "the model's output"
+    else:
+        module_name, module, change = culprit
+        where = f"{module_name} ({component(module)})"
+    return PropertyResult(name, False, change, SAME_OUTPUT_TOLERANCE,
+                          f"output not deterministic in eval mode: {where} gave outputs "
+                          f"{change:.2g} (relative) apart for the same input in two eval "
+                          "forwards: randomness that model.eval() does not turn off (a "
+                          "functional dropout needs training=self.training)")
 
 
 def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:

@@ -1,12 +1,23 @@
 """What a component-property check returns, and the small helpers the checks share
-(:mod:`.model_properties`, :mod:`.output_properties`)."""
+(:mod:`.model_properties`, :mod:`.output_properties` and the other step-1 measures): random
+tokens, relative changes, the label of a component and the line of the user's code that an
+exception or an op came from."""
 
 from __future__ import annotations
 
+import copy
+import sysconfig
+import traceback
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
 
 import torch
 from torch import nn
+
+AMPLIFIED_STD = 0.3  # weight-matrix std of the copy the invariance checks measure
 
 
 @dataclass
@@ -42,7 +53,113 @@ def relative_change(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff.norm(dim=-1) / scale
 
 
+def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
+    """A copy of ``model`` whose every weight matrix (parameter of 2 or more dims: projections,
+    embeddings, learned PE tables and bias tables) is rescaled to standard deviation ``std``.
+    At ``init_std=0.02`` attention is nearly uniform and a relative PE moves the outputs by
+    ~1e-6 of their norm, the float32 noise level; the rescaled copy makes it visible. A model
+    blind to position stays blind whatever its weights, so the property is unchanged."""
+    copied = copy.deepcopy(model)
+    with torch.no_grad():
+        for parameter in copied.parameters():
+            if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:
+                parameter.mul_(std / parameter.std())
+    return copied
+
+
+def _running_statistics(module: nn.Module) -> bool:
+    return isinstance(module, nn.modules.batchnorm._BatchNorm)
+
+
+@contextmanager
+def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
+    """``model.train()`` with every dropout probability 0 and modules with running statistics
+    (torch BatchNorm: train mode uses the batch's statistics, by design) left in eval mode.
+    Yields the names of those modules; restores the modes and probabilities afterwards."""
+    from transformer_lab.components.attention import MultiHeadAttention
+
+    was_training, saved = model.training, []
+    model.train()
+    exempt = [n for n, m in model.named_modules() if _running_statistics(m)]
+    for module in model.modules():
+        if _running_statistics(module):
+            module.eval()
+        if isinstance(module, nn.modules.dropout._DropoutNd | MultiHeadAttention):
+            attribute = "p" if isinstance(module, nn.modules.dropout._DropoutNd) else "dropout"
+            saved.append((module, attribute, getattr(module, attribute)))
+            setattr(module, attribute, 0.0)
+    try:
+        yield exempt
+    finally:
+        for module, attribute, value in saved:
+            setattr(module, attribute, value)
+        model.train(was_training)
+
+
+def flat_tensors(value: object) -> list[torch.Tensor]:
+    """The tensors in ``value``: a tensor, or (nested) tuples, lists and dict values."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, tuple | list):
+        return [t for item in value for t in flat_tensors(item)]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in flat_tensors(item)]
+    return []
+
+
+def component(module: nn.Module) -> str:
+    """A module as messages name it: its class (``MyNorm``)."""
+    return type(module).__name__
+
+
+# Files that are not the user's code: torch, the standard library, these checks.
+_NOT_USER_CODE = tuple(str(Path(p).resolve()) for p in (
+    Path(torch.__file__).parent, sysconfig.get_paths()["stdlib"], Path(__file__).parent))
+
+
+def _user_code(filename: str) -> bool:
+    return not str(Path(filename).resolve()).startswith(_NOT_USER_CODE)
+
+
+def _shown(filename: str) -> str:
+    """A file as messages show it: relative to the working directory where it is below it."""
+    path = Path(filename).resolve()
+    try:
+        return str(path.relative_to(Path.cwd()))
+    except ValueError:
+        return str(path)
+
+
+def _location(frames: Iterable[tuple[str, int, str]]) -> str:
+    """``file:line (function)`` of the first of ``frames`` (filename, line, function) in the
+    user's code, or ``""``."""
+    for filename, line, function in frames:
+        if _user_code(filename):
+            return f"{_shown(filename)}:{line} ({function})"
+    return ""
+
+
+def raised_at(tb: TracebackType | None) -> str:
+    """Where in the user's code an exception was raised: the innermost frame of ``tb`` that is
+    not torch's, the standard library's or these checks' (``file:line (function)``), or ``""``."""
+    frames = traceback.extract_tb(tb)
+    return _location((f.filename, f.lineno or 0, f.name) for f in reversed(frames))
+
+
+def called_from(frame: FrameType | None) -> str:
+    """Where in the user's code the current op was called: the innermost frame from ``frame``
+    outwards that is not torch's, the standard library's or these checks'; or ``""``."""
+    frames = []
+    while frame is not None:
+        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
+        frame = frame.f_back
+    return _location(frames)
+
+
 def failed(name: str, exc: Exception) -> PropertyResult:
+    """The property ``name`` as a FAIL because the forward raised ``exc`` (its first line and,
+    where the traceback has it, the file and line of the user's code)."""
     message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}: "
-                          f"{message[:200]}")
+    where = raised_at(exc.__traceback__)
+    return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}"
+                          f"{f' at {where}' if where else ''}: {message[:200]}")

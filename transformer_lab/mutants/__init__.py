@@ -9,7 +9,8 @@ group's node, the architecture it is run in, and where it is expected to be caug
     harmless             nothing: the component is correct in this architecture
 
 Build one with :func:`mutant_config`; the modules ``positional``, ``feedforward`` and ``norms``
-hold the broken classes (each docstring says what is broken).
+hold the broken classes (each docstring says what is broken), ``negatives`` correct designs tlab
+does not ship (``harmless``: the routine must pass them).
 """
 
 from __future__ import annotations
@@ -89,6 +90,34 @@ MUTANTS: tuple[Mutant, ...] = (
            {"d_model": _D}),
     Mutant("cpu_table_pe", "pe", f"{_M}.positional.CPUTablePE", "decoder",
            "step1:device_placement", {"d_model": _D}),
+    # --- bugs modelled on public issue trackers (issue 24): each caught by the step-1
+    # property that names it
+    Mutant("aliasing_sinusoidal_pe", "pe", f"{_M}.positional.AliasingSinusoidalPE", "encoder",
+           "step1:position_distinguishability", {"d_model": _D}),
+    Mutant("linear_ffn", "ffn", f"{_M}.feedforward.LinearFFN", "encoder",
+           "step1:ffn_nonlinearity", _FFN),
+    Mutant("rms_times_norm", "norm_layer", f"{_M}.norms.RMSTimesNorm", "decoder",
+           "step1:norm_scale_control", partial=True),
+    Mutant("squared_variance_layernorm", "norm_layer", f"{_M}.norms.SquaredVarianceLayerNorm",
+           "encoder", "step1:norm_scale_control", partial=True),
+    Mutant("self_masking_alibi", "pe", f"{_M}.positional.SelfMaskingALiBi", "decoder",
+           "step1:query_sees_a_key", {"n_heads": "${model.n_heads}", "causal": True}),
+    Mutant("bf16_table_rope", "pe", f"{_M}.positional.BF16TableRoPE", "decoder",
+           "step1:bf16_behaviour", {"head_dim": _HEAD_DIM}),
+    Mutant("functional_dropout_ffn", "ffn", f"{_M}.feedforward.FunctionalDropoutFFN", "decoder",
+           "step1:eval_determinism", {**_FFN, "p": 0.1}),
+    # correct designs tlab does not ship (mutants.negatives): no check may fail them
+    Mutant("scale_norm", "norm_layer", f"{_M}.negatives.ScaleNorm", "decoder", "harmless",
+           partial=True),
+    Mutant("dyt_norm", "norm_layer", f"{_M}.negatives.DyT", "decoder", "harmless",
+           partial=True),
+    Mutant("squared_relu_ffn", "ffn", f"{_M}.negatives.SquaredReLUFFN", "decoder", "harmless",
+           _FFN),
+    Mutant("mish_ffn", "ffn", f"{_M}.negatives.MishFFN", "decoder", "harmless", _FFN),
+    Mutant("kerple_log_bias", "pe", f"{_M}.negatives.KerpleLogBias", "decoder", "harmless",
+           {"n_heads": "${model.n_heads}"}),
+    Mutant("xpos_rope", "pe", f"{_M}.negatives.XPosRoPE", "decoder", "harmless",
+           {"head_dim": _HEAD_DIM}),
 )
 
 BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}
@@ -98,11 +127,32 @@ BUILT_IN_PES = ("sinusoidal", "learned", "sinusoidal_learned", "rope", "alibi", 
 BUILT_IN_FFNS = ("relu", "gelu", "gelu_tanh", "swish", "leaky_relu", "swiglu", "geglu", "reglu")
 BUILT_IN_BLOCKS = ("post", "pre", "sandwich", "deepnorm")
 BUILT_IN_NORM_LAYERS = ("layernorm", "rmsnorm", "batchnorm")
+BUILT_IN_PRESETS = ("gpt2", "llama", "bert", "t5_encoder", "gpt_neox", "mixtral")
+# Presets that steps 1-2 run at their own sizes: at the smoke size (d_model 8, 2 heads: head_dim
+# 4) GPT-NeoX's 25% rotary would rotate 1 dimension, which RoPE cannot (it needs pairs).
+PRESETS_AT_OWN_SIZE = ("gpt_neox",)
+_SMOKE_SIZES = ("d_model", "n_heads", "n_layers", "d_ff")  # what routine.smoke.model sets
+
+
+def preset_negative(preset: str) -> tuple[str, str, str, list[str]]:
+    """A preset as a negative: its arch, and steps 1-2 at the smoke size as ``tlab validate``
+    runs them (:data:`PRESETS_AT_OWN_SIZE` at the preset's own sizes)."""
+    from omegaconf import OmegaConf
+
+    from transformer_lab.config.tree import choice_file
+
+    node = OmegaConf.load(choice_file("preset", preset))
+    arch = next(choice for entry in node.defaults for group, choice in entry.items()
+                if group.endswith("/arch"))
+    sizes = ([f"routine.smoke.model.{key}={node.model[key]}" for key in _SMOKE_SIZES]
+             if preset in PRESETS_AT_OWN_SIZE else [])
+    return f"preset={preset}", "preset", arch, [f"preset={preset}", *sizes]
 
 
 def built_in_negatives() -> list[tuple[str, str, str, list[str]]]:
     """``(name, group, arch, overrides)`` of every built-in PE x arch, FFN (decoder: a future
-    leak shows there) and block x norm layer (decoder, 2 layers: the wiring between blocks)."""
+    leak shows there), block x norm layer (decoder, 2 layers: the wiring between blocks) and
+    preset (:func:`preset_negative`)."""
     rows = [(f"pe={pe}/{arch}", "pe", arch, [f"pe={pe}", f"arch={arch}"])
             for pe in BUILT_IN_PES for arch in ("encoder", "decoder")]
     rows += [(f"ffn={ffn}", "ffn", "decoder", [f"ffn={ffn}", "arch=decoder"])
@@ -111,6 +161,7 @@ def built_in_negatives() -> list[tuple[str, str, str, list[str]]]:
               [f"block={block}", f"norm_layer={layer}", "arch=decoder",
                "routine.smoke.model.n_layers=2"])
              for block in BUILT_IN_BLOCKS for layer in BUILT_IN_NORM_LAYERS]
+    rows += [preset_negative(preset) for preset in BUILT_IN_PRESETS]
     return rows
 
 

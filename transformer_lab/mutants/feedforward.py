@@ -49,3 +49,25 @@ class WrongShapeFFN(FeedForward):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return super().forward(x)[..., :-1]  # (B, T, D - 1)
+
+
+class LinearFFN(FeedForward):
+    """Applies the activation after the down-projection, ``act(W2 W1 x)``: one linear map then
+    an elementwise function, no hidden nonlinearity (the FFN adds nothing a linear layer
+    cannot)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.act(self.down_proj(self.dropout(self.up_proj(x))))  # (B, T, D)
+
+
+class FunctionalDropoutFFN(FeedForward):
+    """Calls ``F.dropout(h, p)`` whose ``training`` defaults to True: dropout stays on in eval
+    mode, so evaluation and generation are random."""
+
+    def __init__(self, d_model: int, d_ff: int, p: float = 0.1, **kwargs: object) -> None:
+        super().__init__(d_model, d_ff, **kwargs)
+        self.p = p
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.dropout(self.act(self.up_proj(x)), self.p)  # (B, T, d_ff), always dropped
+        return self.down_proj(h)  # (B, T, D)

@@ -159,3 +159,51 @@ class TopLeftALiBi(ALiBiPositionalBias):
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
         table = super().forward(k_len, k_len)  # (H, Tk, Tk)
         return table[:, :q_len, :k_len]  # (H, Tq, Tk) bug: rows k_len - q_len .. k_len - 1
+
+
+def floor_division_table(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """:func:`sinusoidal_table` with the exponent ``2i / d_model`` computed by integer (floor)
+    division, as ``/`` on integer tensors did in old PyTorch: every exponent is 0, every
+    frequency ``base^0 = 1``. ``(max_len, d_model)``."""
+    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+    exponent = torch.div(torch.arange(0, d_model, 2), d_model, rounding_mode="floor")  # all 0
+    freqs = base ** -exponent.float()  # (ceil(d/2),) all 1
+    angles = position * freqs[None, :]  # (L, ceil(d/2))
+    table = torch.zeros(max_len, d_model)
+    table[:, 0::2] = torch.sin(angles)
+    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
+    return table  # (L, d_model)
+
+
+class AliasingSinusoidalPE(SinusoidalPositionalEncoding):
+    """Sinusoidal PE whose frequencies are all 1 (a wrong ``div_term``: the exponent divided
+    with integer division, :func:`floor_division_table`): neighbours differ by a radian, but
+    positions p and p + 44 only by 0.018 rad (44 is about 7 x 2 pi)."""
+
+    def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
+        super().__init__(d_model, max_len, base)
+        self.table = floor_division_table(max_len, d_model, base)
+
+    def _extend(self, length: int) -> None:
+        self.table = floor_division_table(length, self.d_model, self.base).to(self.table)
+
+
+class SelfMaskingALiBi(ALiBiPositionalBias):
+    """ALiBi that also masks each token from itself (``-inf`` on the diagonal): in a decoder
+    the first query then sees no key. SDPA returns 0 for that row, so the forward looks fine;
+    the written-out softmax gives NaN."""
+
+    def forward(self, q_len: int, k_len: int) -> torch.Tensor:
+        bias = super().forward(q_len, k_len)  # (H, Tq, Tk)
+        itself = torch.eye(q_len, k_len, dtype=torch.bool, device=bias.device)  # (Tq, Tk)
+        return bias.masked_fill(itself, float("-inf"))  # (H, Tq, Tk)
+
+
+class BF16TableRoPE(RotaryPositionalEncoding):
+    """RoPE whose cos/sin tables are stored in bfloat16 (modded-nanogpt #39): every rotation
+    uses angles rounded to 8 bits, in a float32 run too."""
+
+    def _build_cache(self, length: int) -> None:
+        super()._build_cache(length)
+        self.cos_cached = self.cos_cached.bfloat16()  # (L, rot/2) bf16
+        self.sin_cached = self.sin_cached.bfloat16()

@@ -187,6 +187,7 @@ def baseline_of(cfg: DictConfig) -> str | None:
 SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "vary.key": Rule("str", nullable=True),
             "vary.values": Rule("list", min_items=1, nullable=True),
+            "baseline": Rule("any", nullable=True),
             "steps": POSITIVE_INT, "seeds": POSITIVE_INT, "shared_init": Rule("bool"),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
 # Keys that are no variant of a run: what runs, the samples, Hydra's own, where it writes.

@@ -3,9 +3,11 @@
 Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
 and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
 finite gradient and the parameter count equals the formula (``parameter_count``). Before that,
-the model's forward-pass properties (``measures.model_properties``, one row each): causality
-(decoders), position injectivity and finiteness up to ``routine.max_len``, batch independence,
-train/eval agreement, FFN gain, output dtype and device placement; a failing one fails step 1.
+the model's forward-pass properties (``measures.model_properties``, one row each: dtype, device,
+eval determinism, norm scale control, FFN nonlinearity, attention masks, causality in decoders,
+finiteness, injectivity and distinguishability of positions up to ``routine.max_len``, bf16
+behaviour, batch independence, train/eval agreement, FFN gain); a failing one fails step 1 and
+its row names the culprit component (``routines.attribution``).
 Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
 PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
 it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
@@ -42,6 +44,7 @@ from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
+from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.variants import seed_list, train_settings
 from transformer_lab.tasks import Batch, Task
@@ -71,15 +74,28 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
 
 
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
-    """Step 1's forward-pass properties (``measures.model_properties``): causality, position
-    injectivity and finiteness up to max_len, batch independence, train/eval agreement, FFN
-    gain, output dtype and device placement. ``routine.max_len`` (default: the PE's own
-    max_len, else 256) is how far positions are checked."""
+    """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
+    causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
+    control, bf16 behaviour). ``routine.max_len`` (default: the PE's own max_len, else 256) is
+    how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
+    row's detail ends with its culprit (``routines.attribution``: each component swapped for
+    its group's default)."""
     clock = Stopwatch()
-    results = model_properties(model, cfg.model.vocab_size, cfg.routine.get("max_len"))
-    rows = [_property_row(r, model.pe_kind) for r in results]
+
+    def measure(built: TransformerModel) -> list[PropertyResult]:
+        return model_properties(built, cfg.model.vocab_size, cfg.routine.get("max_len"),
+                                str(cfg.train.get("precision", "fp32")))
+
+    rows = [_property_row(r, model.pe_kind) for r in measure(model)]
+    failing = {row.check for row in rows if row.status == "FAIL"}
+    if failing:
+        named = culprits(cfg, model, failing, measure)
+        for row in rows:
+            if named.get(row.check):
+                row.detail = f"{row.detail}; {named[row.check]}"
+    wall = clock.lap()
     for row in rows:
-        row.wall_s = clock.lap() / len(rows)
+        row.wall_s = wall / len(rows)
     return rows
 
 
@@ -113,8 +129,9 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
                          "params", float(params), formula,
                          detail="custom component: no formula" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
+    wall = clock.lap()
     for row in rows[start:]:
-        row.wall_s = clock.lap() / (len(rows) - start)
+        row.wall_s = wall / (len(rows) - start)
     return rows
 
 

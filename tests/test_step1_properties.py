@@ -1,0 +1,388 @@
+"""Step 1's properties one by one (issue 24): each passes the correct designs it must (built-ins,
+designs tlab does not ship), fails the bug it is modelled on with the value an independent
+computation gives, and names the culprit; the swap attribution and the code locations too.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
+from transformer_lab.components.moe import MoEFeedForward
+from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
+from transformer_lab.components.positional import RotaryPositionalEncoding, rotate_with_cos_sin
+from transformer_lab.config.compose import compose
+from transformer_lab.measures.attention_properties import attention_paths_agree, query_sees_a_key
+from transformer_lab.measures.bf16_behaviour import bf16_behaviour
+from transformer_lab.measures.component_properties import (
+    SCALE_EXPONENT_LIMIT,
+    ffn_nonlinearity,
+    norm_scale_control,
+)
+from transformer_lab.measures.output_properties import device_placement, eval_determinism
+from transformer_lab.measures.positions import (
+    ALIASING_RATIO,
+    position_distinguishability,
+    position_max_len,
+)
+from transformer_lab.model import build_model
+from transformer_lab.mutants import BY_NAME, mutant_config
+from transformer_lab.mutants.feedforward import FunctionalDropoutFFN, LinearFFN
+from transformer_lab.mutants.negatives import DyT, MishFFN, ScaleNorm, SquaredReLUFFN
+from transformer_lab.mutants.norms import RMSTimesNorm, SquaredVarianceLayerNorm
+
+VOCAB = 10
+HERE = Path(__file__).name
+
+
+def _model(*overrides: str, seed: int = 0) -> nn.Module:
+    cfg = compose(["experiment=smoke", *overrides])
+    cfg.model.vocab_size = VOCAB
+    return build_model(cfg, seed=seed)
+
+
+def _mutant_model(name: str, *overrides: str) -> nn.Module:
+    cfg = mutant_config(BY_NAME[name], overrides)
+    cfg.model.vocab_size = VOCAB
+    return build_model(cfg, seed=0)
+
+
+# --- position distinguishability over all pairs ---------------------------------------------
+
+ROPE_SCALINGS = [
+    [], ["pe.base=500000"], ["pe.style=interleaved"],
+    ["pe.scaling=linear", "pe.factor=4"], ["pe.scaling=ntk", "pe.factor=4"],
+    ["pe.scaling=dynamic", "pe.factor=4", "pe.original_max_len=64"],
+    ["pe.scaling=yarn", "pe.factor=4", "pe.original_max_len=64"],
+    ["pe.scaling=llama3", "pe.factor=8", "pe.original_max_len=64"],
+]
+
+
+@pytest.mark.parametrize("scaling", ROPE_SCALINGS, ids=lambda o: " ".join(o) or "default")
+@pytest.mark.parametrize("arch", ["encoder", "decoder"])
+def test_rope_with_every_scaling_tells_all_pairs_apart_on_the_tiny_model(scaling, arch):
+    result = position_distinguishability(_model("pe=rope", f"arch={arch}", *scaling))
+    assert result.passed, result.detail
+    assert result.value >= 2 * ALIASING_RATIO  # head_dim 4: two frequencies, >= 0.27
+
+
+def test_a_sinusoid_with_every_frequency_1_aliases_positions_44_apart():
+    result = position_distinguishability(_mutant_model("aliasing_sinusoidal_pe"))
+    assert result.passed is False
+    # independent reference: every feature is sin(p) or cos(p), so the distance of p and p + k
+    # over that of neighbours is the chord ratio |sin(k / 2)| / sin(1 / 2); k = 44 is the
+    # closest return below 256 (44 - 14 pi = 0.018 rad)
+    chord = abs(math.sin(44 / 2)) / math.sin(1 / 2)
+    assert result.value == pytest.approx(chord, rel=0.1)
+    p, q = (int(word) for word in result.detail.split("positions ")[1].split(" are")[0]
+            .split(" and "))
+    assert q - p == 44 and "AliasingSinusoidalPE" in result.detail
+
+
+def test_distinguishability_names_positions_a_clamped_pe_merges():
+    result = position_distinguishability(_mutant_model("clamped_pe"), max_len=64)
+    assert result.passed is False and result.value == 0.0
+    assert "gives positions 16 and 17 the same representation" in result.detail
+    assert position_distinguishability(_mutant_model("clamped_pe"), max_len=17).passed
+
+
+def test_distinguishability_does_not_apply_without_a_pe():
+    assert position_distinguishability(_model("pe=none")).passed is None
+
+
+# --- FFN nonlinearity -------------------------------------------------------------------------
+
+D, HIDDEN = 8, 32
+
+
+class _NoActivationFFN(FeedForward):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.up_proj(x))
+
+
+class _DeclaredLinearFFN(_NoActivationFFN):
+    is_linear = True
+
+
+def _with_ffn(ffn: nn.Module) -> nn.Module:
+    model = _model("arch=decoder")
+    model.blocks[0].feedforward = ffn
+    return model
+
+
+NONLINEAR_FFNS = {
+    **{act: lambda act=act: FeedForward(D, HIDDEN, act) for act in
+       ("relu", "gelu", "gelu_tanh", "swish", "leaky_relu")},
+    **{name: lambda act=act: GatedFeedForward(D, HIDDEN, act) for name, act in
+       (("swiglu", "silu"), ("geglu", "gelu"), ("reglu", "relu"))},
+    "bilinear_glu": lambda: _BilinearGLU(D, HIDDEN),
+    "moe": lambda: MoEFeedForward(D, HIDDEN, n_experts=4, top_k=2),
+    "squared_relu": lambda: SquaredReLUFFN(D, HIDDEN),
+    "mish": lambda: MishFFN(D, HIDDEN),
+    "functional_dropout": lambda: FunctionalDropoutFFN(D, HIDDEN),  # random, not linear
+}
+
+
+class _BilinearGLU(GatedFeedForward):
+    """GLU without an activation (Shazeer 2020's "bilinear"): nonlinear through the product."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.gate_proj(x) * self.up_proj(x))
+
+
+@pytest.mark.parametrize("name", list(NONLINEAR_FFNS))
+def test_ffns_with_a_hidden_nonlinearity_pass(name):
+    torch.manual_seed(0)
+    result = ffn_nonlinearity(_with_ffn(NONLINEAR_FFNS[name]()))
+    assert result.passed, result.detail
+    assert result.value > 0.1  # far above float32 rounding
+
+
+@pytest.mark.parametrize("make", [lambda: LinearFFN(D, HIDDEN, "relu"),
+                                  lambda: LinearFFN(D, HIDDEN, "gelu"),
+                                  lambda: _NoActivationFFN(D, HIDDEN)],
+                         ids=["relu_after_down", "gelu_after_down", "no_activation"])
+def test_one_linear_map_then_an_elementwise_function_fails(make):
+    torch.manual_seed(0)
+    result = ffn_nonlinearity(_with_ffn(make()))
+    assert result.passed is False and result.value < 1e-5
+    assert "has no hidden nonlinearity" in result.detail
+
+
+def test_an_ffn_declared_linear_is_not_checked():
+    result = ffn_nonlinearity(_with_ffn(_DeclaredLinearFFN(D, HIDDEN)))
+    assert result.passed is None and "is_linear" in result.detail
+
+
+# --- norm-layer scale control -----------------------------------------------------------------
+
+
+def _with_norm(norm: nn.Module) -> nn.Module:
+    model = _model("arch=decoder")
+    model.blocks[0].norm1 = norm
+    return model
+
+
+@pytest.mark.parametrize("make", [lambda: LayerNorm(D), lambda: RMSNorm(D),
+                                  lambda: SequenceBatchNorm(D), lambda: ScaleNorm(D),
+                                  lambda: DyT(D), lambda: DyT(D, alpha=0.1)],
+                         ids=["layernorm", "rmsnorm", "batchnorm", "scalenorm", "dyt",
+                              "dyt_alpha_0.1"])
+def test_norms_that_bound_their_output_pass(make):
+    result = norm_scale_control(_with_norm(make()))
+    assert result.passed, result.detail
+
+
+def test_a_norm_multiplying_by_the_rms_grows_like_the_square_of_its_input():
+    result = norm_scale_control(_with_norm(RMSTimesNorm(D)))
+    assert result.passed is False
+    assert result.value == pytest.approx(2.0, abs=0.01)  # x * rms(x): s^2
+    assert "blocks.0.norm1 (RMSTimesNorm)" in result.detail
+
+
+def test_a_layernorm_with_the_squared_variance_grows_as_its_input_shrinks():
+    result = norm_scale_control(_with_norm(SquaredVarianceLayerNorm(D)))
+    assert result.passed is False
+    # (x - mean) / sqrt(var^2 + eps) ~ (x - mean) / var once var^2 >> eps: like s^-1
+    assert result.value == pytest.approx(1.0, abs=0.01)
+    assert result.value > SCALE_EXPONENT_LIMIT and "grows as the input shrinks" in result.detail
+
+
+# --- attention: every query sees a key; SDPA vs written out -----------------------------------
+
+
+def test_a_bias_masking_each_token_from_itself_leaves_the_first_query_keyless():
+    decoder = _mutant_model("self_masking_alibi")
+    result = query_sees_a_key(decoder, VOCAB, max_len=64)
+    assert result.passed is False
+    assert "query 0 (head 0) at every length from 1 to 64" in result.detail
+    # SDPA returns 0 for that row, the written-out path NaN: the two paths disagree
+    paths = attention_paths_agree(decoder, VOCAB)
+    assert paths.passed is False and "finite: True / False" in paths.detail
+    # in an encoder query 0 sees the keys after it, except in a one-token sequence
+    encoder = _mutant_model("self_masking_alibi", "arch=encoder")
+    encoder.positional.causal = False
+    assert "at length 1:" in query_sees_a_key(encoder, VOCAB, max_len=64).detail
+
+
+def test_split_alibi_lets_every_query_see_a_key():
+    assert query_sees_a_key(_model("pe=alibi", "arch=encoder"), VOCAB, max_len=64).passed
+
+
+# --- bf16 behaviour ---------------------------------------------------------------------------
+
+
+class _BF16PositionsRoPE(RotaryPositionalEncoding):
+    """gpt-neox #1016: positions cast to the dtype of a bf16 ``inv_freq``."""
+
+    def forward(self, q, k, positions):
+        inv_freq = self.inv_freq.bfloat16()
+        angles = (positions.to(inv_freq.dtype)[:, None] * inv_freq[None, :]).float()
+        return (rotate_with_cos_sin(q, angles.cos(), angles.sin()),
+                rotate_with_cos_sin(k, angles.cos(), angles.sin()))
+
+
+class _MatmulAnglesRoPE(RotaryPositionalEncoding):
+    """Angles by a matmul: bf16 under autocast (HF computes them with autocast disabled)."""
+
+    def forward(self, q, k, positions):
+        angles = positions.float()[:, None] @ self.inv_freq[None, :]  # (T, Dh/2)
+        return (rotate_with_cos_sin(q, angles.cos(), angles.sin()),
+                rotate_with_cos_sin(k, angles.cos(), angles.sin()))
+
+
+@pytest.mark.parametrize("pe", ["rope", "sinusoidal", "learned", "alibi", "t5"])
+def test_built_in_pes_keep_positions_distinct_under_bf16_autocast(pe):
+    model = _model(f"pe={pe}", "arch=decoder")
+    max_len = position_max_len(model)
+    assert bf16_behaviour(model, VOCAB, max_len).passed is None  # float32 run: does not apply
+    result = bf16_behaviour(model, VOCAB, max_len, "bf16")
+    assert result.passed, result.detail
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])
+def test_positions_cast_to_bf16_merge_256_and_257(precision):
+    model = _model("pe=rope", "arch=decoder")
+    model.positional = _BF16PositionsRoPE(4)
+    result = bf16_behaviour(model, VOCAB, 256, precision)
+    assert result.passed is False
+    assert "gives positions 256 and 257 the same representation" in result.detail
+
+
+def test_angles_made_by_a_matmul_merge_positions_under_autocast_only():
+    model = _model("pe=rope", "arch=decoder")
+    model.positional = _MatmulAnglesRoPE(4)
+    assert bf16_behaviour(model, VOCAB, 256).passed is None
+    assert bf16_behaviour(model, VOCAB, 256, "bf16").passed is False
+
+
+def test_a_bf16_table_in_a_float32_run_fails_naming_the_line():
+    result = bf16_behaviour(_mutant_model("bf16_table_rope"), VOCAB, 256)
+    assert result.passed is False
+    assert "transformer_lab/mutants/positional.py" in result.detail
+    assert result.value == pytest.approx(2 ** -9, rel=1.0)  # bf16's rounding of cos/sin
+
+
+# --- eval determinism -------------------------------------------------------------------------
+
+
+def test_a_dropout_left_on_in_eval_is_named_and_the_random_state_kept():
+    model = _mutant_model("functional_dropout_ffn")
+    before = torch.random.get_rng_state()
+    result = eval_determinism(model, VOCAB)
+    assert torch.equal(before, torch.random.get_rng_state())
+    assert result.passed is False
+    assert "blocks.0.feedforward (FunctionalDropoutFFN)" in result.detail
+
+
+def test_module_dropout_is_off_in_eval():
+    model = _model("arch=decoder", "model.dropout.ffn=0.5", "model.dropout.attention=0.5")
+    assert eval_determinism(model, VOCAB).passed
+
+
+# --- where in the user's code -----------------------------------------------------------------
+
+
+class _ArangeSinusoid(nn.Module):
+    """A sinusoidal PE that makes its positions with ``torch.arange`` without ``device=``."""
+
+    kind = "additive"
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        frequencies = torch.exp(torch.arange(0, d_model, 2) * (-math.log(1e4) / d_model))
+        self.register_buffer("frequencies", frequencies)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        made = torch.arange(positions.shape[0])[:, None].float()  # (T, 1) on the CPU
+        angles = made * self.frequencies  # (T, d/2)
+        return torch.cat([angles.sin(), angles.cos()], dim=-1)
+
+
+class _RaisingPE(_ArangeSinusoid):
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("a bug in my PE")
+
+
+def test_device_placement_names_the_pe_and_both_lines():
+    model = _model("pe=sinusoidal", "arch=decoder")
+    model.positional = _ArangeSinusoid(8)
+    result = device_placement(model, VOCAB)
+    assert result.passed is False
+    assert result.detail.startswith(f"_ArangeSinusoid: mul at tests/{HERE}:")
+    assert f"(torch.arange at tests/{HERE}:" in result.detail
+
+
+def test_a_raising_forward_is_reported_with_the_users_line():
+    model = _model("pe=sinusoidal", "arch=decoder")
+    model.positional = _RaisingPE(8)
+    result = eval_determinism(model, VOCAB)
+    assert result.passed is False
+    assert f"RuntimeError at tests/{HERE}:" in result.detail and "(forward)" in result.detail
+
+
+# --- attribution by swapping ------------------------------------------------------------------
+
+
+def _step1_rows(cfg) -> dict:
+    from transformer_lab.routines.smoke import forward_backward_check, smoke_setup
+    from transformer_lab.routines.validate import step_configs
+
+    smoke = step_configs(cfg)["smoke"]
+    _, model, batches = smoke_setup(smoke)
+    before = torch.random.get_rng_state()
+    rows = forward_backward_check(smoke, model, batches[0])
+    assert torch.equal(before, torch.random.get_rng_state())  # step 2 trains as without it
+    return {row.check: row for row in rows}
+
+
+def test_the_defaults_swapped_in_are_the_primary_configs():
+    from transformer_lab.routines.attribution import default_choices
+
+    defaults = default_choices()
+    cfg = compose(["experiment=smoke"])
+    assert set(defaults) == {"pe", "ffn", "norm_layer", "block"}
+    assert all(cfg[group].name == choice for group, choice in defaults.items())
+
+
+def test_only_groups_off_their_default_are_swapped():
+    from transformer_lab.routines.attribution import swaps
+
+    cfg = compose(["experiment=smoke", "ffn=relu", "pe=rope"])
+    assert [group for group, _, _ in swaps(cfg)] == ["ffn"]
+    cfg = compose(["experiment=smoke", "pe.base=500000"])
+    assert [group for group, _, _ in swaps(cfg)] == ["pe"]
+
+
+def test_a_failing_row_names_the_component_whose_swap_makes_it_hold():
+    rows = _step1_rows(mutant_config(BY_NAME["squared_variance_layernorm"],
+                                     experiment="validate"))
+    detail = rows["norm_scale_control"].detail
+    assert detail.endswith("culprit: the norm layer (SquaredVarianceLayerNorm): with layernorm "
+                           "the property holds")
+    assert rows["norm_scale_control"].status == "FAIL"
+
+
+def test_a_failure_no_swap_repairs_says_so():
+    from transformer_lab.measures.property_result import PropertyResult
+    from transformer_lab.routines.attribution import culprits
+
+    cfg = compose(["experiment=smoke", "ffn=relu", "norm_layer=rmsnorm"])
+    cfg.model.vocab_size = VOCAB
+    model = build_model(cfg, seed=0)
+    found = culprits(cfg, model, {"x"}, lambda _: [PropertyResult("x", False)])
+    assert found == {"x": "no single swap to a default (ffn=gelu, norm_layer=layernorm) "
+                          "makes it hold"}
+    default = compose(["experiment=smoke"])
+    assert culprits(default, model, {"x"}, lambda _: []) == {"x": ""}  # nothing to swap
+
+
+def test_f_dropout_defaults_to_training():  # the premise of the functional-dropout mutant
+    x = torch.ones(1000)
+    assert not torch.equal(F.dropout(x, 0.5), x)

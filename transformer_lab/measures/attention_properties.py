@@ -1,0 +1,140 @@
+"""Properties of the attention patterns a model makes (step 1):
+
+    query_sees_a_key       every query of every attention pattern sees at least one key, at
+                           every length up to ``max_len``
+    attention_paths_agree  SDPA and tlab's written-out attention (``need_weights=True``, the
+                           path of attention maps) give the same outputs
+
+A bias that masks each token from itself leaves the first query of a decoder with no key:
+``F.scaled_dot_product_attention`` returns 0 for such a row and every other check passes, while
+the written-out softmax gives NaN (and a model trained that way never learns from it).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    amplified_copy,
+    component,
+    failed,
+    random_tokens,
+    relative_change,
+)
+
+PATHS_TOLERANCE = 1e-4
+# The two paths sum the same terms in another order: each output rounds at most ~n * 6e-8 with
+# n the longest fp32 sum (keys, head or hidden width: <= 256 here), so they differ by < 1e-4
+# (measured <= 1e-6 on every built-in and preset); a NaN, a 0 row or a bias applied on one path
+# only is far above it.
+WEIGHTS_TOLERANCE = 1e-4  # a probability row sums to 1 up to fp32 rounding of T terms
+
+
+def mask_lengths(max_len: int) -> list[int]:
+    """Sequence lengths whose masks are scanned: 1 to 8, then doubling, and ``max_len``."""
+    lengths, length = list(range(1, min(max_len, 8) + 1)), 16
+    while length < max_len:
+        lengths.append(length)
+        length *= 2
+    return sorted({*lengths, max_len})
+
+
+def _keyless_queries(model: nn.Module, max_len: int) -> tuple[list[int], tuple[int, int] | None]:
+    """The lengths at which the model's additive attention mask (a bias PE plus the causal
+    mask) leaves a query with every key at -inf, and the first such (head, query)."""
+    lengths, first = [], None
+    for length in mask_lengths(max_len):
+        mask = model.attention_mask(length, length, torch.device("cpu"))  # (H, T, T) or None
+        if mask is None:
+            return [], None
+        keyless = torch.isneginf(mask).all(dim=-1) | torch.isnan(mask).any(dim=-1)  # (H, T)
+        if bool(keyless.any()):
+            lengths.append(length)
+            if first is None:
+                head, query = (int(i) for i in torch.nonzero(keyless)[0])
+                first = (head, query)
+    return lengths, first
+
+
+def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
+    """Where the written-out attention's probabilities are not finite rows summing to 1
+    (measured in eval mode; each attention module's ``last_weights`` is left as it was)."""
+    kept = [(block.attention, block.attention.last_weights) for block in model.blocks]
+    try:
+        with torch.no_grad():
+            maps = model.eval().attention_maps(tokens)  # each (B, H, T, T)
+    finally:
+        for attention, weights in kept:
+            attention.last_weights = weights
+    for layer, weights in enumerate(maps):
+        sums = weights.float().sum(dim=-1)  # (B, H, T)
+        bad = ~torch.isfinite(sums) | ((sums - 1).abs() > WEIGHTS_TOLERANCE)
+        if bool(bad.any()):
+            _, head, query = (int(i) for i in torch.nonzero(bad)[0])
+            return (f"layer {layer}, head {head}: query {query}'s attention probabilities sum "
+                    f"to {float(sums[0, head, query]):.3g}, not 1")
+    return ""
+
+
+def query_sees_a_key(model: nn.Module, vocab_size: int, max_len: int,
+                     seq_len: int = 16) -> PropertyResult:
+    """Every query sees at least one key: the model's additive mask (bias PE and causal mask)
+    has a finite entry in every row at every length of :func:`mask_lengths` up to
+    ``max_len``, and the written-out attention's probabilities (``attention_maps``) are finite
+    rows summing to 1 at ``seq_len`` tokens (any PE, any block)."""
+    name = "query_sees_a_key"
+    was_training = model.training
+    try:
+        lengths, first = _keyless_queries(model, max_len)
+        bad_rows = _bad_probability_rows(model, random_tokens(vocab_size, 2, min(seq_len,
+                                                                                 max_len)))
+    except Exception as exc:
+        return failed(name, exc)
+    finally:
+        model.train(was_training)
+    if lengths:
+        head, query = first
+        at = (f"every length from {lengths[0]} to {lengths[-1]}" if len(lengths) > 1
+              else f"length {lengths[0]}")
+        causal = " with the causal mask" if model.causal else ""
+        return PropertyResult(name, False, float(len(lengths)), 0.0,
+                              f"the positional encoding ({component(model.positional)})"
+                              f"{causal} masks every key of query {query} (head {head}) at "
+                              f"{at}: SDPA returns 0 for that query, the written-out softmax "
+                              "NaN")
+    if bad_rows:
+        return PropertyResult(name, False, 1.0, 0.0, f"written-out attention: {bad_rows}")
+    return PropertyResult(name, True, 0.0, 0.0,
+                          f"every query sees a key at lengths 1 to {max_len}")
+
+
+def attention_paths_agree(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
+    """SDPA and tlab's written-out attention (``model(tokens, need_weights=True)``) give the
+    same outputs, on :func:`amplified_copy` (attention far from uniform), within
+    :data:`PATHS_TOLERANCE`."""
+    name = "attention_paths_agree"
+    tokens = random_tokens(vocab_size, 2, seq_len, seed=11)
+    try:
+        copied = amplified_copy(model).eval()
+        with torch.no_grad():
+            fused = copied(tokens).float()
+            written = copied(tokens, need_weights=True).float()
+    except Exception as exc:
+        return failed(name, exc)
+    finite = torch.isfinite(fused).all(dim=-1) == torch.isfinite(written).all(dim=-1)
+    change = relative_change(torch.nan_to_num(fused - written, nan=math.inf),
+                             torch.nan_to_num(fused))  # (B, T)
+    worst = float(change.max()) if bool(finite.all()) else math.inf
+    if worst <= PATHS_TOLERANCE:
+        return PropertyResult(name, True, worst, PATHS_TOLERANCE,
+                              "SDPA and the written-out attention agree")
+    b, t = (int(i) for i in torch.nonzero(change >= change.max())[0])
+    return PropertyResult(name, False, worst, PATHS_TOLERANCE,
+                          f"SDPA and the written-out attention (need_weights=True) disagree at "
+                          f"position {t} (relative change {float(change[b, t]):.2g}; finite: "
+                          f"{bool(torch.isfinite(fused[b, t]).all())} / "
+                          f"{bool(torch.isfinite(written[b, t]).all())})")

@@ -1,0 +1,170 @@
+"""Step 1's bf16 row: where the run (``train.precision=bf16``, autocast) or the positional
+encoding itself (a table, a buffer or an intermediate in bfloat16/float16) uses half precision,
+positions must stay distinct up to ``max_len`` and the loss finite.
+
+Two public bugs it is modelled on: EleutherAI gpt-neox #1016 (a bf16 ``inv_freq`` makes the
+positions themselves bf16, which holds integers exactly only up to 256: positions 256 and 257
+become one) and KellerJordan/modded-nanogpt #39 (cos/sin tables stored in bf16: every angle is
+rounded to 8 bits). The PE's representations (:func:`~.positions.position_representations`)
+are computed as the run computes them and again as a *float32 twin*: on a copy of the model,
+without autocast, every cast to half precision turned into float32 (:class:`KeepFloat32`; a
+table cached in half precision that the PE does not rebuild stays as it is).
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from transformer_lab.measures.positions import position_representations, same_pairs
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    called_from,
+    component,
+    failed,
+    flat_tensors,
+    random_tokens,
+    relative_change,
+)
+
+HALF = (torch.bfloat16, torch.float16)
+FLOAT32_TOLERANCE = 1e-5  # a float32 computation and its float32 twin differ by rounding only
+BF16_TOLERANCE = 2.0 ** -7
+# under bf16 autocast a correct PE's output is rounded once to bf16 (8-bit mantissa: 2^-9
+# relative); an angle or a table computed in bf16 is off by far more at long positions
+BF16_LENGTH = 512  # bf16 spaces integers 2 apart from 256 on: look past it where the PE can
+
+
+class HalfPrecisionAudit(TorchFunctionMode):
+    """Records, in ``ops``, each op whose result is bfloat16 or float16: what, shape, where."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        half = next((v for v in flat_tensors(result) if v.dtype in HALF), None)
+        if half is not None and len(self.ops) < 8:
+            where = called_from(inspect.currentframe())
+            self.ops.append(f"{getattr(func, '__name__', str(func))} -> {half.dtype} "
+                            f"{tuple(half.shape)}{f' at {where}' if where else ''}")
+        return result
+
+
+class KeepFloat32(TorchFunctionMode):
+    """Every cast to bfloat16/float16 (``.to``, ``.type``, ``.bfloat16()``, ``.half()``,
+    ``type_as`` a half tensor, a factory's ``dtype=``) gives float32 instead."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("bfloat16", "half"):
+            return args[0].float()
+        if name == "type_as" and args[1].dtype in HALF:
+            return args[0].float()
+
+        def float32(value: Any) -> Any:
+            return torch.float32 if isinstance(value, torch.dtype) and value in HALF else value
+
+        return func(*(float32(a) for a in args), **{k: float32(v) for k, v in kwargs.items()})
+
+
+def _finite_loss(model: nn.Module, vocab_size: int, length: int, bf16: bool) -> float:
+    """Cross-entropy of an eval forward at ``length`` tokens on random targets, under bf16
+    autocast when ``bf16``."""
+    tokens = random_tokens(vocab_size, 2, length, seed=12)
+    targets = random_tokens(vocab_size, 2, length, seed=13)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad(), _autocast(bf16):
+            logits = model(tokens)  # (B, T, V)
+            return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                         targets.reshape(-1)))
+    finally:
+        model.train(was_training)
+
+
+def _autocast(bf16: bool) -> Any:
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
+
+
+def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
+                   precision: str = "fp32") -> PropertyResult:
+    """Where half precision is used, positions stay distinct and the loss finite at ``max_len``.
+
+    Applies when ``precision`` is ``bf16`` (the run's autocast) or the PE's forward makes a
+    bfloat16/float16 tensor (:class:`HalfPrecisionAudit`); else a SKIP. Then, at ``max_len``
+    positions (at least :data:`BF16_LENGTH` for a PE without a ``max_len`` of its own): no
+    two positions share a representation that the float32 twin tells apart, and the loss of a
+    forward at that length is finite. In a float32 run a PE that rounds to half precision
+    fails (the run did not ask for it: 8-bit mantissas instead of 24); under bf16 autocast its
+    representations may differ from the twin's by :data:`BF16_TOLERANCE` (one rounding of the
+    output). Not caught: cos/sin stored in bf16 within a bf16 run (its error is the size of
+    bf16's own rounding).
+    """
+    name = "bf16_behaviour"
+    bf16_run = precision == "bf16"
+    if not getattr(model.positional, "max_len", None):
+        max_len = max(max_len, BF16_LENGTH)
+    pe = f"the positional encoding ({component(model.positional)})"
+    audit = HalfPrecisionAudit()
+    try:
+        with audit:
+            position_representations(model, max_len)
+    except Exception as exc:
+        return failed(name, exc)
+    if not bf16_run and not audit.ops:
+        return PropertyResult(name, None, detail="float32 run; the PE computes in float32")
+    allowed = BF16_TOLERANCE if bf16_run else FLOAT32_TOLERANCE
+    try:
+        with _autocast(bf16_run):
+            rows = position_representations(model, max_len,
+                                            torch.bfloat16 if bf16_run else torch.float32)
+        with KeepFloat32():
+            twin_rows = position_representations(copy.deepcopy(model), max_len)
+        loss = _finite_loss(model, vocab_size, max_len, bf16_run)
+    except Exception as exc:
+        return failed(name, exc)
+    if rows is None:  # kind none: only the run's precision applies
+        rows = twin_rows = torch.zeros(1, 1)
+    how = "under bf16 autocast" if bf16_run else "in a float32 run"
+    merged = sorted(set(same_pairs(rows)) - set(same_pairs(twin_rows)))
+    deviation = float(relative_change(rows - twin_rows, twin_rows).max())
+    if merged:
+        p, q = merged[0]
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} gives positions {p} and {q} the same representation "
+                              f"{how}, distinct in float32 ({len(merged)} such pairs below "
+                              f"{max_len}): bf16 holds integers exactly only up to 256; compute "
+                              "positions and angles in float32 (gpt-neox #1016)")
+    if not bf16_run:
+        off = (f"; its output is {deviation:.2g} (relative) from float32"
+               if deviation > allowed else "")
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} rounds to half precision in a float32 run ({audit.ops[0]})"
+                              f"{off}: 8-bit angles and tables blur positions; keep them in "
+                              "float32 (modded-nanogpt #39)")
+    if not deviation <= allowed:
+        position = int(relative_change(rows - twin_rows, twin_rows).argmax())
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} {how}: its output at position {position} is "
+                              f"{deviation:.2g} (relative) from the same computation in float32, "
+                              f"more than one bf16 rounding ({allowed:.2g}): angles or tables "
+                              "computed in bf16? keep them in float32 (gpt-neox #1003)")
+    if not torch.isfinite(torch.tensor(loss)):
+        return PropertyResult(name, False, loss, allowed,
+                              f"the loss at {max_len} tokens is {loss} {how}")
+    return PropertyResult(name, True, deviation, allowed,
+                          f"{how}: positions distinct up to {max_len}, output within "
+                          f"{allowed:.2g} of float32, loss finite ({loss:.3g})")

@@ -1,0 +1,170 @@
+"""Properties of one component measured on its own, outside the model (step 1):
+
+    norm_scale_control  a norm layer's output RMS does not grow with its input's RMS
+    ffn_nonlinearity    an FFN has a nonlinearity between its two linear maps
+
+Each returns a :class:`PropertyResult` naming the component's class, and never raises.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    amplified_copy,
+    component,
+    failed,
+    train_mode_without_dropout,
+)
+
+INPUT_SCALES = (1e-2, 1e-1, 1.0, 1e1, 1e2)  # input RMS values a norm layer is fed
+SCALE_EXPONENT_LIMIT = 0.5
+# Over one decade of input RMS a norm's output RMS changes like input^e. A normaliser (LayerNorm,
+# RMSNorm, BatchNorm, ScaleNorm) has e = 0, DyT's tanh saturates to 0 past unit scale; the bugs
+# have |e| >= 1: a norm that multiplies by the RMS grows like input^2, one that divides by the
+# variance instead of the standard deviation like input^-1. 0.5 is halfway, in log scale.
+NONLINEARITY_TOLERANCE = 1e-4
+# sigma2 / sigma1 of a stack of Jacobian rows that only rescale is float32 rounding: a sum of n
+# terms rounds at ~sqrt(n) * 6e-8, below 1e-4 for any width under 10^6; correct FFNs are at >= 0.5.
+JACOBIAN_INPUTS = 8  # inputs at which an FFN's Jacobian is taken
+JACOBIAN_ROWS = 16  # output coordinates whose Jacobian rows are compared (at most)
+
+
+def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """One ``(name, module)`` per norm-layer class of the model: the blocks' ``norm*``
+    sublayers, ``final_norm`` and ``embed_norm`` (not ``nn.Identity``)."""
+    found: dict[type, tuple[str, nn.Module]] = {}
+    for name, module in model.named_modules():
+        leaf = name.rsplit(".", 1)[-1]
+        if (leaf.startswith("norm") or leaf in ("final_norm", "embed_norm")) \
+                and not isinstance(module, nn.Identity):
+            found.setdefault(type(module), (name, module))
+    return list(found.values())
+
+
+def output_rms(norm: nn.Module, d_model: int) -> list[float]:
+    """The RMS of ``norm``'s output for inputs of RMS :data:`INPUT_SCALES` (the same Gaussian
+    batch (4, 8, D) scaled), on a copy in train mode (BatchNorm uses the batch's statistics)."""
+    copied = copy.deepcopy(norm).train()
+    generator = torch.Generator().manual_seed(9)
+    x = torch.randn(4, 8, d_model, generator=generator)  # (B, T, D), RMS ~1
+    dtype = next((p.dtype for p in copied.parameters()), torch.float32)
+    with torch.no_grad():
+        return [float(copied((scale * x).to(dtype)).float().pow(2).mean().sqrt())
+                for scale in INPUT_SCALES]
+
+
+def _exponent(out_big: float, out_small: float, decades: float = 1.0) -> float:
+    """e in out_big / out_small = 10^(e * decades); 0 where both are 0."""
+    big, small = max(out_big, 1e-30), max(out_small, 1e-30)
+    return math.log10(big / small) / decades
+
+
+def norm_scale_control(model: nn.Module) -> PropertyResult:
+    """A norm layer bounds the scale of its output: over input RMS 1e-2 ... 1e2
+    (:data:`INPUT_SCALES`) its output RMS neither grows past unit scale (the top decade, like
+    ``input^e`` with ``e`` > 0.5) nor grows as the input shrinks (any decade, ``e`` < -0.5):
+    :data:`SCALE_EXPONENT_LIMIT`. An RMSNorm that multiplies by the RMS instead of dividing
+    (llm-foundry) grows like input^2; a LayerNorm using the squared variance like input^-1 below
+    unit scale. DyT (``g * tanh(a x)``) passes: it grows at small inputs and saturates.
+    """
+    name = "norm_scale_control"
+    layers = norm_layers(model)
+    if not layers:
+        return PropertyResult(name, None, detail="no norm layer")
+    d_model = model.token_embedding.weight.shape[1]
+    worst: tuple[float, str] = (-math.inf, "")
+    for layer_name, norm in layers:
+        label = f"the norm layer {layer_name} ({component(norm)})"
+        try:
+            out = output_rms(norm, d_model)
+        except Exception as exc:
+            return failed(name, exc)
+        if not all(math.isfinite(v) for v in out):
+            return PropertyResult(name, False, math.inf, SCALE_EXPONENT_LIMIT,
+                                  f"{label} returns inf/NaN for inputs of RMS "
+                                  f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}")
+        table = ", ".join(f"{o:.3g} at {s:g}" for s, o in zip(INPUT_SCALES, out, strict=True))
+        growth = _exponent(out[-1], out[-2])
+        shrink = max((-_exponent(big, small), small_scale) for small_scale, small, big
+                     in zip(INPUT_SCALES, out, out[1:], strict=False))
+        if growth > worst[0]:
+            worst = (growth, f"{label}: output RMS {table} (input RMS): it grows like "
+                             f"input^{growth:.2g} past unit scale; a norm bounds its output "
+                             "(multiplied by the RMS instead of dividing?)")
+        if shrink[0] > worst[0]:
+            worst = (shrink[0], f"{label}: output RMS {table} (input RMS): it grows as the "
+                                f"input shrinks from {shrink[1] * 10:g} to {shrink[1]:g} (like "
+                                f"input^-{shrink[0]:.2g}); divided by the variance instead of "
+                                "the standard deviation?")
+    exponent, detail = worst
+    if exponent <= SCALE_EXPONENT_LIMIT:
+        labels = ", ".join(component(norm) for _, norm in layers)
+        return PropertyResult(name, True, exponent, SCALE_EXPONENT_LIMIT,
+                              f"{labels}: output RMS bounded for input RMS "
+                              f"{INPUT_SCALES[0]:g} to {INPUT_SCALES[-1]:g}")
+    return PropertyResult(name, False, exponent, SCALE_EXPONENT_LIMIT, detail)
+
+
+def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
+    """Rows of the FFN's Jacobian at :data:`JACOBIAN_INPUTS` Gaussian inputs (each its own
+    one-token sequence): ``J[i, k] = d ffn(x_k)[i] / d x_k`` for the first
+    :data:`JACOBIAN_ROWS` output coordinates i: (rows, K, D)."""
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(JACOBIAN_INPUTS, 1, d_model, generator=generator).requires_grad_(True)
+    y = ffn(x)  # (K, 1, D)
+    rows = []
+    for i in range(min(d_model, JACOBIAN_ROWS)):
+        (grad,) = torch.autograd.grad(y[:, 0, i].sum(), x, retain_graph=True, allow_unused=True)
+        rows.append(torch.zeros_like(x[:, 0]) if grad is None else grad[:, 0])  # (K, D)
+    return torch.stack(rows)  # (rows, K, D)
+
+
+def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
+    """The FFN has a nonlinearity between its linear maps, unless its class declares
+    ``is_linear = True``.
+
+    An elementwise function of one linear map, ``act(W2 W1 x)`` (the activation applied after
+    the down-projection), or no activation at all, has the Jacobian ``diag(s(x)) A``: across
+    inputs each of its rows only rescales. A correct FFN's rows ``sum_h W2[i, h] act'(h) W1[h]``
+    turn with the input. So, per output coordinate, the rows at several inputs are stacked and
+    their second singular value over the first measures how far they turn; the FFN passes if
+    some row turns by more than float32 rounding (:data:`NONLINEARITY_TOLERANCE`). Measured on
+    block 0's FFN, with weights at std 0.3 (:func:`amplified_copy`: at std 0.02 a GELU is
+    nearly linear around 0), in train mode without dropout.
+    """
+    name = "ffn_nonlinearity"
+    blocks = getattr(model, "blocks", [])
+    if not len(blocks) or not hasattr(blocks[0], "feedforward"):
+        return PropertyResult(name, None, detail="no FFN")
+    ffn = blocks[0].feedforward
+    label = f"the FFN ({component(ffn)}) of block 0"
+    if getattr(type(ffn), "is_linear", False):
+        return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
+    try:
+        copied = amplified_copy(ffn)
+        with train_mode_without_dropout(copied):
+            rows = jacobian_rows(copied, model.token_embedding.weight.shape[1]).double()
+    except Exception as exc:
+        return failed(name, exc)
+    singular = torch.linalg.svdvals(rows)  # (rows, min(K, D))
+    informative = singular[:, 0] > 1e-30
+    if not bool(informative.any()):
+        return PropertyResult(name, False, 0.0, NONLINEARITY_TOLERANCE,
+                              f"{label}: its output does not depend on its input")
+    turn = float((singular[informative, 1] / singular[informative, 0]).max())
+    if turn > NONLINEARITY_TOLERANCE:
+        return PropertyResult(name, True, turn, NONLINEARITY_TOLERANCE,
+                              f"{label}: its Jacobian turns with the input (sigma2/sigma1 "
+                              f"up to {turn:.2g})")
+    return PropertyResult(name, False, turn, NONLINEARITY_TOLERANCE,
+                          f"{label} has no hidden nonlinearity: at {JACOBIAN_INPUTS} inputs "
+                          f"each row of its Jacobian only rescales (sigma2/sigma1 {turn:.2g}): "
+                          "one linear map then an elementwise function (the activation after "
+                          "the down-projection?) or no activation; a linear FFN by design "
+                          "declares is_linear = True")

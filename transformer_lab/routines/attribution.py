@@ -1,0 +1,82 @@
+"""Which component made a step-1 property fail? Swap it for the default and look again.
+
+When step-1 properties fail, each of the run's components (``pe``, ``ffn``, ``norm_layer``,
+``block``) that is not already its group's default (``configs/config.yaml``: rope, gelu,
+layernorm, pre) is replaced by that default, the model rebuilt with the run's seed and every
+property measured again. A swap after which a failing property holds names its culprit:
+
+    the norm layer (MyNorm): with layernorm the property holds
+
+A failure that no single swap repairs says so (two broken components, or a broken default).
+This runs only when something failed: a passing step 1 pays nothing for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from transformer_lab.config.tree import CONFIG_DIR
+from transformer_lab.measures.property_result import PropertyResult, component
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.routines.variants import with_choice
+
+SWAPPED_GROUPS = ("pe", "ffn", "norm_layer", "block")
+GROUP_LABELS = {"pe": "the positional encoding", "ffn": "the FFN", "norm_layer": "the norm layer",
+                "block": "the block"}
+Measure = Callable[[TransformerModel], list[PropertyResult]]
+
+
+def default_choices() -> dict[str, str]:
+    """The default choice of each swapped group (in :data:`SWAPPED_GROUPS` order), from the
+    primary config's defaults list."""
+    defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
+    found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
+             for group, choice in entry.items()}
+    return {group: found[group] for group in SWAPPED_GROUPS if group in found}
+
+
+def group_module(model: TransformerModel, group: str) -> object:
+    """The run's module of ``group``: its PE, block 0's FFN, norm layer or the block itself."""
+    block = model.blocks[0] if len(model.blocks) else None
+    return {"pe": model.positional, "ffn": getattr(block, "feedforward", None),
+            "norm_layer": getattr(block, "norm1", None), "block": block}[group]
+
+
+def _node(cfg: DictConfig, group: str) -> object:
+    return OmegaConf.to_container(cfg[group], resolve=True)
+
+
+def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
+    """``(group, default choice, config)`` for each group whose node is not the default's."""
+    found = []
+    for group, choice in default_choices().items():
+        if group not in cfg:
+            continue
+        variant = with_choice(cfg, group, choice)
+        if _node(variant, group) != _node(cfg, group):
+            found.append((group, choice, variant))
+    return found
+
+
+def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
+             measure: Measure) -> dict[str, str]:
+    """For each failing property name: what the swaps found, a phrase for its row's detail
+    (``""`` when no group was swapped). ``measure``: the properties of a model."""
+    tried, found = [], {name: [] for name in failing}
+    for group, choice, variant in swaps(cfg):
+        try:
+            with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
+                results = measure(build_model(variant, seed=cfg.seed))
+        except Exception:  # noqa: BLE001 - the default does not fit this config: no verdict
+            continue
+        tried.append(f"{group}={choice}")
+        holds = {r.name for r in results if r.passed is not False}
+        label = f"{GROUP_LABELS[group]} ({component(group_module(model, group))})"
+        for name in failing & holds:
+            found[name].append(f"{label}: with {choice} the property holds")
+    return {name: ("culprit: " + "; ".join(names) if names else
+                   f"no single swap to a default ({', '.join(tried)}) makes it hold")
+            if tried else "" for name, names in found.items()}
