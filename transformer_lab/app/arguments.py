@@ -184,8 +184,8 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     cannot make a valid run (unknown flags, malformed overrides, unknown choices, an output
     directory that already holds a run).
 
-    ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
-    hold runs."""
+    ``resume``: the sweep or run directory is an earlier sweep or run being resumed
+    (``--resume``), so it may hold runs."""
     flags, overrides = split_arguments(args)
     overrides = expand_from_hf(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
@@ -208,7 +208,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         values = _values(override)
         if override.is_sweep_override() and not values:
             raise ConfigError(f"the sweep '{override.input_line}' has no values")
-        if key == "hydra.run.dir" or (key == "hydra.sweep.dir" and not resume):
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and not resume:
             check_output_dir(Path(values[0]), sweep=key == "hydra.sweep.dir")
         if override.is_delete():
             first_values.append(override.input_line)
