@@ -39,6 +39,20 @@ FromHf = Annotated[Path | None, typer.Option(
     "--from-hf", help="A local Hugging Face model directory (save_pretrained): its architecture "
     "(a preset and knobs) and weights; never downloads.", show_default=False)]
 
+FromRun = Annotated[Path | None, typer.Option(
+    "--from-run", help="A tlab run's trained model (a run directory with one model, or one of "
+    "its weights files, e.g. RUN/models/rope/seed0.safetensors): its architecture and weights.",
+    show_default=False)]
+RunPath = Annotated[Path, typer.Argument(
+    help="A run directory (tlab train, tlab compare) or one of its weights files.",
+    show_default=False)]
+Variant = Annotated[str | None, typer.Option(
+    "--variant", help="A compared run's model of this variant (default: the first).",
+    show_default=False)]
+ModelSeed = Annotated[int | None, typer.Option(
+    "--model-seed", help="The run's model trained with this seed (default: the first).",
+    show_default=False)]
+
 
 def pass_hydra_flags(app: typer.Typer) -> None:
     """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
