@@ -258,8 +258,11 @@ def expand_from_run(overrides: list[str]) -> list[str]:
         if key.lstrip("+") != "from_run" or not value:
             out.append(text)
             continue
-        from transformer_lab.training.pretrained import (ARCHITECTURE_GROUPS, run_overrides,
-                                                         run_weights_file)
+        from transformer_lab.training.pretrained import (
+            ARCHITECTURE_GROUPS,
+            run_overrides,
+            run_weights_file,
+        )
 
         path = run_weights_file(Path(value.strip("'\"")).expanduser().resolve())
         built = run_overrides(path)
