@@ -184,10 +184,14 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     cannot make a valid run (unknown flags, malformed overrides, unknown choices, an output
     directory that already holds a run).
 
-    ``resume``: the sweep directory is an earlier sweep being resumed (``--resume``), so it may
-    hold runs."""
+    ``resume``: the sweep or run directory is an earlier sweep or run being resumed
+    (``--resume``), so it may hold runs."""
     flags, overrides = split_arguments(args)
-    overrides = expand_from_hf(overrides)
+    if any(o.lstrip("+").startswith("from_run=") for o in overrides) and \
+            any(o.lstrip("+").startswith("from_hf=") for o in overrides):
+        raise ConfigError("--from-hf and --from-run both give the weights to start from; "
+                          "give one of them")
+    overrides = expand_from_run(expand_from_hf(overrides))
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
         return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
     dirs = user_config_dirs_of(flags)
@@ -208,7 +212,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         values = _values(override)
         if override.is_sweep_override() and not values:
             raise ConfigError(f"the sweep '{override.input_line}' has no values")
-        if key == "hydra.run.dir" or (key == "hydra.sweep.dir" and not resume):
+        if key in ("hydra.run.dir", "hydra.sweep.dir") and not resume:
             check_output_dir(Path(values[0]), sweep=key == "hydra.sweep.dir")
         if override.is_delete():
             first_values.append(override.input_line)
@@ -239,6 +243,37 @@ def expand_from_hf(overrides: list[str]) -> list[str]:
         path = str(Path(value.strip("'\"")).expanduser().resolve())
         out += [o for o in hf_overrides(path) if o not in out]
         out.append(f"+from_hf='{path}'")
+    return out
+
+
+def expand_from_run(overrides: list[str]) -> list[str]:
+    """``from_run=RUN`` (``--from-run RUN``: a run directory with one model, or one of its
+    weights files) -> the overrides of that model's architecture (``training.pretrained.
+    run_overrides``) followed by ``+from_run=FILE``, in its place, so later overrides still win;
+    the pre-flight and the routines then load its weights. ``ConfigError`` (one line) for a path
+    without a tlab model or a run with several (``check_arguments`` refuses ``--from-hf`` too)."""
+    out = []
+    for text in overrides:
+        key, _, value = text.partition("=")
+        if key.lstrip("+") != "from_run" or not value:
+            out.append(text)
+            continue
+        from transformer_lab.training.pretrained import (
+            ARCHITECTURE_GROUPS,
+            run_overrides,
+            run_weights_file,
+        )
+
+        path = run_weights_file(Path(value.strip("'\"")).expanduser().resolve())
+        built = run_overrides(path)
+        for other in overrides:  # a component choice of the command's own would not fit
+            if "=" in other and other in built or other.split("=")[0] not in ARCHITECTURE_GROUPS:
+                continue
+            group = other.split("=")[0]
+            own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
+            raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} "
+                              f"({own}); drop {other}")
+        out += [*built, f"+from_run='{path}'"]
     return out
 
 

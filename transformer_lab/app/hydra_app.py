@@ -29,7 +29,7 @@ from transformer_lab.app.arguments import (
 )
 from transformer_lab.config.tree import CONFIG_DIR
 from transformer_lab.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
-from transformer_lab.results.run_directory import claim_directory
+from transformer_lab.results.run_directory import claim_directory, reclaim_directory
 
 
 def hydra_job(cfg: DictConfig) -> int:
@@ -67,7 +67,11 @@ def main(argv: list[str] | None = None) -> int:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
                 args = quieted(forced(args))
-                if resume_dir is not None:
+                resumed_run = resume_dir if resume_dir is not None and \
+                    resume.is_run_directory(resume_dir) else None
+                if resumed_run is not None:  # a single run, from its checkpoint
+                    args = resume.run_arguments(resumed_run, args)
+                elif resume_dir is not None:
                     args = resume.resume_arguments(resume_dir, args)
                 arguments = checked_arguments(args, resume=resume_dir is not None)
                 if arguments.hydra_only:
@@ -75,10 +79,10 @@ def main(argv: list[str] | None = None) -> int:
                 hydra, cfg = compose_first_job(arguments)
                 sweep_dir = None if arguments.single_run else \
                     _checked_sweep(arguments, cfg, resumed=resume_dir is not None)
-            if resume_dir is not None:
+            if resume_dir is not None and resumed_run is None:
                 resume.keep_multirun_yaml(resume_dir)
             if arguments.single_run:
-                return run_single(hydra, cfg)
+                return run_single(hydra, cfg, resumed_run)
             if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
             code = _run_sweep(arguments, sweep_dir, cfg)
@@ -93,18 +97,27 @@ def main(argv: list[str] | None = None) -> int:
         return max(code, sweeps.sweep_exit_code(sweep_dir))
 
 
-def run_single(hydra: object, cfg: DictConfig) -> int:
+def run_single(hydra: object, cfg: DictConfig, resumed: Path | None = None) -> int:
     """Run the composed config of a single run: its pre-flight, its run directory claimed
     (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
     ``run.log``) with the task and model the pre-flight built (``run.json``, ``config.yaml``,
     the routine's files, ``summary.csv``); returns the job's exit code. ``ConfigError`` (one
     line, nothing written) when the pre-flight refuses the config or the directory is taken.
+    ``resumed``: the directory of an interrupted run this one goes on with (``--resume``): the
+    config must be the one its checkpoint was made with, and its claim is taken over.
     The CLI and the Python API both run a single run with this."""
     from transformer_lab.app.preflight import preflight
 
     with one_line_errors():
         inputs = preflight(cfg)
-        claim_directory(pin_run_dir(cfg))  # claimed before Hydra writes .hydra/ there
+        run_dir = pin_run_dir(cfg)
+        if resumed is not None:
+            from transformer_lab.app.resume import check_resumable
+
+            check_resumable(resumed, cfg)
+            reclaim_directory(run_dir)
+        else:
+            claim_directory(run_dir)  # claimed before Hydra writes .hydra/ there
     return _run_job(hydra, cfg, inputs)
 
 

@@ -20,6 +20,7 @@ from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.optimizers import check_optimizer
+from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.threads import check_threads
 
 
@@ -47,10 +48,8 @@ def preflight(cfg: DictConfig) -> JobInputs:
     check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
     inputs = JobInputs(task=task, model=build_checked_model(cfg, task.model_seq_len))
     check_optimizer(train_settings(cfg).optimizer, inputs.model)  # the optimizer group
-    if cfg.get("from_hf"):  # --from-hf DIR: its weights, checked to fit the model built here
-        from transformer_lab.interop.hf import load_hf_weights
-
-        load_hf_weights(inputs.model, cfg, str(cfg.from_hf))
+    # --from-hf DIR, --from-run RUN: its weights, checked to fit the model built here
+    load_pretrained(inputs.model, cfg)
     import torch
 
     with torch.random.fork_rng(devices=[]):

@@ -1,9 +1,16 @@
-"""``--resume DIR``: the arguments that run the sweep recorded in ``DIR`` again, into it.
+"""``--resume DIR``: the arguments that run again what ``DIR`` recorded, into ``DIR``.
 
-``DIR/multirun.yaml`` holds the sweep's overrides; they run again with ``hydra.sweep.dir=DIR``
-and ``TLAB_RESUME=1`` in each job, which then skips a passed job or moves a failed attempt
-aside (``sweeps.run_sweep_job``). Hydra rewrites ``multirun.yaml`` on every launch, so the
-earlier one is kept first (:func:`keep_multirun_yaml`).
+A sweep (``DIR/multirun.yaml`` holds its overrides): they run again with
+``hydra.sweep.dir=DIR`` and ``TLAB_RESUME=1`` in each job, which then skips a passed job or
+moves a failed attempt aside (``sweeps.run_sweep_job``). Hydra rewrites ``multirun.yaml`` on
+every launch, so the earlier one is kept first (:func:`keep_multirun_yaml`).
+
+A single run (``DIR/run.json``) that kept its resumable state (``checkpoint.pt``,
+``train.checkpoint_every``): its recorded overrides (``.hydra/overrides.yaml``) run again with
+``hydra.run.dir=DIR`` (:func:`run_arguments`); before anything is written the composed config
+must equal the one the checkpoint was made with (:func:`check_resumable`), then the app takes
+over the directory's claim (``run_directory.reclaim_directory``) and the job reopens the run
+there: the routine goes on from its checkpoint, appending to the run's own files.
 """
 
 from __future__ import annotations
@@ -11,11 +18,17 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.app.isolation import LAUNCHER_ENV
 from transformer_lab.app.sweeps import RESUME_ENV, quote_value
 from transformer_lab.errors import ConfigError
+from transformer_lab.results.run_directory import CHECKPOINT_FILE, read_json
+
+# Overrides a resumed run may add to the recorded ones: they change no number (--quiet, --force).
+HARMLESS_ON_RESUME = ("logger.progress", "force")
+# Statuses of a run that may go on (running: killed without a chance to say so).
+RESUMABLE_STATUSES = ("running", "interrupted", "error")
 
 
 def pop_resume(args: list[str]) -> tuple[list[str], Path | None]:
@@ -25,8 +38,8 @@ def pop_resume(args: list[str]) -> tuple[list[str], Path | None]:
         arg = args[i]
         if arg == "--resume":
             if i + 1 >= len(args):
-                raise ConfigError("--resume needs a sweep directory, e.g. --resume "
-                                  "outputs/multirun/smoke/2026-01-01_12-00-00-000000")
+                raise ConfigError("--resume needs a sweep directory or a run directory, e.g. "
+                                  "--resume outputs/multirun/smoke/2026-01-01_12-00-00-000000")
             resume, i = Path(args[i + 1]), i + 2
             continue
         if arg.startswith("--resume="):
@@ -50,6 +63,12 @@ _DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.o
                       f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}")
 
 
+def is_run_directory(path: Path) -> bool:
+    """True for a single run's directory (its ``run.json``, no ``multirun.yaml``): ``--resume``
+    goes on with that run rather than a sweep."""
+    return (path / "run.json").is_file() and not (path / "multirun.yaml").exists()
+
+
 def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it.
 
@@ -63,7 +82,8 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
         raise ConfigError(f"--resume {sweep_dir}: no such directory")
     if not recorded_file.exists():
         raise ConfigError(f"--resume {sweep_dir}: no multirun.yaml there, so it is not a sweep "
-                          "directory (resume the folder that holds sweep.csv and the job folders)")
+                          "directory (resume the folder that holds sweep.csv and the job "
+                          "folders), and no run.json: not a run directory either")
     try:
         recorded = OmegaConf.load(recorded_file).hydra.overrides
         recorded_task = [str(o) for o in recorded.task]
@@ -106,3 +126,69 @@ def keep_multirun_yaml(sweep_dir: Path) -> None:
         n += 1
     shutil.copy2(source, target)
 
+
+
+def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
+    """The Hydra arguments that run the single run recorded in ``run_dir`` again, into it, to
+    go on from its checkpoint. ``args`` may repeat the recorded overrides (or a subset) and add
+    only ``HARMLESS_ON_RESUME`` ones; ``ConfigError`` (one line) for a run with no checkpoint,
+    one that finished, another override, ``-m`` or another directory."""
+    from transformer_lab.app.arguments import split_arguments
+
+    info = read_json(run_dir / "run.json")
+    status = info.get("status")
+    if not (run_dir / CHECKPOINT_FILE).is_file():
+        finished = f" (it finished: status {status})" if status not in RESUMABLE_STATUSES \
+            else ""
+        raise ConfigError(f"--resume {run_dir}: the run there has no checkpoint to go on "
+                          f"from{finished}; tlab train keeps one with train.checkpoint_every=N")
+    if status not in RESUMABLE_STATUSES:
+        raise ConfigError(f"--resume {run_dir}: the run there ended with status {status} "
+                          f"({info.get('error') or 'no error'}); resuming would end the same way")
+    try:
+        recorded = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+    except Exception as exc:
+        raise ConfigError(f"--resume {run_dir}: its .hydra/overrides.yaml is missing or "
+                          f"unreadable ({type(exc).__name__})") from None
+    flags, overrides = split_arguments(args)
+    if any(flag in ("-m", "--multirun") for flag in flags):
+        raise ConfigError(f"--resume {run_dir} goes on with one run; drop -m/--multirun")
+    for override in overrides:
+        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
+            raise ConfigError(f"--resume {run_dir} already names the run directory; drop "
+                              f"'{override}' (or --out)")
+    harmless = [o for o in overrides if _key(o) in HARMLESS_ON_RESUME]
+    foreign = [o for o in overrides if o not in recorded and o not in harmless]
+    if foreign:
+        raise ConfigError(f"--resume {run_dir}: {' '.join(foreign)} is not part of the run "
+                          f"recorded there ({' '.join(recorded)}); give the same overrides or none")
+    return [*flags, *recorded, *harmless, f"hydra.run.dir={quote_value(str(run_dir))}"]
+
+
+def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
+    """``ConfigError`` naming the first key whose value in ``cfg`` (composed and checked now)
+    differs from the config ``run_dir``'s checkpoint was made with (config files changed since,
+    or a component's defaults): the run could not go on with the same numbers."""
+    from transformer_lab.training.checkpoint import config_yaml, load_state
+
+    state = load_state(run_dir / CHECKPOINT_FILE)
+    then = _flat(OmegaConf.to_container(OmegaConf.create(state["config"])))
+    now = _flat(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
+    for key in sorted(set(then) | set(now)):
+        if key.startswith(HARMLESS_ON_RESUME) or then.get(key) == now.get(key):
+            continue
+        raise ConfigError(f"--resume {run_dir}: {key} is {now.get(key, 'absent')} now but was "
+                          f"{then.get(key, 'absent')} when the run was checkpointed (config files "
+                          "changed since?); it cannot go on with the same numbers")
+
+
+def _flat(node: dict, prefix: str = "") -> dict[str, object]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
+    flat: dict[str, object] = {}
+    for key, value in node.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flat(value, name + "."))
+        else:
+            flat[name] = value
+    return flat

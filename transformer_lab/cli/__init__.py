@@ -17,9 +17,11 @@ from transformer_lab.cli.check import check as check_command
 from transformer_lab.cli.common import pass_hydra_flags
 from transformer_lab.cli.compare import compare
 from transformer_lab.cli.compare_activations import compare_activations
+from transformer_lab.cli.export import export as export_command
 from transformer_lab.cli.mutants import mutants as mutants_command
 from transformer_lab.cli.plot_pe import plot_pe as plot_pe_command
 from transformer_lab.cli.reverse_task import reverse_task
+from transformer_lab.cli.sample import sample as sample_command
 from transformer_lab.cli.train import train
 from transformer_lab.cli.validate import validate
 
@@ -66,6 +68,8 @@ def main_options(
 
 
 app.command("train")(train)
+app.command("sample")(sample_command)
+app.command("export")(export_command)
 app.command("smoke")(smoke.smoke)
 app.command("run", context_settings=run.CONTEXT)(run.run)
 app.command("list")(listing.list_choices)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import FromHf, Multirun, Out, Overrides, Resume, launch
+from transformer_lab.cli.common import FromHf, FromRun, Multirun, Out, Overrides, Resume, launch
 
 
 def check(
@@ -18,6 +18,7 @@ def check(
     steps: Annotated[int | None, typer.Option(help="Training steps for --trained (default "
                                               "300).")] = None,
     from_hf: FromHf = None,
+    from_run: FromRun = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
@@ -26,9 +27,12 @@ def check(
 
     RoPE relative-position and pairing checks, the sinusoidal shift map, NoPE permutation
     equivariance and the source article's swap test (--trained: also after training on reversal).
-    --from-hf DIR: the checkpoint's PE and weights (run without the causal mask).
+    --from-hf DIR / --from-run RUN: the checkpoint's (a trained tlab run's) PE and weights (run
+    without the causal mask).
     """
-    hf = {"from_hf": from_hf, "arch": "encoder"} if from_hf is not None else {}
-    options = {**hf, "pe": pe, "routine.pe": pe, "routine.trained": trained or None,
+    pretrained = {"from_hf": from_hf, "from_run": from_run}
+    if from_hf is not None or from_run is not None:
+        pretrained["arch"] = "encoder"
+    options = {**pretrained, "pe": pe, "routine.pe": pe, "routine.trained": trained or None,
                "routine.train_steps": steps}
     launch("check", options, overrides, multirun, out, resume=resume)

@@ -18,8 +18,9 @@ Multirun = Annotated[bool, typer.Option("--multirun", "-m", help="Run a Hydra sw
 Out = Annotated[Path | None, typer.Option("--out", help="Run directory (sweep directory with "
                                           "-m); it must not already hold a run.")]
 Resume = Annotated[Path | None, typer.Option(
-    "--resume", help="Re-run the sweep in this directory: jobs that passed are skipped, missing "
-    "or failed ones run again (a failed attempt is renamed <job>.failed-<n>, never deleted).",
+    "--resume", help="A sweep directory: run it again, jobs that passed are skipped, missing or "
+    "failed ones run again (a failed attempt is renamed <job>.failed-<n>, never deleted). A run "
+    "directory (tlab train with train.checkpoint_every=N): go on from its last checkpoint, in it.",
     show_default=False)]
 Pe = Annotated[str | None, typer.Option("--pe", help="Positional encoding (tlab list).")]
 Norm = Annotated[str | None, typer.Option("--norm", help="Norm placement: post, pre, sandwich, "
@@ -37,6 +38,20 @@ ConfigDir = Annotated[Path | None, typer.Option(
 FromHf = Annotated[Path | None, typer.Option(
     "--from-hf", help="A local Hugging Face model directory (save_pretrained): its architecture "
     "(a preset and knobs) and weights; never downloads.", show_default=False)]
+
+FromRun = Annotated[Path | None, typer.Option(
+    "--from-run", help="A tlab run's trained model (a run directory with one model, or one of "
+    "its weights files, e.g. RUN/models/rope/seed0.safetensors): its architecture and weights.",
+    show_default=False)]
+RunPath = Annotated[Path, typer.Argument(
+    help="A run directory (tlab train, tlab compare) or one of its weights files.",
+    show_default=False)]
+Variant = Annotated[str | None, typer.Option(
+    "--variant", help="A compared run's model of this variant (default: the first).",
+    show_default=False)]
+ModelSeed = Annotated[int | None, typer.Option(
+    "--model-seed", help="The run's model trained with this seed (default: the first).",
+    show_default=False)]
 
 
 def pass_hydra_flags(app: typer.Typer) -> None:
@@ -67,11 +82,11 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
            resume: Path | None = None, config_dir: Path | None = None) -> NoReturn:
     """Run ``experiment`` through the Hydra app and exit with its code.
 
-    ``resume``: an earlier sweep directory to complete (``--resume``; implies ``-m``)."""
+    ``resume``: an earlier sweep directory to complete, or an interrupted run's directory to go
+    on with from its checkpoint (``--resume``; the app tells which)."""
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
         args += ["--resume", str(resume)]
-        multirun = True
     if out is not None:
         args.append(f"hydra.{'sweep' if multirun else 'run'}.dir={out}")
     if multirun:

@@ -9,6 +9,7 @@ import typer
 from transformer_lab.cli.common import (
     Arch,
     FromHf,
+    FromRun,
     Multirun,
     Out,
     Overrides,
@@ -44,15 +45,18 @@ def extrapolate(
     ] = None,
     arch: Arch = None,
     from_hf: FromHf = None,
+    from_run: FromRun = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
 ) -> None:
     """Train each positional encoding at --train-len, evaluate at --eval-lens without retraining;
-    writes extrapolation.csv and extrapolation.png. --from-hf DIR: evaluate that checkpoint
-    instead (no training) at --eval-lens with each --scaling."""
+    writes extrapolation.csv and extrapolation.png. --from-hf DIR / --from-run RUN: evaluate
+    that checkpoint (a trained tlab run's model) instead (no training) at --eval-lens with each
+    --scaling."""
     options = {
-        "from_hf": from_hf, "task": task, "arch": arch, "routine.pes": hydra_list(pe),
+        "from_hf": from_hf, "from_run": from_run, "task": task, "arch": arch,
+        "routine.pes": hydra_list(pe),
         "routine.train_len": train_len, "routine.eval_lens": hydra_list(eval_lens),
         "routine.scalings": hydra_list(scaling), "routine.seeds": seeds,
         "routine.finetune_steps": finetune_steps, "train.steps": steps,

@@ -8,6 +8,7 @@ import typer
 
 from transformer_lab.cli.common import (
     FromHf,
+    FromRun,
     Multirun,
     Out,
     Overrides,
@@ -28,6 +29,7 @@ def plot_pe(
     dims: Annotated[str | None, typer.Option("--dims", help="Comma-separated dimensions drawn "
                                              "as curves (default 0,1,3,7,15,31).")] = None,
     from_hf: FromHf = None,
+    from_run: FromRun = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
@@ -36,8 +38,9 @@ def plot_pe(
 
     The article's figure (PE value vs position for a few dimensions); RoPE: score vs distance;
     ALiBi / T5: bias per head. PNGs and pe_values.csv in the run directory.
-    --from-hf DIR: the checkpoint's PE (a learned table or bias as trained).
+    --from-hf DIR / --from-run RUN: the checkpoint's (a trained tlab run's) PE (a learned table
+    or bias as trained).
     """
-    options = {"from_hf": from_hf, "pe": pe, "routine.max_len": max_len, "model.d_model": d_model,
-               "routine.dims": hydra_list(dims)}
+    options = {"from_hf": from_hf, "from_run": from_run, "pe": pe, "routine.max_len": max_len,
+               "model.d_model": d_model, "routine.dims": hydra_list(dims)}
     launch("plot_pe", options, overrides, multirun, out, resume=resume)

@@ -97,15 +97,7 @@ def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any)
     family = _family(hf.config.model_type)
     state = family.to_tlab(hf.config, hf.state_dict())
     own = model.state_dict()
-    for name in ("token_embedding.weight", "lm_head.weight"):
-        if name not in state or name not in own:
-            continue
-        rows, theirs = own[name].shape[0], state[name].shape[0]
-        if rows > theirs:
-            raise ConfigError(f"the task's vocabulary ({rows} tokens) is larger than the "
-                              f"checkpoint's ({theirs}); use a task with at most {theirs} "
-                              "tokens (e.g. task.tokenizer=char)")
-        state[name] = state[name][:rows]
+    fit_vocabulary(state, own)
     wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
     if wrong:
         raise ConfigError(f"the checkpoint does not fit tlab's model: {wrong[0]} is "
@@ -117,6 +109,21 @@ def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any)
     if missing or unexpected:
         raise ConfigError(f"the checkpoint does not fit tlab's model: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}")
+
+
+def fit_vocabulary(state: dict[str, Any], own: dict[str, Any]) -> None:
+    """Cut a checkpoint's token embedding and output head (``state``, in place) to the first
+    rows of the model's (``own``): the task's vocabulary may be smaller than the checkpoint's;
+    a larger one is a ``ConfigError``."""
+    for name in ("token_embedding.weight", "lm_head.weight"):
+        if name not in state or name not in own:
+            continue
+        rows, theirs = own[name].shape[0], state[name].shape[0]
+        if rows > theirs:
+            raise ConfigError(f"the task's vocabulary ({rows} tokens) is larger than the "
+                              f"checkpoint's ({theirs}); use a task with at most {theirs} "
+                              "tokens (e.g. task.tokenizer=char)")
+        state[name] = state[name][:rows]
 
 
 def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()
@@ -139,7 +146,7 @@ def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()
 def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
     """A ``transformers`` model with ``model``'s weights, for a config of a preset family."""
     transformers = _transformers()
-    preset = cfg.get("preset_name") or _preset_of(cfg)
+    preset = cfg.get("preset_name") or preset_of(cfg)
     family = next((f for f in FAMILIES.values() if f.preset == preset), None)
     if family is None:
         known = sorted({f.preset for f in FAMILIES.values()})
@@ -155,7 +162,7 @@ def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
     return hf
 
 
-def _preset_of(cfg: DictConfig) -> str:
+def preset_of(cfg: DictConfig) -> str:
     """Which family a config belongs to, from its components (for a config that did not
     come from ``from_hf``, e.g. ``compose(["preset=gpt2"])``)."""
     ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))

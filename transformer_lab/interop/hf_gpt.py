@@ -14,6 +14,7 @@ import torch
 
 from transformer_lab.interop.hf_common import (
     State,
+    Unsupported,
     ffn_choice,
     flag,
     layers,
@@ -30,9 +31,16 @@ GELU_NAMES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu":
               "relu": "relu"}
 
 
+HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
+
+
 def hf_activation(cfg: Any) -> str:
-    """The HF activation name of tlab's ``ffn`` choice (``gelu_tanh`` -> ``gelu_new``)."""
-    return {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}[cfg.ffn.name]
+    """The HF activation name of tlab's ``ffn`` choice (``gelu_tanh`` -> ``gelu_new``);
+    ``Unsupported`` for another FFN."""
+    if cfg.ffn.name not in HF_ACTIVATIONS:
+        raise Unsupported(f"ffn={cfg.ffn.name} (GPT-2 and GPT-NeoX have "
+                          f"{', '.join(HF_ACTIVATIONS)})")
+    return HF_ACTIVATIONS[cfg.ffn.name]
 
 
 # --------------------------------------------------------------------------------------------

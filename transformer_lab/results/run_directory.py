@@ -1,10 +1,16 @@
-"""Run directories and the CSV files a run writes (README, "What a run writes").
+"""Run directories and the files a run writes (README, "What a run writes").
 
-    config.yaml   resolved config            run.json     seed, commit, versions, times, status
-    metrics.csv   one row per logged step    summary.csv  one row per run
-    <table>.csv   command-specific tables    *.png        plots
+    config.yaml        resolved config            run.json     seed, commit, versions, status
+    metrics.csv        one row per logged step    summary.csv  one row per run
+    <table>.csv        command-specific tables    *.png        plots
+    model.safetensors  a one-model run's final weights (``weights_path``)
+    models/[<variant>/]seed<k>.safetensors        the final weights of each of several models
+    checkpoint.pt      the resumable state of an unfinished run (``train.checkpoint_every``)
 
-CSV rows are flushed as they are written, so an interrupted run keeps what it logged.
+CSV rows are flushed as they are written, so an interrupted run keeps what it logged. A run
+directory is claimed (``.tlab-claim``) before anything is written in it; ``--resume`` takes over
+the claim of an interrupted run (``reclaim_directory``) and appends to its files
+(``RunDirectory.create`` reopens it).
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ NUMBER_COLUMNS = ["params", "steps", "final_loss", "best_exact_match", "solved_s
                   "tokens_per_s"]
 SUMMARY_COLUMNS = [*SETTING_COLUMNS, "seed", *NUMBER_COLUMNS, "status", "error"]
 RUN_MARKERS = ("run.json", "metrics.csv", "summary.csv")
+WEIGHTS_FILE = "model.safetensors"  # the final weights of a run that trains one model
+MODELS_DIR = "models"  # the final weights of a run that trains several (seeds, variants)
+CHECKPOINT_FILE = "checkpoint.pt"  # an unfinished run's resumable state (train.checkpoint_every)
 _FAILED_ATTEMPT = re.compile(r"^(?P<job>.+)\.failed-(?P<n>\d+)$")
 PACKAGES = ("torch", "numpy", "hydra-core", "omegaconf", "pandas", "typer", "rich", "matplotlib",
             "transformer_lab")
@@ -62,6 +71,7 @@ class CsvLog:
         self.path = path
         self.columns = list(columns)
         self.listeners = list(listeners)
+        self.rows = 0  # data rows in the file
         self._file = None
         self._writer: csv.DictWriter | None = None
 
@@ -75,6 +85,7 @@ class CsvLog:
             self._widen(extra)
         self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
         self._file.flush()
+        self.rows += 1
         for listener in self.listeners:
             listener(row)
 
@@ -100,6 +111,29 @@ class CsvLog:
         for row in rows:
             self.write(row)
 
+    def keep_first(self, rows: int) -> None:
+        """Continue the file an earlier process wrote (a resumed run): its header and its first
+        ``rows`` rows are kept (rewritten atomically; rows written after the state the run
+        resumes from are dropped), and later rows are appended."""
+        self.close()
+        if rows == 0 and not self.path.exists():
+            return  # nothing was written: the first row writes the header
+        with self.path.open(newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = next(reader, None)
+            kept = [line for _, line in zip(range(rows), reader, strict=False)]
+        if header is None or len(kept) < rows:
+            raise ConfigError(f"{self.path} has {len(kept)} rows where its checkpoint counted "
+                              f"{rows}: it was changed since; cannot resume from it")
+        partial = self.path.with_name(self.path.name + ".resuming")
+        with partial.open("w", newline="", encoding="utf-8") as f:
+            writer = csv.writer(f)
+            writer.writerow(header)
+            writer.writerows(kept)
+        os.replace(partial, self.path)
+        self.columns, self.rows = header, rows
+        self._open("a")
+
     def close(self) -> None:
         if self._file is not None:
             self._file.close()
@@ -124,6 +158,21 @@ def holds_run(path: Path) -> bool:
     return any((path / marker).exists() for marker in RUN_MARKERS)
 
 
+def weights_path(run_dir: Path, seed: int, variant: str | None = None,
+                 several: bool = False) -> Path:
+    """Where a run keeps one trained model's final weights: ``model.safetensors`` when it trains
+    one model, else ``models/seed<k>.safetensors`` (seeds of one config) or
+    ``models/<variant>/seed<k>.safetensors`` (a comparison's variants; the variant's name with
+    any character but letters, digits and ``._=+-`` as ``_``: the file's header has it as
+    given)."""
+    if variant is None and not several:
+        return run_dir / WEIGHTS_FILE
+    folder = run_dir / MODELS_DIR
+    if variant is not None:
+        folder = folder / (re.sub(r"[^A-Za-z0-9._=+-]", "_", variant).lstrip(".") or "_")
+    return folder / f"seed{seed}.safetensors"
+
+
 CLAIM_FILE = ".tlab-claim"  # who claimed a run / sweep directory: {"pid", "host", "time"}
 
 
@@ -143,13 +192,20 @@ def claimed_by(path: Path) -> str | None:
             f"{owner.get('time', '?')})")
 
 
+def _claim(resuming: bool = False) -> str:
+    """The text of a claim by this process (``resuming``: of an interrupted run's directory)."""
+    import socket
+
+    owner = {"pid": os.getpid(), "host": socket.gethostname(),
+             "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv}
+    return json.dumps({**owner, "resuming": True} if resuming else owner)
+
+
 def claim_directory(path: str | Path) -> Path:
     """Claim ``path`` for one run or sweep before anything is written there: the directory is
     made if needed and ``.tlab-claim`` created with an exclusive create (``O_EXCL``), so of two
     runs started together exactly one gets it. Raises ``ConfigError`` naming the owner for the
     loser, and for a path that cannot be a directory (a file, below a file, not writable)."""
-    import socket
-
     path = Path(path)
     for parent in (path, *path.parents):
         if parent.exists() and not parent.is_dir():
@@ -164,11 +220,61 @@ def claim_directory(path: str | Path) -> Path:
     except OSError as exc:
         raise ConfigError(f"cannot write in output directory '{path}': "
                           f"{exc.strerror or exc}; choose a writable directory") from None
-    owner = {"pid": os.getpid(), "host": socket.gethostname(),
-             "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv}
     with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(json.dumps(owner))
+        f.write(_claim())
     return path
+
+
+def reclaim_directory(path: Path) -> None:
+    """Take over the claim of an interrupted run's directory, to resume the run in it
+    (``--resume RUN_DIR``). Refused (``ConfigError``) while the claiming process still runs on
+    this host, and for the loser of two resumes started together: the takeover is locked by an
+    exclusive create of a file named after the claim taken over, and the claim is replaced
+    (``os.replace``) only if it is still that one."""
+    import hashlib
+    import socket
+
+    marker = path / CLAIM_FILE
+    before = marker.read_text(encoding="utf-8") if marker.exists() else ""
+    owner = read_json(marker)
+    if owner.get("host") == socket.gethostname() and _alive(owner.get("pid")):
+        raise ConfigError(f"'{path}' is still being run: {claimed_by(path)}; stop it first "
+                          "(its checkpoint is resumed from where it stops)")
+    lock = path / f"{CLAIM_FILE}.taking-{hashlib.sha256(before.encode()).hexdigest()[:16]}"
+    try:
+        os.close(os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+    except FileExistsError:
+        raise ConfigError(f"'{path}' is being resumed by another process") from None
+    try:
+        now = marker.read_text(encoding="utf-8") if marker.exists() else ""
+        if now != before:
+            raise ConfigError(f"'{path}' was resumed by another process: {claimed_by(path)}")
+        partial = path / f"{CLAIM_FILE}.{os.getpid()}"
+        partial.write_text(_claim(resuming=True), encoding="utf-8")
+        os.replace(partial, marker)
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _alive(pid: Any) -> bool:
+    """True when a process ``pid`` runs on this host (another one than this process)."""
+    if not isinstance(pid, int) or pid == os.getpid() or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # it exists, owned by someone else
+        return True
+    except OSError:
+        return False
+    return True
+
+
+def resumed_here(path: Path) -> bool:
+    """True when this process claimed ``path`` to resume the run in it (``reclaim_directory``)."""
+    owner = read_json(Path(path) / CLAIM_FILE)
+    return bool(owner.get("resuming")) and owner.get("pid") == os.getpid()
 
 
 @functools.cache
@@ -206,8 +312,12 @@ class RunDirectory:
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
+        """A new run's directory; one that holds a run is refused, unless this process claimed
+        it to resume that run (``--resume``): it is then reopened (``reopen``)."""
         path = Path(path)
         if holds_run(path):
+            if resumed_here(path):
+                return cls.reopen(path, cfg)
             raise ConfigError(f"'{path}' already holds a run; choose another --out directory")
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path, cfg)
@@ -224,6 +334,22 @@ class RunDirectory:
             "start_time": datetime.now(timezone.utc).isoformat(),
             "status": "running",
         }
+        run.write_info()
+        run.start_outputs()
+        return run
+
+    @classmethod
+    def reopen(cls, path: Path, cfg: DictConfig) -> RunDirectory:
+        """An interrupted run's directory, to go on in it: ``run.json`` keeps what it recorded,
+        with status ``running`` again and this process in its ``resumes`` list; the CSV files
+        are continued by the routine (``CsvLog.keep_first``) or written anew."""
+        run = cls(path, cfg)
+        run.info = read_json(path / "run.json")
+        resumes = run.info.get("resumes") or []
+        resumes.append({"pid": os.getpid(), "argv": sys.argv,
+                        "start_time": datetime.now(timezone.utc).isoformat(),
+                        "previous_status": run.info.get("status")})
+        run.info.update(status="running", error=None, resumes=resumes)
         run.write_info()
         run.start_outputs()
         return run

@@ -60,6 +60,7 @@ from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import with_choice
+from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 
 # --------------------------------------------------------------------------------------------
 # a row of checks.csv and the tolerances
@@ -131,12 +132,9 @@ def pe_config(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def build_for_check(cfg: DictConfig) -> TransformerModel:
-    """The run's model in eval mode; with ``from_hf`` (``--from-hf DIR``) its weights."""
+    """The run's model in eval mode; with ``--from-hf DIR`` or ``--from-run RUN`` its weights."""
     model = build_model(cfg, seed=int(cfg.seed))
-    if cfg.get("from_hf"):
-        from transformer_lab.interop.hf import load_hf_weights
-
-        load_hf_weights(model, cfg, str(cfg.from_hf))
+    load_pretrained(model, cfg)
     return model.eval()
 
 
@@ -337,9 +335,9 @@ def pes_with_checks(cfg: DictConfig) -> list[str]:
 def pes_to_check(cfg: DictConfig) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice = str(cfg.routine.pe)
-    if cfg.get("from_hf"):  # --from-hf: the checkpoint's own PE only
+    if option := pretrained_option(cfg):  # --from-hf, --from-run: the checkpoint's own PE only
         if choice not in ("all", cfg.pe.get("name")):
-            raise ConfigError(f"--pe {choice}: --from-hf checks the checkpoint's own PE "
+            raise ConfigError(f"--pe {choice}: {option} checks the checkpoint's own PE "
                               f"({cfg.pe.get('name')}); drop --pe")
         choice = str(cfg.pe.get("name"))
     if choice == "all":

@@ -62,7 +62,9 @@ the verdict columns can be recomputed exactly; ``early_loss`` and ``late_loss_st
 seed's curve, which ``tlab report --metric early_loss`` also computes from metrics.csv),
 written as each variant's seeds finish (an interrupted comparison keeps its finished
 variants); ``loss_curves.png`` plots the smoothed training loss, mean over seeds with the
-min-max band.
+min-max band; ``models/<variant>/seed<k>.safetensors`` holds each trained model's final weights
+with the variant's config, seed and tokenizer (``training.checkpoint``; ``tlab sample``, ``tlab
+export``, ``--from-run``).
 
 In this order: the variation and its checks, the training, a seed's run with the rows, verdicts
 and checks, the terminal table and the plot, the routine.
@@ -73,8 +75,9 @@ from __future__ import annotations
 import math
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +106,7 @@ from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
 from transformer_lab.results.console import console
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.progress import progress_bar
-from transformer_lab.results.run_directory import CsvLog, RunDirectory
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.variants import (
@@ -113,6 +116,8 @@ from transformer_lab.routines.variants import (
     train_settings,
     with_value,
 )
+from transformer_lab.tasks import Task
+from transformer_lab.training.checkpoint import save_weights
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.trainer import Trainer, count_parameters
 
@@ -187,7 +192,7 @@ def baseline_of(cfg: DictConfig) -> str | None:
 SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "vary.key": Rule("str", nullable=True),
             "vary.values": Rule("list", min_items=1, nullable=True),
-            "baseline": Rule("any", nullable=True),
+            "baseline": Rule("any", nullable=True),  # one of the values: check_config
             "steps": POSITIVE_INT, "seeds": POSITIVE_INT, "shared_init": Rule("bool"),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
 # Keys that are no variant of a run: what runs, the samples, Hydra's own, where it writes.
@@ -248,14 +253,16 @@ def check_variant(cfg: DictConfig, vary: Variation, name: str, value: Any) -> No
 
 def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
                 stage: str = "compare", variant: str | None = None,
-                initial: dict[int, dict[str, torch.Tensor]] | None = None) -> list[SeedRun]:
+                initial: dict[int, dict[str, torch.Tensor]] | None = None,
+                keep: Callable[[nn.Module, int, Task], None] | None = None) -> list[SeedRun]:
     """Train the model of ``cfg`` (one variant, named ``variant``; default its ffn) with each of
     ``seeds`` for ``routine.steps``, one after another, each as a run of its own. ``initial``
     (seed -> parameter values), when given, shares initial weights between variants: a seed's
     first model records its own, later ones start from them where name and shape match
     (``start_from``). Throughput is the median over log intervals of one seed's tokens per
     second (robust to the first steps' warm-up and to other processes), so every variant of a
-    comparison is measured the same way.
+    comparison is measured the same way. ``keep(model, seed, task)`` gets each trained model
+    (its final weights are kept there).
     """
     activation = str(cfg.ffn.get("name"))
     variant = activation if variant is None else variant
@@ -275,6 +282,8 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
         trainer = Trainer(model, task, settings, seed, stage_log(log, stage, variant, seed))
         result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss, logged=logged:
                              logged.append((step, time.perf_counter())))
+        if keep is not None:
+            keep(model, seed, task)
         speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
                   for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
         runs.append(SeedRun(activation, seed, count_parameters(model), parts.get("ffn", 0),
@@ -298,6 +307,14 @@ def start_from(model: nn.Module, initial: dict[str, torch.Tensor]) -> list[str]:
     return copied
 
 
+def keep_weights_of(run: RunDirectory, cfg: DictConfig, variant: str, varied: str,
+                    first_index: int, model: nn.Module, seed: int, task: Task) -> None:
+    """One (variant, seed)'s final weights in ``models/<variant>/seed<k>.safetensors``."""
+    index = first_index + seed_list(cfg).index(seed)
+    save_weights(model, weights_path(run.path, seed, variant), cfg, seed, index=index,
+                 variant=variant, varied=varied, tokenizer=getattr(task, "tokenizer", None))
+
+
 # Where a parameter lives, by the first part of its name below ``blocks.<i>.`` (or at the top).
 MODEL_PARTS = {"token_embedding": "embedding", "positional": "pe", "attention": "attention",
                "feedforward": "ffn", "lm_head": "head"}
@@ -315,11 +332,15 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
     return parts
 
 
-def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> list[SeedRun]:
+def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
+                 keep_weights: bool = False) -> list[SeedRun]:
     """Train every variant with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``),
     sharing initial weights per seed with ``routine.shared_init`` (tlab compare's default; a
     config without the key, as validate's step 4, keeps each model's own); each variant's
-    finished (variant, seed) pairs are appended to ``compare_runs.csv``."""
+    finished (variant, seed) pairs are appended to ``compare_runs.csv``. ``keep_weights``: each
+    trained model's final weights go to ``models/<variant>/seed<k>.safetensors``
+    (``training.checkpoint.save_weights``: the variant's config, seed and tokenizer in its
+    header)."""
     vary, seeds = variation(cfg), seed_list(cfg)
     initial: dict[int, dict[str, torch.Tensor]] | None = \
         {} if cfg.routine.get("shared_init", False) else None
@@ -330,7 +351,9 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare") -> 
         with progress_bar(run.metrics, f"{label}, {len(seeds)} seed"
                           f"{'s' if len(seeds) > 1 else ''}: {cfg.routine.steps} steps",
                           total=int(cfg.routine.steps) * len(seeds)):
-            seed_runs = train_seeds(variant, seeds, run.metrics, stage, name, initial)
+            keep = partial(keep_weights_of, run, variant, name, vary.key,
+                           len(runs)) if keep_weights else None
+            seed_runs = train_seeds(variant, seeds, run.metrics, stage, name, initial, keep)
         runs.extend(seed_runs)
         runs_log.write_all(r.as_row() for r in seed_runs)
     return runs
@@ -642,7 +665,7 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     loss."""
     clock = Stopwatch()
     vary = variation(cfg)
-    runs = compare_runs(cfg, run)
+    runs = compare_runs(cfg, run, keep_weights=True)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg), vary.key)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     arch = "decoder" if cfg.arch.causal else "encoder"

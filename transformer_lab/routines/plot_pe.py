@@ -35,6 +35,7 @@ from transformer_lab.results import plots
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.training.pretrained import pretrained_option
 
 
 def checked_dims(dims: list[int], width: int, what: str, drop: bool = False) -> list[int]:
@@ -60,7 +61,7 @@ def plot_additive(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> li
     with torch.no_grad():
         table = pe(torch.arange(length)).float().numpy()  # (L, D)
     dims = checked_dims(list(cfg.routine.dims), table.shape[1], "d_model",
-                        drop=bool(cfg.get("from_hf")))
+                        drop=bool(pretrained_option(cfg)))
     positions = np.arange(length)
     curves = {f"dim {d}": table[:, d] for d in dims}
     write_values(run, positions, curves)
@@ -87,7 +88,7 @@ def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list
     cos, _ = pe.cos_sin(torch.arange(length))  # (L, rot/2)
     cos = cos.numpy()
     dims = checked_dims(list(cfg.routine.dims), head_dim, "head_dim",
-                        drop=bool(cfg.get("from_hf")))
+                        drop=bool(pretrained_option(cfg)))
     positions = np.arange(length)
     curves = {f"dim {d} (pair {d // 2})": cos[:, d // 2] for d in dims if d // 2 < cos.shape[1]}
     scores = {f"base {float(cfg.pe.base):g} (configured)": rope_scores(pe, head_dim, length)}
@@ -149,7 +150,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
     and dimensions that the PE has."""
     pe = instantiate_component(cfg, "pe")
-    kind, hf = getattr(pe, "kind", None), bool(cfg.get("from_hf"))
+    kind, hf = getattr(pe, "kind", None), bool(pretrained_option(cfg))
     if kind not in PLOTTERS:
         raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
                           f"plotted kinds: {', '.join(PLOTTERS)}")
@@ -162,8 +163,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     torch.manual_seed(int(cfg.seed))
-    # --from-hf: the checkpoint's PE, its weights loaded into the run's model in pre-flight
-    pe = inputs.model.positional if cfg.get("from_hf") else instantiate_component(cfg, "pe")
+    # --from-hf, --from-run: the checkpoint's PE, its weights loaded into the model in pre-flight
+    pe = inputs.model.positional if pretrained_option(cfg) else instantiate_component(cfg, "pe")
     files = PLOTTERS[pe.kind](cfg, pe, run)
     for path in files:
         console.print(f"wrote {path}")

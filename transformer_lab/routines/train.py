@@ -18,15 +18,27 @@ each built and trained as a run of its own (the same numbers as a one-seed run o
 whole run's).
 The console prints one line per seed (and their mean).
 
-In this order: the settings, one seed's training, the numbers and the table, the routine.
+Each seed's final weights are kept as it finishes (``RunCheckpoints``): ``model.safetensors``
+for one seed, ``models/seed<k>.safetensors`` for several (``training.checkpoint``: each file's
+header holds the config that rebuilds its model, its seed and the task's tokenizer). With
+``train.checkpoint_every`` = N > 0 the run also keeps its resumable state in ``checkpoint.pt``
+(atomically replaced): at the start, every N steps and after each seed, with the seeds already
+trained, the current seed's trainer state (``Trainer.state_dict``) and the number of rows
+``metrics.csv`` had then. ``--resume RUN_DIR`` reruns the run in its own directory: this routine
+finds ``checkpoint.pt`` there, cuts ``metrics.csv`` back to those rows and goes on from that
+state, so the finished run's files equal those of a run never stopped (timings aside).
+``checkpoint.pt`` is removed when the last seed has finished.
+
+In this order: the settings, the kept models and state, one seed's training, the numbers and
+the table, the routine.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from omegaconf import DictConfig
@@ -39,12 +51,19 @@ from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
-from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
+from transformer_lab.results.run_directory import (
+    CHECKPOINT_FILE,
+    CsvLog,
+    RunDirectory,
+    TaggedLog,
+    weights_path,
+)
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.variants import seed_list, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
+from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
 from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
 
 STAGE = "train"  # the ``stage`` of its rows in metrics.csv
@@ -79,13 +98,22 @@ def perplexity(loss: float) -> float:
 
 @dataclass
 class TrainedSeed:
-    """One seed's model after training, with its training result and final held-out row."""
+    """One seed after training: its training result and final held-out row."""
 
     seed: int
     result: TrainResult
     params: int
     held_out: dict[str, Any] = field(default_factory=dict)  # the last ``val`` row
-    model: nn.Module | None = None  # the trained model: its final weights
+
+    def state(self) -> dict[str, Any]:
+        """As the resumable state keeps it (``from_state`` reads it back)."""
+        return {"seed": self.seed, "result": asdict(self.result), "params": self.params,
+                "held_out": dict(self.held_out)}
+
+    @classmethod
+    def from_state(cls, state: Mapping[str, Any]) -> TrainedSeed:
+        return cls(int(state["seed"]), TrainResult(**state["result"]), int(state["params"]),
+                   dict(state["held_out"]))
 
     def numbers(self, language: bool) -> dict[str, Any]:
         """What a one-seed run of this seed puts in ``summary.csv`` (and ``seeds.csv``)."""
@@ -100,14 +128,80 @@ class TrainedSeed:
         return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s}
 
 
-def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None) -> TrainedSeed:
+# --- the kept models and state ---------------------------------------------------------------
+
+@dataclass
+class ResumePoint:
+    """Where an interrupted run goes on: the seeds it finished and, if it stopped within a seed,
+    that seed's state (``RunCheckpoints.save_progress``)."""
+
+    done: list[TrainedSeed]
+    current: dict[str, Any] | None  # seed, trainer (Trainer.state_dict), result, held_out
+
+
+class RunCheckpoints:
+    """What a ``tlab train`` run keeps in its directory: each seed's final weights and, with
+    ``train.checkpoint_every``, its resumable state (``checkpoint.pt``)."""
+
+    def __init__(self, cfg: DictConfig, run: RunDirectory, task: Task, seeds: Sequence[int]
+                 ) -> None:
+        self.cfg, self.run, self.task, self.seeds = cfg, run, task, list(seeds)
+        self.path = run.path / CHECKPOINT_FILE
+        self.enabled = int(cfg.train.get("checkpoint_every") or 0) > 0
+
+    def resume_point(self) -> ResumePoint | None:
+        """The state the run left in its directory (None for a new run): ``metrics.csv`` is cut
+        back to the rows it had then."""
+        if not self.path.is_file():
+            return None
+        state = load_state(self.path)
+        self.run.metrics.keep_first(int(state["metric_rows"]))
+        return ResumePoint([TrainedSeed.from_state(s) for s in state["done"]], state["current"])
+
+    def save_progress(self, done: Sequence[TrainedSeed], current: dict[str, Any] | None) -> None:
+        """The resumable state: the finished seeds, the current one's (None between seeds) and
+        the rows ``metrics.csv`` has now."""
+        if self.enabled:
+            save_state(self.path, {"config": config_yaml(self.cfg),
+                                   "done": [s.state() for s in done], "current": current,
+                                   "metric_rows": self.run.metrics.rows})
+
+    def keep_weights(self, model: nn.Module, seed: int) -> None:
+        """A seed's final weights (``model.safetensors``, or ``models/seed<k>.safetensors``)."""
+        path = weights_path(self.run.path, seed, several=len(self.seeds) > 1)
+        save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
+                     tokenizer=getattr(self.task, "tokenizer", None))
+
+    def finish(self) -> None:
+        """Every seed is trained and kept: no state to resume from any more."""
+        self.path.unlink(missing_ok=True)
+
+
+# --- one seed ------------------------------------------------------------------------------
+
+def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
+               checkpoint: Callable[[dict[str, Any]], None] | None = None,
+               resume: Mapping[str, Any] | None = None) -> tuple[TrainedSeed, nn.Module]:
     """Build the model of ``cfg`` with ``seed`` and train it for ``train.steps`` steps, as a run
-    of its own; its rows go to ``log`` tagged with the stage and seed."""
+    of its own; its rows go to ``log`` tagged with the stage and seed. ``checkpoint(current)``
+    gets the seed's resumable state every ``train.checkpoint_every`` steps; ``resume``: such a
+    state to go on from. Returns the seed's numbers and its trained model."""
     settings = train_settings(cfg)
     model = build_model(cfg, seed=seed)
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), is_language(task))
-    result = Trainer(model, task, settings, seed, held_out).fit(settings.steps)
-    return TrainedSeed(seed, result, count_parameters(model), held_out.last, model)
+    trainer = Trainer(model, task, settings, seed, held_out)
+    result = None
+    if resume is not None:
+        trainer.load_state_dict(resume["trainer"])
+        result, held_out.last = TrainResult(**resume["result"]), dict(resume["held_out"])
+
+    def save(progress: TrainResult) -> None:
+        if checkpoint is not None:
+            checkpoint({"seed": seed, "trainer": trainer.state_dict(),
+                        "result": asdict(progress), "held_out": dict(held_out.last)})
+
+    result = trainer.fit(settings.steps - trainer.step_count, on_checkpoint=save, result=result)
+    return TrainedSeed(seed, result, count_parameters(model), held_out.last), model
 
 
 def is_language(task: Task) -> bool:
@@ -168,17 +262,31 @@ def describe_run(cfg: DictConfig, params: int) -> str:
 # --- the routine ----------------------------------------------------------------------------
 
 def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
-    """Train every seed one after another, print the table; PASS when every seed's held-out
-    loss is finite (a diverging seed stops the run: ``Diverged``)."""
+    """Train every seed one after another, keeping each one's final weights, print the table;
+    PASS when every seed's held-out loss is finite (a diverging seed stops the run:
+    ``Diverged``). A run directory holding ``checkpoint.pt`` (``--resume``) goes on from it."""
     clock = Stopwatch()
     task, seeds, steps = inputs.task, seed_list(cfg), int(cfg.train.steps)
     language = is_language(task)
-    trained = []
+    kept = RunCheckpoints(cfg, run, task, seeds)
+    resumed = kept.resume_point()
+    trained = list(resumed.done) if resumed is not None else []
+    if resumed is None:
+        kept.save_progress(trained, None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
     with progress_bar(run.metrics, f"train: {which}, {steps} steps", total=steps * len(seeds)):
-        for seed in seeds:
-            trained.append(train_seed(cfg, task, seed, run.metrics))
-            # trained[-1].model holds this seed's final weights: where a run will keep them
+        for seed in seeds[len(trained):]:
+            current = resumed.current if resumed is not None and resumed.current is not None \
+                and int(resumed.current["seed"]) == seed else None
+            done = list(trained)
+            numbers, model = train_seed(
+                cfg, task, seed, run.metrics,
+                checkpoint=lambda state, done=done: kept.save_progress(done, state),
+                resume=current)
+            kept.keep_weights(model, seed)
+            trained.append(numbers)
+            kept.save_progress(trained, None)
+    kept.finish()
     per_seed = [{"seed": s.seed, **s.numbers(language)} for s in trained]
     if len(per_seed) > 1:
         run.write_table("seeds", per_seed)

@@ -14,6 +14,12 @@ steps and at the end a held-out ``val`` row; NaN/inf stops the run with ``Diverg
 row is written. Several seeds are several trainers, one after another: each gets exactly the
 numbers of a run of its own.
 
+Every ``checkpoint_every`` steps (after that step's rows) ``fit`` hands its result to the
+caller's ``on_checkpoint``, which saves ``Trainer.state_dict()`` (weights, optimiser states,
+the schedule's position, torch's and the data generator's random states) with its own; a new
+trainer given that state (``load_state_dict``) and the result goes on with the same numbers as
+one that was never stopped.
+
 Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
 batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
 give the same numbers.
@@ -26,6 +32,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +66,7 @@ class TrainSettings:
     log_every: int = 10
     eval_every: int = 0
     threads: int | None = 1
+    checkpoint_every: int = 0  # resumable state every N steps (0: none); the caller saves it
     device: str = "cpu"
     precision: str = "fp32"
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
@@ -191,6 +199,30 @@ class Trainer:
         self.optimizers.step()
         return loss.detach(), grad_norm, lr
 
+    def state_dict(self) -> dict[str, Any]:
+        """What a stopped training needs to go on exactly: the model's weights, the optimisers'
+        states, the step and the schedule's horizon, torch's global random state (dropout, a
+        router's noise) and the data generator's (the next batches); CUDA's where training runs
+        there."""
+        state = {"model": self.model.state_dict(), "step": self.step_count,
+                 "horizon": self._horizon,
+                 "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
+                 "torch_rng": torch.get_rng_state(), "data_rng": self.generator.get_state()}
+        if self.device.type == "cuda":
+            state["cuda_rng"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from ``state_dict()``'s state (a trainer built like the one that saved it)."""
+        self.model.load_state_dict(state["model"])
+        for optimizer, saved in zip(self.optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+        self.step_count, self._horizon = int(state["step"]), int(state["horizon"])
+        self.generator.set_state(state["data_rng"])
+        torch.set_rng_state(state["torch_rng"])
+        if "cuda_rng" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda_rng"], self.device)
+
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
         """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision
         of training."""
@@ -235,17 +267,22 @@ class Trainer:
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
             on_step: Callable[[int, float], None] | None = None,
-            horizon: int | None = None) -> TrainResult:
+            horizon: int | None = None,
+            on_checkpoint: Callable[[TrainResult], None] | None = None,
+            result: TrainResult | None = None) -> TrainResult:
         """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
 
         With ``target_exact_match`` training stops at the first evaluation that reaches it.
         ``on_step(step, loss)`` is called at every logged step. ``horizon``: the number of
         steps the schedule plans for (``warmup_cosine`` reaches its floor there; default
         ``steps``), e.g. a routine's step budget when it may stop early.
+        ``on_checkpoint(result)`` is called every ``checkpoint_every`` steps, after the step's
+        rows; ``result``: the result of the fit this one continues (a resumed training).
         """
         self.plan_schedule(steps if horizon is None else horizon)
-        result = TrainResult()
+        result = TrainResult() if result is None else result
         log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
+        checkpoint_every = self.settings.checkpoint_every
         tokens_since, total_tokens = 0, 0
         started = clock = time.perf_counter()
         for i in range(steps):
@@ -266,6 +303,9 @@ class Trainer:
             evaluating = (eval_every and step % eval_every == 0) or last
             if evaluating and self.record_eval(result, step, lr, target_exact_match):
                 break  # solved
+            if on_checkpoint is not None and checkpoint_every and step % checkpoint_every == 0:
+                result.steps = step
+                on_checkpoint(result)
         result.steps = self.step_count
         result.wall_s = time.perf_counter() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)

@@ -92,6 +92,7 @@ from transformer_lab.routines.extrapolate.tables import (
 )
 from transformer_lab.routines.variants import train_settings
 from transformer_lab.tasks import Task
+from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 from transformer_lab.training.trainer import Trainer, count_parameters
 
 # The routine's own keys (``routines.check_settings``; what ties them together: ``make_plan``).
@@ -117,8 +118,9 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
     plan = make_plan(cfg)
     train_task = tasks_by_length(cfg, plan)[plan.train_len]
-    if cfg.get("from_hf") and plan.pes != [cfg.pe.get("name")]:
-        raise ConfigError(f"--pe {','.join(plan.pes)}: --from-hf evaluates the checkpoint's own "
+    option = pretrained_option(cfg)
+    if option and plan.pes != [cfg.pe.get("name")]:
+        raise ConfigError(f"--pe {','.join(plan.pes)}: {option} evaluates the checkpoint's own "
                           f"PE ({cfg.pe.get('name')}); drop --pe")
     for pe in plan.pes:
         cfg_pe = config_for(cfg, plan.pe_nodes[pe], plan.train_len,
@@ -129,8 +131,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 def model_max_len(cfg: DictConfig, plan: Plan, train_model_len: int) -> int | None:
     """``model.max_len`` of the models built: ``routine.max_len`` or the training model
-    length; None (the config's, i.e. the checkpoint's) with ``--from-hf``."""
-    return None if cfg.get("from_hf") else plan.max_len or train_model_len
+    length; None (the config's, i.e. the checkpoint's) with ``--from-hf`` or ``--from-run``."""
+    return None if pretrained_option(cfg) else plan.max_len or train_model_len
 
 
 def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
@@ -166,7 +168,7 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
         summary={
             "pe": ",".join(plan.pes), "seq_len": plan.train_len,
             "params": max(params.values(), default=None),
-            "steps": 0 if cfg.get("from_hf") else int(cfg.train.steps),
+            "steps": 0 if pretrained_option(cfg) else int(cfg.train.steps),
             "final_loss": _mean([row["loss"] for row in train_rows]),
             "best_exact_match": max((row["exact_match"] for row in ok_rows
                                      if not math.isnan(row["exact_match"])), default=None),
@@ -195,10 +197,8 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     cfg_pe.model.vocab_size = train_task.vocab_size
     model = build_model(cfg_pe, seed=seed)
     steps = int(cfg.train.steps)
-    if cfg.get("from_hf"):  # --from-hf: the checkpoint's weights, evaluated without training
-        from transformer_lab.interop.hf import load_hf_weights
-
-        load_hf_weights(model, cfg_pe, str(cfg.from_hf))
+    if pretrained_option(cfg):  # the checkpoint's weights, evaluated without training
+        load_pretrained(model, cfg_pe)
         steps = 0
     model = model.to(device)
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}

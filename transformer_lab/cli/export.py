@@ -1,0 +1,44 @@
+"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained model as a Hugging Face checkpoint. The
+work is in ``transformer_lab.routines.export``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from transformer_lab.cli.common import ModelSeed, RunPath, Variant
+
+
+def export(
+    run_dir: RunPath,
+    to_hf: Annotated[Path, typer.Option(
+        "--to-hf", help="The folder to write (new or empty): config.json, model.safetensors, "
+        "generation_config.json and the tokenizer's files.", show_default=False)],
+    variant: Variant = None,
+    model_seed: ModelSeed = None,
+) -> None:
+    """Write the trained model of RUN_DIR (tlab train, tlab compare) as a Hugging Face causal LM
+    with its tokenizer: AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it
+    offline, with the same logits and token ids as tlab. LLaMA, Mixtral, GPT-2 and GPT-NeoX
+    (train with preset=...); what their HF config cannot hold is refused, naming the knob."""
+    from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.errors import EXIT_USAGE, ConfigError
+    from transformer_lab.results.console import console, print_error
+    from transformer_lab.routines.export import export_run
+
+    try:
+        with working_directory_importable():  # a run with your own components (_target_)
+            result = export_run(run_dir, to_hf, variant, model_seed)
+    except ConfigError as exc:
+        print_error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
+    others = len(result.models) - 1
+    choice = f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, " \
+        "--model-seed" if others else ""
+    tokenizer = f"{result.tokenizer} tokenizer" if result.tokenizer else \
+        "no tokenizer (a synthetic task's tokens are their ids)"
+    console.print(f"{result.header.path} ({result.header.name}{choice}) -> {result.out_dir}: "
+                  f"{result.hf_class}, {tokenizer} ({', '.join(result.files)})",
+                  markup=False, highlight=False, soft_wrap=True)

@@ -1,0 +1,162 @@
+"""``tlab sample RUN_DIR``: a trained model's continuation of a prompt.
+
+Not a Hydra routine: it reads the final weights a finished (or interrupted) run kept
+(``training.checkpoint``: the header's config rebuilds the model, its tokenizer encodes the
+prompt) and writes nothing. A run with several models (``--seeds N``, ``tlab compare``) is
+narrowed by variant and seed; the first model left is used, and ``Sample.header`` says which.
+
+The prompt is text on a text task (``task=text``: the run's char, byte or BPE tokenizer) and
+token ids separated by spaces on a synthetic one (``task=lm``, ``reverse``, ``copy``); the
+continuation is ``model.generate``'s with the KV cache: greedy (``temperature`` 0) or drawn from
+``softmax(logits / temperature)`` over the ``top_k`` most likely tokens, with a generator seeded
+by ``seed`` (the same seed, the same tokens). Refused in one line (``ConfigError``): an encoder,
+a prompt the tokenizer cannot encode (naming the characters), token ids outside the vocabulary,
+a length the model's positional encoding cannot reach.
+
+In this order: the settings, the prompt, the continuation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from transformer_lab.data.tokenizer import CharTokenizer
+from transformer_lab.errors import ConfigError
+from transformer_lab.training.checkpoint import (
+    TrainedModel,
+    WeightsHeader,
+    choose_model,
+    load_trained,
+)
+
+DEFAULT_TOKENS = 100
+DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary without it: its first
+
+
+# --- the settings ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the continuation is drawn: ``temperature`` 0 is greedy (argmax)."""
+
+    tokens: int = DEFAULT_TOKENS
+    temperature: float = 1.0
+    top_k: int | None = None
+    seed: int = 0
+
+    @classmethod
+    def from_options(cls, tokens: int, greedy: bool, temperature: float | None,
+                     top_k: int | None, seed: int) -> Sampling:
+        """The command's options: ``--greedy`` or ``--temperature T [--top-k K]`` (default:
+        temperature 1 over every token); ``ConfigError`` when they contradict."""
+        if greedy and (temperature not in (None, 0.0) or top_k is not None):
+            given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
+                f"--top-k {top_k}"
+            raise ConfigError(f"--greedy takes the most likely token; {given} draws one: give "
+                              "one of them")
+        if tokens < 1:
+            raise ConfigError(f"--tokens {tokens} is not valid; generate 1 or more tokens")
+        chosen = 0.0 if greedy else (1.0 if temperature is None else float(temperature))
+        return cls(int(tokens), chosen, top_k, int(seed))
+
+    def describe(self) -> str:
+        if self.temperature == 0:
+            return "greedy"
+        top = f", top-k {self.top_k}" if self.top_k is not None else ""
+        return f"temperature {self.temperature:g}{top}, seed {self.seed}"
+
+
+# --- the prompt -----------------------------------------------------------------------------
+
+def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
+    """The prompt as token ids (1, P): encoded by the run's tokenizer, or read as ids on a
+    synthetic task. Default: a newline (the first character of a char vocabulary without one),
+    or token 0."""
+    tokenizer, vocab = trained.tokenizer, int(trained.model.token_embedding.num_embeddings)
+    if tokenizer is None:
+        return torch.tensor([token_prompt(prompt if prompt is not None else "0", vocab)])
+    if prompt is None:
+        known = not isinstance(tokenizer, CharTokenizer) or DEFAULT_TEXT_PROMPT in tokenizer.chars
+        prompt = DEFAULT_TEXT_PROMPT if known else tokenizer.chars[0]
+    if prompt == "":
+        raise ConfigError("--prompt is empty; give at least one character to continue")
+    if isinstance(tokenizer, CharTokenizer):
+        unknown = sorted(set(prompt) - set(tokenizer.chars))
+        if unknown:
+            shown = "".join(tokenizer.chars)
+            raise ConfigError(f"--prompt {prompt!r} has characters the run's tokenizer does not "
+                              f"know: {''.join(unknown)!r}; its {len(tokenizer.chars)} are "
+                              f"{shown!r}")
+    return torch.tensor([tokenizer.encode(prompt).tolist()])
+
+
+def token_prompt(prompt: str, vocab: int) -> list[int]:
+    """``"3 1 4"`` (spaces or commas) -> ``[3, 1, 4]``; each an id in ``0..vocab-1``."""
+    ids = []
+    for word in prompt.replace(",", " ").split():
+        if not word.lstrip("-").isdigit() or not 0 <= int(word) < vocab:
+            raise ConfigError(f"--prompt {prompt!r}: {word!r} is no token of this run's "
+                              f"synthetic task; give token ids 0..{vocab - 1} separated by spaces")
+        ids.append(int(word))
+    if not ids:
+        raise ConfigError(f"--prompt {prompt!r} has no token; give token ids 0..{vocab - 1} "
+                          "separated by spaces")
+    return ids
+
+
+def render(trained: TrainedModel, ids: list[int]) -> str:
+    """Token ids as text (the run's tokenizer) or, on a synthetic task, as ids."""
+    if trained.tokenizer is None:
+        return " ".join(map(str, ids))
+    return trained.tokenizer.decode(ids)
+
+
+# --- the continuation -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Sample:
+    """A continuation and where it came from."""
+
+    header: WeightsHeader  # the model used
+    models: list[WeightsHeader]  # every model of the run
+    prompt: list[int]
+    tokens: list[int]  # the continuation's ids
+    text: str  # the continuation, rendered
+
+
+def require_decoder(trained: TrainedModel) -> None:
+    """``ConfigError`` for an encoder: its tokens see later ones, so it continues nothing."""
+    if not trained.cfg.arch.causal:
+        raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
+                          "tokens see the later ones, so it cannot continue a prompt: sample a "
+                          "decoder's run (arch=decoder)")
+
+
+def continue_prompt(trained: TrainedModel, ids: torch.Tensor, sampling: Sampling) -> list[int]:
+    """``model.generate``'s continuation of ``ids`` (1, P) -> ``sampling.tokens`` ids."""
+    generator = torch.Generator().manual_seed(sampling.seed)
+    try:
+        new = trained.model.generate(ids, sampling.tokens, temperature=sampling.temperature,
+                                     top_k=sampling.top_k, generator=generator)  # (1, N)
+    except (ValueError, IndexError) as exc:  # e.g. a learned PE asked past its table
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise ConfigError(f"the prompt ({ids.shape[1]} tokens) and --tokens {sampling.tokens} "
+                          f"go past what the model can reach (model.max_len="
+                          f"{trained.cfg.model.max_len}, pe={trained.cfg.pe.get('name')}): "
+                          f"{first}") from None
+    return new[0].tolist()
+
+
+def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | None = None,
+           model_seed: int | None = None) -> Sample:
+    """The continuation of ``prompt`` by the model of run ``path`` (a run directory or one of
+    its weights files) chosen by ``variant`` and ``model_seed``."""
+    header, models = choose_model(path, variant, model_seed, option="tlab sample")
+    trained = load_trained(header.path)
+    require_decoder(trained)
+    ids = prompt_ids(trained, prompt)
+    new = continue_prompt(trained, ids, sampling)
+    return Sample(header, models, ids[0].tolist(), new, render(trained, new))

@@ -1,0 +1,257 @@
+"""What a run keeps of the models it trains, and how they come back.
+
+**Final weights**, one safetensors file per trained model (where: ``results.run_directory.
+weights_path``), written atomically by :func:`save_weights`. The file is self-contained: its
+header's metadata holds, besides the tensors,
+
+    tlab_format  ``WEIGHTS_FORMAT``
+    config       the resolved config that rebuilds the model with ``build_model`` (YAML): the
+                 run's ``config.yaml`` with the variant's value (``tlab compare``) and the
+                 model's own ``seed``
+    seed         the seed the model was initialised and trained with
+    index        its place among the run's models, in the order they trained
+    variant      (several variants) its value, as the tables name it; ``varied``: the key
+    tokenizer    (text tasks) the task's tokenizer as JSON (``tokenizer_spec``): a char
+                 vocabulary's characters, ``byte``, or a BPE's ``tokenizers`` JSON
+
+:func:`load_trained` rebuilds the model from a file (``TrainedModel``), :func:`choose_model`
+finds the file of a run (a run directory, or one of its files) by variant and seed.
+
+**Resumable state** (``train.checkpoint_every``): one ``torch.save`` file, replaced atomically
+(a temporary file, then ``os.replace``) by :func:`save_state` and read back with
+``weights_only=True`` by :func:`load_state`; what it holds is the routine's (``routines.train``)
+and the trainer's (``Trainer.state_dict``): weights, optimiser states, schedule position, torch's
+and the data generator's random states.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from transformer_lab.data.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import TransformerModel, build_model
+from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE
+
+WEIGHTS_FORMAT = "1"  # the header's ``tlab_format``
+STATE_FORMAT = 1  # the resumable state's ``format``
+RUN_KEYS_DROPPED = ("hydra",)  # not part of a model's config
+
+
+# --------------------------------------------------------------------------------------------
+# writing files atomically
+
+
+def atomic_write(path: Path, write: Callable[[str], None]) -> Path:
+    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: a
+    reader (or a run killed while writing) never sees a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(handle)
+    try:
+        write(temporary)
+        os.replace(temporary, path)
+    finally:
+        Path(temporary).unlink(missing_ok=True)
+    return path
+
+
+# --------------------------------------------------------------------------------------------
+# tokenizers in a header
+
+
+def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
+    """A task's tokenizer as JSON text (None for a task without one, e.g. synthetic tokens)."""
+    if tokenizer is None:
+        return None
+    if isinstance(tokenizer, CharTokenizer):
+        return json.dumps({"kind": "char", "chars": "".join(tokenizer.chars)})
+    if isinstance(tokenizer, ByteTokenizer):
+        return json.dumps({"kind": "byte"})
+    if isinstance(tokenizer, BpeTokenizer):
+        return json.dumps({"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
+    raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the weights; "
+                      "known: char, byte, bpe")
+
+
+def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
+    """The tokenizer ``tokenizer_spec`` wrote (None where there was none)."""
+    if not spec:
+        return None
+    data = json.loads(spec)
+    if data["kind"] == "char":
+        return CharTokenizer(list(data["chars"]))
+    if data["kind"] == "byte":
+        return ByteTokenizer()
+    import tokenizers
+
+    return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
+
+
+# --------------------------------------------------------------------------------------------
+# final weights
+
+
+def config_yaml(cfg: DictConfig, seed: int | None = None) -> str:
+    """The resolved config (``hydra`` left out) as YAML; with ``seed``, that of a model
+    trained with that seed."""
+    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in RUN_KEYS_DROPPED])
+    container = OmegaConf.to_container(kept, resolve=True)
+    if seed is not None:
+        container["seed"] = int(seed)
+    return OmegaConf.to_yaml(OmegaConf.create(container))
+
+
+def save_weights(model: nn.Module, path: Path, cfg: DictConfig, seed: int, index: int = 0,
+                 variant: str | None = None, varied: str | None = None,
+                 tokenizer: Tokenizer | None = None) -> Path:
+    """Write ``model``'s final weights (its whole ``state_dict``, tied tensors once) with the
+    header that rebuilds it (module docstring), atomically."""
+    from safetensors.torch import save_model
+
+    metadata = {"tlab_format": WEIGHTS_FORMAT, "config": config_yaml(cfg, seed),
+                "seed": str(int(seed)), "index": str(int(index))}
+    if variant is not None:
+        metadata.update(variant=str(variant), varied=str(varied or ""))
+    spec = tokenizer_spec(tokenizer)
+    if spec is not None:
+        metadata["tokenizer"] = spec
+    return atomic_write(path, lambda temporary: save_model(model, temporary, metadata,
+                                                           force_contiguous=True))
+
+
+@dataclass(frozen=True)
+class WeightsHeader:
+    """What a weights file says about its model (``save_weights``)."""
+
+    path: Path
+    cfg: DictConfig
+    seed: int
+    index: int
+    variant: str | None
+    varied: str | None
+    tokenizer_spec: str | None
+
+    @property
+    def name(self) -> str:
+        """The model in words: ``seed 0``, ``variant alibi, seed 1``."""
+        return (f"variant {self.variant}, " if self.variant is not None else "") + \
+            f"seed {self.seed}"
+
+
+def read_header(path: Path) -> WeightsHeader:
+    """The header of a weights file; ``ConfigError`` (one line) for a file that is not one."""
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as file:
+            metadata = file.metadata() or {}
+    except Exception as exc:
+        raise ConfigError(f"{path} is not a readable safetensors file ({type(exc).__name__})"
+                          ) from None
+    if metadata.get("tlab_format") != WEIGHTS_FORMAT or "config" not in metadata:
+        raise ConfigError(f"{path} holds no tlab model (no tlab_format {WEIGHTS_FORMAT} header); "
+                          "give a file a tlab run wrote")
+    return WeightsHeader(path, OmegaConf.create(metadata["config"]), int(metadata["seed"]),
+                         int(metadata.get("index", 0)), metadata.get("variant"),
+                         metadata.get("varied"), metadata.get("tokenizer"))
+
+
+@dataclass
+class TrainedModel:
+    """A trained model back from its weights file: eval mode, on the CPU."""
+
+    header: WeightsHeader
+    model: TransformerModel
+    tokenizer: Tokenizer | None
+
+    @property
+    def cfg(self) -> DictConfig:
+        return self.header.cfg
+
+
+def load_trained(path: Path) -> TrainedModel:
+    """Rebuild the model of a weights file from its header's config and load its weights
+    (every tensor must fit: ``ConfigError`` otherwise)."""
+    from safetensors.torch import load_model
+
+    header = read_header(path)
+    with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
+        model = build_model(header.cfg, seed=header.seed)
+    try:
+        load_model(model, str(path), strict=True, device="cpu")
+    except RuntimeError as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{path}: the weights do not fit the model its config builds: "
+                          f"{first}") from None
+    return TrainedModel(header, model.eval(), tokenizer_from_spec(header.tokenizer_spec))
+
+
+def run_weights(run_dir: Path) -> list[WeightsHeader]:
+    """The headers of every weights file of a run, in the order the run trained them."""
+    files = [run_dir / WEIGHTS_FILE] if (run_dir / WEIGHTS_FILE).is_file() else []
+    files += sorted((run_dir / MODELS_DIR).rglob("*.safetensors"))
+    return sorted((read_header(f) for f in files), key=lambda h: (h.index, str(h.path)))
+
+
+def choose_model(path: Path, variant: str | None = None, seed: int | None = None,
+                 option: str = "") -> tuple[WeightsHeader, list[WeightsHeader]]:
+    """The weights file a command works on, and every model of the run: ``path`` is one file,
+    or a run directory whose models are narrowed to ``variant`` and ``seed`` (the first left
+    is chosen). ``ConfigError`` naming the valid values for a path without weights or a choice
+    that matches none; ``option`` is how the command names ``path`` (for messages)."""
+    where = f"{option} {path}".strip()
+    if path.is_file():
+        header = read_header(path)
+        return header, [header]
+    if not path.is_dir():
+        raise ConfigError(f"{where}: no such run directory or weights file")
+    models = run_weights(path)
+    if not models:
+        raise ConfigError(f"{where} holds no trained model ({WEIGHTS_FILE} or {MODELS_DIR}/); "
+                          "runs of tlab train and tlab compare keep their final weights there")
+    chosen = [h for h in models if (variant is None or h.variant == variant)
+              and (seed is None or h.seed == seed)]
+    if not chosen:
+        variants = sorted({h.variant for h in models if h.variant is not None})
+        seeds = sorted({h.seed for h in models})
+        valid = (f"variants {', '.join(variants)}; " if variants else "") + \
+            f"seeds {', '.join(map(str, seeds))}"
+        asked = ", ".join(part for part in (f"variant {variant}" if variant is not None else "",
+                                            f"seed {seed}" if seed is not None else "") if part)
+        raise ConfigError(f"{where} has no model of {asked}; valid: {valid}")
+    return chosen[0], models
+
+
+# --------------------------------------------------------------------------------------------
+# resumable state
+
+
+def save_state(path: Path, state: dict[str, Any]) -> Path:
+    """Write a run's resumable state (tensors, numbers, strings, lists and dicts of them)
+    atomically."""
+    return atomic_write(path, lambda temporary: torch.save({"format": STATE_FORMAT, **state},
+                                                           temporary))
+
+
+def load_state(path: Path) -> dict[str, Any]:
+    """The resumable state ``save_state`` wrote (``weights_only``: nothing but data is
+    unpickled); ``ConfigError`` for an unreadable file."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise ConfigError(f"{path} cannot be read as a tlab checkpoint ({type(exc).__name__}); "
+                          "it may be damaged") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ConfigError(f"{path} is not a tlab checkpoint of format {STATE_FORMAT}")
+    return state

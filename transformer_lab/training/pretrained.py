@@ -1,0 +1,115 @@
+"""Weights a run starts from instead of its own initialisation: a Hugging Face checkpoint
+(``--from-hf DIR``: ``from_hf=DIR``, ``interop.hf``) or a tlab run's trained model
+(``--from-run RUN``: ``from_run=FILE``, the weights file of ``training.checkpoint``).
+
+Both reach a run twice. Before composing, ``app.arguments`` replaces the option by the overrides
+of the source's architecture (``interop.hf.hf_overrides``; :func:`run_overrides` for a run), so
+the run builds the same model; then the pre-flight and the routines that evaluate a trained
+model (``check``, ``plot_pe``, ``extrapolate``) load its weights into the models they build
+(:func:`load_pretrained`). The task stays the command's: its vocabulary keeps the first rows of
+the source's embedding and output head (a larger one is refused).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+from torch import nn
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.training.checkpoint import choose_model, load_trained, read_header
+
+# The config groups that make a model's architecture (``model`` has no choice: its keys do).
+ARCHITECTURE_GROUPS = ("pe", "ffn", "block", "norm_layer")
+NOT_COPIED = {"model.vocab_size"}  # the command's task decides it
+
+
+def pretrained_option(cfg: DictConfig) -> str | None:
+    """``--from-hf`` or ``--from-run`` when ``cfg`` starts from weights (None otherwise)."""
+    if cfg.get("from_hf"):
+        return "--from-hf"
+    if cfg.get("from_run"):
+        return "--from-run"
+    return None
+
+
+def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
+    """Load the weights ``cfg`` names (``from_hf`` or ``from_run``) into ``model``, built from
+    ``cfg``; nothing without either. ``ConfigError`` when they do not fit."""
+    if cfg.get("from_hf"):
+        from transformer_lab.interop.hf import load_hf_weights
+
+        load_hf_weights(model, cfg, str(cfg.from_hf))
+    elif cfg.get("from_run"):
+        load_run_weights(model, Path(str(cfg.from_run)))
+
+
+def load_run_weights(model: nn.Module, path: Path) -> None:
+    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's)."""
+    from transformer_lab.interop.hf import fit_vocabulary
+
+    state = load_trained(path).model.state_dict()
+    own = model.state_dict()
+    fit_vocabulary(state, own)
+    wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
+    if wrong:
+        raise ConfigError(f"--from-run {path} does not fit the model built here: {wrong[0]} is "
+                          f"{tuple(state[wrong[0]].shape)} there, {tuple(own[wrong[0]].shape)} "
+                          "here (an override changed the model's sizes?)")
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    if missing or unexpected:
+        raise ConfigError(f"--from-run {path} does not fit the model built here: missing "
+                          f"{missing[:3]}, unexpected {unexpected[:3]}")
+
+
+def run_weights_file(path: Path) -> Path:
+    """The one weights file ``--from-run`` names: a file, or a run directory with one model
+    (``ConfigError`` listing the files of a run with several)."""
+    header, models = choose_model(path, option="--from-run")
+    if path.is_dir() and len(models) > 1:
+        files = ", ".join(str(h.path) for h in models[:4])
+        raise ConfigError(f"--from-run {path} holds {len(models)} models; give one of its "
+                          f"files: {files}{', ...' if len(models) > 4 else ''}")
+    return header.path.resolve()
+
+
+def run_overrides(path: Path) -> list[str]:
+    """The overrides that build the architecture of a weights file's model: the choices of
+    ``arch`` and the component groups, then every key of ``model`` and of those groups with
+    its value (``++``: set whether the command's config has the key or not)."""
+    cfg = read_header(path).cfg
+    out = [f"arch={'decoder' if cfg.arch.causal else 'encoder'}"]
+    out += [f"{group}={cfg[group].get('name')}" for group in ARCHITECTURE_GROUPS]
+    for group in ("model", *ARCHITECTURE_GROUPS):
+        for key, value in _leaves(OmegaConf.to_container(cfg[group], resolve=True), group):
+            if key not in NOT_COPIED:
+                out.append(f"++{key}={hydra_value(value)}")
+    return out
+
+
+def _leaves(node: dict, prefix: str) -> list[tuple[str, Any]]:
+    leaves = []
+    for key, value in node.items():
+        if isinstance(value, dict):
+            leaves += _leaves(value, f"{prefix}.{key}")
+        else:
+            leaves.append((f"{prefix}.{key}", value))
+    return leaves
+
+
+def hydra_value(value: Any) -> str:
+    """A value as Hydra's override grammar reads it back: null, true, 3, 0.5, [1,2], 'text'."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, int | float):
+        return repr(value)
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    # Hydra reads a backslash as an escape only before a quote or at the end of a quoted value
+    text = re.sub(r"(\\+)('|$)", lambda m: m.group(1) * 2 + m.group(2), str(value))
+    return "'" + text.replace("'", "\\'") + "'"
