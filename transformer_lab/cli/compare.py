@@ -12,7 +12,7 @@ from transformer_lab.cli.common import (
     Out,
     Overrides,
     Resume,
-    Seeds,
+    SeedsOrAuto,
     launch,
 )
 
@@ -61,7 +61,7 @@ def compare(
     vary: Vary = None,
     baseline: Baseline = None,
     steps: Steps = None,
-    seeds: Seeds = None,
+    seeds: SeedsOrAuto = None,
     config_dir: ConfigDir = None,
     multirun: Multirun = False,
     out: Out = None,

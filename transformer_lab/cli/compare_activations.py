@@ -15,7 +15,7 @@ from transformer_lab.cli.common import (
     Overrides,
     Pe,
     Resume,
-    Seeds,
+    SeedsOrAuto,
     hydra_list,
     launch,
 )
@@ -36,7 +36,7 @@ def compare_activations(
     activations: Activations = None,
     baseline: Baseline = None,
     steps: Steps = None,
-    seeds: Seeds = None,
+    seeds: SeedsOrAuto = None,
     pe: Pe = None,
     norm: Norm = None,
     arch: Arch = None,

@@ -92,6 +92,7 @@ FRACTION = number_rule(0, 1, open_low=True, open_high=True)
 
 SCHEMA: dict[str, Rule] = {
     "seed": int_rule(0, required=True),
+    "seed_init": int_rule(0, nullable=True), "seed_data": int_rule(0, nullable=True),
     "out_root": Rule("str", required=True),
     "force": Rule("bool"),
     # model

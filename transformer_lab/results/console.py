@@ -11,8 +11,8 @@ err_console = Console(stderr=True, highlight=False)
 
 def print_error(message: str) -> None:
     """One-or-two-line error message, no traceback."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {escape(message)}")
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", emoji=False)

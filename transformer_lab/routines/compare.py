@@ -93,6 +93,7 @@ from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.sequential import STOPPED_VERDICT, SequentialTest
 from transformer_lab.measures.statistics import (
     BASELINE,
     NO_DIFFERENCE,
@@ -112,6 +113,7 @@ from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.variants import (
     is_group,
     seed_list,
+    seed_sources,
     stage_log,
     train_settings,
     with_value,
@@ -186,6 +188,38 @@ def baseline_of(cfg: DictConfig) -> str | None:
     return None if baseline is None else value_name(baseline)
 
 
+AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) two at a time
+AUTO_MAX_SEEDS = 32   # --seeds auto: at most this many paired seeds per variant (auto:MAX)
+ALPHA = 0.05          # the verdicts' false-positive rate (over all variants together)
+
+
+@dataclass(frozen=True)
+class SeedPlan:
+    """``routine.seeds``: ``count`` fixed seeds, or (``auto``) seeds in groups of
+    ``AUTO_GROUP`` until every variant has an anytime-valid verdict or ``count`` seeds."""
+
+    count: int
+    auto: bool = False
+
+
+def seed_plan(cfg: DictConfig) -> SeedPlan:
+    """``routine.seeds`` read: a positive integer, ``auto`` or ``auto:MAX`` (``ConfigError``
+    naming the value and the valid forms otherwise)."""
+    value = cfg.routine.get("seeds", 1)
+    text = str(value).strip()
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
+        return SeedPlan(value)
+    if text == "auto":
+        return SeedPlan(AUTO_MAX_SEEDS, auto=True)
+    head, colon, most = text.partition(":")
+    if head == "auto" and colon and most.isdigit() and int(most) >= AUTO_GROUP:
+        return SeedPlan(int(most), auto=True)
+    raise ConfigError(f"--seeds {text}: give a positive integer (that many seeds) or auto[:MAX] "
+                      f"(groups of {AUTO_GROUP} seeds until every variant has a verdict; MAX "
+                      f">= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), e.g. --seeds 8 or --seeds "
+                      "auto:16")
+
+
 # The routine's own keys (``routines.check_settings``; the variation and the baseline among its
 # values: ``check_config``). ``loss_target``: a positive loss, or null (the loss every run
 # reaches).
@@ -193,7 +227,8 @@ SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "vary.key": Rule("str", nullable=True),
             "vary.values": Rule("list", min_items=1, nullable=True),
             "baseline": Rule("any", nullable=True),  # one of the values: check_config
-            "steps": POSITIVE_INT, "seeds": POSITIVE_INT, "shared_init": Rule("bool"),
+            "steps": POSITIVE_INT, "seeds": Rule("any"),  # N or auto[:MAX]: seed_plan
+            "shared_init": Rule("bool"),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
 # Keys that are no variant of a run: what runs, the samples, Hydra's own, where it writes.
 UNVARIED = ("routine", "seed", "hydra", "experiment", "out_root", "config_dirs", "force")
@@ -204,6 +239,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     baseline is one of them, and every variant's config passes the checks the run's own did
     (schema, architecture, task, model and its components, optimiser), named by its value."""
     vary = variation(cfg)
+    seed_plan(cfg)
     if not vary.values:
         if vary.option == "--activations":
             valid = ", ".join(group_choices("ffn", user_config_dirs(cfg)))
@@ -271,7 +307,8 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
     gated = declared(cfg.ffn, "weight_matrices") == 3
     runs = []
     for seed in seeds:
-        model = build_model(cfg, seed=seed)
+        init_seed, data_seed = seed_sources(cfg, seed)
+        model = build_model(cfg, seed=init_seed)
         if initial is not None:
             if seed in initial:
                 start_from(model, initial[seed])
@@ -279,7 +316,8 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
                 initial[seed] = {name: p.detach().clone() for name, p in model.named_parameters()}
         parts = parameter_parts(model)
         logged: list[tuple[int, float]] = []  # (step, perf_counter) at each logged step
-        trainer = Trainer(model, task, settings, seed, stage_log(log, stage, variant, seed))
+        trainer = Trainer(model, task, settings, data_seed,
+                          stage_log(log, stage, variant, seed))
         result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss, logged=logged:
                              logged.append((step, time.perf_counter())))
         if keep is not None:
@@ -308,9 +346,11 @@ def start_from(model: nn.Module, initial: dict[str, torch.Tensor]) -> list[str]:
 
 
 def keep_weights_of(run: RunDirectory, cfg: DictConfig, variant: str, varied: str,
-                    first_index: int, model: nn.Module, seed: int, task: Task) -> None:
-    """One (variant, seed)'s final weights in ``models/<variant>/seed<k>.safetensors``."""
-    index = first_index + seed_list(cfg).index(seed)
+                    first_index: int, seeds: Sequence[int], model: nn.Module, seed: int,
+                    task: Task) -> None:
+    """One (variant, seed)'s final weights in ``models/<variant>/seed<k>.safetensors``
+    (its place among the run's models: ``first_index`` + the seed's among ``seeds``)."""
+    index = first_index + list(seeds).index(seed)
     save_weights(model, weights_path(run.path, seed, variant), cfg, seed, index=index,
                  variant=variant, varied=varied, tokenizer=getattr(task, "tokenizer", None))
 
@@ -341,22 +381,81 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
     trained model's final weights go to ``models/<variant>/seed<k>.safetensors``
     (``training.checkpoint.save_weights``: the variant's config, seed and tokenizer in its
     header)."""
-    vary, seeds = variation(cfg), seed_list(cfg)
-    initial: dict[int, dict[str, torch.Tensor]] | None = \
-        {} if cfg.routine.get("shared_init", False) else None
-    runs_log = run.log("compare_runs", RUN_COLUMNS)
-    runs: list[SeedRun] = []
+    seeds = seed_list(cfg)
+    trainer = VariantTrainer(cfg, run, stage, keep_weights)
     for name, variant in variant_configs(cfg):
-        label = name if vary.key == "ffn" else f"{vary.key}={name}"
-        with progress_bar(run.metrics, f"{label}, {len(seeds)} seed"
-                          f"{'s' if len(seeds) > 1 else ''}: {cfg.routine.steps} steps",
-                          total=int(cfg.routine.steps) * len(seeds)):
-            keep = partial(keep_weights_of, run, variant, name, vary.key,
-                           len(runs)) if keep_weights else None
-            seed_runs = train_seeds(variant, seeds, run.metrics, stage, name, initial, keep)
-        runs.extend(seed_runs)
-        runs_log.write_all(r.as_row() for r in seed_runs)
-    return runs
+        trainer.train(name, variant, seeds)
+    return trainer.runs
+
+
+def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory,
+                               keep_weights: bool = False) -> tuple[list[SeedRun], SequentialTest]:
+    """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP``; after
+    each group the anytime-valid paired test of every variant against the baseline
+    (``measures.sequential.SequentialTest``, e-value Bonferroni over the variants) takes the
+    group's final losses, and the next group trains only the baseline and the variants still
+    without a verdict; it stops when every variant has one or has MAX paired seeds. Prints each
+    group's running intervals."""
+    plan, configs = seed_plan(cfg), variant_configs(cfg)
+    names = [name for name, _ in configs]
+    baseline = baseline_of(cfg) or names[0]
+    test = SequentialTest(names, baseline, alpha=ALPHA, max_seeds=plan.count)
+    trainer = VariantTrainer(cfg, run, "compare", keep_weights)
+    start, trained = int(cfg.seed), 0
+    while not test.done():
+        seeds = [start + trained + i for i in range(min(AUTO_GROUP, plan.count - trained))]
+        taking = {baseline, *test.running()}
+        finals = {name: [r.final_loss for r in trainer.train(name, variant, seeds)]
+                  for name, variant in configs if name in taking}
+        test.update_values(finals)
+        trained += len(seeds)
+        console.print(running_line(test, trained), highlight=False, markup=False)
+    return trainer.runs, test
+
+
+def running_line(test: SequentialTest, trained: int) -> str:
+    """After a group: per variant, the running anytime-valid interval for ``variant -
+    baseline`` (final loss), its e-value against the verdict threshold, and its state."""
+    lines = [f"seeds auto, {trained} seeds trained (a verdict at e-value "
+             f"{test.threshold:.3g}):"]
+    for name in test.variants:
+        low, high = test.interval(name)
+        state = test.verdict(name) or ("running" if not test.stopped_because(name)
+                                       else "no verdict at MAX")
+        lines.append(f"  {name} - {test.baseline}: [{low:.3g}, {high:.3g}] e-value "
+                     f"{test.e_value(name):.3g} after {test.seeds_used(name)} paired seeds: "
+                     f"{state}")
+    return "\n".join(lines)
+
+
+class VariantTrainer:
+    """Trains a comparison's variants seed by seed (``train_seeds``) into one run directory: a
+    progress bar per call, each (variant, seed) appended to ``compare_runs.csv`` as it
+    finishes, initial weights shared per seed with ``routine.shared_init``, final weights kept
+    with ``keep_weights``; ``runs`` holds every ``SeedRun`` in the order trained."""
+
+    def __init__(self, cfg: DictConfig, run: RunDirectory, stage: str, keep_weights: bool):
+        self.cfg, self.run, self.stage, self.keep_weights = cfg, run, stage, keep_weights
+        self.vary = variation(cfg)
+        self.initial: dict[int, dict[str, torch.Tensor]] | None = \
+            {} if cfg.routine.get("shared_init", False) else None
+        self.runs_log = run.log("compare_runs", RUN_COLUMNS)
+        self.runs: list[SeedRun] = []
+
+    def train(self, name: str, variant: DictConfig, seeds: Sequence[int]) -> list[SeedRun]:
+        label = name if self.vary.key == "ffn" else f"{self.vary.key}={name}"
+        steps = int(self.cfg.routine.steps)
+        seed_text = (f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}" if seeds[0] ==
+                     int(self.cfg.seed) else f"seeds {seeds[0]}-{seeds[-1]}")
+        with progress_bar(self.run.metrics, f"{label}, {seed_text}: {steps} steps",
+                          total=steps * len(seeds)):
+            keep = partial(keep_weights_of, self.run, variant, name, self.vary.key,
+                           len(self.runs), seeds) if self.keep_weights else None
+            seed_runs = train_seeds(variant, seeds, self.run.metrics, self.stage, name,
+                                    self.initial, keep)
+        self.runs.extend(seed_runs)
+        self.runs_log.write_all(r.as_row() for r in seed_runs)
+        return seed_runs
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,7 +472,8 @@ COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel
                       "steps_to_target", "seeds", "loss_target", "final_loss_std",
                       "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
                       *VERDICT_COLUMNS, "early_loss", "late_loss_std", "variant", "varied",
-                      "params_vs_baseline", "params_note"]
+                      "params_vs_baseline", "params_note", "seeds_used", "stopped_because",
+                      "e_value"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
                "wall_s", "early_loss", "late_loss_std", "variant"]
@@ -507,6 +607,53 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
     return rows
 
 
+STOPPED_FIXED = "fixed"  # stopped_because of a fixed --seeds N comparison
+
+
+def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dict]:
+    """``seeds_used`` and ``stopped_because`` on every row. Fixed seeds (``test`` None): the
+    seeds each variant trained, ``fixed``. ``--seeds auto``: the sequential test's verdict
+    replaces the fixed test's (``verdict``; ``diff_ci_low/high``: its anytime-valid interval
+    for ``variant - baseline``; ``p_value`` = 1 / e-value and ``p_adjusted`` = K / e-value,
+    anytime-valid; ``e_value``; ``stopped_because`` ``verdict`` or ``max_seeds``); the mean
+    difference and P(improvement) stay those of the paired seeds."""
+    for row in rows:
+        row["seeds_used"] = row["seeds"]
+        row["stopped_because"] = STOPPED_FIXED if test is None else ""
+        name = row["variant"]
+        if test is None or name not in test.variants:
+            continue
+        e_value = test.e_value(name)
+        low, high = test.interval(name)
+        row.update(verdict=test.verdict(name) or NO_DIFFERENCE, diff_ci_low=low,
+                   diff_ci_high=high, p_value=min(1.0, 1 / e_value),
+                   p_adjusted=min(1.0, len(test.variants) / e_value), e_value=e_value,
+                   seeds_used=test.seeds_used(name),
+                   stopped_because=test.stopped_because(name),
+                   note=f"seeds auto: anytime-valid sequential sign-flip test, e-value "
+                        f"{e_value:.3g} (a verdict at {test.threshold:.3g}) after "
+                        f"{test.seeds_used(name)} paired seeds"
+                        + (f", {test.dropped[name]} non-finite dropped"
+                           if test.dropped[name] else ""))
+        if row["verdict"] == NO_DIFFERENCE:
+            row["seeds_needed"] = None  # the fixed design's power figure does not apply
+    return rows
+
+
+def sequential_line(row: dict, baseline: str) -> str:
+    """The terminal line of a ``--seeds auto`` verdict, e.g. ``swiglu vs relu: final_loss
+    0.041 lower, anytime 95% interval 0.012 to 0.07, e-value 52 (verdict at 20) after 8 paired
+    seeds -> better``."""
+    diff = row["diff_vs_baseline"]
+    sign = -1.0 if diff < 0 else 1.0
+    low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
+    stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
+    return (f"{row['variant']} vs {baseline}: final_loss {abs(diff):.3g} "
+            f"{'lower' if diff < 0 else 'higher'}, anytime {1 - ALPHA:.0%} interval {low:.3g} "
+            f"to {high:.3g}, e-value {row['e_value']:.3g} after {row['seeds_used']} paired "
+            f"seeds{stopped} -> {row['verdict']}")
+
+
 # What sizes each part of the model (``parameter_parts``), to match a variant's parameters.
 SIZING_KNOBS = {"ffn": "model.d_ff (MoE: ffn.n_experts)",
                 "attention": "model.n_heads, model.n_kv_heads or model.head_dim",
@@ -554,9 +701,17 @@ def baseline_name(rows: list[dict]) -> str:
 
 
 def verdict_lines(rows: list[dict]) -> list[str]:
-    """One plain-language line per variant against the baseline (``statistics.describe``)."""
+    """One plain-language line per variant against the baseline (``statistics.describe``;
+    ``sequential_line`` for ``--seeds auto``)."""
     baseline = baseline_name(rows)
-    return [describe(row["variant"], row, baseline) for row in rows if has_verdict(row)]
+    return [verdict_line(row, baseline) for row in rows if has_verdict(row)]
+
+
+def verdict_line(row: dict, baseline: str) -> str:
+    """``row``'s verdict against ``baseline`` in words (fixed or ``--seeds auto``)."""
+    if row.get("e_value") is not None:
+        return sequential_line(row, baseline)
+    return describe(row["variant"], row, baseline)
 
 
 def _exp(loss: float) -> float:
@@ -583,7 +738,7 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
         elif not fell:
             detail += f"; the loss did not fall: check {label}'s forward and its initialisation"
         if has_verdict(row):
-            detail += f"; {describe(name, row, baseline)}"
+            detail += f"; {verdict_line(row, baseline)}"
         check = f"activation_{name}" if varied == "ffn" else f"{varied}={name}"
         checks.append(CheckRow(step, check, status(fell), "final_loss", row["final_loss"],
                                "< first loss", 0.0, detail))
@@ -664,9 +819,13 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     the parameter flags and the verdicts; PASS when every variant trained to a finite, falling
     loss."""
     clock = Stopwatch()
-    vary = variation(cfg)
-    runs = compare_runs(cfg, run, keep_weights=True)
+    vary, test = variation(cfg), None
+    if seed_plan(cfg).auto:
+        runs, test = compare_runs_until_decided(cfg, run, keep_weights=True)
+    else:
+        runs = compare_runs(cfg, run, keep_weights=True)
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg), vary.key)
+    with_seed_columns(rows, test)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     arch = "decoder" if cfg.arch.causal else "encoder"
     plot_loss_curves(runs, run.path / "loss_curves.png",

@@ -78,7 +78,13 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
-from transformer_lab.routines.variants import seed_list, stage_log, train_settings, with_choice
+from transformer_lab.routines.variants import (
+    seed_list,
+    seed_sources,
+    stage_log,
+    train_settings,
+    with_choice,
+)
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
 
@@ -205,8 +211,10 @@ def train_reversal(cfg: DictConfig, role: str, seeds: list[int], budgets: Mappin
     runs = []
     with progress_bar(log, title, total=sum(budgets[s] for s in seeds)):
         for seed in seeds:
-            model = build_model(cfg, seed=seed)
-            trainer = Trainer(model, task, settings, seed, stage_log(log, stage, name, seed))
+            init_seed, data_seed = seed_sources(cfg, seed)
+            model = build_model(cfg, seed=init_seed)
+            trainer = Trainer(model, task, settings, data_seed,
+                              stage_log(log, stage, name, seed))
             result = trainer.fit(budgets[seed], target_exact_match=target,
                                  horizon=int(cfg.routine.max_steps))
             runs.append(ReversalRun(role, name, arch, seed, target, result,

@@ -60,7 +60,7 @@ from transformer_lab.results.run_directory import (
 )
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list, train_settings
+from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
 from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
@@ -128,6 +128,14 @@ class TrainedSeed:
         return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s}
 
 
+def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
+    """``seed_init`` and ``seed_data`` of a row when the run sets either apart (for ``tlab
+    report``'s variance by source), else nothing."""
+    if cfg.get("seed_init") is None and cfg.get("seed_data") is None:
+        return {}
+    return dict(zip(("seed_init", "seed_data"), seed_sources(cfg, seed), strict=True))
+
+
 # --- the kept models and state ---------------------------------------------------------------
 
 @dataclass
@@ -187,9 +195,10 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
     gets the seed's resumable state every ``train.checkpoint_every`` steps; ``resume``: such a
     state to go on from. Returns the seed's numbers and its trained model."""
     settings = train_settings(cfg)
-    model = build_model(cfg, seed=seed)
+    init_seed, data_seed = seed_sources(cfg, seed)
+    model = build_model(cfg, seed=init_seed)
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), is_language(task))
-    trainer = Trainer(model, task, settings, seed, held_out)
+    trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
     if resume is not None:
         trainer.load_state_dict(resume["trainer"])
@@ -287,7 +296,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
             trained.append(numbers)
             kept.save_progress(trained, None)
     kept.finish()
-    per_seed = [{"seed": s.seed, **s.numbers(language)} for s in trained]
+    per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **s.numbers(language)} for s in trained]
     if len(per_seed) > 1:
         run.write_table("seeds", per_seed)
     summary = run_summary(trained, language)

@@ -65,6 +65,18 @@ def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
         rest=None if rest is None else _optimizer_settings(rest))
 
 
+def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
+    """(initialisation seed, data-order seed) of the run's seed ``seed`` (one of
+    ``seed_list``): both ``seed``, unless ``seed_init`` / ``seed_data`` set one apart, which
+    then moves by the same offset (``seed_init=5 --seeds 3``: initial weights of 5, 6, 7, data
+    orders of 0, 1, 2). The model is built with the first, the trainer's batches drawn with
+    the second."""
+    offset = seed - int(cfg.seed)
+    init, data = cfg.get("seed_init"), cfg.get("seed_data")
+    return (seed if init is None else int(init) + offset,
+            seed if data is None else int(data) + offset)
+
+
 def seed_list(cfg: DictConfig) -> list[int]:
     """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1)."""
     return [int(cfg.seed) + offset for offset in range(int(cfg.routine.get("seeds", 1)))]

@@ -1,0 +1,79 @@
+"""``--seeds auto[:MAX]`` on tlab compare: seeds two at a time until the anytime-valid test
+(``measures.sequential``) gives every variant a verdict, only undecided variants train more,
+and ``comparison.csv``'s verdict, interval and e-value are the test's on the seeds trained."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from helpers import read_csv
+from typer.testing import CliRunner
+
+from transformer_lab.cli import app
+from transformer_lab.measures.sequential import SequentialTest
+
+# The tiny model on the offline synthetic language: a fraction of a second per (variant, seed).
+# train.lr=3e-4 learns slowly in 15 steps, 1e-2 fast; 3.3e-4 is nearly the first one.
+FAST = ["task=lm", "model=tiny", "task.eval_size=32", "train.batch_size=8", "--steps", "15"]
+
+
+def compare(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["compare", *args])
+    return result.exit_code, result.output
+
+
+def test_auto_stops_a_clear_effect_early_and_keeps_testing_the_rest(tmp_path):
+    out = tmp_path / "auto"
+    code, output = compare("--vary", "train.lr=3e-4,1e-2,3.3e-4", "--seeds", "auto:16", *FAST,
+                           "--out", str(out))
+    assert code == 0, output
+    rows = {r["variant"]: r for r in read_csv(out / "comparison.csv")}
+    clear, twin, base = rows["0.01"], rows["0.00033"], rows["0.0003"]
+    assert clear["verdict"] == "better" and clear["stopped_because"] == "verdict"
+    assert twin["stopped_because"] in ("max_seeds", "verdict")
+    used = int(clear["seeds_used"])
+    assert 2 <= used < 16 and used % 2 == 0
+    assert int(base["seeds_used"]) == max(used, int(twin["seeds_used"]))
+    # the decided variant trained no seed after its verdict; the baseline paired every group
+    runs = read_csv(out / "compare_runs.csv")
+    seeds = {name: sorted(int(r["seed"]) for r in runs if r["variant"] == name) for name in rows}
+    assert seeds["0.01"] == list(range(used))
+    assert seeds["0.0003"] == list(range(int(base["seeds_used"])))
+    # the verdict is the sequential test's on exactly those losses, group by group (no fixed test)
+    loss = {(r["variant"], int(r["seed"])): float(r["final_loss"]) for r in runs}
+    test = SequentialTest(["0.0003", "0.01", "0.00033"], "0.0003", alpha=0.05, max_seeds=16)
+    for first in range(0, int(base["seeds_used"]), 2):
+        group = {name: [loss[name, s] for s in (first, first + 1) if (name, s) in loss]
+                 for name in rows}
+        test.update_values({name: values for name, values in group.items() if values})
+    assert test.verdict("0.01") == "better" and test.seeds_used("0.01") == used
+    assert float(clear["e_value"]) == pytest.approx(test.e_value("0.01"), rel=1e-5)
+    assert float(clear["e_value"]) >= 2 / 0.05  # e-value Bonferroni over the 2 variants
+    low, high = test.interval("0.01")
+    assert float(clear["diff_ci_low"]) == pytest.approx(low, rel=1e-5)
+    assert high < 0 and float(clear["diff_ci_high"]) == pytest.approx(high, rel=1e-5)
+    assert float(clear["p_adjusted"]) == pytest.approx(min(1, 2 / test.e_value("0.01")),
+                                                       rel=1e-5)
+    assert "seeds auto" in output and "e-value" in output and "-> better" in " ".join(
+        output.split())
+
+
+def test_fixed_seeds_keep_the_fixed_test_and_say_so(tmp_path):
+    out = tmp_path / "fixed"
+    code, output = compare("--vary", "train.lr=3e-4,1e-2", "--seeds", "3", *FAST,
+                           "--out", str(out))
+    assert code == 0, output
+    rows = read_csv(out / "comparison.csv")
+    assert [(r["seeds_used"], r["stopped_because"], r["e_value"]) for r in rows] == \
+        [("3", "fixed", "")] * 2
+    assert rows[1]["paired_seeds"] == "3" and math.isfinite(float(rows[1]["p_value"]))
+
+
+@pytest.mark.parametrize("value", ["auto:1", "auto:x", "0", "many", "auto16"])
+def test_a_bad_seeds_value_is_refused_naming_it(tmp_path, value):
+    code, output = compare("--vary", "train.lr=3e-4,1e-2", "--seeds", value, *FAST,
+                           "--out", str(tmp_path / "bad"))
+    flat = " ".join(output.split())
+    assert code == 2 and f"--seeds {value}:" in flat and "auto[:MAX]" in flat, output
+    assert not (tmp_path / "bad").exists()
