@@ -149,3 +149,14 @@ def test_the_report_summarises_every_number_of_summary_csv():
     from transformer_lab.results.run_directory import NUMBER_COLUMNS
 
     assert sorted(METRICS) == sorted(NUMBER_COLUMNS)
+
+
+def test_a_curve_with_an_empty_tag_column_is_read(tmp_path):
+    """An all-empty ``variant`` column (a run that tags no variant): pandas reads it as NaN
+    floats, which must join into the curve name as an empty tag, not fail."""
+    from transformer_lab.results.gather import read_curve
+
+    (tmp_path / "metrics.csv").write_text("step,loss,split,stage,variant,seed\n"
+                                          "1,2.0,train,smoke,,0\n2,1.5,train,smoke,,0\n")
+    curve = read_curve(tmp_path, "rope")
+    assert list(curve["curve"]) == ["smoke//0"] * 2 and list(curve["loss"]) == [2.0, 1.5]

@@ -195,7 +195,9 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
     if reversal is not None and table["stage"].nunique() > 1 and reversal.any():
         table = table[reversal]
     tags = [c for c in ("stage", "variant", "seed") if c in table.columns]
-    parts = table[tags].astype(str)  # joined per row: agg("/".join, axis=1) is far slower
+    # joined per row (agg("/".join, axis=1) is far slower); an empty tag as "" (pandas 3 keeps
+    # a missing value missing through astype(str))
+    parts = table[tags].astype(object).fillna("").astype(str)
     curve = (pd.Series(map("/".join, parts.itertuples(index=False, name=None)), index=table.index)
              if tags and len(table) else "")
     seed = pd.to_numeric(table["seed"], errors="coerce") if "seed" in table.columns else math.nan
