@@ -58,6 +58,9 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".part",
                                     dir=out_dir.parent))
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # a one-file write needs no "Writing model shards" bar
     try:
         hf.save_pretrained(staging)
         if tokenizer is not None:
