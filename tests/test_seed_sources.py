@@ -11,8 +11,8 @@ import pytest
 from helpers import read_csv
 
 from transformer_lab.config.compose import compose
-from transformer_lab.routines.variants import seed_sources
 from transformer_lab.results.report import make_report
+from transformer_lab.routines.variants import seed_sources
 
 TRAIN = ["experiment=train", "task=lm", "model=tiny", "task.eval_size=32", "train.steps=6",
          "train.batch_size=8", "train.eval_every=0", "logger.progress=false"]
