@@ -55,6 +55,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
 
+    from transformer_lab.results.console import console
+
+    console.quiet = True  # the runs' tables
     walls: dict[int, list[float]] = {every: [] for every in EVERY}
     with tempfile.TemporaryDirectory() as tmp:
         train_once(Path(tmp), "warm-up", 20, 0)

@@ -156,6 +156,8 @@ class RunCheckpoints:
         self.cfg, self.run, self.task, self.seeds = cfg, run, task, list(seeds)
         self.path = run.path / CHECKPOINT_FILE
         self.enabled = int(cfg.train.get("checkpoint_every") or 0) > 0
+        self.config = config_yaml(cfg) if self.enabled else ""  # once (the YAML costs more
+        # than torch.save of a small model)
 
     def resume_point(self) -> ResumePoint | None:
         """The state the run left in its directory (None for a new run): ``metrics.csv`` is cut
@@ -170,7 +172,7 @@ class RunCheckpoints:
         """The resumable state: the finished seeds, the current one's (None between seeds) and
         the rows ``metrics.csv`` has now."""
         if self.enabled:
-            save_state(self.path, {"config": config_yaml(self.cfg),
+            save_state(self.path, {"config": self.config,
                                    "done": [s.state() for s in done], "current": current,
                                    "metric_rows": self.run.metrics.rows})
 
