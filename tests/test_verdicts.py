@@ -82,7 +82,8 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
         "diff_ci_high", "p_value", "p_adjusted", "verdict", "p_improvement", "p_improvement_low",
         "p_improvement_high", "seeds_needed", "paired_seeds", "note",
         "early_loss", "late_loss_std",  # the curve metrics came after the verdict columns
-        "variant", "varied", "params_vs_baseline", "params_note"]  # then tlab compare's
+        "variant", "varied", "params_vs_baseline", "params_note",  # then tlab compare's
+        "seeds_used", "stopped_because", "e_value"]  # and --seeds auto's
     per_seed = read_csv(out / "compare_runs.csv")
     assert len(per_seed) == 21  # one row per (activation, seed)
     loss = {(r["activation"], int(r["seed"])): float(r["final_loss"]) for r in per_seed}
