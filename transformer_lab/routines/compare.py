@@ -214,8 +214,8 @@ def seed_plan(cfg: DictConfig) -> SeedPlan:
     head, colon, most = text.partition(":")
     if head == "auto" and colon and most.isdigit() and int(most) >= AUTO_GROUP:
         return SeedPlan(int(most), auto=True)
-    raise ConfigError(f"--seeds {text} (routine.seeds={text}): give a positive integer (that many seeds) or auto[:MAX] "
-                      f"(groups of {AUTO_GROUP} seeds until every variant has a verdict; MAX "
+    raise ConfigError(f"--seeds {text} (routine.seeds={text}): give a positive integer (that "
+                      f"many seeds) or auto[:MAX] (groups of {AUTO_GROUP} seeds until every variant has a verdict; MAX "
                       f">= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), e.g. --seeds 8 or --seeds "
                       "auto:16")
 
