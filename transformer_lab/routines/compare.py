@@ -215,8 +215,8 @@ def seed_plan(cfg: DictConfig) -> SeedPlan:
     if head == "auto" and colon and most.isdigit() and int(most) >= AUTO_GROUP:
         return SeedPlan(int(most), auto=True)
     raise ConfigError(f"--seeds {text} (routine.seeds={text}): give a positive integer (that "
-                      f"many seeds) or auto[:MAX] (groups of {AUTO_GROUP} seeds until every variant has a verdict; MAX "
-                      f">= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), e.g. --seeds 8 or --seeds "
+                      f"many seeds) or auto[:MAX] (groups of {AUTO_GROUP} seeds until every "
+                      f"variant has a verdict; MAX >= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), e.g. --seeds 8 or --seeds "
                       "auto:16")
 
 
