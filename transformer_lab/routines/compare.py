@@ -216,8 +216,8 @@ def seed_plan(cfg: DictConfig) -> SeedPlan:
         return SeedPlan(int(most), auto=True)
     raise ConfigError(f"--seeds {text} (routine.seeds={text}): give a positive integer (that "
                       f"many seeds) or auto[:MAX] (groups of {AUTO_GROUP} seeds until every "
-                      f"variant has a verdict; MAX >= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), e.g. --seeds 8 or --seeds "
-                      "auto:16")
+                      f"variant has a verdict; MAX >= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), "
+                      "e.g. --seeds 8 or --seeds auto:16")
 
 
 # The routine's own keys (``routines.check_settings``; the variation and the baseline among its
