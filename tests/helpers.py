@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import signal
 import sys
 from pathlib import Path
 
@@ -28,3 +29,10 @@ def read_csv(path: Path) -> list[dict[str, str]]:
     """Rows of a CSV a run wrote, as dicts of strings."""
     with path.open(newline="", encoding="utf-8") as f:
         return list(csv.DictReader(f))
+
+
+def default_ctrl_c() -> None:
+    """``preexec_fn`` of a child whose Ctrl-C a test sends: SIGINT back to its default. A shell
+    runs a background job (``make test &``) with SIGINT ignored, which children inherit; Python
+    started so never raises KeyboardInterrupt, and the test would measure the shell."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)

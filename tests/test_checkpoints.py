@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import assert_refused, read_csv
+from helpers import assert_refused, default_ctrl_c, read_csv
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.results.run_directory import CHECKPOINT_FILE, CLAIM_FILE, WEIGHTS_FILE
@@ -98,6 +98,7 @@ def stopped_run(out: Path, signal_name: str, stop_at: int, stop_fit: int, *args:
     env = {**os.environ, "STOP_AT": str(stop_at), "STOP_FIT": str(stop_fit),
            "STOP_SIGNAL": signal_name}
     done = subprocess.run([sys.executable, str(STOP_SCRIPT), *args, f"hydra.run.dir={out}"],
+                          preexec_fn=default_ctrl_c,
                           env=env, capture_output=True, text=True, timeout=300)
     return done.returncode
 

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TLAB, assert_refused, read_csv
+from helpers import TLAB, assert_refused, default_ctrl_c, read_csv
 
 from transformer_lab.config.compose import compose
 from transformer_lab.routines import validate
@@ -179,7 +179,7 @@ def _start(out: Path, *args: str) -> tuple[subprocess.Popen, int]:
     process = subprocess.Popen([TLAB, "validate", "--out", str(out), *args,
                                 "routine.compare.routine.steps=100000"],
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                               start_new_session=True)
+                               start_new_session=True, preexec_fn=default_ctrl_c)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         kids = Path(f"/proc/{process.pid}/task/{process.pid}/children")
