@@ -199,7 +199,11 @@ def test_ctrl_c_ends_both_processes(tmp_path, group):
         os.killpg(process.pid, signal.SIGINT)
     else:
         process.send_signal(signal.SIGINT)
-    _, err = process.communicate(timeout=60)
+    try:
+        _, err = process.communicate(timeout=60)
+    finally:  # never leave a validate with a 100000-step step 4 running after a failure
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 130, err
     assert "Traceback" not in err
     assert _gone(child)
