@@ -158,3 +158,15 @@ def test_full_suite_no_false_alarm_every_mutant_at_its_step():
     assert counts["correct-failed"] == 0 and counts["missed"] == 0
     assert counts["caught-elsewhere"] == 0, OmegaConf.to_yaml({
         v.candidate.name: v.caught for v in verdicts if v.outcome == "caught-elsewhere"})
+
+
+@pytest.mark.parametrize("experiment", ["mutants", "compare", "compare_activations", "validate",
+                                        "smoke", "train", "reverse_task", "check", "budget",
+                                        "plot_pe", "extrapolate"])
+def test_every_experiments_defaults_pass_its_routines_key_checks(experiment):
+    """An experiment's own defaults (``routine.only: null`` for mutants, ...) are valid
+    values of the keys its routine declares: ``tlab <command>`` with no option runs."""
+    from transformer_lab.config.compose import compose
+    from transformer_lab.routines import check_settings
+
+    check_settings(compose([f"experiment={experiment}"]))

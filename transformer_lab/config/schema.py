@@ -47,6 +47,8 @@ class Rule:
             text = f"a non-empty list of {items}" if self.min_items else f"a list of {items}"
         elif self.kind == "embed_scale":
             text = "sqrt, none or a positive number"
+        elif self.kind == "any":
+            text = "any value"
         elif self.kind == "bool":
             text = "true or false"
         elif self.kind == "str":

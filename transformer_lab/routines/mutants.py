@@ -41,7 +41,7 @@ from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_
 from transformer_lab.results.check_rows import CheckRow, Stopwatch
 from transformer_lab.results.console import console
 from transformer_lab.results.run_directory import RunDirectory, TaggedLog
-from transformer_lab.routines import JobInputs, RoutineOutcome
+from transformer_lab.routines import JobInputs, RoutineOutcome, validate
 
 MUTANT_COLUMNS = ["name", "kind", "group", "arch", "expected", "caught", "outcome", "detail",
                   "wall_s"]
@@ -250,7 +250,9 @@ def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
 # The routine's own keys (``routines.check_settings``; what ``dir`` and ``only`` name:
 # ``check_config``). ``only``: comma-separated names, or a list.
 SETTINGS = {"dir": Rule("str", nullable=True), "negatives": Rule("bool"),
-            "reversal": Rule("bool"), "overrides": Rule("list"), "only": Rule("any")}
+            "reversal": Rule("bool"), "overrides": Rule("list"),
+            "only": Rule("any", nullable=True),
+            **validate.SETTINGS}  # the steps' settings, composed from experiment=validate
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
