@@ -78,3 +78,17 @@ def test_a_bad_seeds_value_is_refused_naming_it(tmp_path, value):
     assert code == 2 and f"--seeds {value} (routine.seeds={value}):" in flat, output
     assert "auto[:MAX]" in flat
     assert not (tmp_path / "bad").exists()
+
+
+def test_validate_step_4_takes_seeds_auto(tlab, tmp_path):
+    out = tmp_path / "validate"
+    code, stdout, err = tlab("experiment=validate", "routine.compare.routine.seeds=auto:4",
+                             "routine.compare.routine.steps=20", f"hydra.run.dir={out}")
+    assert code in (0, 1), err  # a verdict of the routine, not a refusal
+    rows = read_csv(out / "comparison.csv")
+    gelu = next(r for r in rows if r["variant"] == "gelu")
+    assert gelu["stopped_because"] in ("verdict", "max_seeds") and gelu["e_value"]
+    used = int(gelu["seeds_used"])
+    assert used in (2, 4)
+    runs = read_csv(out / "compare_runs.csv")
+    assert sorted(int(r["seed"]) for r in runs if r["variant"] == "gelu") == list(range(used))

@@ -61,7 +61,7 @@ from transformer_lab.routines.compare import (
 )
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
-from transformer_lab.routines.variants import merged, seed_list, stage_log
+from transformer_lab.routines.variants import merged, stage_log
 
 # What to look at when a step fails (the rows' details say more).
 STEP_HINTS = {
@@ -142,11 +142,18 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 
 
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
+    """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
+    seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
+    test = None
     try:
-        runs = compare.compare_runs(cfg, run)
+        if compare.seed_plan(cfg).auto:
+            runs, test = compare.compare_runs_until_decided(cfg, run)
+        else:
+            runs = compare.compare_runs(cfg, run)
     except Diverged as exc:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
+    compare.with_seed_columns(rows, test)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     compare.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
@@ -300,10 +307,11 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
     with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
     routine = cfg.routine
-    seeds, activations = len(seed_list(cfg)), compare.variation(cfg).names
+    plan, activations = compare.seed_plan(cfg), compare.variation(cfg).names
+    seeds = f"{plan.count} seed{'s' if plan.count > 1 else ''}"
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
-                       f"{seeds} seed{'s' if seeds > 1 else ''}: {routine.steps} steps",
-                       total=int(routine.steps) * seeds * len(activations))
+                       f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
+                       total=int(routine.steps) * plan.count * len(activations))
     try:
         return beside.collect(run, bar)
     except StepFailed as exc:
