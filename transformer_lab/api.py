@@ -295,11 +295,12 @@ def reverse_task(pe: Component = None, *, ffn: Component = None, norm_layer: Com
 def compare_activations(activations: Sequence[Component] | None = None, *,
                         pe: Component = None, norm_layer: Component = None,
                         block: str | None = None, arch: str | None = None,
-                        steps: int | None = None, seeds: int | None = None,
+                        steps: int | None = None, seeds: int | str | None = None,
                         overrides: Sequence[str] = (), out: str | Path | None = None,
                         config_dir: str | Path | None = None) -> Result:
     """Step 4 (``tlab compare-activations``): the same model with each FFN of
-    ``activations`` (names or your own FFN classes/instances); ``.table``: comparison.csv."""
+    ``activations`` (names or your own FFN classes/instances); ``seeds``: N or ``"auto[:MAX]"``;
+    ``.table``: comparison.csv."""
     return _launch("compare_activations", {"pe": pe, "norm_layer": norm_layer},
                    {"block": block, "arch": arch, "routine.steps": steps,
                     "routine.seeds": seeds}, overrides, out, config_dir, activations)
