@@ -181,8 +181,8 @@ def comparison_beside(cfg: DictConfig) -> bool:
 
 def import_what_both_processes_use() -> None:
     """Before the fork: what steps 1-3 and step 4 both import, paid once instead of twice
-    (torch.optim's first optimizer imports ``torch._dynamo``; ``scipy.stats`` and pandas make
-    the verdict columns)."""
+    (torch.optim's first optimizer imports torch's compiler package, about a second;
+    ``scipy.stats`` and pandas make the verdict columns)."""
     import pandas  # noqa: F401
     import scipy.stats  # noqa: F401
     import torch
