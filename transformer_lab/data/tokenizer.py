@@ -18,6 +18,7 @@ import functools
 import hashlib
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
@@ -116,8 +117,9 @@ def train_bpe(text: str, vocab_size: int) -> BpeTokenizer:
     return BpeTokenizer(tokenizer)
 
 
-def _atomic_write(path: Path, write: object) -> None:
-    """``write(temp_path)`` then rename to ``path`` (readers never see a partial file)."""
+def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
+    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: a
+    reader (or a process killed while writing) never sees a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     os.close(handle)
@@ -126,6 +128,7 @@ def _atomic_write(path: Path, write: object) -> None:
         os.replace(temp, path)
     finally:
         Path(temp).unlink(missing_ok=True)
+    return path
 
 
 def _save_ids(path: str, ids: np.ndarray) -> None:
@@ -152,8 +155,8 @@ def cached_bpe(text: str, vocab_size: int) -> tuple[np.ndarray, BpeTokenizer]:
     tokenizer = train_bpe(text, vocab_size)
     ids = tokenizer.encode(text)
     try:
-        _atomic_write(json_path, lambda temp: tokenizer.tokenizer.save(temp))
-        _atomic_write(ids_path, lambda temp: _save_ids(temp, ids))
+        atomic_write(json_path, lambda temp: tokenizer.tokenizer.save(temp))
+        atomic_write(ids_path, lambda temp: _save_ids(temp, ids))
     except OSError:  # a read-only cache still gives a working (uncached) tokenizer
         pass
     return ids, tokenizer

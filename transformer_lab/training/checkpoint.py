@@ -27,9 +27,6 @@ and the data generator's random states.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,7 +35,13 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
-from transformer_lab.data.tokenizer import BpeTokenizer, ByteTokenizer, CharTokenizer, Tokenizer
+from transformer_lab.data.tokenizer import (
+    BpeTokenizer,
+    ByteTokenizer,
+    CharTokenizer,
+    Tokenizer,
+    atomic_write,
+)
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE
@@ -46,24 +49,6 @@ from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE
 WEIGHTS_FORMAT = "1"  # the header's ``tlab_format``
 STATE_FORMAT = 1  # the resumable state's ``format``
 RUN_KEYS_DROPPED = ("hydra",)  # not part of a model's config
-
-
-# --------------------------------------------------------------------------------------------
-# writing files atomically
-
-
-def atomic_write(path: Path, write: Callable[[str], None]) -> Path:
-    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: a
-    reader (or a run killed while writing) never sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(handle)
-    try:
-        write(temporary)
-        os.replace(temporary, path)
-    finally:
-        Path(temporary).unlink(missing_ok=True)
-    return path
 
 
 # --------------------------------------------------------------------------------------------
