@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, open_dict
+from torch import nn
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
@@ -95,19 +96,27 @@ def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any)
     task's vocabulary is smaller than the checkpoint's; a larger one is a ``ConfigError``."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
-    state = family.to_tlab(hf.config, hf.state_dict())
+    headless = cfg.model.tie_embeddings or not family.output_head  # lm_head: tied, or none
+    load_fitted(model, family.to_tlab(hf.config, hf.state_dict()), "the checkpoint",
+                may_miss=("lm_head.weight",) if headless else ())
+
+
+def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
+                may_miss: tuple[str, ...] = ()) -> None:
+    """Load ``state`` (weights from ``source``, e.g. "the checkpoint") into ``model``, its
+    vocabulary cut to the model's (``fit_vocabulary``); ``ConfigError`` naming the first tensor
+    whose shape differs, or those missing (but ``may_miss``) or unexpected."""
     own = model.state_dict()
     fit_vocabulary(state, own)
     wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
     if wrong:
-        raise ConfigError(f"the checkpoint does not fit tlab's model: {wrong[0]} is "
-                          f"{tuple(state[wrong[0]].shape)}, tlab's {tuple(own[wrong[0]].shape)}"
-                          " (an override changed the model's sizes?)")
+        raise ConfigError(f"{source} does not fit the model built here: {wrong[0]} is "
+                          f"{tuple(state[wrong[0]].shape)} there, {tuple(own[wrong[0]].shape)} "
+                          "here (an override changed the model's sizes?)")
     missing, unexpected = model.load_state_dict(state, strict=False)
-    headless = cfg.model.tie_embeddings or not family.output_head  # lm_head: tied, or none
-    missing = [k for k in missing if not (k == "lm_head.weight" and headless)]
+    missing = [k for k in missing if k not in may_miss]
     if missing or unexpected:
-        raise ConfigError(f"the checkpoint does not fit tlab's model: missing {missing[:3]}, "
+        raise ConfigError(f"{source} does not fit the model built here: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}")
 
 

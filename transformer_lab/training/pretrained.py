@@ -49,20 +49,9 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
 
 def load_run_weights(model: nn.Module, path: Path) -> None:
     """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's)."""
-    from transformer_lab.interop.hf import fit_vocabulary
+    from transformer_lab.interop.hf import load_fitted
 
-    state = load_trained(path).model.state_dict()
-    own = model.state_dict()
-    fit_vocabulary(state, own)
-    wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
-    if wrong:
-        raise ConfigError(f"--from-run {path} does not fit the model built here: {wrong[0]} is "
-                          f"{tuple(state[wrong[0]].shape)} there, {tuple(own[wrong[0]].shape)} "
-                          "here (an override changed the model's sizes?)")
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if missing or unexpected:
-        raise ConfigError(f"--from-run {path} does not fit the model built here: missing "
-                          f"{missing[:3]}, unexpected {unexpected[:3]}")
+    load_fitted(model, load_trained(path).model.state_dict(), f"--from-run {path}")
 
 
 def run_weights_file(path: Path) -> Path:
