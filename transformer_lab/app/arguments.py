@@ -187,11 +187,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     ``resume``: the sweep or run directory is an earlier sweep or run being resumed
     (``--resume``), so it may hold runs."""
     flags, overrides = split_arguments(args)
-    if any(o.lstrip("+").startswith("from_run=") for o in overrides) and \
-            any(o.lstrip("+").startswith("from_hf=") for o in overrides):
-        raise ConfigError("--from-hf and --from-run both give the weights to start from; "
-                          "give one of them")
-    overrides = expand_from_run(expand_from_hf(overrides))
+    overrides = expand_pretrained(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
         return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
     dirs = user_config_dirs_of(flags)
@@ -227,54 +223,56 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     return Arguments(flags, overrides, first_values, dirs, multirun, bool(printing))
 
 
-def expand_from_hf(overrides: list[str]) -> list[str]:
-    """``from_hf=DIR`` (``--from-hf DIR``) -> the checkpoint's overrides (a preset and its
-    knob values, read from DIR/config.json) followed by ``+from_hf=DIR``, in its place, so
-    later overrides still win; the routines then load its weights. ``ConfigError`` (one line)
-    for a directory that is not a supported local Hugging Face model."""
-    out = []
+PRETRAINED_KEYS = ("from_hf", "from_run")  # --from-hf DIR, --from-run RUN
+
+
+def expand_pretrained(overrides: list[str]) -> list[str]:
+    """``from_hf=DIR`` (``--from-hf``: a local Hugging Face model) or ``from_run=RUN``
+    (``--from-run``: a tlab run with one model, or one of its weights files) -> the overrides
+    of the source's architecture (``interop.hf.hf_overrides``: a preset and knob values;
+    ``training.pretrained.run_overrides``) followed by ``+from_hf=DIR`` / ``+from_run=FILE``, in
+    its place, so later overrides still win; the pre-flight and the routines then load its
+    weights. ``ConfigError`` (one line) for both given, a source tlab cannot read, or (a run) a
+    component choice of the command's own that its weights would not fit."""
+    given = {o.lstrip("+").split("=", 1)[0] for o in overrides} & set(PRETRAINED_KEYS)
+    if len(given) > 1:
+        raise ConfigError("--from-hf and --from-run both give the weights to start from; "
+                          "give one of them")
+    out: list[str] = []
     for text in overrides:
         key, _, value = text.partition("=")
-        if key.lstrip("+") != "from_hf" or not value:
+        key = key.lstrip("+")
+        if key not in PRETRAINED_KEYS or not value:
             out.append(text)
             continue
-        from transformer_lab.interop.hf import hf_overrides
+        path = Path(value.strip("'\"")).expanduser().resolve()
+        if key == "from_hf":
+            from transformer_lab.interop.hf import hf_overrides
 
-        path = str(Path(value.strip("'\"")).expanduser().resolve())
-        out += [o for o in hf_overrides(path) if o not in out]
-        out.append(f"+from_hf='{path}'")
+            built = hf_overrides(str(path))
+        else:
+            from transformer_lab.training.pretrained import run_overrides, run_weights_file
+
+            path = run_weights_file(path)
+            built = run_overrides(path)
+            refuse_other_components(overrides, built)
+        out += [o for o in built if o not in out]
+        out.append(f"+{key}='{path}'")
     return out
 
 
-def expand_from_run(overrides: list[str]) -> list[str]:
-    """``from_run=RUN`` (``--from-run RUN``: a run directory with one model, or one of its
-    weights files) -> the overrides of that model's architecture (``training.pretrained.
-    run_overrides``) followed by ``+from_run=FILE``, in its place, so later overrides still win;
-    the pre-flight and the routines then load its weights. ``ConfigError`` (one line) for a path
-    without a tlab model or a run with several (``check_arguments`` refuses ``--from-hf`` too)."""
-    out = []
-    for text in overrides:
-        key, _, value = text.partition("=")
-        if key.lstrip("+") != "from_run" or not value:
-            out.append(text)
-            continue
-        from transformer_lab.training.pretrained import (
-            ARCHITECTURE_GROUPS,
-            run_overrides,
-            run_weights_file,
-        )
+def refuse_other_components(overrides: list[str], built: list[str]) -> None:
+    """``ConfigError`` for a component choice among ``overrides`` (``pe=alibi``) that differs
+    from the run's own in ``built``: its weights would not fit that component."""
+    from transformer_lab.training.pretrained import ARCHITECTURE_GROUPS
 
-        path = run_weights_file(Path(value.strip("'\"")).expanduser().resolve())
-        built = run_overrides(path)
-        for other in overrides:  # a component choice of the command's own would not fit
-            if "=" in other and other in built or other.split("=")[0] not in ARCHITECTURE_GROUPS:
-                continue
-            group = other.split("=")[0]
-            own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
-            raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} "
-                              f"({own}); drop {other}")
-        out += [*built, f"+from_run='{path}'"]
-    return out
+    for other in overrides:
+        group = other.split("=", 1)[0]
+        if group not in ARCHITECTURE_GROUPS or other in built:
+            continue
+        own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
+        raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} ({own}); "
+                          f"drop {other}")
 
 
 def compose_first_job(arguments: Arguments) -> tuple[Any, DictConfig]:
