@@ -58,6 +58,14 @@ ModelSeed = Annotated[int | None, typer.Option(
     show_default=False)]
 
 
+def other_models(models: list) -> str:
+    """``"; 3 other models in the run: --variant, --model-seed"`` when a run kept more models
+    than the one used (``sample``, ``export``), else ``""``."""
+    others = len(models) - 1
+    return (f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, "
+            "--model-seed") if others else ""
+
+
 def pass_hydra_flags(app: typer.Typer) -> None:
     """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
     ``--info``, ...): Click hands an option it does not know to the overrides argument, and

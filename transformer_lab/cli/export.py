@@ -8,7 +8,7 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, Variant
+from transformer_lab.cli.common import ModelSeed, RunPath, Variant, other_models
 
 
 def export(
@@ -34,9 +34,7 @@ def export(
     except ConfigError as exc:
         print_error(str(exc))
         raise typer.Exit(EXIT_USAGE) from None
-    others = len(result.models) - 1
-    choice = f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, " \
-        "--model-seed" if others else ""
+    choice = other_models(result.models)
     tokenizer = f"{result.tokenizer} tokenizer" if result.tokenizer else \
         "no tokenizer (a synthetic task's tokens are their ids)"
     console.print(f"{result.header.path} ({result.header.name}{choice}) -> {result.out_dir}: "

@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, Variant
+from transformer_lab.cli.common import ModelSeed, RunPath, Variant, other_models
 
 
 def sample(
@@ -48,9 +48,7 @@ def sample(
     except ConfigError as exc:
         print_error(str(exc))
         raise typer.Exit(EXIT_USAGE) from None
-    others = len(result.models) - 1
-    choice = f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, " \
-        "--model-seed" if others else ""
+    choice = other_models(result.models)
     err_console.print(f"{result.header.path} ({result.header.name}{choice}): {len(result.prompt)}"
                       f" prompt tokens, {len(result.tokens)} new, {settings.describe()}",
                       markup=False, highlight=False, soft_wrap=True)
