@@ -5,14 +5,15 @@ from __future__ import annotations
 from rich.console import Console
 from rich.markup import escape
 
-console = Console(highlight=False)
-err_console = Console(stderr=True, highlight=False)
+# emoji=False: user text such as a value "auto:x" or "a:x:b" prints as written, not as an emoji
+console = Console(highlight=False, emoji=False)
+err_console = Console(stderr=True, highlight=False, emoji=False)
 
 
 def print_error(message: str) -> None:
     """One-or-two-line error message, no traceback."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", emoji=False)
+    err_console.print(f"[bold red]error:[/] {escape(message)}")
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {escape(message)}", emoji=False)
+    err_console.print(f"[yellow]warning:[/] {escape(message)}")
