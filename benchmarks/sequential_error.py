@@ -54,11 +54,13 @@ import pandas as pd
 from scipy import stats
 
 from benchmarks.common import write_csv
+from transformer_lab.measures.group_sequential import nominal_levels, t_p_values
 from transformer_lab.measures.sequential import e_process, first_crossing
 from transformer_lab.measures.statistics import EXACT_UP_TO, holm
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "sequential_error.csv"
+PLANNED_OUT = ROOT / "benchmarks" / "group_sequential.csv"
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,12 @@ class Outcome:
     wrong_auto: int = 0
     seeds_auto: int = 0
     seeds_variant: int = 0
+    fp_group: int = 0
+    fp_group_symmetric: int = 0
+    right_group: int = 0
+    wrong_group: int = 0
+    seeds_group: int = 0
+    seeds_group_variant: int = 0
     right_fixed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
     def add(self, other: Outcome) -> Outcome:
@@ -219,6 +227,20 @@ def auto_decisions(differences: np.ndarray, looks: list[int],
     return crossing, np.where(higher, 1, -1)
 
 
+def group_decisions(differences: np.ndarray, looks: list[int], most: int,
+                    alpha: float) -> tuple[np.ndarray, np.ndarray]:
+    """``GroupSequentialTest``'s rule (O'Brien-Fleming spending, Bonferroni) on (runs, K, n):
+    (the look index of each variant's verdict, -1 for none; its direction, +1 higher / -1
+    lower), each (runs, K)."""
+    levels = nominal_levels(looks, most, alpha / differences.shape[1])  # (looks,)
+    p = np.stack([t_p_values(differences[..., :n]) for n in looks], axis=-1)  # (runs, K, looks)
+    crossed = (p <= levels) & (levels > 0)
+    crossing = np.where(crossed.any(axis=-1), crossed.argmax(axis=-1), -1)
+    means = np.stack([differences[..., :n].mean(axis=-1) for n in looks], axis=-1)
+    at = np.maximum(crossing, 0)[..., None]
+    return crossing, np.where(np.take_along_axis(means, at, -1)[..., 0] > 0, 1, -1)
+
+
 def simulate(family: Family, sims: int, group: int, most: int, alpha: float, resamples: int,
              rng: np.random.Generator) -> Outcome:
     """``sims`` runs of ``most`` seeds drawn from the family (see the module docstring)."""
@@ -239,6 +261,16 @@ def simulate(family: Family, sims: int, group: int, most: int, alpha: float, res
         setattr(outcome, name, int((verdicts != 0).any(axis=(1, 2)).sum()))
         if name == "fp_peeking":
             outcome.fp_fixed = int((verdicts[..., -1] != 0).any(axis=1).sum())
+    for null, name in ((centred, "fp_group"), (centred * flips, "fp_group_symmetric")):
+        crossing, _ = group_decisions(null, looks, most, alpha)
+        setattr(outcome, name, int((crossing >= 0).any(axis=1).sum()))
+    crossing, direction = group_decisions(alternative, looks, most, alpha)
+    decided = crossing >= 0
+    outcome.right_group = int((decided & (direction == truth)).sum())
+    outcome.wrong_group = int((decided & (direction != truth)).sum())
+    seeds = np.where(decided, np.asarray(looks)[np.maximum(crossing, 0)], most)  # (sims, K)
+    outcome.seeds_group_variant = int(seeds.sum())
+    outcome.seeds_group = int(np.where(decided.all(axis=1), seeds.max(axis=1), most).sum())
     crossing, direction = auto_decisions(alternative, looks, alpha)
     decided = crossing >= 0
     outcome.right_auto = int((decided & (direction == truth)).sum())
@@ -265,6 +297,9 @@ def summary_row(name: str, variants: int, outcome: Outcome, group: int, most: in
     power_fixed = outcome.right_fixed / variant_runs  # (looks,)
     reached = np.flatnonzero(power_fixed >= power_auto)
     fixed_seeds = int((reached[0] + 1) * group) if len(reached) else None
+    power_group = outcome.right_group / variant_runs
+    reached_group = np.flatnonzero(power_fixed >= power_group)
+    fixed_seeds_group = int((reached_group[0] + 1) * group) if len(reached_group) else None
     row = {"family": name, "variants": variants, "runs": runs}
     for key in ("fp_auto", "fp_peeking"):
         low, high = _rate_interval(getattr(outcome, key), runs)
@@ -279,7 +314,15 @@ def summary_row(name: str, variants: int, outcome: Outcome, group: int, most: in
                fixed_seeds=fixed_seeds,
                power_fixed_at_fixed_seeds=(float(power_fixed[reached[0]]) if len(reached)
                                            else None),
-               power_fixed_max=float(power_fixed[-1]), group=group, max_seeds=most)
+               power_fixed_max=float(power_fixed[-1]), group=group, max_seeds=most,
+               fpr_group=outcome.fp_group / runs,
+               fpr_group_low=_rate_interval(outcome.fp_group, runs)[0],
+               fpr_group_high=_rate_interval(outcome.fp_group, runs)[1],
+               fpr_group_symmetric=outcome.fp_group_symmetric / runs,
+               power_group=power_group, wrong_group=outcome.wrong_group / variant_runs,
+               mean_seeds_group=outcome.seeds_group / runs,
+               mean_seeds_group_variant=outcome.seeds_group_variant / variant_runs,
+               fixed_seeds_group=fixed_seeds_group)
     return row
 
 
@@ -291,7 +334,8 @@ def _cell(value: object) -> str:
 
 def print_table(rows: list[dict]) -> None:
     columns = ["family", "variants", "fpr_auto", "fpr_peeking", "fpr_fixed", "power_auto",
-               "mean_seeds_auto", "fixed_seeds", "power_fixed_max"]
+               "mean_seeds_auto", "fixed_seeds", "power_fixed_max", "fpr_group", "power_group",
+               "mean_seeds_group", "fixed_seeds_group"]
     body = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in body)) for i, c in enumerate(columns)]
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
