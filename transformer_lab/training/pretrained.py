@@ -20,11 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.errors import ConfigError
-from transformer_lab.training.checkpoint import choose_model, load_trained, read_header
+from transformer_lab.training.checkpoint import choose_model, read_header
 
 # The config groups that make a model's architecture (``model`` has no choice: its keys do).
 ARCHITECTURE_GROUPS = ("pe", "ffn", "block", "norm_layer")
 NOT_COPIED = {"model.vocab_size"}  # the command's task decides it
+CHOICE = re.compile(r"[\w-]+")  # a group choice read from a run: a file name, no path
+KEY = re.compile(r"[A-Za-z_]\w*")  # a key read from a run, as an override names it
 
 
 def pretrained_option(cfg: DictConfig) -> str | None:
@@ -48,10 +50,23 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
 
 
 def load_run_weights(model: nn.Module, path: Path) -> None:
-    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's)."""
+    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's): read as
+    data (safetensors), nothing rebuilt from the file's config; a tensor kept once for several
+    tied names (``model.tie_embeddings``) fills each of them."""
+    from safetensors.torch import load_file
+
     from transformer_lab.interop.hf import load_fitted
 
-    load_fitted(model, load_trained(path).model.state_dict(), f"--from-run {path}")
+    read_header(path)  # a tlab weights file whose config names tlab's components only
+    state = load_file(str(path), device="cpu")
+    own = model.state_dict()
+    for name, tensor in own.items():
+        if name not in state:
+            tied = next((other for other, t in own.items() if other in state
+                         and t.data_ptr() == tensor.data_ptr()), None)
+            if tied is not None:
+                state[name] = state[tied]
+    load_fitted(model, state, f"--from-run {path}")
 
 
 def run_weights_file(path: Path) -> Path:
@@ -69,11 +84,17 @@ def run_overrides(path: Path) -> list[str]:
     """The overrides that build the architecture of a weights file's model: the choices of
     ``arch`` and the component groups, then every key of ``model`` and of those groups with
     its value (``++``: set whether the command's config has the key or not)."""
-    cfg = read_header(path).cfg
+    cfg = read_header(path).cfg  # checked: tlab's components only (or --trust-code's)
     out = [f"arch={'decoder' if cfg.arch.causal else 'encoder'}"]
-    out += [f"{group}={cfg[group].get('name')}" for group in ARCHITECTURE_GROUPS]
+    for group in ARCHITECTURE_GROUPS:
+        choice = str(cfg[group].get("name"))
+        if not CHOICE.fullmatch(choice):  # a file of a config tree's group folder, no path
+            raise ConfigError(f"{path}: {group}.name={choice!r} names no choice of {group}")
+        out.append(f"{group}={choice}")
     for group in ("model", *ARCHITECTURE_GROUPS):
         for key, value in _leaves(OmegaConf.to_container(cfg[group], resolve=True), group):
+            if not all(KEY.fullmatch(part) for part in key.split(".")):
+                raise ConfigError(f"{path}: {key!r} is not a config key")
             if key not in NOT_COPIED:
                 out.append(f"++{key}={hydra_value(value)}")
     return out
