@@ -161,9 +161,9 @@ def check_saved_config(config: Any, source: str, recorded: Sequence[str] = ()) -
 
 def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any, dict]]:
     """``(key path, key, value, the dict holding it)`` of every entry of a tree of plain
-    values; a list's items have the key None."""
+    values, a node's ``_target_`` first; a list's items have the key None."""
     if isinstance(node, dict):
-        for key, value in node.items():
+        for key, value in sorted(node.items(), key=lambda item: item[0] != "_target_"):
             where = f"{path}.{key}" if path else str(key)
             yield where, key, value, node
             yield from _walk(value, where)

@@ -46,18 +46,20 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
 
         load_hf_weights(model, cfg, str(cfg.from_hf))
     elif cfg.get("from_run"):
-        load_run_weights(model, Path(str(cfg.from_run)))
+        load_run_weights(model, Path(str(cfg.from_run)), cfg)
 
 
-def load_run_weights(model: nn.Module, path: Path) -> None:
+def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None) -> None:
     """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's): read as
     data (safetensors), nothing rebuilt from the file's config; a tensor kept once for several
-    tied names (``model.tie_embeddings``) fills each of them."""
+    tied names (``model.tie_embeddings``) fills each of them. ``ConfigError`` when they do not
+    fit, naming the first architecture key whose value in ``cfg`` (the model's) differs from
+    the run's."""
     from safetensors.torch import load_file
 
     from transformer_lab.interop.hf import load_fitted
 
-    read_header(path)  # a tlab weights file whose config names tlab's components only
+    header = read_header(path)  # a tlab weights file whose config names tlab's components only
     state = load_file(str(path), device="cpu")
     own = model.state_dict()
     for name, tensor in own.items():
@@ -66,7 +68,24 @@ def load_run_weights(model: nn.Module, path: Path) -> None:
                          and t.data_ptr() == tensor.data_ptr()), None)
             if tied is not None:
                 state[name] = state[tied]
-    load_fitted(model, state, f"--from-run {path}")
+    try:
+        load_fitted(model, state, f"--from-run {path}")
+    except ConfigError as exc:
+        differing = "" if cfg is None else architecture_difference(cfg, header.cfg)
+        raise ConfigError(f"{exc}{differing}") from None
+
+
+def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
+    """``"; model.d_model is 64 here, 32 in the run"`` for the first key of the architecture
+    (``model`` and ``ARCHITECTURE_GROUPS``, not ``NOT_COPIED``) that differs; ``""`` if none."""
+    for group in ("model", *ARCHITECTURE_GROUPS):
+        ours = dict(_leaves(OmegaConf.to_container(cfg[group], resolve=True), group))
+        theirs = dict(_leaves(OmegaConf.to_container(run_cfg[group], resolve=True), group))
+        for key in sorted(set(ours) | set(theirs)):
+            if key not in NOT_COPIED and ours.get(key) != theirs.get(key):
+                return (f"; {key} is {ours.get(key, 'absent')} here, "
+                        f"{theirs.get(key, 'absent')} in the run")
+    return ""
 
 
 def run_weights_file(path: Path) -> Path:
