@@ -39,6 +39,8 @@ VERSE = ("To be, or not to be, that is the question:\nWhether 'tis nobler in the
          "we end\nThe heart-ache and the thousand natural shocks\nThat flesh is heir to.\n\n")
 TINY_TEXT = ["task=text", "task.seq_len=32", "task.eval_size=32", "train.batch_size=8",
              "train.lr=1e-2", "train.eval_every=0", "train.warmup=5", "logger.progress=false"]
+FINE_TUNE = [*TINY_TEXT, "train.steps=4", "train.eval_every=2", "train.lr=1e-4",
+             "train.warmup=0"]  # 2 steps at a small learning rate before the first held-out loss
 LLAMA = ["preset=llama", "model.n_layers=1", "model.d_model=32", "model.d_ff=86"]
 PLANTED = "tlab_planted_component"  # the module a crafted run names, planted in the cwd
 REPO = Path(__file__).resolve().parent.parent
@@ -270,7 +272,8 @@ def test_a_run_and_a_compared_run_sample_as_before(llama_run, tmp_path):
     assert out.split() == [str(t) for t in expected]
 
 
-def test_an_exported_directory_loads_with_the_same_logits(llama_run, tmp_path):
+def test_an_exported_directory_loads_with_the_same_logits(llama_run, verse, tmp_path):
+    """``from_hf`` gives the run's logits; ``tlab train from_hf=DIR`` starts from them."""
     pytest.importorskip("transformers")
     from transformer_lab.interop.hf import from_hf
     from transformer_lab.training.checkpoint import load_trained
@@ -282,6 +285,11 @@ def test_an_exported_directory_loads_with_the_same_logits(llama_run, tmp_path):
     with torch.no_grad():
         ours, theirs = load_trained(llama_run / WEIGHTS_FILE).model(tokens), imported(tokens)
     torch.testing.assert_close(theirs, ours, rtol=1e-5, atol=1e-5)  # fp32, same weights
+    assert main(["experiment=train", f"from_hf={tmp_path / 'hf'}", *FINE_TUNE,
+                 f"task.path={verse}", f"hydra.run.dir={tmp_path / 'tuned'}"]) == 0
+    assert main(["experiment=train", *LLAMA, *FINE_TUNE, f"task.path={verse}",
+                 f"hydra.run.dir={tmp_path / 'fresh'}"]) == 0
+    assert_starts_from(llama_run, tmp_path / "tuned", tmp_path / "fresh")
 
 
 def test_a_run_of_your_own_component_loads_with_trust_code_only(tmp_path, monkeypatch, verse):
@@ -341,23 +349,25 @@ def test_saved_config_check_by_name():
 
 # --- tlab train from_run= -------------------------------------------------------------------
 
-def test_train_from_run_starts_from_its_weights(llama_run, verse, tmp_path):
-    """The first held-out loss of a fine-tune (small learning rate) is near the run's final
-    one, far below a fresh model's after as many steps."""
-    settings = [*TINY_TEXT, f"task.path={verse}", "train.steps=4", "train.eval_every=2",
-                "train.lr=1e-4", "train.warmup=0"]
-    assert main(["experiment=train", f"from_run={llama_run}", *settings,
-                 f"hydra.run.dir={tmp_path / 'tuned'}"]) == 0
-    assert main(["experiment=train", *LLAMA, *settings,
-                 f"hydra.run.dir={tmp_path / 'fresh'}"]) == 0
-    (summary,) = read_csv(llama_run / "summary.csv")
-    loaded = float(summary["final_loss"])  # the run's model on the same held-out windows
+def assert_starts_from(source: Path, tuned: Path, fresh: Path) -> None:
+    """The first held-out loss of a fine-tune (small learning rate, 2 steps) is near the
+    source run's final one, far below a fresh model's after as many steps."""
+    (summary,) = read_csv(source / "summary.csv")
+    loaded = float(summary["final_loss"])  # the source model on the same held-out windows
 
     def first_loss(run: Path) -> float:
         return next(float(r["loss"]) for r in read_csv(run / "metrics.csv") if r["split"] == "val")
 
-    tuned, fresh = first_loss(tmp_path / "tuned"), first_loss(tmp_path / "fresh")
-    assert abs(tuned - loaded) < 0.1 * (fresh - loaded), (tuned, loaded, fresh)
+    first, scratch = first_loss(tuned), first_loss(fresh)
+    assert abs(first - loaded) < 0.1 * (scratch - loaded), (first, loaded, scratch)
+
+
+def test_train_from_run_starts_from_its_weights(llama_run, verse, tmp_path):
+    assert main(["experiment=train", f"from_run={llama_run}", *FINE_TUNE, f"task.path={verse}",
+                 f"hydra.run.dir={tmp_path / 'tuned'}"]) == 0
+    assert main(["experiment=train", *LLAMA, *FINE_TUNE, f"task.path={verse}",
+                 f"hydra.run.dir={tmp_path / 'fresh'}"]) == 0
+    assert_starts_from(llama_run, tmp_path / "tuned", tmp_path / "fresh")
 
 
 def test_train_from_run_refuses_another_architecture(llama_run, verse, tmp_path):
