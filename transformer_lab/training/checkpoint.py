@@ -13,6 +13,11 @@ header's metadata holds, besides the tensors,
     variant      (several variants) its value, as the tables name it; ``varied``: the key
     tokenizer    (text tasks) the task's tokenizer as JSON (``tokenizer_spec``): a char
                  vocabulary's characters, ``byte``, or a BPE's ``tokenizers`` JSON
+    components   (a user's own components) their ``_target_`` names as JSON, what
+                 ``--trust-code`` may import when the file is loaded
+
+The header is data from elsewhere: :func:`read_header` checks its config by name
+(``config.registry``) before anything rebuilds a model from it.
 
 :func:`load_trained` rebuilds the model from a file (``TrainedModel``), :func:`choose_model`
 finds the file of a run (a run directory, or one of its files) by variant and seed.
