@@ -5,9 +5,10 @@
 Both reach a run twice. Before composing, ``app.arguments`` replaces the option by the overrides
 of the source's architecture (``interop.hf.hf_overrides``; :func:`run_overrides` for a run), so
 the run builds the same model; then the pre-flight and the routines that evaluate a trained
-model (``check``, ``plot_pe``, ``extrapolate``) and ``train`` (which fine-tunes them) load its weights
-into the models they build (:func:`load_pretrained`; a run's as tensors only). The task stays the command's: its vocabulary keeps the first rows of
-the source's embedding and output head (a larger one is refused).
+model (``check``, ``plot_pe``, ``extrapolate``) and ``train`` (which fine-tunes them) load its
+weights into the models they build (:func:`load_pretrained`; a run's as tensors only). The task
+stays the command's: its vocabulary keeps the first rows of the source's embedding and output
+head (a larger one is refused).
 """
 
 from __future__ import annotations
