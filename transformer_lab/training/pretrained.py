@@ -60,8 +60,13 @@ def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None
 
     from transformer_lab.interop.hf import load_fitted
 
-    header = read_header(path)  # a tlab weights file whose config names tlab's components only
-    state = load_file(str(path), device="cpu")
+    # its header was checked when from_run= was expanded (run_overrides); a job of a sweep may
+    # run in another process, without --trust-code's context: only the tensors are read here
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as exc:
+        raise ConfigError(f"--from-run {path} is not a readable safetensors file "
+                          f"({type(exc).__name__})") from None
     own = model.state_dict()
     for name, tensor in own.items():
         if name not in state:
@@ -72,7 +77,10 @@ def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None
     try:
         load_fitted(model, state, f"--from-run {path}")
     except ConfigError as exc:
-        differing = "" if cfg is None else architecture_difference(cfg, header.cfg)
+        try:
+            differing = "" if cfg is None else architecture_difference(cfg, read_header(path).cfg)
+        except ConfigError:  # a header this process may not read (see above)
+            differing = ""
         raise ConfigError(f"{exc}{differing}") from None
 
 
