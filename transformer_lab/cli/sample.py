@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, Variant, other_models
+from transformer_lab.cli.common import ModelSeed, RunPath, TrustCode, Variant, other_models
 
 
 def sample(
@@ -30,12 +31,14 @@ def sample(
                                       "the same continuation).")] = 0,
     variant: Variant = None,
     model_seed: ModelSeed = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """Print a trained model's continuation of --prompt (text with a text task's tokenizer,
     token ids on a synthetic task), from the final weights RUN_DIR kept (tlab train, tlab
     compare); stderr says which model was used. Greedy, or sampled with --temperature/--top-k
     and --seed."""
     from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.config.registry import trusting_code
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import err_console, print_error
     from transformer_lab.routines.sample import Sampling
@@ -43,7 +46,9 @@ def sample(
 
     try:
         settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed)
-        with working_directory_importable():  # a run with your own components (_target_)
+        # a run with your own components (_target_): --trust-code, the working directory
+        importable = working_directory_importable() if trust_code else nullcontext()
+        with trusting_code(trust_code), importable:
             result = sample_run(run_dir, prompt, settings, variant, model_seed)
     except ConfigError as exc:
         print_error(str(exc))

@@ -17,6 +17,7 @@ from transformer_lab.cli.common import (
     Pe,
     Resume,
     Seeds,
+    TrustCode,
     launch,
 )
 
@@ -44,6 +45,7 @@ def train(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """Train one configuration (default: a small decoder on Tiny Shakespeare, characters);
     held-out loss and perplexity (language tasks) or exact match (reverse, copy) every
@@ -51,4 +53,5 @@ def train(
     N, seeds.csv (tlab report pairs the seeds of a sweep)."""
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch, "task": task,
                "optimizer": optimizer, "train.steps": steps, "routine.seeds": seeds}
-    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir)
+    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir,
+           trust_code=trust_code)

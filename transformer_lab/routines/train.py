@@ -64,6 +64,7 @@ from transformer_lab.routines.variants import seed_list, seed_sources, train_set
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
 from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
+from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
 
 STAGE = "train"  # the ``stage`` of its rows in metrics.csv
@@ -199,6 +200,7 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
     settings = train_settings(cfg)
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
+    load_pretrained(model, cfg)  # from_run= / from_hf=: fine-tune from those weights
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), is_language(task))
     trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
