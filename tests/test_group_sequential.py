@@ -13,11 +13,13 @@ from scipy import stats
 
 from transformer_lab.measures.group_sequential import (
     GroupSequentialTest,
-    nominal_levels,
+    increments,
+    sign_draws,
+    sign_flip_boundaries,
     spending,
-    t_p_values,
     z_boundaries,
 )
+from transformer_lab.measures.statistics import sign_flip_p_value
 
 FIVE_LOOKS = [0.2, 0.4, 0.6, 0.8, 1.0]
 
@@ -53,29 +55,43 @@ def test_three_looks_spend_what_an_independent_integration_says():
     assert crossed == pytest.approx([spent(t) for t in fractions], abs=2e-4)
 
 
-def test_obrien_fleming_spends_almost_nothing_early_and_about_alpha_at_the_end():
-    levels = nominal_levels(list(range(2, 17, 2)), 16, 0.05)
-    assert levels[0] == 0 and np.all(np.diff(levels[levels > 0]) > 0)
-    assert 0.02 < levels[-1] < 0.05
+def test_obrien_fleming_spends_almost_nothing_early_and_alpha_in_all():
+    spent = increments(list(range(2, 17, 2)), 16, 0.05)
+    assert spent[0] < 1e-6 and np.all(np.diff(spent) > 0)
+    assert spent.sum() == pytest.approx(0.05, rel=1e-9)
 
 
-def test_the_t_levels_keep_the_false_positive_rate_over_all_looks():
-    # Normal differences under H0 (another seed than the levels' own simulation): the share of
-    # runs with a verdict at any look is alpha, within 4 binomial standard errors.
-    looks, runs, alpha = list(range(2, 21, 2)), 40_000, 0.05
-    d = np.random.default_rng(7).standard_normal((runs, 20)) * 3.0
-    levels = nominal_levels(looks, 20, alpha)
-    p = np.stack([t_p_values(d[:, :n]) for n in looks], axis=1)
-    rate = float(((p <= levels) & (levels > 0)).any(axis=1).mean())
-    assert abs(rate - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / runs)
-    # peeking at the fixed level every look would not keep it
-    assert float((p <= alpha).any(axis=1).mean()) > 2 * alpha
+def test_one_look_is_the_fixed_sign_flip_test():
+    # A design with one look at MAX spends all of alpha there: its verdict is the fixed
+    # sign-flip test's (statistics.sign_flip_p_value, exact at 10 seeds) away from the edge.
+    rng = np.random.default_rng(2)
+    signs = sign_draws(10, 20_000)
+    for shift in (0.0, 0.3, 0.6, 0.9, 1.2):
+        d = rng.normal(shift, 1.0, size=10)
+        p = sign_flip_p_value(d)
+        if abs(p - 0.05) < 0.01:
+            continue
+        bound, level = sign_flip_boundaries(np.abs(d), [10], np.array([0.05]), signs)
+        assert (abs(d.sum()) >= bound[-1]) == (p <= 0.05)
+        assert 0.04 < level[-1] <= 0.05 + 3 * math.sqrt(0.05 / 20_000)
 
 
-def test_t_p_values_equal_scipys_paired_t_test():
-    d = np.random.default_rng(1).normal(0.3, 1.0, size=(5, 9))
-    expected = [stats.ttest_1samp(row, 0.0).pvalue for row in d]
-    assert t_p_values(d) == pytest.approx(expected, rel=1e-9)
+def test_the_design_keeps_the_false_positive_rate_on_heavy_tailed_differences():
+    # Symmetric Laplace differences with a few huge ones (no normality): the share of runs with
+    # a verdict at any of 10 looks is at most alpha, within 4 binomial standard errors.
+    looks, runs, alpha = list(range(2, 21, 2)), 3_000, 0.05
+    rng = np.random.default_rng(7)
+    d = rng.laplace(size=(runs, 20)) * np.where(rng.random((runs, 20)) < 0.05, 50.0, 1.0)
+    bounds, _ = sign_flip_boundaries(np.abs(d), looks, increments(looks, 20, alpha),
+                                     sign_draws(20, 2_000))
+    sums = np.abs(np.round(np.stack([d[:, :n].sum(axis=1) for n in looks], axis=1), 12))
+    rate = float((sums >= bounds).any(axis=1).mean())
+    assert rate <= alpha + 4 * math.sqrt(alpha * (1 - alpha) / runs)
+    assert rate > alpha / 2  # not a test that never speaks
+    # peeking with the fixed level at every look would not keep it
+    fixed_bounds, _ = sign_flip_boundaries(np.abs(d), [20], np.array([alpha]),
+                                           sign_draws(20, 2_000))
+    assert float((sums[:, -1] >= fixed_bounds[:, 0]).mean()) <= alpha + 0.02
 
 
 def test_the_test_decides_a_clear_effect_early_and_not_a_null_one():

@@ -1,7 +1,7 @@
 """A planned group-sequential design over seeds (``--seeds auto:MAX``): the paired test of every
-variant against the baseline is read after each group of seeds up to ``MAX``, each look at a
-nominal level from an alpha-spending function, so that the false-positive rate over all looks
-is at most ``alpha`` (Lan & DeMets 1983, "Discrete sequential boundaries for clinical
+variant against the baseline is read after each group of seeds up to ``MAX``, each look spending
+a share of ``alpha`` given by an alpha-spending function, so that the false-positive rate over
+all looks is at most ``alpha`` (Lan & DeMets 1983, "Discrete sequential boundaries for clinical
 trials"; Jennison & Turnbull 2000, "Group Sequential Methods", ch. 7).
 
 Where the anytime-valid test (``measures.sequential``) may go on for ever and so pays for it in
@@ -9,26 +9,30 @@ seeds, this design knows its last look (``MAX``): a boundary that spends almost 
 (O'Brien & Fleming's shape) and nearly all of ``alpha`` at ``MAX`` costs a fixed design of
 ``MAX`` seeds little power, and stops early when the effect is large.
 
-- **Statistic**: the paired t statistic of the differences ``d_i = variant - baseline`` seen so
-  far (seeds independent, differences normal enough for a t-test; the "significance level"
-  approach of Jennison & Turnbull section 3.8: each look compares its t-test p-value with the
-  nominal level that the normal-theory boundary gives).
-- **Boundary**: information fraction ``t_k = n_k / MAX``; the level spent by look k is
-  ``spend(t_k) - spend(t_{k-1})``; the z-boundary ``c_k`` is solved by numerical integration of
-  the Brownian motion that the z statistics follow under H0 (Armitage, McPherson & Rowe 1969).
-  The nominal two-sided level at look k is ``2 (1 - Phi(c_k))``.
-- **Spending functions**: ``obrien_fleming`` ``4 - 4 Phi(z_{a/4} / sqrt(t))`` (each side
-  O'Brien-Fleming-like at ``a / 2``), ``pocock``
+- **Statistic**: the sum of the paired differences ``d_i = variant - baseline`` seen so far,
+  as in the fixed sign-flip test of ``measures.statistics``.
+- **Boundary, conditional on the magnitudes** (a sequential permutation test): under H0 (a
+  seed's variant and baseline values exchangeable) the signs of the ``d_i`` are fair coins
+  given their magnitudes. With the magnitudes seen up to look k, ``SIGN_DRAWS`` random sign
+  vectors (one fixed draw per test) give the null law of the sums at looks 1..k; look k's
+  boundary ``c_k`` on ``|sum|`` is the smallest value at which the share of draws that first
+  cross at look k does not exceed the level spent there. A boundary depends only on the
+  magnitudes before it, so the design keeps ``alpha`` for any law of the magnitudes, as the
+  fixed sign-flip test does (Jennison & Turnbull ch. 8 for permutation group-sequential tests).
+- **Spending**: the level spent by look k is ``spend(t_k) - spend(t_{k-1})`` at information
+  fraction ``t_k = n_k / MAX``: ``obrien_fleming`` ``4 - 4 Phi(z_{a/4} / sqrt(t))`` (each side
+  O'Brien-Fleming-like at ``a / 2``, as gsDesign's sfLDOF), ``pocock``
   ``a log(1 + (e - 1) t)``, ``hsd:G`` Hwang, Shih & DeCani ``a (1 - e^{-G t}) / (1 - e^{-G})``.
+  ``z_boundaries`` gives the normal-theory boundaries of the same spending (the published
+  tables' values), which the permutation boundaries approach as the seeds grow.
 - **K variants**: Bonferroni, each variant's design at ``alpha / K``.
-- **Interval**: the repeated confidence interval at the variant's last look,
-  ``mean +/- t_{n-1}(1 - level_k / 2) * sd / sqrt(n)`` (Jennison & Turnbull ch. 9): at every
-  look at once it covers the mean difference with probability at least ``1 - alpha / K``.
+- **Interval**: a repeated confidence interval at the last look, the t interval
+  ``mean +/- t_{n-1}(1 - a_k / 2) sd / sqrt(n)`` at the look's nominal level ``a_k`` (the share
+  of sign draws beyond its boundary): an approximation, the verdict is the sum's.
 """
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
@@ -120,59 +124,57 @@ def _simpson(grid: np.ndarray) -> np.ndarray:
     return weights * (grid[1] - grid[0]) / 3
 
 
-def nominal_levels(looks: Sequence[int], max_seeds: int, alpha: float,
-                   spend: str = "obrien_fleming") -> np.ndarray:
-    """The two-sided nominal level of each look (seeds seen at each: ``looks``) of a design
-    planned to ``max_seeds``, spending ``alpha`` at t-tests' first crossings
-    (``_t_levels``); (looks,) -> (looks,)."""
-    return _levels(tuple(int(n) for n in looks), int(max_seeds), float(alpha), spend).copy()
+SIGN_DRAWS = 20_000  # random sign vectors per test: the boundaries' null law
 
 
-@functools.lru_cache(maxsize=256)
-def _levels(looks: tuple[int, ...], max_seeds: int, alpha: float, spend: str) -> np.ndarray:
-    fractions = np.minimum(np.asarray(looks, dtype=float) / max_seeds, 1.0)
+def increments(looks: Sequence[int], max_seeds: int, alpha: float,
+               spend: str = "obrien_fleming") -> np.ndarray:
+    """The level each look spends (seeds seen at each: ``looks``) in a design planned to
+    ``max_seeds``; (looks,) -> (looks,), summing to at most ``alpha``."""
     spent = spending(spend, alpha)
-    increments = np.diff([0.0, *(spent(t) for t in fractions)])  # (looks,)
-    return _t_levels(looks, increments)
+    fractions = np.minimum(np.asarray(looks, dtype=float) / max_seeds, 1.0)
+    return np.diff([0.0, *(spent(t) for t in fractions)])
 
 
-def _t_levels(looks: tuple[int, ...], increments: np.ndarray, sims: int = 100_000
-              ) -> np.ndarray:
-    """Nominal t-test levels that spend ``increments`` at ``looks``: on ``sims`` runs of
-    normal differences under H0 (a fixed seed: the same levels every time), look k's level is
-    the p-value below which the share ``increments[k]`` of all runs first crosses there. A t
-    statistic's law under H0 depends neither on the differences' mean nor on their spread, so
-    one simulation serves every study; with few seeds its tails are heavier than the z
-    statistic's that the normal-theory boundaries assume."""
-    rng = np.random.default_rng(20_241_204)
-    d = rng.standard_normal((sims, looks[-1]))  # (sims, n)
-    active = np.ones(sims, dtype=bool)
-    levels = np.zeros(len(looks))
-    for k, (n, increment) in enumerate(zip(looks, increments, strict=True)):
-        p = t_p_values(d[active, :n])  # (active,)
-        count = int(round(increment * sims))
-        if count <= 0 or n < 2:
-            continue  # nothing to spend here (level 0: no verdict at this look)
-        ordered = np.sort(p)
-        count = min(count, len(ordered))
-        above = ordered[count] if count < len(ordered) else 1.0
-        levels[k] = (ordered[count - 1] + above) / 2
-        active[np.flatnonzero(active)[p <= levels[k]]] = False
-    return levels
+def sign_draws(max_seeds: int, draws: int = SIGN_DRAWS, seed: int = 0) -> np.ndarray:
+    """(draws, max_seeds) random signs +/-1 from a fixed seed: one draw serves every look."""
+    return np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, max_seeds))
 
 
-def t_p_values(differences: np.ndarray) -> np.ndarray:
-    """Two-sided paired t-test p-values of ``mean = 0`` over the last axis; (..., n) -> (...);
-    1 where n < 2 or every difference is equal and 0, 0 where they are equal and not 0."""
-    d = np.asarray(differences, dtype=float)
-    n = d.shape[-1]
-    if n < 2:
-        return np.ones(d.shape[:-1])
-    mean, sd = d.mean(axis=-1), d.std(axis=-1, ddof=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = mean / (sd / math.sqrt(n))
-    p = 2 * _stats().t.sf(np.abs(t), n - 1)
-    return np.where(sd > 0, p, np.where(mean == 0, 1.0, 0.0))
+def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np.ndarray,
+                         signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Boundaries on ``|sum of the first n_k differences|`` at each look (``inf``: no verdict
+    possible there) and each look's nominal level (the share of draws beyond its boundary),
+    from the magnitudes ``|d_i|`` (..., n) and the null sign draws (draws, >= n); ``spent``:
+    the level of each look. Returns two arrays of shape (..., looks)."""
+    magnitudes = np.asarray(magnitudes, dtype=float)
+    draws = len(signs)
+    n = looks[-1]
+    running = np.cumsum(signs[:, :n] * magnitudes[..., None, :n], axis=-1)  # (..., draws, n)
+    sums = running[..., np.asarray(looks) - 1]  # (..., draws, looks)
+    sums = np.abs(np.round(sums, 12))  # equal sums reached in another order stay equal
+    bounds = np.full((*magnitudes.shape[:-1], len(looks)), np.inf)
+    levels = np.zeros_like(bounds)
+    active = np.ones(sums.shape[:-1], dtype=bool)  # (..., draws) not crossed yet
+    for k, share in enumerate(spent):
+        allowed = np.floor(share * draws + 1e-9)  # draws that may first cross here
+        values = np.where(active, sums[..., k], -np.inf)  # (..., draws)
+        ordered = -np.sort(-values, axis=-1)  # descending
+        if allowed >= 1:
+            # the smallest boundary whose first crossings (|sum| >= c among the active)
+            # number at most ``allowed``: the allowed-th largest value, raised past a tie
+            index = int(allowed) - 1
+            candidate = ordered[..., index]  # (...)
+            beyond = ordered[..., index + 1] if index + 1 < draws else np.full_like(candidate,
+                                                                                   -np.inf)
+            tie = beyond >= candidate
+            above = np.where(values > candidate[..., None], values, np.inf).min(axis=-1)
+            bounds[..., k] = np.where(tie, above, candidate)
+            bounds[..., k] = np.where(bounds[..., k] > 0, bounds[..., k], np.inf)
+        beyond_bound = sums[..., k] >= bounds[..., k][..., None]  # (..., draws)
+        levels[..., k] = beyond_bound.mean(axis=-1)
+        active &= ~beyond_bound
+    return bounds, levels
 
 
 class GroupSequentialTest:
@@ -196,6 +198,7 @@ class GroupSequentialTest:
         self.baseline, self.alpha, self.max_seeds, self.spend = baseline, alpha, max_seeds, spend
         self.lower_is_better = lower_is_better
         self.level = alpha / len(self.variants)  # each variant's design
+        self._signs = sign_draws(max_seeds)
         self._differences: dict[str, list[float]] = {v: [] for v in self.variants}
         self._looks: dict[str, list[int]] = {v: [] for v in self.variants}
         self._decided: dict[str, str] = {}
@@ -216,37 +219,40 @@ class GroupSequentialTest:
                 continue
             self._differences[name] += finite.tolist()
             self._looks[name].append(self.seeds_used(name))
-            level = self.nominal_level(name)
-            if level > 0 and self.p_value(name) <= level:
-                higher = float(np.mean(self._differences[name])) > 0
+            total = float(np.sum(self._differences[name]))
+            if abs(round(total, 12)) >= self._boundaries(name)[0][-1]:
+                higher = total > 0
                 self._decided[name] = WORSE if higher == self.lower_is_better else BETTER
+
+    def _boundaries(self, variant: str) -> tuple[np.ndarray, np.ndarray]:
+        looks = self._looks[variant]
+        spent = increments(looks, self.max_seeds, self.level, self.spend)
+        return sign_flip_boundaries(np.abs(self._differences[variant]), looks, spent,
+                                    self._signs)
 
     def nominal_level(self, variant: str) -> float:
         """The nominal two-sided level of the variant's last look (0 before any seed)."""
-        looks = self._looks[variant]
-        if not looks:
-            return 0.0
-        planned = self._planned_looks(looks[0])
-        if looks == planned[:len(looks)]:  # one design for every look (cached)
-            return float(nominal_levels(planned, self.max_seeds, self.level,
-                                        self.spend)[len(looks) - 1])
-        return float(nominal_levels(looks, self.max_seeds, self.level, self.spend)[-1])
-
-    def _planned_looks(self, group: int) -> list[int]:
-        """Looks every ``group`` seeds up to ``max_seeds`` (the last one at ``max_seeds``)."""
-        return sorted({*range(group, self.max_seeds, group), self.max_seeds})
+        return float(self._boundaries(variant)[1][-1]) if self._looks[variant] else 0.0
 
     def p_value(self, variant: str) -> float:
-        """The paired t-test's two-sided p-value at the variant's last look."""
-        return float(t_p_values(np.asarray(self._differences[variant])))
+        """The sign-flip p-value of the variant's sum at its last look (the share of the
+        null sign draws at least as far from 0)."""
+        d = np.asarray(self._differences[variant])
+        if not len(d):
+            return 1.0
+        sums = np.abs(np.round(self._signs[:, :len(d)] @ np.abs(d), 12))  # (draws,)
+        return float((sums >= abs(round(float(d.sum()), 12))).mean())
 
     def interval(self, variant: str) -> tuple[float, float]:
-        """The repeated confidence interval for the mean difference at the last look."""
+        """The repeated confidence interval for the mean difference at the last look (the t
+        interval at the look's nominal level; unbounded while no verdict is possible)."""
+        from scipy import stats
+
         d = np.asarray(self._differences[variant])
-        if len(d) < 2:
-            return -math.inf, math.inf
         level = self.nominal_level(variant)
-        half = _stats().t.isf(level / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
+        if len(d) < 2 or level <= 0:
+            return -math.inf, math.inf
+        half = stats.t.isf(level / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
         return float(d.mean() - half), float(d.mean() + half)
 
     def seeds_used(self, variant: str) -> int:
@@ -271,5 +277,7 @@ class GroupSequentialTest:
 
     def describe(self, variant: str) -> str:
         """One line of the variant's state, for the running console lines and the notes."""
-        return (f"p {self.p_value(variant):.3g} (a verdict at {self.nominal_level(variant):.3g},"
-                f" {self.spend} spending of {self.level:.3g} to {self.max_seeds} seeds)")
+        level = self.nominal_level(variant)
+        at = f"a verdict at p <= {level:.3g}" if level > 0 else "no verdict possible yet"
+        return (f"sign-flip p {self.p_value(variant):.3g} ({at}; {self.spend} spending of "
+                f"{self.level:.3g} to {self.max_seeds} seeds)")
