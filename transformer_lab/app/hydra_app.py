@@ -127,7 +127,7 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
     from transformer_lab.app import search
     from transformer_lab.app.preflight import preflight
 
-    preflight(cfg)
+    preflight(cfg, printing=arguments.printing)
     if not arguments.multirun:
         return None
     if search.uses_optuna(arguments.overrides):

@@ -24,9 +24,11 @@ from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.threads import check_threads
 
 
-def preflight(cfg: DictConfig) -> JobInputs:
+def preflight(cfg: DictConfig, printing: bool = False) -> JobInputs | None:
     """Check ``cfg`` before its run: sizes, settings, the task and the model, each built once
-    and returned for the routine.
+    and returned for the routine. ``printing`` (``--cfg``, ``--info``: nothing runs): only the
+    checks that need neither data nor a model (a default run's corpus is not downloaded to
+    print its config); returns None.
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
@@ -40,6 +42,8 @@ def preflight(cfg: DictConfig) -> JobInputs:
                           f"{', '.join(SCHEDULES)}")
     _check_device(cfg.train.device)
     check_threads(cfg.train.get("threads"))
+    if printing:
+        return None
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
     if requested_vocab is not None and requested_vocab != task.vocab_size:

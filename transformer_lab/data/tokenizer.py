@@ -149,7 +149,7 @@ class NotUtf8Error(ValueError):
         self.start, self.reason = start, reason
 
 
-def text_chunks(file: Path, chunk_bytes: int = TEXT_CHUNK) -> Iterator[str]:
+def text_chunks(file: Path) -> Iterator[str]:
     """The UTF-8 text of ``file`` in pieces, newlines translated as ``Path.read_text`` does
     (``\\r\\n`` and ``\\r`` -> ``\\n``), so that the pieces join to ``read_text()``."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(),
@@ -157,7 +157,7 @@ def text_chunks(file: Path, chunk_bytes: int = TEXT_CHUNK) -> Iterator[str]:
     offset = 0  # bytes read before this block
     with open(file, "rb") as source:
         while True:
-            block = source.read(chunk_bytes)
+            block = source.read(TEXT_CHUNK)
             try:
                 text = decoder.decode(block, final=not block)
             except UnicodeDecodeError as exc:  # exc.object: bytes held back + this block
@@ -170,10 +170,10 @@ def text_chunks(file: Path, chunk_bytes: int = TEXT_CHUNK) -> Iterator[str]:
                 return
 
 
-def text_lines(file: Path, chunk_bytes: int = TEXT_CHUNK) -> Iterator[list[str]]:
+def text_lines(file: Path) -> Iterator[list[str]]:
     """The lines of ``file`` (``read_text().splitlines(keepends=True)``), a chunk at a time."""
     carry = ""
-    for text in text_chunks(file, chunk_bytes):
+    for text in text_chunks(file):
         lines = (carry + text).splitlines(keepends=True)
         carry = lines.pop()  # may continue in the next chunk (a "\r" before its "\n" too)
         if lines:
