@@ -114,6 +114,8 @@ def test_bpe_entry_keeps_its_tokenizer(tmp_path, cache, monkeypatch):
     np.testing.assert_array_equal(again, ids)
     assert loaded.vocab_size == 320 and loaded.decode(again) == file.read_text()
     assert list(loaded.encode("O night star")) == list(tokenizer.encode("O night star"))
+    with pytest.raises(ValueError, match="bpe_vocab_size=200 is too small"):
+        load_tokens(file, "bpe", 200)
 
 
 def test_a_killed_tokenisation_leaves_no_usable_half(tmp_path, cache, monkeypatch):
