@@ -169,3 +169,16 @@ def test_not_utf8_names_the_byte_offset_across_chunks(tmp_path, cache, small_chu
     file.write_bytes("héllo wörld ".encode() * 3 + b"\xff" + b"tail")
     with pytest.raises(ValueError, match=r"is not UTF-8 text \(byte 42: invalid start byte"):
         TextTask(path=str(file), seq_len=4)
+
+
+def test_a_cache_that_cannot_be_written_still_tokenises(tmp_path, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("TLAB_CACHE", str(blocker / "cache"))  # cannot be created
+    tokenizer_module._encoded.cache_clear()
+    file = write(tmp_path, TEXT * 3)
+    task = TextTask(path=str(file), seq_len=8, eval_size=4)
+    reference = in_memory(file.read_text(), "char")
+    np.testing.assert_array_equal(task.train_tokens, reference[:len(task.train_tokens)])
+    assert task.train_batch(2, torch.Generator().manual_seed(0)).inputs.shape == (2, 8)
+    tokenizer_module._encoded.cache_clear()

@@ -21,6 +21,7 @@ import json
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
@@ -244,6 +245,43 @@ def _tokenizer_of(kind: str, spec: dict[str, object]) -> Tokenizer:
     return BpeTokenizer(_tokenizers_library().Tokenizer.from_str(str(spec["bpe"])))
 
 
+@dataclass(frozen=True)
+class TokenFile:
+    """Token ids ``[start, stop)`` of a cache entry's file (a memmap from ``load_tokens``),
+    read a window at a time with ``seek`` and ``readinto``: resident memory stays what the
+    windows take, however large the file. (Indexing the memory map itself would bring whole
+    large pages of the file into the process, and a long run would come to hold all of it.)"""
+
+    path: str
+    dtype: np.dtype
+    start: int
+    stop: int
+
+    @classmethod
+    def of(cls, ids: np.memmap) -> TokenFile:
+        return cls(str(ids.filename), ids.dtype, ids.offset // ids.dtype.itemsize,
+                   ids.offset // ids.dtype.itemsize + len(ids))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, part: slice) -> TokenFile:
+        start, stop, step = part.indices(len(self))
+        if step != 1:
+            raise ValueError("a TokenFile is sliced with step 1 only")
+        return TokenFile(self.path, self.dtype, self.start + start, self.start + max(start, stop))
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """``(len(starts), length)`` int64: the ``length`` ids from each start on."""
+        out = np.empty((len(starts), length), self.dtype)
+        with open(self.path, "rb", buffering=0) as file:
+            for row, start in zip(out, starts.tolist(), strict=True):
+                file.seek((self.start + start) * self.dtype.itemsize)
+                if file.readinto(row) != row.nbytes:
+                    raise ValueError(f"{self.path} ends before token {self.start + start + length}")
+        return out.astype(np.int64)
+
+
 def _mapped(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:  # mmap cannot map an empty file
         return np.zeros(0, dtype)
@@ -297,21 +335,20 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
     try:  # ids first, then the entry's description: a killed run leaves no usable half
         atomic_write(bin_path, write_ids)
         atomic_write(meta_path, write_meta)
-    except OSError:  # a read-only cache: the ids in an unnamed temporary file instead
+    except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
         with tempfile.TemporaryFile() as out:
-            count = encode_file(file, tokenizer, out)
-            out.flush()
-            ids = np.memmap(out, dtype=dtype, mode="r", shape=(count,)) if count else \
-                np.zeros(0, dtype)
-        return ids, tokenizer
+            encode_file(file, tokenizer, out)
+            out.seek(0)
+            return np.fromfile(out, dtype), tokenizer
     return _mapped(bin_path, dtype, count), tokenizer
 
 
 def load_tokens(file: Path, kind: str = "char",
                 bpe_vocab_size: int = 512) -> tuple[np.ndarray, Tokenizer]:
     """Token ids ``(N,)`` of the UTF-8 text ``file`` (a read-only memmap of ``token_dtype``,
-    shared by every task built from the same file: only read windows of it) and the tokenizer
-    that made them. Raises ``NotUtf8Error`` for a file that is not UTF-8."""
+    shared by every task built from the same file; an array in memory where the cache cannot
+    be written) and the tokenizer that made them. Raises ``NotUtf8Error`` for a file that is
+    not UTF-8."""
     if kind not in TOKENIZERS:
         raise ValueError(f"task.tokenizer='{kind}' is not known; valid: {', '.join(TOKENIZERS)}")
     if kind == "bpe":

@@ -17,14 +17,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from transformer_lab.data.tokenizer import TokenFile
 from transformer_lab.tasks.base import Batch, Task
 
 
 class LanguageModelTask(Task):
     """Random windows of ``seq_len + 1`` tokens from train/held-out token streams (NumPy
-    arrays of token ids, e.g. memmaps of a tokenised file: only the windows are read)."""
+    arrays, or a tokenised file's ``TokenFile``, of which only the windows are read)."""
 
-    def __init__(self, train: np.ndarray, held_out: np.ndarray, seq_len: int,
+    def __init__(self, train: np.ndarray | TokenFile, held_out: np.ndarray | TokenFile,
+                 seq_len: int,
                  vocab_size: int, eval_size: int, data_seed: int) -> None:
         if seq_len < 2:
             raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
@@ -41,10 +43,14 @@ class LanguageModelTask(Task):
         self.vocab_size = vocab_size
         self._eval = self._windows(held_out, eval_size, torch.Generator().manual_seed(data_seed))
 
-    def _windows(self, stream: np.ndarray, n: int, generator: torch.Generator) -> Batch:
+    def _windows(self, stream: np.ndarray | TokenFile, n: int,
+                 generator: torch.Generator) -> Batch:
         starts = torch.randint(0, len(stream) - self.seq_len - 1, (n,), generator=generator)
-        index = starts[:, None] + torch.arange(self.seq_len + 1)  # (n, T+1)
-        window = torch.from_numpy(stream[index.numpy()].astype(np.int64))  # (n, T+1)
+        if isinstance(stream, TokenFile):  # read from the file, a window at a time
+            window = torch.from_numpy(stream.windows(starts.numpy(), self.seq_len + 1))
+        else:
+            index = starts[:, None] + torch.arange(self.seq_len + 1)  # (n, T+1)
+            window = torch.from_numpy(stream[index.numpy()].astype(np.int64))  # (n, T+1)
         return Batch(window[:, :-1], window[:, 1:])
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -120,9 +126,10 @@ class TextTask(LanguageModelTask):
             raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
                              f"{seq_len + 2} tokens per split")
         self.file = file
-        split = int(len(ids) * (1 - eval_fraction))  # ids: (N,) memmap, shared: only read
+        stream = TokenFile.of(ids) if isinstance(ids, np.memmap) else ids  # (N,) token ids
+        split = int(len(ids) * (1 - eval_fraction))
         try:
-            super().__init__(ids[:split], ids[split:], seq_len,
+            super().__init__(stream[:split], stream[split:], seq_len,
                              self.tokenizer.vocab_size, eval_size, data_seed)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None
