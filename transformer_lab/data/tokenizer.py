@@ -50,7 +50,11 @@ class CharTokenizer:
     def __init__(self, chars: list[str]) -> None:
         self.chars = chars
         self.vocab_size = len(chars)
-        self._codes = np.array([ord(c) for c in chars], dtype=np.uint32)  # sorted
+        codes = np.array([ord(c) for c in chars], dtype=np.int64)
+        # code point -> id; -1 for a character outside the vocabulary (the last entry stands
+        # for every code point above the largest)
+        self._ids = np.full(int(codes.max(initial=-1)) + 2, -1, dtype=np.int32)
+        self._ids[codes] = np.arange(len(chars), dtype=np.int32)
 
     @classmethod
     def fit(cls, text: str) -> CharTokenizer:
@@ -58,8 +62,8 @@ class CharTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (N,)
-        ids = np.searchsorted(self._codes, codes)
-        if len(ids) and (ids.max() >= self.vocab_size or (self._codes[ids] != codes).any()):
+        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        if (ids < 0).any():
             raise ValueError("the text has characters outside this tokenizer's vocabulary")
         return ids.astype(np.int64)
 
@@ -139,6 +143,7 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
 
 
 TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)
+BPE_LINES = 4096  # lines encoded per call of the BPE library's batch encoder
 TOKENS_DIR = "tokens"  # <cache dir>/tokens/<sha256 prefix>-<tokenizer>.bin and .json
 
 
@@ -210,7 +215,10 @@ def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
     """Write the token ids of ``file`` to ``out`` as ``token_dtype``, a chunk at a time (BPE
     through the library's batch encoder, a line per sequence); returns the number of ids."""
     dtype, count = token_dtype(tokenizer.vocab_size), 0
-    pieces = text_lines(file) if isinstance(tokenizer, BpeTokenizer) else text_chunks(file)
+    pieces: Iterable[str | list[str]] = text_chunks(file)
+    if isinstance(tokenizer, BpeTokenizer):  # the library's encodings are large: few at once
+        pieces = (lines[i:i + BPE_LINES] for lines in text_lines(file)
+                  for i in range(0, len(lines), BPE_LINES))
     for piece in pieces:
         if isinstance(tokenizer, BpeTokenizer):
             encodings = tokenizer.tokenizer.encode_batch(piece)
