@@ -4,6 +4,7 @@ sha256 and the tokenizer; the same ids, split and windows as tokenising the text
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -87,7 +88,7 @@ def test_cache_hit_does_not_tokenise_again(tmp_path, cache, monkeypatch):
     first, second = write(tmp_path, TEXT, "a.txt"), write(tmp_path, TEXT, "b.txt")
     ids, _ = load_tokens(first, "char")
     key = file_sha256(first)[:16]
-    assert sorted(p.name for p in cache.iterdir()) == [f"{key}-char.bin", f"{key}-char.json"]
+    assert sorted(p.name for p in cache.glob("*.*")) == [f"{key}-char.bin", f"{key}-char.json"]
     stamp = (cache / f"{key}-char.bin").stat().st_mtime_ns
 
     def no_tokenising(*args: object) -> None:
@@ -102,6 +103,23 @@ def test_cache_hit_does_not_tokenise_again(tmp_path, cache, monkeypatch):
     assert (cache / f"{key}-char.bin").stat().st_mtime_ns == stamp
     with pytest.raises(AssertionError, match="tokenised again"):
         load_tokens(first, "byte")  # another tokenizer: another entry
+
+
+def test_an_unchanged_file_is_not_read_again_and_a_changed_one_is(tmp_path, cache,
+                                                                   monkeypatch):
+    file = write(tmp_path, TEXT)
+    load_tokens(file, "char")
+    real_sha256 = tokenizer_module.file_sha256
+    monkeypatch.setattr(tokenizer_module, "file_sha256", lambda f: pytest.fail("read again"))
+    tokenizer_module._encoded.cache_clear()
+    load_tokens(file, "char")  # the same path, size and times: its hash is remembered
+    stat = file.stat()
+    file.write_bytes(TEXT.replace("O night", "O NIGHT").encode())  # same size...
+    os.utime(file, ns=(stat.st_atime_ns, stat.st_mtime_ns))  # ... and modification time
+    monkeypatch.setattr(tokenizer_module, "file_sha256", real_sha256)
+    tokenizer_module._encoded.cache_clear()
+    ids, tokenizer = load_tokens(file, "char")
+    assert tokenizer.decode(ids) == file.read_text() and "NIGHT" in tokenizer.decode(ids)
 
 
 def test_bpe_entry_keeps_its_tokenizer(tmp_path, cache, monkeypatch):
@@ -129,7 +147,7 @@ def test_a_killed_tokenisation_leaves_no_usable_half(tmp_path, cache, monkeypatc
     monkeypatch.setattr(tokenizer_module, "encode_file", killed)
     with pytest.raises(KeyboardInterrupt):
         load_tokens(file, "char")
-    assert not cache.exists() or list(cache.iterdir()) == []  # no entry, no temp file
+    assert [p.name for p in cache.glob("*") if p.is_file()] == []  # no entry, no temp file
     monkeypatch.setattr(tokenizer_module, "encode_file", real_encode)
     ids, _ = load_tokens(file, "char")
     np.testing.assert_array_equal(ids, in_memory(file.read_text(), "char"))

@@ -14,7 +14,9 @@ second run maps that file and reads only the windows it trains on (docs/data.md)
 from __future__ import annotations
 
 import codecs
+import contextlib
 import functools
+import hashlib
 import io
 import itertools
 import json
@@ -316,11 +318,29 @@ def cache_paths(sha256: str, kind: str, bpe_vocab_size: int) -> tuple[Path, Path
     return stem.with_suffix(".bin"), stem.with_suffix(".json")
 
 
+def content_sha256(file: Path) -> str:
+    """The sha256 of ``file``'s bytes, streamed; remembered in ``<cache dir>/tokens/seen`` under
+    the file's path, inode, size and modification and change times, so that an unchanged file
+    is not read again (writing to a file changes its change time, which no tool can set)."""
+    stat = file.stat()
+    seen = hashlib.sha256(repr((str(file.resolve()), stat.st_ino, stat.st_size,
+                                stat.st_mtime_ns, stat.st_ctime_ns)).encode()).hexdigest()
+    note = cache_dir() / TOKENS_DIR / "seen" / seen[:32]
+    with contextlib.suppress(OSError):
+        remembered = note.read_text(encoding="ascii")
+        if len(remembered) == 64:
+            return remembered
+    sha256 = file_sha256(file)
+    with contextlib.suppress(OSError):  # a read-only cache: hashed again next time
+        atomic_write(note, lambda temp: Path(temp).write_text(sha256, encoding="ascii"))
+    return sha256
+
+
 @functools.lru_cache(maxsize=8)
 def _encoded(path: str, mtime_ns: int, size: int, kind: str,
              bpe_vocab_size: int) -> tuple[np.ndarray, Tokenizer]:
     file = Path(path)
-    sha256 = file_sha256(file)
+    sha256 = content_sha256(file)
     bin_path, meta_path = cache_paths(sha256, kind, bpe_vocab_size)
     hit = _cached(bin_path, meta_path, sha256, kind)
     if hit is not None:
