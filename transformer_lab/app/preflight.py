@@ -24,26 +24,13 @@ from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.threads import check_threads
 
 
-def preflight(cfg: DictConfig, printing: bool = False) -> JobInputs | None:
+def preflight(cfg: DictConfig) -> JobInputs:
     """Check ``cfg`` before its run: sizes, settings, the task and the model, each built once
-    and returned for the routine. ``printing`` (``--cfg``, ``--info``: nothing runs): only the
-    checks that need neither data nor a model (a default run's corpus is not downloaded to
-    print its config); returns None.
+    and returned for the routine.
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
-    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
-    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
-    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
-    from transformer_lab.training.schedules import SCHEDULES
-
-    if cfg.train.schedule not in SCHEDULES:
-        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
-                          f"{', '.join(SCHEDULES)}")
-    _check_device(cfg.train.device)
-    check_threads(cfg.train.get("threads"))
-    if printing:
-        return None
+    check_unbuilt(cfg)
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
     if requested_vocab is not None and requested_vocab != task.vocab_size:
@@ -59,6 +46,21 @@ def preflight(cfg: DictConfig, printing: bool = False) -> JobInputs | None:
     with torch.random.fork_rng(devices=[]):
         check_routine(cfg, inputs)  # the routine's own settings (e.g. extrapolate's lengths)
     return inputs
+
+
+def check_unbuilt(cfg: DictConfig) -> None:
+    """The pre-flight's checks that need neither data nor a model: all that ``--cfg`` and
+    ``--info`` run (printing a default run's config downloads no corpus)."""
+    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
+    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
+    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
+    from transformer_lab.training.schedules import SCHEDULES
+
+    if cfg.train.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
+                          f"{', '.join(SCHEDULES)}")
+    _check_device(cfg.train.device)
+    check_threads(cfg.train.get("threads"))
 
 
 def _check_device(device: str) -> None:
