@@ -142,8 +142,6 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
     return path
 
 
-
-
 TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)
 BPE_LINES = 4096  # lines encoded per call of the BPE library's batch encoder
 TOKENS_DIR = "tokens"  # <cache dir>/tokens/<sha256 prefix>-<tokenizer>.bin and .json
@@ -183,7 +181,7 @@ def text_lines(file: Path) -> Iterator[list[str]]:
     carry = ""
     for text in text_chunks(file):
         lines = (carry + text).splitlines(keepends=True)
-        carry = lines.pop()  # may continue in the next chunk (a "\r" before its "\n" too)
+        carry = lines.pop()  # the last line may go on in the next chunk
         if lines:
             yield lines
     if carry:
