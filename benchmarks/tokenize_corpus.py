@@ -6,13 +6,14 @@ a second run, and ``tlab train``'s peak resident memory and start-up on a large 
 
 The corpus is ``--source`` (default: Tiny Shakespeare from the cache directory, downloaded
 once) repeated to ``--mb`` megabytes in a temporary folder, deleted at the end unless
-``--keep``. Every measurement runs in a fresh process with its own empty cache directory
-(``TLAB_CACHE``), so nothing is shared between them:
+``--keep``. Every measurement runs in a fresh process; each tokenizer, and the train runs,
+start from an empty cache directory of their own (``TLAB_CACHE``):
 
 - ``tokenise``: ``load_tokens`` on an empty cache (read, tokenizer fitted, ids written to the
-  memmap), in MB of text per second, and that process's peak resident memory. BPE (trained on
-  the text, then encoded a line at a time) is measured on the first ``--bpe-mb`` megabytes;
-- ``cache hit``: ``load_tokens`` again in a new process (the file hashed, the entry mapped);
+  memmap), in MB of text per second (``mb_per_s``), and that process's peak resident memory.
+  BPE (trained on the text, then encoded a line at a time) runs on the first ``--bpe-mb`` MB;
+- ``cache hit``: ``load_tokens`` again in a new process (the file's hash remembered, the entry
+  mapped);
 - ``train cold`` / ``train warm``: ``tlab train --task text task.path=F --steps 5`` on an empty
   cache, then again: wall time and peak resident memory of the whole process;
 - ``first step``: ``tlab train ... --steps 1`` on the warm cache (start-up, data, one step, the
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
 
     def row(measure: str, kind: str, mb: float, seconds: float, peak: float) -> None:
-        rate = mb / seconds if measure in ("tokenise", "cache hit") else None
+        rate = mb / seconds if measure == "tokenise" else None
         rows.append({"measure": measure, "tokenizer": kind, "file_mb": round(mb, 1),
                      "seconds": round(seconds, 2), "mb_per_s": rate and round(rate, 2),
                      "peak_rss_mb": round(peak)})
