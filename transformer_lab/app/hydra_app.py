@@ -125,8 +125,11 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
     """Before a sweep (or a printing flag): the first job's pre-flight, a search's objective;
     the sweep directory, claimed unless the sweep is resumed (None when nothing runs)."""
     from transformer_lab.app import search
-    from transformer_lab.app.preflight import preflight
+    from transformer_lab.app.preflight import check_unbuilt, preflight
 
+    if arguments.printing:  # --cfg, --info: nothing is built (no corpus downloaded)
+        check_unbuilt(cfg)
+        return None
     preflight(cfg)
     if not arguments.multirun:
         return None

@@ -30,16 +30,7 @@ def preflight(cfg: DictConfig) -> JobInputs:
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
-    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
-    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
-    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
-    from transformer_lab.training.schedules import SCHEDULES
-
-    if cfg.train.schedule not in SCHEDULES:
-        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
-                          f"{', '.join(SCHEDULES)}")
-    _check_device(cfg.train.device)
-    check_threads(cfg.train.get("threads"))
+    check_unbuilt(cfg)
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
     if requested_vocab is not None and requested_vocab != task.vocab_size:
@@ -55,6 +46,21 @@ def preflight(cfg: DictConfig) -> JobInputs:
     with torch.random.fork_rng(devices=[]):
         check_routine(cfg, inputs)  # the routine's own settings (e.g. extrapolate's lengths)
     return inputs
+
+
+def check_unbuilt(cfg: DictConfig) -> None:
+    """The pre-flight's checks that need neither data nor a model: all that ``--cfg`` and
+    ``--info`` run (printing a default run's config downloads no corpus)."""
+    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
+    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
+    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
+    from transformer_lab.training.schedules import SCHEDULES
+
+    if cfg.train.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
+                          f"{', '.join(SCHEDULES)}")
+    _check_device(cfg.train.device)
+    check_threads(cfg.train.get("threads"))
 
 
 def _check_device(device: str) -> None:
