@@ -301,3 +301,13 @@ def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path)
     state = {f"model.{key}": value.detach().contiguous().clone()
              for key, value in model.state_dict().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_remote(directory: Path) -> Any:
+    """The model written by ``write_remote_code``, loaded as a user would (its own code)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True,
+                                                local_files_only=True).eval()

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.interop.hf_export import Route
 from transformer_lab.training.checkpoint import WeightsHeader, choose_model, load_trained
 
 
@@ -29,7 +30,7 @@ class Export:
     header: WeightsHeader  # the model exported
     models: list[WeightsHeader]  # every model of the run
     out_dir: Path
-    hf_class: str
+    route: Route  # the transformers class and why
     files: list[str]  # the file names written in out_dir
     tokenizer: str | None  # the tokenizer written (char, byte, bpe), or None
 
@@ -47,22 +48,21 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
                model_seed: int | None = None) -> Export:
     """Export the model of run ``path`` (a run directory or one of its weights files) chosen by
     ``variant`` and ``model_seed`` to ``out_dir`` (module docstring)."""
-    from transformer_lab.interop.hf_export import exported_model
+    from transformer_lab.interop.hf_export import export_model
     from transformer_lab.interop.hf_tokenizer import hf_tokenizer
 
     check_new_directory(out_dir)
     header, models = choose_model(path, variant, model_seed, option="tlab export")
     trained = load_trained(header.path)
-    hf = exported_model(trained.model, trained.cfg)
     tokenizer = None if trained.tokenizer is None else hf_tokenizer(trained.tokenizer)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".part",
-                                    dir=out_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"tlab_export_{out_dir.name}_".replace(".", "_"),
+                                    suffix="_part", dir=out_dir.parent))
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a one-file write needs no "Writing model shards" bar
     try:
-        hf.save_pretrained(staging)
+        route = export_model(trained.model, trained.cfg, staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         check_new_directory(out_dir)  # still new: nobody wrote there meanwhile
@@ -71,6 +71,5 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Export(header, models, out_dir, type(hf).__name__,
-                  sorted(p.name for p in out_dir.iterdir()),
+    return Export(header, models, out_dir, route, sorted(p.name for p in out_dir.iterdir()),
                   None if trained.tokenizer is None else trained.tokenizer.name)
