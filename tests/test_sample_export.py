@@ -19,6 +19,7 @@ from transformer_lab.cli import app
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.data.tokenizer import ByteTokenizer, CharTokenizer, train_bpe
+from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
 from transformer_lab.results.run_directory import WEIGHTS_FILE
 from transformer_lab.training.checkpoint import load_trained, save_weights
@@ -163,28 +164,81 @@ def test_every_causal_family_exports_with_the_same_logits(tmp_path, preset):
     assert (ours - theirs).abs().max() <= 1e-4 * (1 + ours.abs().max())
 
 
-@pytest.mark.parametrize(("overrides", "expected"), [
-    ([], "GPTNeoXForCausalLM cannot express this run's model.embed_scale=5.65685 (it has 1)"),
-    (["ffn=swiglu", "norm_layer=rmsnorm", "pe=alibi"], "LlamaForCausalLM cannot express this "
-                                                       "run's pe=alibi (it has rope)"),
-    (["preset=llama", "pe.style=interleaved"], "pe.style=interleaved (it has half)"),
-    (["preset=llama", "model.embed_scale=sqrt"], "model.embed_scale=5.65685 (it has 1)"),
+@pytest.mark.parametrize(("overrides", "route", "why"), [
+    ([], "GPTNeoXForCausalLM", "model.embed_scale=5.65685 folded into the token embedding table"),
+    (["preset=bloom", "model.d_ff=128", "model.tie_embeddings=false", "model.embed_scale=sqrt"],
+     "BloomForCausalLM", "model.embed_scale=5.65685 folded into the token embedding table"),
+    (["preset=llama", "model.tie_embeddings=true", "model.embed_scale=sqrt"], "TlabForCausalLM",
+     "LlamaForCausalLM cannot express this run's model.embed_scale=5.65685 (it has 1) (the "
+     "output head shares the embedding table"),
+    (["ffn=swiglu", "norm_layer=rmsnorm", "pe=alibi"], "TlabForCausalLM",
+     "BloomForCausalLM cannot express this run's"),
+    (["preset=llama", "pe.style=interleaved"], "TlabForCausalLM",
+     "pe.style=interleaved (it has half)"),
     (["preset=gpt2", "ffn=relu", "model.tie_embeddings=false", "model.parallel_block=true"],
-     "model.parallel_block=true (it has false)"),
-    (["preset=gpt2", "ffn=swish"], "GPT2LMHeadModel cannot express this run's ffn=swish (GPT-2 "
-                                   "and GPT-NeoX have gelu_tanh, gelu, relu)"),
-    (["arch=encoder", "task=reverse"], "this run's model is an encoder"),
-    (["pe=t5"], "no Hugging Face causal LM has this run's components (pe=t5"),
+     "TlabForCausalLM", "model.parallel_block=true (it has false)"),
+    (["preset=gpt2", "ffn=swish"], "TlabForCausalLM", "GPT2LMHeadModel cannot express this "
+                                                      "run's ffn=swish (GPT-2 and GPT-NeoX have"),
+    (["pe=t5"], "TlabForCausalLM", "no transformers causal LM has this run's components (pe=t5"),
 ])
-def test_export_refuses_what_hf_cannot_express(tmp_path, overrides, expected):
+def test_export_says_which_route_and_why(tmp_path, overrides, route, why):
+    """Every decoder exports: as its family where one computes it (a scale folded into an
+    untied table), else with its own code; the console names the class and why."""
     cfg = compose(["experiment=train", "task=lm", "model=small", "model.d_model=32",
                    *overrides])
+    build_task(cfg)
+    model = build_model(cfg, seed=0)
+    weights = save_weights(model, tmp_path / "model.safetensors", cfg, 0)
+    code, out, err = tlab("export", weights, "--to-hf", tmp_path / "hf")
+    flat = " ".join(out.split())
+    assert code == 0, err
+    assert f"hf: {route}," in flat and why in flat, flat
+    remote = route == "TlabForCausalLM"
+    assert ((tmp_path / "hf" / "modeling_tlab.py").exists()) == remote
+    assert ("trust_remote_code=True" in flat) == remote
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
+                                                           trust_remote_code=remote).eval()
+    tokens = torch.randint(0, cfg.model.vocab_size, (2, 12),
+                           generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model.eval()(tokens), hf(tokens).logits
+    assert (ours - theirs).abs().max() <= 1e-4 * (1 + ours.abs().max())
+
+
+def test_export_refuses_an_encoder(tmp_path):
+    cfg = compose(["experiment=train", "task=reverse", "arch=encoder", "model=tiny"])
     build_task(cfg)
     weights = save_weights(build_model(cfg, seed=0), tmp_path / "model.safetensors", cfg, 0)
     code, out, err = tlab("export", weights, "--to-hf", tmp_path / "hf")
     flat = " ".join(err.split())
-    assert code == 2 and expected in flat, err
+    assert code == 2 and "this run's model is an encoder" in flat, err
     assert len(err.strip().splitlines()) <= 3 and not (tmp_path / "hf").exists()
+
+
+class ShiftedSinusoidal(torch.nn.Module):
+    """A PE of the user's own (not tlab's to bundle)."""
+
+    kind = "additive"
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.table = torch.nn.Parameter(torch.randn(max_len, d_model))
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table[positions]
+
+
+def test_export_refuses_a_component_of_your_own(tmp_path):
+    from transformer_lab.interop.hf_export import export_model
+
+    target = f"{__name__}.ShiftedSinusoidal"
+    cfg = compose(["experiment=train", "task=lm", "model=tiny", "pe=sinusoidal",
+                   f"pe._target_={target}", "~pe.base"])
+    build_task(cfg)
+    with pytest.raises(ConfigError, match=f"pe=sinusoidal is your own component "
+                                          f"\\(_target_={target}\\)"):
+        export_model(build_model(cfg, seed=0).eval(), cfg, tmp_path)
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("kind", ["char", "byte", "bpe"])
