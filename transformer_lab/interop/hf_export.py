@@ -110,6 +110,8 @@ def check_expressible(cfg: DictConfig, family: Family) -> Any:
         what = ", ".join(wrong) or f"settings ({type(exc).__name__}: {exc})"
         raise ConfigError(f"{family.hf_class} cannot express this run's {what}") from None
     ours, theirs = forward_settings(cfg), forward_settings(back)
+    if "max_len" not in cfg.pe:  # model.max_len sizes a PE's table only (none for ALiBi)
+        ours.pop("model.max_len"), theirs.pop("model.max_len")
     lost = [f"{key}={_shown(ours.get(key))} (it has {_shown(theirs.get(key))})"
             for key in sorted(set(ours) | set(theirs))
             if not _same(ours.get(key), theirs.get(key))]
