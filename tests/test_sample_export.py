@@ -73,7 +73,9 @@ def test_greedy_sampling_is_the_argmax_of_the_full_forward(llama_run):
     with torch.no_grad():
         for _ in range(24):
             ids.append(int(trained.model(torch.tensor([ids]))[0, -1].argmax()))
-    assert out == trained.tokenizer.decode(ids[5:]) + "\n"
+    assert out == trained.tokenizer.decode(ids) + "\n"  # the prompt echoed, then the new text
+    assert tlab("sample", llama_run, "--prompt", "To be", "--tokens", "24", "--greedy",
+                "--no-echo")[1] == trained.tokenizer.decode(ids[5:]) + "\n"
 
 
 def test_seeded_sampling_is_reproducible(llama_run):
@@ -84,10 +86,66 @@ def test_seeded_sampling_is_reproducible(llama_run):
     assert tlab(*draw, "--top-k", "1", "--seed", "5")[1] == greedy  # top-1 is the argmax
 
 
+def test_a_fresh_seed_by_default_printed_to_reuse(llama_run):
+    draw = ("sample", llama_run, "--prompt", "T", "--tokens", "40", "--no-echo")
+    runs = [tlab(*draw) for _ in range(2)]
+    seeds = [int(err.split("reuse with --seed ")[1].split(")")[0]) for _, _, err in runs]
+    assert seeds[0] != seeds[1] and runs[0][1] != runs[1][1]
+    again = tlab(*draw, "--seed", str(seeds[0]))
+    assert again[1] == runs[0][1] and f"seed {seeds[0]}" in again[2]
+    assert "reuse with" not in again[2]  # a seed given is not news
+
+
+def test_num_samples_draw_several_continuations_from_one_seed(llama_run):
+    draw = ("sample", llama_run, "--prompt", "To", "--tokens", "30", "--temperature", "1.5",
+            "--num-samples", "3", "--seed", "7")
+    code, out, err = tlab(*draw)
+    assert code == 0 and "x 3 samples" in err, err
+    samples = out.split("\n" + "-" * 15 + "\n")
+    assert len(samples) == 3 and all(sample.startswith("To") for sample in samples)
+    assert len({sample for sample in samples}) == 3  # three draws, not one repeated
+    assert tlab(*draw)[1] == out
+
+
+def test_top_p_keeps_the_nucleus(llama_run):
+    from transformer_lab.model import next_token
+
+    logits = torch.log(torch.tensor([[0.5, 0.05, 0.25, 0.15, 0.05]])).repeat(20000, 1)
+    generator = torch.Generator().manual_seed(0)
+    drawn = next_token(logits, temperature=1.0, top_p=0.8, generator=generator)[:, 0]
+    # sorted: 0.5, 0.25, 0.15 (0.9 >= 0.8 reached at the third): tokens 0, 2, 3, renormalised
+    assert set(drawn.tolist()) == {0, 2, 3}
+    expected = torch.tensor([0.5, 0.25, 0.15]) / 0.9
+    frequency = torch.stack([(drawn == t).float().mean() for t in (0, 2, 3)])
+    sigma = (expected * (1 - expected) / len(drawn)).sqrt()
+    assert torch.all((frequency - expected).abs() <= 5 * sigma), (frequency, expected)
+    # a nucleus smaller than the top token's probability: the argmax, as --greedy
+    greedy = tlab("sample", llama_run, "--prompt", "T", "--tokens", "20", "--greedy")[1]
+    assert tlab("sample", llama_run, "--prompt", "T", "--tokens", "20", "--top-p", "1e-6")[1] \
+        == greedy
+
+
+def test_sampling_past_a_learned_table_crops_the_context(tmp_path):
+    """A learned position table of 16 (preset=gpt2): 40 new tokens, each from the last 16
+    tokens (nanoGPT's crop), where tlab stopped at the table's end before."""
+    run = trained_run(tmp_path, "gpt2", "preset=gpt2", "model.n_layers=1", "model.d_model=16",
+                      "model.max_len=16", "task.seq_len=16", "train.steps=5")
+    code, out, err = tlab("sample", run, "--prompt", "To be, or", "--tokens", "40", "--greedy")
+    assert code == 0, err
+    assert "context cropped to the model's last 16 tokens" in " ".join(err.split())
+    trained = load_trained(run / WEIGHTS_FILE)
+    ids = list(trained.tokenizer.encode("To be, or"))
+    with torch.no_grad():  # the reference: a full forward over the last 16 tokens each time
+        for _ in range(40):
+            ids.append(int(trained.model(torch.tensor([ids[-16:]]))[0, -1].argmax()))
+    assert out == trained.tokenizer.decode(ids) + "\n"
+
+
 @pytest.mark.parametrize(("args", "expected"), [
     (["--prompt", "To bé"], "has characters the run's tokenizer does not know: 'é'"),
     (["--prompt", ""], "--prompt is empty"),
     (["--greedy", "--temperature", "0.7"], "--greedy takes the most likely token"),
+    (["--greedy", "--top-p", "0.9"], "--greedy takes the most likely token; --top-p 0.9 draws"),
     (["--variant", "alibi"], "has no model of variant alibi; valid: seeds 0"),
     (["--model-seed", "3"], "has no model of seed 3; valid: seeds 0"),
 ])
@@ -108,7 +166,8 @@ def test_sample_of_a_synthetic_run_prints_tokens_and_refuses_an_encoder(tmp_path
     code, out, err = tlab("sample", runs[0], "--prompt", "3 1 4", "--tokens", "6",
                           "--model-seed", "1")
     assert code == 0 and "(seed 1; 1 other model in the run" in err
-    assert all(0 <= int(t) < 64 for t in out.split()) and len(out.split()) == 6
+    assert out.split()[:3] == ["3", "1", "4"] and len(out.split()) == 9  # the prompt echoed
+    assert all(0 <= int(t) < 64 for t in out.split())
     code, _, err = tlab("sample", runs[0], "--prompt", "3 70")
     assert code == 2 and "'70' is no token" in err and "0..63" in err
     code, _, err = tlab("sample", runs[1])
@@ -136,7 +195,8 @@ def test_export_round_trip_with_transformers(llama_run, tmp_path):
     # greedy continuation, token for token, against tlab sample --greedy
     prompt = tokenizer("Whether", return_tensors="pt").input_ids
     generated = hf.generate(prompt, max_new_tokens=30, do_sample=False)[0, prompt.shape[1]:]
-    sampled = tlab("sample", llama_run, "--prompt", "Whether", "--tokens", "30", "--greedy")[1]
+    sampled = tlab("sample", llama_run, "--prompt", "Whether", "--tokens", "30", "--greedy",
+                   "--no-echo")[1]
     assert generated.tolist() == trained.tokenizer.encode(sampled[:-1]).tolist()
     assert len(generated) == 30  # no end-of-text token stopped it: tlab has none
     code, _, err = tlab("export", llama_run, "--to-hf", out)  # never among existing files
