@@ -265,6 +265,26 @@ def test_export_says_which_route_and_why(tmp_path, overrides, route, why):
     assert (ours - theirs).abs().max() <= 1e-4 * (1 + ours.abs().max())
 
 
+@pytest.mark.parametrize("n_head", [4, 6])  # 6: no power of two (BLOOM's extra slopes)
+def test_a_bloom_checkpoint_imports_with_the_same_logits(n_head):
+    from transformer_lab.interop.hf import from_hf
+
+    config = transformers.BloomConfig(vocab_size=80, hidden_size=8 * n_head, n_layer=2,
+                                      n_head=n_head)
+    torch.manual_seed(n_head)
+    hf = transformers.BloomForCausalLM(config).eval()
+    with torch.no_grad():  # away from the initial values (norm gains 1, biases 0)
+        for parameter in hf.parameters():
+            parameter.add_(0.2 * torch.randn(parameter.shape))
+    cfg, model = from_hf(hf)
+    assert cfg.pe.name == "alibi" and cfg.model.embed_norm and cfg.ffn.name == "gelu_tanh"
+    tokens = torch.randint(0, 80, (2, 24), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        ours, theirs = model(tokens), hf(tokens).logits
+    assert ours.abs().max() > 1.0
+    assert (ours - theirs).abs().max() <= 1e-4 * (1 + ours.abs().max())
+
+
 def test_export_refuses_an_encoder(tmp_path):
     cfg = compose(["experiment=train", "task=reverse", "arch=encoder", "model=tiny"])
     build_task(cfg)
