@@ -129,7 +129,8 @@ def test_sampling_past_a_learned_table_crops_the_context(tmp_path):
     """A learned position table of 16 (preset=gpt2): 40 new tokens, each from the last 16
     tokens (nanoGPT's crop), where tlab stopped at the table's end before."""
     run = trained_run(tmp_path, "gpt2", "preset=gpt2", "model.n_layers=1", "model.d_model=16",
-                      "model.max_len=16", "task.seq_len=16", "train.steps=5")
+                      "model.max_len=16", "task.seq_len=16", "train.steps=5",
+                      "model.embed_scale=sqrt")
     code, out, err = tlab("sample", run, "--prompt", "To be, or", "--tokens", "40", "--greedy")
     assert code == 0, err
     assert "context cropped to the model's last 16 tokens" in " ".join(err.split())
@@ -139,6 +140,32 @@ def test_sampling_past_a_learned_table_crops_the_context(tmp_path):
         for _ in range(40):
             ids.append(int(trained.model(torch.tensor([ids[-16:]]))[0, -1].argmax()))
     assert out == trained.tokenizer.decode(ids) + "\n"
+    # the exported model's own code crops as tlab sample does (a tied head with a scale: no
+    # family holds it)
+    code, stdout, err = tlab("export", run, "--to-hf", tmp_path / "hf")
+    assert code == 0 and "TlabForCausalLM" in stdout, err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
+                                                           trust_remote_code=True).eval()
+    prompt = torch.tensor([ids[:9]])
+    generated = hf.generate(prompt, max_new_tokens=40, do_sample=False)[0]
+    assert generated.tolist() == ids
+
+
+def test_a_failing_continuation_names_no_option_sample_lacks(llama_run, monkeypatch):
+    from transformer_lab.routines import sample as sample_routine
+
+    def past_the_table(*args, **kwargs):
+        raise ValueError("sequence length 70 is longer than the learned position table "
+                         "(max_len=64); use a larger max_len, or interpolate=True")
+
+    trained = load_trained(llama_run / WEIGHTS_FILE)
+    monkeypatch.setattr(trained.model, "generate", past_the_table)
+    with pytest.raises(ConfigError) as refusal:
+        sample_routine.continue_prompt(trained, torch.tensor([[1, 2]]),
+                                       sample_routine.Sampling(tokens=5))
+    message = str(refusal.value)
+    assert "longer than the learned position table (max_len=64)" in message
+    assert "interpolate" not in message and "give a shorter --prompt or fewer --tokens" in message
 
 
 @pytest.mark.parametrize(("args", "expected"), [

@@ -160,15 +160,19 @@ class TlabForCausalLM(PreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss, logits, kv if use_cache else None)
 
     def prepare_inputs_for_generation(self, input_ids, **kwargs) -> dict:
-        """The tokens not yet in the cache."""
+        """The tokens not yet in the cache; past the model's context window (a learned
+        position table) its last tokens, without a cache, as ``tlab sample`` does."""
         key = "cache" if "cache" in kwargs else "past_key_values"
-        kv = kwargs.get(key)
-        if isinstance(kv, TlabCache) and kv.length > 0:
+        kv, use_cache = kwargs.get(key), kwargs.get("use_cache", True)
+        window = self.model.context_window
+        if window is not None and input_ids.shape[1] > window:
+            input_ids, kv, use_cache = input_ids[:, -window:], None, False  # (B, window)
+        elif isinstance(kv, TlabCache) and kv.length > 0:
             input_ids = input_ids[:, kv.length:]  # (B, new)
         else:
             kv = None
-        return {"input_ids": input_ids, key: kv, "use_cache": kwargs.get("use_cache", True),
-                "attention_mask": kwargs.get("attention_mask")}
+        return {"input_ids": input_ids, key: kv, "use_cache": use_cache,
+                "attention_mask": kwargs.get("attention_mask")}  # padding refused in forward
 '''
 
 HEADER = '''"""{name}: a tlab (transformer_lab {version}) decoder as a transformers causal LM.
