@@ -196,8 +196,8 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
     lines = source.splitlines()
     imports, keep, defined = [], [], set()
     for node in tree.body:
-        segment = "\n".join(lines[node.lineno - 1 - len(getattr(node, "decorator_list", [])):
-                                  node.end_lineno])
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        segment = "\n".join(lines[first - 1:node.end_lineno])  # with its decorators
         if isinstance(node, ast.Import | ast.ImportFrom):
             outside = isinstance(node, ast.Import) or (
                 node.level == 0 and not (node.module or "").startswith("transformer_lab")
@@ -211,9 +211,6 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
         node_names = _defined_names(node)
         if names is not None and not node_names & set(names):
             continue
-        if node.__dict__.get("decorator_list"):
-            first = min(d.lineno for d in node.decorator_list)
-            segment = "\n".join(lines[first - 1:node.end_lineno])
         keep.append(segment)
         defined |= node_names
     return imports, "\n\n\n".join(keep), defined
