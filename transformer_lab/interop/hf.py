@@ -178,6 +178,8 @@ def preset_of(cfg: DictConfig) -> str:
     """Which family a config belongs to, from its components (for a config that did not
     come from ``from_hf``, e.g. ``compose(["preset=gpt2"])``)."""
     ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))
+    if pe == "alibi":
+        return "bloom"
     if ffn == "moe":
         return "mixtral"
     if ffn == "swiglu" and norm == "rmsnorm":
