@@ -150,7 +150,7 @@ def test_preflight_checks_the_device():
     else:
         with pytest.raises(ConfigError, match="no CUDA device"):
             preflight(cfg)
-    with pytest.raises(ConfigError, match="use cpu or cuda"):
+    with pytest.raises(ConfigError, match="train.device='tpu' is not valid; use auto, cpu or cuda"):
         preflight(compose(["experiment=smoke", "train.device=tpu"]))
 
 
