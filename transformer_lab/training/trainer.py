@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
+from inspect import signature
 from typing import Any
 
 import torch
@@ -154,9 +155,13 @@ def runnable_model(model: nn.Module, device: torch.device, compile_model: bool
     parallel = None
     if distributed.joined():
         routed = any(isinstance(module, MoEFeedForward) for module in model.modules())
+        # buffers are the same on every rank (position tables): not synchronised each forward
+        no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in
+                          signature(DistributedDataParallel).parameters else "broadcast_buffers":
+                          False}
         parallel = DistributedDataParallel(
             model, device_ids=[device] if device.type == "cuda" else None,
-            broadcast_buffers=False, find_unused_parameters=routed)  # an expert may get no token
+            find_unused_parameters=routed, **no_buffer_sync)  # an expert may get no token
     runnable = parallel if parallel is not None else model
     return parallel, torch.compile(runnable) if compile_model else runnable
 
