@@ -88,6 +88,7 @@ def ddp_run(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_two_processes_give_the_losses_of_one_at_the_same_global_batch(ddp_run, tlab, tmp_path):
     single = tmp_path / "single"
     assert tlab(*TINY, f"hydra.run.dir={single}")[0] == 0
@@ -102,6 +103,7 @@ def test_two_processes_give_the_losses_of_one_at_the_same_global_batch(ddp_run, 
     assert (ddp_run / WEIGHTS_FILE).is_file() and not (ddp_run / CHECKPOINT_FILE).exists()
 
 
+@pytest.mark.slow
 def test_a_killed_ddp_run_resumes_as_one_never_stopped(ddp_run, tmp_path):
     stopped = tmp_path / "stopped"
     env = {**os.environ, "STOP_AT": "7", "STOP_SIGNAL": "SIGKILL"}  # both ranks, before step 7
