@@ -74,7 +74,11 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cuda" and world().size > 1:
-        return torch.device("cuda", world().local_rank)
+        local_rank, gpus = world().local_rank, torch.cuda.device_count()
+        if local_rank >= gpus:
+            raise ConfigError(f"process LOCAL_RANK={local_rank} has no GPU of its own: torch "
+                              f"sees {gpus}; start at most {gpus} processes per machine")
+        return torch.device("cuda", local_rank)
     return torch.device(name)
 
 
@@ -114,7 +118,8 @@ def check_distributed(routine: str, single_run: bool) -> None:
         return
     if not single_run:
         raise ConfigError(f"a sweep (-m) cannot run under torchrun (WORLD_SIZE={size}); run "
-                          "each job with torchrun, or sweep with hydra/launcher=submitit_slurm")
+                          "each job with torchrun, or sweep with hydra/launcher=slurm "
+                          "(docs/scale.md)")
     if routine not in DISTRIBUTED_ROUTINES:
         raise ConfigError(f"routine={routine} cannot run on several processes (WORLD_SIZE="
                           f"{size}); only {', '.join(DISTRIBUTED_ROUTINES)} can")
@@ -165,6 +170,14 @@ def launch(nproc: int, arguments: list[str]) -> int:
     rank that failed (128 + signal for a rank killed by one), else 0."""
     import logging
     import uuid
+
+    from transformer_lab.errors import EXIT_USAGE
+    from transformer_lab.results.console import print_error
+
+    if "--multirun" in arguments:
+        print_error(f"--nproc {nproc} runs one training on several processes, not a sweep (-m); "
+                    "sweep with hydra/launcher=slurm, one GPU per job (docs/scale.md)")
+        return EXIT_USAGE
 
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
