@@ -16,7 +16,10 @@ each built and trained as a run of its own (the same numbers as a one-seed run o
 ``tlab report`` pairs the seeds of a sweep (``-m pe=rope,alibi``) and gives verdicts.
 ``summary.csv``: those numbers, averaged over the seeds (``steps``: the longest; ``wall_s``: the
 whole run's).
-The console prints one line per seed (and their mean).
+The console prints one line per seed (and their mean). Where it trained and how fast: ``device``,
+``world_size``, ``step_ms`` and ``steady_tokens_per_s`` (the first step and evaluations left
+out) and ``mfu`` (``Utilisation``, ``training.throughput``). Under torchrun (``tlab train --nproc
+N``) only rank 0 keeps files (``RunCheckpoints``); docs/scale.md.
 
 Each seed's final weights are kept as it finishes (``RunCheckpoints``): ``model.safetensors``
 for one seed, ``models/seed<k>.safetensors`` for several (``training.checkpoint``: each file's

@@ -394,13 +394,14 @@ class Trainer:
             checkpointing = bool(on_checkpoint is not None and checkpoint_every
                                  and step % checkpoint_every == 0)
             pause_start = self.synchronized_clock() if evaluating or checkpointing else None
-            if evaluating and self.record_eval(result, step, lr, target_exact_match):
-                break  # solved
-            if checkpointing:
+            solved = bool(evaluating) and self.record_eval(result, step, lr, target_exact_match)
+            if checkpointing and not solved:
                 result.steps = step
                 on_checkpoint(result)
             if pause_start is not None:
                 paused += time.perf_counter() - pause_start
+            if solved:
+                break
         result.steps = self.step_count
         result.wall_s = self.synchronized_clock() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)
