@@ -166,10 +166,16 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 def launch(nproc: int, arguments: list[str]) -> int:
     """Run ``python -m transformer_lab.app.hydra_app ARGUMENTS`` on ``nproc`` processes of this
-    machine (torch's elastic launch, as ``torchrun --standalone``); the exit code of the first
-    rank that failed (128 + signal for a rank killed by one), else 0."""
+    machine (torch's elastic launch, as ``torchrun --standalone``). Rank 0 writes to this
+    terminal; the others' output goes to files, shown (its last lines) only when one of them
+    fails on its own. Returns rank 0's exit code if it failed, else that of the first rank that
+    failed (128 + signal for a rank killed by one), else 0."""
     import logging
     import uuid
+
+    from torch.distributed.elastic.multiprocessing.api import DefaultLogsSpecs, Std
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     from transformer_lab.errors import EXIT_USAGE
     from transformer_lab.results.console import print_error
@@ -178,18 +184,25 @@ def launch(nproc: int, arguments: list[str]) -> int:
         print_error(f"--nproc {nproc} runs one training on several processes, not a sweep (-m); "
                     "sweep with hydra/launcher=slurm, one GPU per job (docs/scale.md)")
         return EXIT_USAGE
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    logging.getLogger("torch.distributed.elastic").setLevel(logging.ERROR)
-    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=nproc,
-                          run_id=str(uuid.uuid4()), rdzv_backend="c10d",
-                          rdzv_endpoint="localhost:0", max_restarts=0)
+    logging.getLogger("torch.distributed.elastic").setLevel(logging.CRITICAL)  # codes say it
     os.environ.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: train.threads sets each rank's
-    try:
-        elastic_launch(config, sys.executable)("-m", "transformer_lab.app.hydra_app", *arguments)
-    except ChildFailedError as exc:
-        _, failure = exc.get_first_failure()
-        return failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
+    with tempfile.TemporaryDirectory(prefix="tlab-ranks-") as logs:
+        config = LaunchConfig(
+            min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=str(uuid.uuid4()),
+            rdzv_backend="c10d", rdzv_endpoint="localhost:0", max_restarts=0,
+            logs_specs=DefaultLogsSpecs(log_dir=logs, redirects={
+                rank: Std.ALL for rank in range(1, nproc)}))
+        try:
+            elastic_launch(config, sys.executable)("-m", "transformer_lab.app.hydra_app",
+                                                   *arguments)
+        except ChildFailedError as exc:
+            leader = exc.failures.get(0)
+            if leader is not None and leader.exitcode > 0:
+                return leader.exitcode  # its error is on the terminal
+            _, failure = exc.get_first_failure()
+            for path in Path(logs).glob(f"**/{failure.local_rank}/stderr.log"):
+                lines = path.read_text(errors="replace").strip().splitlines()[-5:]
+                print("\n".join([f"rank {failure.rank} (exit {failure.exitcode}):", *lines]),
+                      file=sys.stderr)
+            return failure.exitcode if failure.exitcode >= 0 else 128 - failure.exitcode
     return 0
