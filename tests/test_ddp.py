@@ -78,6 +78,18 @@ def test_grad_accum_refuses_a_bad_value(tlab, tmp_path):
     assert not (tmp_path / "bad" / "metrics.csv").exists()
 
 
+def test_only_one_train_run_goes_on_several_processes(tlab, tmp_path, monkeypatch):
+    """Under torchrun (its environment, here without a process group): another routine or a
+    sweep is refused in one line before anything is written."""
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    code, _, err = tlab("experiment=smoke", f"hydra.run.dir={tmp_path}/smoke")
+    assert code == 2 and "routine=smoke cannot run on several processes (WORLD_SIZE=2)" in err
+    code, _, err = tlab(*TINY, "-m", "train.lr=1e-2,1e-3", f"hydra.sweep.dir={tmp_path}/sweep")
+    assert code == 2 and "a sweep (-m) cannot run under torchrun" in err
+    assert not (tmp_path / "smoke").exists() and not (tmp_path / "sweep").exists()
+
+
 @pytest.fixture(scope="module")
 def ddp_run(tmp_path_factory) -> Path:
     """``tlab train --nproc 2`` at a global batch of 8: its run directory."""
