@@ -73,6 +73,9 @@ def resolve_device(name: str) -> torch.device:
     name = str(name)
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda:") and world().size > 1:
+        raise ConfigError(f"train.device={name} under torchrun puts every process on one GPU; "
+                          "use cuda or auto (each process on cuda:LOCAL_RANK)")
     if name == "cuda" and world().size > 1:
         local_rank, gpus = world().local_rank, torch.cuda.device_count()
         if local_rank >= gpus:
