@@ -311,7 +311,8 @@ def planned_rows(sims: int, group: int, alpha: float, rng: np.random.Generator,
     for power in powers:
         for n in fixed_sizes:
             critical = stats.t.isf(alpha / 2, n - 1)
-            effect = brentq(lambda e, n=n, c=critical: stats.nct.sf(c, n - 1, e * math.sqrt(n))
+            effect = brentq(lambda e, n=n, c=critical, power=power: stats.nct.sf(
+                c, n - 1, e * math.sqrt(n))
                             - power, 1e-3, 10.0)
             found = None
             for most in range(n - n % group or group, 3 * n, group):

@@ -19,6 +19,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.routines.variants import train_settings
+from transformer_lab.training.distributed import check_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.threads import check_threads
@@ -59,14 +60,6 @@ def check_unbuilt(cfg: DictConfig) -> None:
     if cfg.train.schedule not in SCHEDULES:
         raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
                           f"{', '.join(SCHEDULES)}")
-    _check_device(cfg.train.device)
+    check_device(cfg.train.device)  # auto, cpu, cuda, cuda:K
     check_threads(cfg.train.get("threads"))
 
-
-def _check_device(device: str) -> None:
-    import torch
-
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ConfigError(f"train.device='{device}' is not valid; use cpu or cuda")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device='{device}' but torch sees no CUDA device; use cpu")

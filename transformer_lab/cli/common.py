@@ -95,12 +95,13 @@ def overrides_from(options: dict[str, object]) -> list[str]:
 def launch(experiment: str, options: dict[str, object], overrides: list[str] | None,
            multirun: bool = False, out: Path | None = None,
            resume: Path | None = None, config_dir: Path | None = None,
-           trust_code: bool = False) -> NoReturn:
+           trust_code: bool = False, nproc: int = 1) -> NoReturn:
     """Run ``experiment`` through the Hydra app and exit with its code.
 
     ``resume``: an earlier sweep directory to complete, or an interrupted run's directory to go
     on with from its checkpoint (``--resume``; the app tells which). ``trust_code``: a run read
-    (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``)."""
+    (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``).
+    ``nproc`` > 1: the app on that many processes (``training.distributed.launch``)."""
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
         args += ["--resume", str(resume)]
@@ -110,6 +111,10 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
         args.append("--multirun")
     if config_dir is not None:
         args += ["--config-dir", str(config_dir)]
+    if nproc > 1:
+        from transformer_lab.training.distributed import launch as launch_processes
+
+        raise typer.Exit(launch_processes(nproc, args))
     from transformer_lab.app.hydra_app import main
     from transformer_lab.config.registry import trusting_code
 

@@ -33,13 +33,14 @@ seeds, this design knows its last look (``MAX``): a boundary that spends almost 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from transformer_lab.measures.statistics import BETTER, WORSE
 from transformer_lab.measures.sequential import STOPPED_MAX_SEEDS, STOPPED_VERDICT
+from transformer_lab.measures.statistics import BETTER, WORSE
 
 SPENDING_FUNCTIONS = ("obrien_fleming", "pocock", "hsd:G")
 _GRID = 401  # points per look in the numerical integration
@@ -97,11 +98,8 @@ def z_boundaries(fractions: Sequence[float], alpha: float,
             sd = math.sqrt(t - previous_t)
             weights = density * _simpson(grid)  # (grid,) probability mass per point
 
-            def crossing(c: float, sd: float = sd, t: float = t, weights: np.ndarray = weights
-                         ) -> float:
-                edge = c * math.sqrt(t)
-                return float((weights * (stats.norm.sf((edge - grid) / sd)
-                                         + stats.norm.cdf((-edge - grid) / sd))).sum()) - target
+            crossing = functools.partial(_crossing_minus_target, grid=grid, weights=weights,
+                                         sd=sd, t=t, target=target)
             c = math.inf if target <= 0 or crossing(40.0) > 0 else brentq(crossing, 1e-6, 40.0,
                                                                            xtol=1e-10)
         boundaries[k] = c
@@ -115,6 +113,16 @@ def z_boundaries(fractions: Sequence[float], alpha: float,
             density = kernel @ (density * _simpson(grid))
         grid, previous_t = new_grid, t
     return boundaries
+
+
+def _crossing_minus_target(c: float, grid: np.ndarray, weights: np.ndarray, sd: float,
+                           t: float, target: float) -> float:
+    """P(first crossing of ``|Z| >= c`` at time ``t`` from the continuation mass ``weights``
+    on ``grid``) minus the level ``target`` to spend there."""
+    stats = _stats()
+    edge = c * math.sqrt(t)
+    return float((weights * (stats.norm.sf((edge - grid) / sd)
+                             + stats.norm.cdf((-edge - grid) / sd))).sum()) - target
 
 
 def _simpson(grid: np.ndarray) -> np.ndarray:
