@@ -28,9 +28,11 @@ give the same numbers.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -38,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.errors import ConfigError, Diverged, Interrupted
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 from transformer_lab.training.optimizers import OptimizerSet, OptimizerSettings, build_optimizers
@@ -277,7 +279,8 @@ class Trainer:
         steps the schedule plans for (``warmup_cosine`` reaches its floor there; default
         ``steps``), e.g. a routine's step budget when it may stop early.
         ``on_checkpoint(result)`` is called every ``checkpoint_every`` steps, after the step's
-        rows; ``result``: the result of the fit this one continues (a resumed training).
+        rows, and before ``Interrupted`` is raised (``stop_between_steps``); ``result``: the
+        result of the fit this one continues (a resumed training).
         """
         self.plan_schedule(steps if horizon is None else horizon)
         result = TrainResult() if result is None else result
@@ -286,6 +289,12 @@ class Trainer:
         tokens_since, total_tokens = 0, 0
         started = clock = time.perf_counter()
         for i in range(steps):
+            if STOP.signum is not None:  # SIGINT/SIGTERM under stop_between_steps: the state
+                result.steps = self.step_count  # is whole here; the caller keeps it
+                if on_checkpoint is not None:
+                    on_checkpoint(result)
+                raise Interrupted(f"stopped by {signal.Signals(STOP.signum).name} at step "
+                                  f"{self.step_count}", STOP.signum, self.step_count)
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:
@@ -310,3 +319,38 @@ class Trainer:
         result.wall_s = time.perf_counter() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)
         return result
+
+
+# --- stopping between steps ------------------------------------------------------------------
+
+class _StopRequest:
+    signum: int | None = None  # the signal that asked training to stop, while one is pending
+
+
+STOP = _StopRequest()
+
+
+@contextmanager
+def stop_between_steps() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGINT (Ctrl-C) and SIGTERM (SLURM, ``timeout``)
+    ask training to stop: ``Trainer.fit`` hands its state to ``on_checkpoint`` before its next
+    step and raises ``Interrupted`` (exit 130 or 143). A second signal raises at once. A signal
+    that comes after the last step is ignored: the run has finished."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request(signum: int, frame: object) -> None:
+        if STOP.signum is not None:  # asked twice: stop now, wherever training is
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} (a second signal: "
+                              "not at the end of a step, no state kept)", signum)
+        STOP.signum = signum
+
+    before = {signum: signal.signal(signum, request) for signum in (signal.SIGINT,
+                                                                    signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        STOP.signum = None
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
