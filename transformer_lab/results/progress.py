@@ -172,6 +172,12 @@ class RunProgress:
             elif self._progress is not None:
                 self._progress.update(self._task, completed=phase.done, **phase.fields())
 
+    @property
+    def counted(self) -> tuple[int, int] | None:
+        """(steps done, steps planned) of the current phase; None outside one."""
+        phase = self._phase
+        return (phase.done, phase.total) if phase is not None else None
+
     def _print_line(self, line: str) -> None:
         console = self.console
         if console is None:
