@@ -163,7 +163,7 @@ def test_resume_refuses_a_run_it_cannot_go_on_with(tlab, tmp_path):
     assert not (plain / CHECKPOINT_FILE).exists()
     err = assert_refused(tlab("experiment=train", "--resume", plain), tmp_path / "none",
                          "has no checkpoint to go on from (it finished: status passed)",
-                         "unless train.checkpoint=false")
+                         "every N steps with train.checkpoint_every=N")
     assert len(err.strip().splitlines()) <= 2
     # the same directory as --out again: refused, naming --resume where it can go on
     assert_refused(tlab(*TINY_LM, f"hydra.run.dir={plain}"), tmp_path / "none",

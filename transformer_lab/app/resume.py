@@ -145,7 +145,8 @@ def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
         finished = f" (it finished: status {status})" if status not in RESUMABLE_STATUSES \
             else ""
         raise ConfigError(f"--resume {run_dir}: the run there has no checkpoint to go on "
-                          f"from{finished}; tlab train keeps one unless train.checkpoint=false")
+                          f"from{finished}; tlab train keeps one at its end, on Ctrl-C or "
+                          "SIGTERM, and every N steps with train.checkpoint_every=N")
     flags, overrides = split_arguments(args)
     steps = [o for o in overrides if _key(o) == "train.steps"]
     if status not in (*RESUMABLE_STATUSES, FINISHED_STATUS) or \

@@ -18,7 +18,9 @@ Every ``checkpoint_every`` steps (after that step's rows) ``fit`` hands its resu
 caller's ``on_checkpoint``, which saves ``Trainer.state_dict()`` (weights, optimiser states,
 the schedule's position, torch's and the data generator's random states) with its own; a new
 trainer given that state (``load_state_dict``) and the result goes on with the same numbers as
-one that was never stopped.
+one that was never stopped. Under ``stop_between_steps`` (``tlab train``), SIGINT and SIGTERM
+stop ``fit`` at the end of the current step: the state goes to ``on_checkpoint``, then
+``errors.Interrupted`` is raised.
 
 Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
 batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
