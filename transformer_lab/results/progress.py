@@ -64,6 +64,7 @@ class _Phase:
     def __init__(self, total: int) -> None:
         self.total = max(1, int(total))
         self.started = time.perf_counter()
+        self.first: tuple[float, int] | None = None  # time and count at the first train row
         self.steps: dict[tuple, int] = {}
         self.loss: float | None = None
         # per series: its latest held-out loss, that row's step and exact match (or None)
@@ -83,6 +84,8 @@ class _Phase:
             if isinstance(step, int):
                 series = series_of(row)
                 self.steps[series] = max(step, self.steps.get(series, 0))
+                if self.first is None:
+                    self.first = (time.perf_counter(), self.done)
             self.loss = loss if loss is not None else self.loss
             self.speed = _number(row.get("tokens_per_s")) or self.speed
             return True
@@ -93,10 +96,14 @@ class _Phase:
         return False
 
     def eta_s(self) -> float | None:
-        """Seconds left at the pace so far (None before the first step)."""
+        """Seconds left at the pace since the first train row (at the first, since the phase
+        began: a resumed model's first row counts the steps taken before); None before it."""
         done = self.done
-        if not done:
+        if self.first is None or not done:
             return None
+        since, done_then = self.first
+        if done > done_then:
+            return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
         return (time.perf_counter() - self.started) * (self.total - done) / done
 
     def fields(self) -> dict[str, str]:

@@ -336,9 +336,10 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     if resumed is None and kept.periodic:
         kept.save_progress([], None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    with progress_bar(run.metrics, f"train: {which}, {steps} steps", total=steps * len(seeds)), \
-            stop_between_steps():
-        for seed in [s for s in seeds if s not in finished]:
+    training = [s for s in seeds if s not in finished]  # (a resumed seed counts its steps)
+    with progress_bar(run.metrics, f"train: {which}, {steps} steps",
+                      total=steps * len(training)), stop_between_steps():
+        for seed in training:
             # kept with this seed's state: every other seed's latest (one to extend as it was)
             done = [s for other, s in {**earlier, **finished}.items() if other != seed]
             try:
