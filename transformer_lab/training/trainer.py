@@ -337,7 +337,8 @@ def stop_between_steps() -> Iterator[None]:
     """While the block runs (in the main thread), SIGINT (Ctrl-C) and SIGTERM (SLURM, ``timeout``)
     ask training to stop: ``Trainer.fit`` hands its state to ``on_checkpoint`` before its next
     step and raises ``Interrupted`` (exit 130 or 143). A second signal raises at once. A signal
-    that comes after the last step is ignored: the run has finished."""
+    that comes after the last step is ignored: the run has finished. A signal the process
+    ignores (a shell's background job ignores SIGINT) stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -348,8 +349,8 @@ def stop_between_steps() -> Iterator[None]:
                               "not at the end of a step, no state kept)", signum)
         STOP.signum = signum
 
-    before = {signum: signal.signal(signum, request) for signum in (signal.SIGINT,
-                                                                    signal.SIGTERM)}
+    before = {signum: signal.signal(signum, request) for signum in (signal.SIGINT, signal.SIGTERM)
+              if signal.getsignal(signum) is not signal.SIG_IGN}  # ignored stays ignored
     try:
         yield
     finally:
