@@ -122,8 +122,8 @@ class _Phase:
         if len(self.steps) == 1 and step == self.done:  # one model so far: its step is the count
             parts = [f"{label} | step {step}/{self.total}"]
         else:
-            tags = " ".join(f"{k}={v}" for k, v in series_of(row) if k not in NOT_IN_LINES)
-            parts = [f"{label} | {tags} step {step} ({self.done}/{self.total})".replace("  ", " ")]
+            tags = [f"{k}={v}" for k, v in series_of(row) if k not in NOT_IN_LINES]
+            parts = [f"{label} |", *tags, f"step {step} ({self.done}/{self.total})"]
         if self.loss is not None:
             parts.append(f"loss {self.loss:.4f}")
         held_out = self.held_out.get(series_of(row))
