@@ -106,6 +106,10 @@ MUTANTS: tuple[Mutant, ...] = (
            "step1:bf16_behaviour", {"head_dim": _HEAD_DIM}),
     Mutant("functional_dropout_ffn", "ffn", f"{_M}.feedforward.FunctionalDropoutFFN", "decoder",
            "step1:eval_determinism", {**_FFN, "p": 0.1}),
+    # --- classes that slipped through (issue 32)
+    Mutant("renormalised_top1_moe", "ffn", f"{_M}.feedforward.RenormalisedTop1MoE", "decoder",
+           "step1:task_gradient", {"d_model": _D, "d_ff": "${model.d_ff}", "n_experts": 4,
+                                   "top_k": 1, "init_std": "${model.init_std}"}),
     # correct designs tlab does not ship (mutants.negatives): no check may fail them
     Mutant("scale_norm", "norm_layer", f"{_M}.negatives.ScaleNorm", "decoder", "harmless",
            partial=True),

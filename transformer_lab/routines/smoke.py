@@ -29,6 +29,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
+from transformer_lab.measures.gradient_flow import task_gradient
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -123,6 +124,8 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     rows.append(CheckRow(1, "gradients_finite", status(not missing and not bad),
                          "params_without_grad", float(len(missing) + len(bad)), 0,
                          detail=", ".join(missing + bad)[:200] or "every parameter"))
+    rows.append(_property_row(task_gradient(model, [(batch.inputs, batch.targets)],
+                                            sequence_loss), model.pe_kind))
     params = count_parameters(model)
     formula = parameter_breakdown(cfg)["total"]
     rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
@@ -190,6 +193,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     ratios = {s: pe_to_embedding_ratio(m, fixed[s][0]) for s, m in zip(seeds, models, strict=True)}
     steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
         for seed in seeds:
             trainers[seed].fit(steps, batches=fixed[seed])
@@ -211,7 +215,25 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
+    rows.append(parameters_move(model, initial))
     return rows, afters
+
+
+def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor]) -> CheckRow:
+    """Step 2: every trainable parameter changed during the smoke training. One that did not
+    is outside the optimiser (created in ``forward`` after the optimiser was built, replaced
+    by a new tensor) or gets no gradient at any step; its name is given."""
+    still = [name for name, p in model.named_parameters() if p.requires_grad
+             and (name not in initial or torch.equal(p.detach(), initial[name]))]
+    new = [name for name in still if name not in initial]
+    detail = "every trainable parameter changed"
+    if still:
+        detail = (f"{len(still)} trainable parameters did not change in training: "
+                  f"{', '.join(still[:4])}" + (f" ({', '.join(new[:2])} appeared during "
+                                                "training: the optimiser never saw it)"
+                                                if new else ""))
+    return CheckRow(2, "parameters_move", status(not still), "unchanged", float(len(still)), 0,
+                    detail=detail)
 
 
 def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
