@@ -9,7 +9,8 @@
 and, from the modules beside this one:
 
     output_properties     output_dtype, device_placement, eval_determinism, ffn_gain
-    component_properties  norm_scale_control, ffn_nonlinearity (a component on its own)
+    component_properties  norm_scale_control, ffn_nonlinearity, ffn_interaction (a component on
+                          its own)
     attention_properties  query_sees_a_key, attention_paths_agree (SDPA vs written out)
     positions             position_distinguishability (every pair of positions, on the PE)
     bf16_behaviour        bf16_behaviour (where the run or the PE uses half precision)
@@ -37,7 +38,11 @@ from torch import nn
 from transformer_lab.measures.attention_properties import attention_paths_agree, query_sees_a_key
 from transformer_lab.measures.bf16_behaviour import bf16_behaviour
 from transformer_lab.measures.cached_decoding import cached_decoding
-from transformer_lab.measures.component_properties import ffn_nonlinearity, norm_scale_control
+from transformer_lab.measures.component_properties import (
+    ffn_interaction,
+    ffn_nonlinearity,
+    norm_scale_control,
+)
 from transformer_lab.measures.output_properties import (
     device_placement,
     eval_determinism,
@@ -251,6 +256,7 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
         eval_determinism(model, vocab_size),  # before the invariances a random output breaks
         norm_scale_control(model),
         ffn_nonlinearity(model),
+        ffn_interaction(model),
         query_sees_a_key(model, vocab_size, max_len),
         attention_paths_agree(model, vocab_size),
         causality(model, vocab_size),

@@ -110,6 +110,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("renormalised_top1_moe", "ffn", f"{_M}.feedforward.RenormalisedTop1MoE", "decoder",
            "step1:task_gradient", {"d_model": _D, "d_ff": "${model.d_ff}", "n_experts": 4,
                                    "top_k": 1, "init_std": "${model.init_std}"}),
+    Mutant("activation_first_ffn", "ffn", f"{_M}.feedforward.ActivationFirstFFN", "encoder",
+           "step1:ffn_interaction", _FFN),
     # correct designs tlab does not ship (mutants.negatives): no check may fail them
     Mutant("scale_norm", "norm_layer", f"{_M}.negatives.ScaleNorm", "decoder", "harmless",
            partial=True),

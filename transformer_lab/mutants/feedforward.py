@@ -61,6 +61,15 @@ class LinearFFN(FeedForward):
         return self.act(self.down_proj(self.dropout(self.up_proj(x))))  # (B, T, D)
 
 
+class ActivationFirstFFN(FeedForward):
+    """Applies the activation to the input, before the up-projection, ``W2 W1 act(x)``: a sum
+    of one-variable functions of the input features, so no two features interact (its
+    Jacobian still turns with the input: ``ffn_nonlinearity`` passes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.dropout(self.up_proj(self.act(x))))  # (B, T, D)
+
+
 class FunctionalDropoutFFN(FeedForward):
     """Calls ``F.dropout(h, p)`` whose ``training`` defaults to True: dropout stays on in eval
     mode, so evaluation and generation are random."""
