@@ -248,7 +248,9 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
                      precision: str = "fp32") -> list[PropertyResult]:
     """Every check above on ``model`` (its weights, modes and torch's random state are left as
     they were); ``max_len``: how far positions are checked (default: the PE's own, else 256);
-    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``."""
+    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``. A ``max_len`` given
+    (``routine.max_len``, or the one the PE's constructor was given) bounds every check."""
+    given = max_len is not None
     max_len = max_len or position_max_len(model)
     return [
         output_dtype(model, vocab_size),
@@ -264,7 +266,7 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
         position_injectivity(model, vocab_size, max_len),
         cached_decoding(amplified_copy(model), vocab_size, max_len),
         position_distinguishability(model, max_len),
-        bf16_behaviour(model, vocab_size, max_len, precision),
+        bf16_behaviour(model, vocab_size, max_len, precision, given),
         batch_independence(model, vocab_size),
         train_eval_agreement(model, vocab_size),
         ffn_gain(model, vocab_size),

@@ -74,17 +74,28 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
+def probed_max_len(cfg: DictConfig) -> int | None:
+    """How far step 1 checks positions: ``routine.max_len``, else the ``max_len`` the PE's
+    constructor is given (``pe.max_len``: the documented contract, whether or not the module
+    keeps it as an attribute), else None (the PE's own ``max_len`` attribute, else 256)."""
+    if cfg.routine.get("max_len"):
+        return int(cfg.routine.max_len)
+    given = cfg.pe.get("max_len") if "pe" in cfg else None
+    return int(given) if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
     causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
-    control, bf16 behaviour). ``routine.max_len`` (default: the PE's own max_len, else 256) is
-    how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
+    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
     row's detail ends with its culprit (``routines.attribution``: each component swapped for
     its group's default)."""
     clock = Stopwatch()
 
+    max_len = probed_max_len(cfg)
+
     def measure(built: TransformerModel) -> list[PropertyResult]:
-        return model_properties(built, cfg.model.vocab_size, cfg.routine.get("max_len"),
+        return model_properties(built, cfg.model.vocab_size, max_len,
                                 str(cfg.train.get("precision", "fp32")))
 
     rows = [_property_row(r, model.pe_kind) for r in measure(model)]
