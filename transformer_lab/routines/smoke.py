@@ -87,7 +87,8 @@ def probed_max_len(cfg: DictConfig) -> int | None:
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
     causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
-    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
+    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked;
+    ``train.precision`` says whether the run uses bf16. A failing
     row's detail ends with its culprit (``routines.attribution``: each component swapped for
     its group's default)."""
     clock = Stopwatch()
@@ -141,7 +142,8 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     formula = parameter_breakdown(cfg)["total"]
     rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
                          "params", float(params), formula,
-                         detail="custom component: no formula" if formula is None
+                         detail=f"no formula (a custom component declares no count): the model "
+                         f"has {params:,}" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
     wall = clock.lap()
     for row in rows[start:]:
