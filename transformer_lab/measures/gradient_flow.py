@@ -1,13 +1,12 @@
-"""Does the task loss reach every trainable parameter? (step 1, ``task_gradient``)
+"""Does the task loss reach every trainable weight matrix? (step 1, ``task_gradient``)
 
-A parameter whose gradient from the task loss is zero, or rounding noise beside its peers',
-is not trained by the task: a top-1 router that renormalises its one weight to 1 (its task
-gradient is then float32 rounding; only the auxiliary load-balance loss moves it), a gate
-behind a ``detach``, a scale that cancels in a norm. ``gradients_finite`` passes such a
-parameter: its gradient exists and is finite. Measured on a :func:`perturbed_copy` (a zero
-start such as ReZero's gate would otherwise cut the gradient of every parameter behind it at
-initialisation, by design), with the task loss alone (no auxiliary loss), summed over the
-given batches (an expert no token of one batch chose gets tokens of another).
+A weight whose gradient from the task loss is rounding noise beside its peers' is not trained
+by the task: a top-1 router that renormalises its one weight to 1 (only the auxiliary
+load-balance loss moves it), a projection whose contribution cancels downstream.
+``gradients_finite`` passes it: its gradient exists and is finite. Measured on a
+:func:`perturbed_copy` (a zero start such as ReZero's gate would otherwise cut, by design, the
+gradient of every parameter behind it at initialisation), with the task loss alone (no
+auxiliary loss); an expert no token chose (it ran on 0 rows) is left out.
 """
 
 from __future__ import annotations
@@ -17,7 +16,12 @@ import math
 import torch
 from torch import nn
 
-from transformer_lab.measures.property_result import PropertyResult, failed, perturbed_copy
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    failed,
+    perturbed_copy,
+    train_mode_without_dropout,
+)
 
 GRADIENT_RATIO = 1e-4
 # A weight matrix's gradient RMS over the median one's. Where the exact gradient is 0, float32
@@ -43,13 +47,15 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     """Each trainable weight matrix's (parameter of 2+ dims: a bias or gain right before a
     normalisation can be redundant by design, e.g. a bias before BatchNorm cancels) gradient RMS
     over the median of those RMS values, for the task loss ``loss_fn(logits, targets)`` summed
-    over ``batches`` ((inputs, targets) pairs), on a :func:`perturbed_copy` in train mode.
-    Parameters of modules that only saw empty inputs (an expert no token chose) are left out."""
-    copied = perturbed_copy(model).train()
+    over ``batches`` ((inputs, targets) pairs), on a :func:`perturbed_copy` in train mode
+    without dropout. Parameters of modules that only saw empty inputs (an expert no token
+    chose) are left out."""
+    copied = perturbed_copy(model)
     called, handles = _idle_modules(copied)
     try:
-        for inputs, targets in batches:
-            loss_fn(copied(inputs), targets).backward()
+        with train_mode_without_dropout(copied), torch.random.fork_rng(devices=[]):
+            for inputs, targets in batches:
+                loss_fn(copied(inputs), targets).backward()
     finally:
         for handle in handles:
             handle.remove()
@@ -66,8 +72,8 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
 
 def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   loss_fn) -> PropertyResult:
-    """Every trainable parameter gets a task-loss gradient above :data:`GRADIENT_RATIO` times
-    the median parameter's (gradient RMS); the first one below is named."""
+    """Every trainable weight matrix gets a task-loss gradient RMS above :data:`GRADIENT_RATIO`
+    times the median one's (:func:`task_gradient_ratios`); the weakest one below is named."""
     name = "task_gradient"
     was_training = model.training
     try:
@@ -84,7 +90,7 @@ def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tens
     weakest, ratio = min(ratios.items(), key=lambda item: item[1])
     if ratio >= GRADIENT_RATIO:
         return PropertyResult(name, True, ratio, GRADIENT_RATIO,
-                              f"every parameter gets a task-loss gradient (weakest {weakest}: "
+                              f"every weight matrix gets a task-loss gradient (weakest {weakest}: "
                               f"{ratio:.2g} of the median)")
     starved = [n for n, v in ratios.items() if v < GRADIENT_RATIO]
     others = f" ({len(starved)} such: {', '.join(starved[:3])})" if len(starved) > 1 else ""
