@@ -187,3 +187,22 @@ def test_every_experiments_defaults_pass_its_routines_key_checks(experiment):
     from transformer_lab.routines import check_settings
 
     check_settings(compose([f"experiment={experiment}"]))
+
+
+@pytest.mark.parametrize("arch", ["encoder", "decoder"])
+def test_the_documented_minimal_block_passes_steps_1_and_2(arch, monkeypatch):
+    """docs/custom_components.md's block contract: examples/configs/block/my_block.yaml."""
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    monkeypatch.syspath_prepend(str(repo))
+    node = OmegaConf.load(repo / "examples" / "configs" / "block" / "my_block.yaml")
+
+    def config():
+        cfg = compose(["experiment=validate", f"arch={arch}"])
+        cfg.block = node
+        return cfg
+
+    verdict = examine(Candidate("my_block", "correct", "block", arch, "none", config), _RUN,
+                      reversal=False)
+    assert verdict.outcome == "correct-passed", verdict.detail
