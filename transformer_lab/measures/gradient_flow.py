@@ -29,7 +29,7 @@ GRADIENT_RATIO = 1e-4
 # (every built-in, preset and catalogue negative) are at 1e-2 or more. 1e-4 lies between.
 
 
-def _idle_modules(model: nn.Module) -> tuple[dict[nn.Module, bool], list]:
+def idle_module_hooks(model: nn.Module) -> tuple[dict[nn.Module, bool], list]:
     """Hooks that collect the modules called only on empty inputs (a Mixture of Experts runs
     an expert no token chose on 0 rows): their parameters get no gradient from this batch."""
     called: dict[nn.Module, bool] = {}
@@ -42,6 +42,12 @@ def _idle_modules(model: nn.Module) -> tuple[dict[nn.Module, bool], list]:
     return called, handles
 
 
+def idle_parameters(model: nn.Module, called: dict[nn.Module, bool]) -> set[str]:
+    """Names of the parameters of the modules :func:`idle_module_hooks` saw only idle."""
+    return {f"{name}.{p}" if name else p for name, module in model.named_modules()
+            if called.get(module) is False for p, _ in module.named_parameters()}
+
+
 def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                          loss_fn) -> dict[str, float]:
     """Each trainable weight matrix's (parameter of 2+ dims: a bias or gain right before a
@@ -51,7 +57,7 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     without dropout. Parameters of modules that only saw empty inputs (an expert no token
     chose) are left out."""
     copied = perturbed_copy(model)
-    called, handles = _idle_modules(copied)
+    called, handles = idle_module_hooks(copied)
     try:
         with train_mode_without_dropout(copied), torch.random.fork_rng(devices=[]):
             for inputs, targets in batches:
@@ -59,8 +65,7 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     finally:
         for handle in handles:
             handle.remove()
-    idle = {f"{name}.{p}" if name else p for name, module in copied.named_modules()
-            if called.get(module) is False for p, _ in module.named_parameters()}
+    idle = idle_parameters(copied, called)
     rms = {name: (float(p.grad.double().pow(2).mean().sqrt()) if p.grad is not None else 0.0)
            for name, p in copied.named_parameters()
            if p.requires_grad and p.dim() >= 2 and name not in idle}

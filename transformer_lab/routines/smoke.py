@@ -29,7 +29,11 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
-from transformer_lab.measures.gradient_flow import task_gradient
+from transformer_lab.measures.gradient_flow import (
+    idle_module_hooks,
+    idle_parameters,
+    task_gradient,
+)
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -92,7 +96,6 @@ def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     row's detail ends with its culprit (``routines.attribution``: each component swapped for
     its group's default)."""
     clock = Stopwatch()
-
     max_len = probed_max_len(cfg)
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
@@ -207,9 +210,14 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
-        for seed in seeds:
-            trainers[seed].fit(steps, batches=fixed[seed])
+    called, handles = idle_module_hooks(model)  # an expert no token chose may stay as it was
+    try:
+        with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
+            for seed in seeds:
+                trainers[seed].fit(steps, batches=fixed[seed])
+    finally:
+        for handle in handles:
+            handle.remove()
     wall = clock.lap() / len(seeds)
     rows, afters = [], {}
     for seed, trained in zip(seeds, models, strict=True):
@@ -228,15 +236,18 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
-    rows.append(parameters_move(model, initial))
+    rows.append(parameters_move(model, initial, idle_parameters(model, called)))
     return rows, afters
 
 
-def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor]) -> CheckRow:
-    """Step 2: every trainable parameter changed during the smoke training. One that did not
-    is outside the optimiser (created in ``forward`` after the optimiser was built, replaced
-    by a new tensor) or gets no gradient at any step; its name is given."""
+def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
+                    idle: set[str] = frozenset()) -> CheckRow:
+    """Step 2: every trainable parameter of the (first seed's) model changed during the smoke
+    training, but those of modules that only ever ran on empty inputs (``idle``: an expert
+    no token chose). One that did not is outside the optimiser (created in ``forward`` after
+    the optimiser was built) or gets no gradient at any step; its name is given."""
     still = [name for name, p in model.named_parameters() if p.requires_grad
+             and name not in idle
              and (name not in initial or torch.equal(p.detach(), initial[name]))]
     new = [name for name in still if name not in initial]
     detail = "every trainable parameter changed"
