@@ -56,6 +56,7 @@ from scipy import stats
 
 from benchmarks.common import write_csv
 from transformer_lab.measures.group_sequential import (
+    DEFAULT_SPENDING,
     increments,
     sign_draws,
     sign_flip_boundaries,
@@ -66,6 +67,7 @@ from transformer_lab.measures.statistics import EXACT_UP_TO, holm
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "sequential_error.csv"
 PLANNED_OUT = ROOT / "benchmarks" / "group_sequential.csv"
+SPEND = DEFAULT_SPENDING  # the spending function of --seeds auto:MAX
 
 
 @dataclass(frozen=True)
@@ -233,12 +235,13 @@ def auto_decisions(differences: np.ndarray, looks: list[int],
 
 
 def group_decisions(differences: np.ndarray, looks: list[int], most: int, alpha: float,
-                    draws: int = 2_000, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+                    draws: int = 2_000, chunk: int = 64, spend: str = SPEND
+                    ) -> tuple[np.ndarray, np.ndarray]:
     """``GroupSequentialTest``'s rule (O'Brien-Fleming spending, Bonferroni, sign-flip
     boundaries from ``draws`` null sign vectors) on (runs, K, n): (the look index of each
     variant's verdict, -1 for none; its direction, +1 higher / -1 lower), each (runs, K)."""
     runs, k, _ = differences.shape
-    spent = increments(looks, most, alpha / k)
+    spent = increments(looks, most, alpha / k, spend)
     signs = sign_draws(most, draws)
     flat = differences.reshape(runs * k, -1)
     sums = np.round(np.stack([flat[:, :n].sum(axis=-1) for n in looks], axis=-1), 12)

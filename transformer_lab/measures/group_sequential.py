@@ -43,6 +43,7 @@ from transformer_lab.measures.sequential import STOPPED_MAX_SEEDS, STOPPED_VERDI
 from transformer_lab.measures.statistics import BETTER, WORSE
 
 SPENDING_FUNCTIONS = ("obrien_fleming", "pocock", "hsd:G")
+DEFAULT_SPENDING = "obrien_fleming"
 _GRID = 401  # points per look in the numerical integration
 
 
@@ -195,7 +196,7 @@ class GroupSequentialTest:
     design = "group-sequential"
 
     def __init__(self, variants: Sequence[str], baseline: str, max_seeds: int,
-                 alpha: float = 0.05, spend: str = "obrien_fleming",
+                 alpha: float = 0.05, spend: str = DEFAULT_SPENDING,
                  lower_is_better: bool = True) -> None:
         self.variants = [v for v in variants if v != baseline]
         if not self.variants:
