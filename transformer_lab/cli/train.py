@@ -18,6 +18,8 @@ from transformer_lab.cli.common import (
     Resume,
     Seeds,
     launch,
+    train_overrides,
+    with_training_options,
 )
 
 Task = Annotated[str | None, typer.Option(
@@ -25,11 +27,9 @@ Task = Annotated[str | None, typer.Option(
     "or copy.", show_default=False)]
 Optimizer = Annotated[str | None, typer.Option(
     "--optimizer", help="adamw (default), adam, sgd, muon (tlab list).", show_default=False)]
-Steps = Annotated[int | None, typer.Option(
-    "--steps", min=1, help="Training steps per seed (train.steps, default 300).",
-    show_default=False)]
 
 
+@with_training_options("train")
 def train(
     overrides: Overrides = None,
     pe: Pe = None,
@@ -38,17 +38,17 @@ def train(
     arch: Arch = None,
     task: Task = None,
     optimizer: Optimizer = None,
-    steps: Steps = None,
     seeds: Seeds = None,
     config_dir: ConfigDir = None,
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    **settings: object,
 ) -> None:
     """Train one configuration (default: a small decoder on Tiny Shakespeare, characters);
     held-out loss and perplexity (language tasks) or exact match (reverse, copy) every
     train.eval_every steps and at the end; writes metrics.csv, summary.csv and, with --seeds
     N, seeds.csv (tlab report pairs the seeds of a sweep)."""
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch, "task": task,
-               "optimizer": optimizer, "train.steps": steps, "routine.seeds": seeds}
+               "optimizer": optimizer, "routine.seeds": seeds, **train_overrides(settings)}
     launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir)

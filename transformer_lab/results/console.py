@@ -11,9 +11,10 @@ err_console = Console(stderr=True, highlight=False, emoji=False)
 
 
 def print_error(message: str) -> None:
-    """One-or-two-line error message, no traceback."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}")
+    """One-or-two-line error message, no traceback; never wrapped by rich (the terminal
+    wraps it, and a path or command in it copies whole)."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
 
 
 def print_warning(message: str) -> None:
-    err_console.print(f"[yellow]warning:[/] {escape(message)}")
+    err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
