@@ -55,7 +55,8 @@ from transformer_lab.measures.parameters import (
     training_flops_per_token,
 )
 from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.results.console import console
+from transformer_lab.results.check_rows import check_counts
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 
@@ -406,7 +407,7 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
     rows += flop_rows(cfg, model, seq_len, measure)
     rows += article_rows()
     run.write_table("budget", [r.as_row() for r in rows], BUDGET_COLUMNS)
-    console.print(budget_table(rows, f"tlab budget - {run.path}"))
+    print_table(budget_table(rows, f"tlab budget - {run.path}"))
     failed = [f"{r.component} ({r.scope})" for r in rows if r.status == "FAIL"]
     total = next(r.measured for r in rows if r.component == "total")
     return RoutineOutcome(
@@ -414,4 +415,5 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
         summary={"params": total, "seq_len": seq_len, "vocab_size": vocab,
                  "wall_s": time.perf_counter() - started},
         message="" if not failed else "formula and model disagree: " + ", ".join(failed),
+        result=check_counts([r.status for r in rows if r.status in ("PASS", "FAIL", "SKIP")]),
     )

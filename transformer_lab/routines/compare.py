@@ -104,7 +104,7 @@ from transformer_lab.measures.statistics import (
 )
 from transformer_lab.model import build_checked_model, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
-from transformer_lab.results.console import console
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
@@ -832,7 +832,7 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
                      f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")
     command = "compare-activations" if vary.option == "--activations" else \
         f"compare --vary {vary.key}"
-    console.print(comparison_table(rows, f"tlab {command} - {run.path}"))
+    print_table(comparison_table(rows, f"tlab {command} - {run.path}"))
     for row in rows:
         if row.get("params_note"):
             console.print(f"! {vary.key}={row['variant']}: {row['params_note']}",

@@ -37,10 +37,11 @@ from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,
     CheckRow,
     Stopwatch,
+    check_counts,
     check_table,
     status,
 )
-from transformer_lab.results.console import console
+from transformer_lab.results.console import print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
@@ -259,7 +260,7 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     if len(losses) > 1:
         run.write_table("seeds", seed_rows(cfg, losses))
-    console.print(check_table(rows, f"tlab smoke - {run.path}"))
+    print_table(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)
     failed = [r.check for r in rows if not r.passed]
     return RoutineOutcome(
@@ -267,6 +268,7 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
                  "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
         message="" if passed else f"failed: {', '.join(failed)}",
+        result=check_counts([r.status for r in rows]),
     )
 
 

@@ -49,7 +49,7 @@ from torch import nn
 from transformer_lab.config.schema import POSITIVE_INT
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
-from transformer_lab.results.console import console
+from transformer_lab.results.console import print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import (
     CHECKPOINT_FILE,
@@ -303,7 +303,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         run.write_table("seeds", per_seed)
     summary = run_summary(trained, language)
     rows = per_seed + ([{"seed": "mean", **summary}] if len(per_seed) > 1 else [])
-    console.print(train_table(rows, f"tlab train - {run.path}",
+    print_table(train_table(rows, f"tlab train - {run.path}",
                               describe_run(cfg, trained[0].params)))
     finite = all(math.isfinite(s.result.final_loss) for s in trained)
     summary["wall_s"] = clock.lap()
