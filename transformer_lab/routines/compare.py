@@ -467,11 +467,11 @@ SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 PARAMS_TOLERANCE = 0.05  # variants whose parameter count differs more from the baseline's: flagged
 
 # The columns of compare-activations first, in their order; then a comparison's own.
-COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
-                      "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
-                      "steps_to_target", "seeds", "loss_target", "final_loss_std",
-                      "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
-                      *VERDICT_COLUMNS, "early_loss", "late_loss_std", "variant", "varied",
+COMPARISON_COLUMNS = ["variant", "varied", "activation", "params", "ffn_params",
+                      "tokens_per_s", "rel_speed", "final_loss", "final_ppl", "grad_norm_mean",
+                      "grad_norm_std", "steps_to_target", "seeds", "loss_target",
+                      "final_loss_std", "first_loss", "steps", "final_loss_ci_low",
+                      "final_loss_ci_high", *VERDICT_COLUMNS, "early_loss", "late_loss_std",
                       "params_vs_baseline", "params_note", "seeds_used", "stopped_because",
                       "e_value"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
