@@ -29,14 +29,22 @@ def whole(text: str) -> Text:
     return Text(text, no_wrap=True, overflow="ignore")
 
 
+LONGEST_WORD = 32  # a column is kept at least as wide as its longest word up to this
+
+
 def print_table(table: Table) -> None:
     """Print a result table: its title (which names the run's path) whole, each column at least
-    as wide as its header's longest word (``final_loss`` is never split), lines not cropped."""
+    as wide as its longest word, header included (``final_loss``, ``token_embedding`` never
+    split or cut), lines not cropped."""
     if isinstance(table.title, str):
         table.title = whole(table.title)
     for column in table.columns:
-        header = str(column.header)
-        longest = max((len(word) for word in header.split()), default=0)
+        texts = [column.header, *column.cells]
+        words = [word for text in texts
+                 for word in (text.plain if isinstance(text, Text) else
+                              Text.from_markup(text).plain if isinstance(text, str) else
+                              "").split()]
+        longest = min(max((len(word) for word in words), default=0), LONGEST_WORD)
         column.min_width = max(column.min_width or 0, longest)
     console.print(table, crop=False)
 

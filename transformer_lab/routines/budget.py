@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from rich import box
 from rich.table import Table
 from torch import nn
 
@@ -368,7 +369,7 @@ def article_rows() -> list[BudgetRow]:
 
 
 def budget_table(rows: list[BudgetRow], title: str) -> Table:
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for column in ("component", "scope", "expected", "measured", "unit", "status"):
         table.add_column(column, justify="right" if column in ("expected", "measured") else "left")
     colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INFO": "dim",

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich import box
 from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
@@ -384,9 +385,9 @@ def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.T
 
 
 def component_check_table(rows: list[ComponentCheck], title: str) -> Table:
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for column in ("check", "component", "status", "value", "tolerance"):
-        table.add_column(column, no_wrap=column in ("check", "component", "status"))
+        table.add_column(column, no_wrap=column in ("check", "status"))
     colours = {"PASS": "green", "FAIL": "bold red"}
     for row in rows:
         table.add_row(row.check, row.component, f"[{colours[row.status]}]{row.status}[/]",
