@@ -119,7 +119,9 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
     ``force`` is true."""
     if _get(cfg, "force", False) is True:
         return
-    device = str(_get(cfg, "train.device", "cpu"))
+    from transformer_lab.training.distributed import resolve_device
+
+    device = str(resolve_device(_get(cfg, "train.device", "cpu")))  # auto: cuda or cpu
     if device == "cpu" and _get(cfg, "routine.name") in CHECK_ROUTINES:
         check_attention_work(cfg, task)
     parts = estimate(cfg, task)

@@ -47,6 +47,9 @@ FromRun = Annotated[Path | None, typer.Option(
     "--from-run", help="A tlab run's trained model (a run directory with one model, or one of "
     "its weights files, e.g. RUN/models/rope/seed0.safetensors): its architecture and weights.",
     show_default=False)]
+TrustCode = Annotated[bool, typer.Option(
+    "--trust-code", help="Load a run trained with your own components (_target_ outside tlab's) "
+    "and import the modules it recorded; only for runs whose code you trust (docs/security.md).")]
 RunPath = Annotated[Path, typer.Argument(
     help="A run directory (tlab train, tlab compare) or one of its weights files.",
     show_default=False)]
@@ -122,11 +125,14 @@ def overrides_from(options: dict[str, object]) -> list[str]:
 
 def launch(experiment: str, options: dict[str, object], overrides: list[str] | None,
            multirun: bool = False, out: Path | None = None,
-           resume: Path | None = None, config_dir: Path | None = None) -> NoReturn:
+           resume: Path | None = None, config_dir: Path | None = None,
+           trust_code: bool = False, nproc: int = 1) -> NoReturn:
     """Run ``experiment`` through the Hydra app and exit with its code.
 
     ``resume``: an earlier sweep directory to complete, or an interrupted run's directory to go
-    on with from its checkpoint (``--resume``; the app tells which)."""
+    on with from its checkpoint (``--resume``; the app tells which). ``trust_code``: a run read
+    (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``).
+    ``nproc`` > 1: the app on that many processes (``training.distributed.launch``)."""
     refuse_unknown_options(experiment, overrides or [])
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
@@ -137,9 +143,16 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
         args.append("--multirun")
     if config_dir is not None:
         args += ["--config-dir", str(config_dir)]
-    from transformer_lab.app.hydra_app import main
+    if nproc > 1:
+        from transformer_lab.training.distributed import launch as launch_processes
 
-    raise typer.Exit(main(args))
+        raise typer.Exit(launch_processes(nproc, args))
+    from transformer_lab.app.hydra_app import main
+    from transformer_lab.config.registry import trusting_code
+
+    with trusting_code(trust_code):
+        code = main(args)
+    raise typer.Exit(code)
 
 
 # --- The training settings as options: one per field of training.trainer.TrainSettings ------
@@ -207,7 +220,7 @@ def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[P
     """One keyword parameter per ``TrainSettings`` field (``--batch-size`` for ``batch_size``)
     with its type, the default ``experiment`` runs with and its YAML comment as help; each sets
     ``train.<field>`` (``train_overrides``). ``leave_out``: fields the command sets otherwise."""
-    kinds = {"int": int, "float": float, "str": str}
+    kinds = {"int": int, "float": float, "str": str, "bool": bool}
     defaults, comments = train_yaml_defaults(experiment)
     parameters = []
     for name, annotation in train_settings_fields():
@@ -215,17 +228,22 @@ def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[P
             continue
         base, _, optional = annotation.partition(" | ")
         kind = kinds.get(base, str)
-        shown = "null" if defaults.get(name) is None else str(defaults.get(name))
+        value = defaults.get(name)
+        shown = "null" if value is None else str(value).lower() if isinstance(value, bool) \
+            else str(value)
         help_text = f"{comments.get(name) or name.replace('_', ' ')} (train.{name}, default " \
                     f"{shown})."
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:  # --compile / --no-compile
+            flag = f"{flag}/--no-{name.replace('_', '-')}"
         if optional:
-            option = typer.Option(f"--{name.replace('_', '-')}", help=help_text,
+            option = typer.Option(flag, help=help_text,
                                   show_default=False, rich_help_panel=TRAINING_PANEL,
                                   metavar=f"{kind.__name__.upper()}|null",
                                   parser=_number_or_null(kind))
             kind = str
         else:
-            option = typer.Option(f"--{name.replace('_', '-')}", help=help_text,
+            option = typer.Option(flag, help=help_text,
                                   show_default=False, rich_help_panel=TRAINING_PANEL)
         parameters.append(Parameter(name, Parameter.KEYWORD_ONLY, default=None,
                                     annotation=Annotated[kind | None, option]))
@@ -247,4 +265,5 @@ def with_training_options(experiment: str, leave_out: tuple[str, ...] = ()):
 def train_overrides(settings: dict[str, object]) -> dict[str, object]:
     """``{"lr": 0.001, "steps": None}`` -> ``{"train.lr": 0.001}`` (options not given are left
     out, so a preset's or config's value stays)."""
-    return {f"train.{name}": value for name, value in settings.items() if value is not None}
+    return {f"train.{name}": str(value).lower() if isinstance(value, bool) else value
+            for name, value in settings.items() if value is not None}

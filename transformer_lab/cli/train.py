@@ -17,6 +17,7 @@ from transformer_lab.cli.common import (
     Pe,
     Resume,
     Seeds,
+    TrustCode,
     launch,
     train_overrides,
     with_training_options,
@@ -27,6 +28,10 @@ Task = Annotated[str | None, typer.Option(
     "or copy.", show_default=False)]
 Optimizer = Annotated[str | None, typer.Option(
     "--optimizer", help="adamw (default), adam, sgd, muon (tlab list).", show_default=False)]
+Nproc = Annotated[int, typer.Option(
+    "--nproc", min=1, help="Train data-parallel on N processes of this machine (torchrun "
+    "--standalone; DDP, one GPU each, or gloo on the CPU): the global batch is split between "
+    "them; rank 0 writes the run directory (docs/scale.md).")]
 
 
 @with_training_options("train")
@@ -43,12 +48,16 @@ def train(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
+    nproc: Nproc = 1,
     **settings: object,
 ) -> None:
     """Train one configuration (default: a small decoder on Tiny Shakespeare, characters);
     held-out loss and perplexity (language tasks) or exact match (reverse, copy) every
     train.eval_every steps and at the end; writes metrics.csv, summary.csv and, with --seeds
-    N, seeds.csv (tlab report pairs the seeds of a sweep)."""
+    N, seeds.csv (tlab report pairs the seeds of a sweep). Every training setting is an option
+    (--lr sets train.lr)."""
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch, "task": task,
                "optimizer": optimizer, "routine.seeds": seeds, **train_overrides(settings)}
-    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir)
+    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir,
+           trust_code=trust_code, nproc=nproc)
