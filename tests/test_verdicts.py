@@ -85,7 +85,8 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
         "p_improvement_high", "seeds_needed", "paired_seeds", "note",
         "early_loss", "late_loss_std",  # the curve metrics came after the verdict columns
         "params_vs_baseline", "params_note",  # then tlab compare's
-        "seeds_used", "stopped_because", "e_value"]  # and --seeds auto's
+        "seeds_used", "stopped_because", "e_value",  # and --seeds auto's
+        "sequential_design"]  # and the group-sequential design's
     per_seed = read_csv(out / "compare_runs.csv")
     assert len(per_seed) == 21  # one row per (activation, seed)
     loss = {(r["activation"], int(r["seed"])): float(r["final_loss"]) for r in per_seed}
