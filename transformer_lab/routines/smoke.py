@@ -29,6 +29,11 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
+from transformer_lab.measures.gradient_flow import (
+    idle_module_hooks,
+    idle_parameters,
+    task_gradient,
+)
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -74,17 +79,28 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
+def probed_max_len(cfg: DictConfig) -> int | None:
+    """How far step 1 checks positions: ``routine.max_len``, else the ``max_len`` the PE's
+    constructor is given (``pe.max_len``: the documented contract, whether or not the module
+    keeps it as an attribute), else None (the PE's own ``max_len`` attribute, else 256)."""
+    if cfg.routine.get("max_len"):
+        return int(cfg.routine.max_len)
+    given = cfg.pe.get("max_len") if "pe" in cfg else None
+    return int(given) if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
     causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
-    control, bf16 behaviour). ``routine.max_len`` (default: the PE's own max_len, else 256) is
-    how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
+    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked;
+    ``train.precision`` says whether the run uses bf16. A failing
     row's detail ends with its culprit (``routines.attribution``: each component swapped for
     its group's default)."""
     clock = Stopwatch()
+    max_len = probed_max_len(cfg)
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
-        return model_properties(built, cfg.model.vocab_size, cfg.routine.get("max_len"),
+        return model_properties(built, cfg.model.vocab_size, max_len,
                                 str(cfg.train.get("precision", "fp32")))
 
     rows = [_property_row(r, model.pe_kind) for r in measure(model)]
@@ -124,11 +140,14 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     rows.append(CheckRow(1, "gradients_finite", status(not missing and not bad),
                          "params_without_grad", float(len(missing) + len(bad)), 0,
                          detail=", ".join(missing + bad)[:200] or "every parameter"))
+    rows.append(_property_row(task_gradient(model, [(batch.inputs, batch.targets)],
+                                            sequence_loss), model.pe_kind))
     params = count_parameters(model)
     formula = parameter_breakdown(cfg)["total"]
     rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
                          "params", float(params), formula,
-                         detail="custom component: no formula" if formula is None
+                         detail=f"no formula (a custom component declares no count): the model "
+                         f"has {params:,}" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
     wall = clock.lap()
     for row in rows[start:]:
@@ -178,7 +197,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     settings = train_settings(cfg)
     steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
-    rows, afters = [], {}
+    rows, afters, moved = [], {}, []
     with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
         for seed in seeds:  # one model in memory at a time (the pre-flight's estimate)
             if seed != seeds[0]:
@@ -186,17 +205,17 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                 generator = torch.Generator().manual_seed(seed)
                 batches = [task.train_batch(cfg.routine.batch_size, generator)
                            for _ in range(cfg.routine.n_batches)]
-            rows.append(_smoke_seed(cfg, model, task, settings, seed, batches,
-                                    TaggedLog(metrics, seed=seed) if several else metrics,
-                                    afters))
-    return rows, afters
+            log = TaggedLog(metrics, seed=seed) if several else metrics
+            rows.append(_smoke_seed(cfg, model, task, settings, seed, batches, log, afters,
+                                    moved if seed == seeds[0] else None))
+    return rows + moved, afters  # parameters_move: the first seed's
 
 
 def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: int,
-                fixed: list[Batch], metrics: CsvLog | TaggedLog,
-                afters: dict[int, float]) -> CheckRow:
+                fixed: list[Batch], metrics: CsvLog | TaggedLog, afters: dict[int, float],
+                moved: list[CheckRow] | None = None) -> CheckRow:
     """One seed's smoke training on its fixed batches and its check row (its loss after
-    training goes into ``afters``)."""
+    training goes into ``afters``; with ``moved``, its ``parameters_move`` row goes there)."""
     clock = Stopwatch()
     several = len(seed_list(cfg)) > 1
     trainer = Trainer(model, task, settings, seed, metrics)
@@ -205,8 +224,16 @@ def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: 
     # ratio after training hides a PE that swamped the tokens when training began
     ratio = pe_to_embedding_ratio(model, fixed[0])
     steps = int(cfg.routine.steps)
-    trainer.fit(steps, batches=fixed)
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    called, handles = idle_module_hooks(model)  # an expert no token chose may stay as it was
+    try:
+        trainer.fit(steps, batches=fixed)
+    finally:
+        for handle in handles:
+            handle.remove()
     wall = clock.lap()
+    if moved is not None:
+        moved.append(parameters_move(model, initial, idle_parameters(model, called)))
     after = afters[seed] = _fixed_loss(trainer, fixed)
     drop = (before - after) / before if before > 0 else 0.0
     ok = math.isfinite(after) and drop >= cfg.routine.min_drop
@@ -220,6 +247,26 @@ def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: 
         detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
     return CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else "smoke_loss_falls",
                     status(ok), "relative_drop", drop, cfg.routine.min_drop, wall, detail)
+
+
+def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
+                    idle: set[str] = frozenset()) -> CheckRow:
+    """Step 2: every trainable parameter of the (first seed's) model changed during the smoke
+    training, but those of modules that only ever ran on empty inputs (``idle``: an expert
+    no token chose). One that did not is outside the optimiser (created in ``forward`` after
+    the optimiser was built) or gets no gradient at any step; its name is given."""
+    still = [name for name, p in model.named_parameters() if p.requires_grad
+             and name not in idle
+             and (name not in initial or torch.equal(p.detach(), initial[name]))]
+    new = [name for name in still if name not in initial]
+    detail = "every trainable parameter changed"
+    if still:
+        detail = (f"{len(still)} trainable parameters did not change in training: "
+                  f"{', '.join(still[:4])}" + (f" ({', '.join(new[:2])} appeared during "
+                                                "training: the optimiser never saw it)"
+                                                if new else ""))
+    return CheckRow(2, "parameters_move", status(not still), "unchanged", float(len(still)), 0,
+                    detail=detail)
 
 
 def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
