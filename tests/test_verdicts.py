@@ -76,14 +76,17 @@ def test_comparison_statistics_agree_with_scipy_by_hand(tlab, tmp_path):
     assert code == 0, err
     rows = {r["activation"]: r for r in read_csv(out / "comparison.csv")}
     header = list(next(iter(rows.values())))
-    assert header[:len(OLD_COLUMNS)] == OLD_COLUMNS and header == COMPARISON_COLUMNS
-    assert header[len(OLD_COLUMNS):] == [
+    # the row's name first (variant, the varied KEY), then the old columns in their order
+    assert header[:2] == ["variant", "varied"] and header == COMPARISON_COLUMNS
+    assert header[2:len(OLD_COLUMNS) + 2] == OLD_COLUMNS
+    assert header[len(OLD_COLUMNS) + 2:] == [
         "final_loss_ci_low", "final_loss_ci_high", "diff_vs_baseline", "diff_ci_low",
         "diff_ci_high", "p_value", "p_adjusted", "verdict", "p_improvement", "p_improvement_low",
         "p_improvement_high", "seeds_needed", "paired_seeds", "note",
         "early_loss", "late_loss_std",  # the curve metrics came after the verdict columns
-        "variant", "varied", "params_vs_baseline", "params_note",  # then tlab compare's
-        "seeds_used", "stopped_because", "e_value"]  # and --seeds auto's
+        "params_vs_baseline", "params_note",  # then tlab compare's
+        "seeds_used", "stopped_because", "e_value",  # and --seeds auto's
+        "sequential_design"]  # and the group-sequential design's
     per_seed = read_csv(out / "compare_runs.csv")
     assert len(per_seed) == 21  # one row per (activation, seed)
     loss = {(r["activation"], int(r["seed"])): float(r["final_loss"]) for r in per_seed}

@@ -46,6 +46,51 @@ EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
                  "ray": "hydra_plugins.hydra_ray_launcher"}
 
 
+def nearest(name: str, candidates: list[str]) -> str | None:
+    """The candidate ``name`` most likely meant, or None: the same last word
+    (``learning_rate`` -> ``train.lr`` by its initials, ``lrr`` -> ``lr``, ``--batch`` ->
+    ``--batch-size``) by ``difflib``'s closest match, compared without leading dashes or the
+    dotted parent."""
+    import difflib
+    import re
+
+    def leaf(text: str) -> str:
+        return text.lstrip("-+~").rsplit(".", 1)[-1].replace("_", "-")
+
+    words = [w for w in re.split(r"[-_]", leaf(name)) if w]
+    by_leaf: dict[str, str] = {}
+    for candidate in candidates:
+        by_leaf.setdefault(leaf(candidate), candidate)
+    initials = "".join(w[0] for w in words)
+    if len(words) > 1 and initials in by_leaf:
+        return by_leaf[initials]
+    close = difflib.get_close_matches(leaf(name), list(by_leaf), n=1, cutoff=0.6)
+    if not close:  # a prefix (--batch for --batch-size)
+        close = [c for c in by_leaf if len(leaf(name)) >= 3 and c.startswith(leaf(name))][:1]
+    return by_leaf[close[0]] if close else None
+
+
+def refuse_unknown_options(args: list[str], options: dict[str, str | None],
+                           command: str) -> None:
+    """``ConfigError`` for the first argument among ``args`` (what Click passed on as
+    overrides) that looks like an option but is neither one of the command's ``options``
+    (name -> the override it sets, or None) nor Hydra's: it names the nearest option and its
+    override (``--lr`` / ``train.lr``)."""
+    flags, _ = split_arguments(args)
+    unknown = [f for f in flags if f.startswith("-") and f.split("=", 1)[0] not in HYDRA_FLAGS
+               and f.split("=", 1)[0] not in options]
+    if not unknown:
+        return
+    name = unknown[0].split("=", 1)[0]
+    guess = nearest(name, list(options))
+    if guess is None:
+        raise ConfigError(f"unknown option '{name}' for tlab {command}; its options are listed "
+                          f"by tlab {command} --help")
+    key = options[guess]
+    raise ConfigError(f"unknown option '{name}' for tlab {command}; did you mean {guess}"
+                      f"{f' (the override {key}=...)' if key else ''}?")
+
+
 def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
     """Separate Hydra flags (with their values) from overrides."""
     flags, overrides, i = [], [], 0
@@ -193,9 +238,11 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     dirs = user_config_dirs_of(flags)
     unknown = [f for f in flags if f.split("=", 1)[0] not in HYDRA_FLAGS and f.startswith("-")]
     if unknown:
-        raise ConfigError(f"unknown option '{unknown[0]}'; Hydra's flags are --multirun/-m, "
-                          "--cfg job|hydra|all, --info [topic], --resolve, --package; a "
-                          "command's own options are listed by --help")
+        guess = nearest(unknown[0].split("=", 1)[0], sorted(HYDRA_FLAGS))
+        raise ConfigError(f"unknown option '{unknown[0]}'"
+                          f"{f'; did you mean {guess}?' if guess else ''}; Hydra's flags are "
+                          "--multirun/-m, --cfg job|hydra|all, --info [topic], --resolve, "
+                          "--package; a command's own options are listed by --help")
     printing = [f for f in flags if f in ("--cfg", "-c", "--info", "-i")]
     multirun = any(f in ("-m", "--multirun") for f in flags)
     if printing and multirun:
@@ -336,5 +383,19 @@ def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
         return None
     keys = ", ".join(str(k) for k in node)
     where = parent or "the top level"
-    return (f"unknown key '{key}' ('{leaf}' is not in {where}; its keys: {keys}); "
+    guess = nearest(key, [f"{parent}.{k}" if parent else str(k) for k in node]) or \
+        nearest(key, _leaf_keys(cfg))
+    hint = f"; did you mean {guess}?" if guess else ""
+    return (f"unknown key '{key}'{hint} ('{leaf}' is not in {where}; its keys: {keys}); "
             f"to add a new key write +{key}=...")
+
+
+def _leaf_keys(cfg: DictConfig) -> list[str]:
+    """Every dotted key of ``cfg`` that holds a value (``train.lr``, ``model.d_model``)."""
+    from omegaconf import OmegaConf
+
+    def walk(node: dict, prefix: str) -> list[str]:
+        return [key for name, value in node.items() for key in (
+            walk(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"])]
+
+    return walk(OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]

@@ -8,6 +8,7 @@ Statuses: ``passed``, ``failed`` (a check failed), ``diverged`` (NaN/inf loss), 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ from transformer_lab.errors import (
     ConfigError,
     Diverged,
 )
-from transformer_lab.results.console import print_error
+from transformer_lab.results.console import print_error, print_final_line
 from transformer_lab.results.run_directory import SUMMARY_COLUMNS, RunDirectory
 from transformer_lab.routines import JobInputs
 
@@ -55,14 +56,15 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
     except ConfigError as exc:
         print_error(str(exc))
         return EXIT_USAGE
-    status, error, code, numbers = "error", None, EXIT_FAILED, {}
+    status, error, code, numbers, result = "error", None, EXIT_FAILED, {}, []
+    started = time.perf_counter()
     try:
         if inputs is None:
             inputs = preflight(cfg)  # also fills in model.vocab_size from the task
         with torch_threads(cfg.train.get("threads")):
             run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
             outcome = get_routine(cfg.routine.name)(cfg, run, inputs)
-        numbers = outcome.summary
+        numbers, result = outcome.summary, outcome.result
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
         run.info["objective"] = objective_value(cfg, run.path, numbers)  # for a search
         error = None if outcome.passed else outcome.message or None
@@ -89,7 +91,22 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
         print_error(f"{error} (set HYDRA_FULL_ERROR=1 for the traceback)")
     finally:
         _record(run, cfg, numbers, status, error, code)
+        if status != "interrupted":
+            print_final_line(str(cfg.routine.name).replace("_", "-"), FINAL_STATUS[status],
+                             result or final_numbers(numbers), time.perf_counter() - started)
     return code
+
+
+FINAL_STATUS = {"passed": "PASS", "failed": "FAIL", "diverged": "DIVERGED", "error": "ERROR"}
+# summary.csv numbers a final line names when the routine gives no counts (train, compare)
+FINAL_NUMBERS = {"final_loss": "held-out loss", "final_ppl": "ppl",
+                 "final_exact_match": "exact match"}
+
+
+def final_numbers(numbers: dict[str, Any]) -> list[str]:
+    """``{"final_loss": 1.2345, ...}`` -> ``["held-out loss 1.234", ...]``."""
+    return [f"{label} {float(numbers[key]):.4g}" for key, label in FINAL_NUMBERS.items()
+            if isinstance(numbers.get(key), int | float)]
 
 
 def _record(run: RunDirectory, cfg: DictConfig, numbers: dict[str, Any], status: str,

@@ -9,8 +9,9 @@ numbers (exit code 2) before anything is allocated; ``force=true`` (``--force``)
     evaluation       the held-out batch's largest layer, without gradients
     Python objects   about 256 KB per model (a tiny module alone measures 60 KB)
 
-times the models a routine holds in memory at once (``routines.workload``: its batch, lengths
-and models; smoke holds all its seeds, extrapolate evaluates at longer lengths).
+model state and Python objects times the models a routine holds in memory at once
+(``routines.workload``: its batch, lengths and models; extrapolate evaluates at longer lengths);
+activations once: models and seeds train one after another, never two steps at once.
 The estimate is rough on purpose: it refuses what cannot fit, not what is merely close.
 """
 
@@ -87,8 +88,8 @@ def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:
     parts = {
         "parameters": params,
         "model_state": models * params * BYTES_PER_PARAMETER,
-        "activations": models * (n_layers * _layer_bytes(cfg, batch, train_len)
-                                 + 3 * batch * train_len * vocab * 4),
+        "activations": n_layers * _layer_bytes(cfg, batch, train_len)
+        + 3 * batch * train_len * vocab * 4,  # one training step at a time
         "evaluation": _layer_bytes(cfg, eval_size, eval_len) + eval_size * eval_len * vocab * 4,
         "python_objects": models * OBJECT_BYTES_PER_MODEL,
     }
@@ -106,15 +107,24 @@ def _count(n: int) -> str:
     return f"{n:,}" if n < 10**13 else f"{n:.2e}"
 
 
+# The reversal check (reverse-task, validate's step 3) on a CPU: query-key pairs one training
+# step or held-out evaluation may attend over (sequences x length^2); past it, minutes each.
+CHECK_ROUTINES = ("reverse_task", "validate")
+CPU_CHECK_ATTENTION_PAIRS = 2**25
+
+
 def check_resources(cfg: DictConfig, task: Any) -> None:
     """Raise ``ConfigError`` with the numbers when the run cannot fit in memory (RAM, and the
-    GPU's free memory on CUDA), unless ``force`` is true."""
+    GPU's free memory on CUDA) or, a reversal check on a CPU, cannot finish in minutes; unless
+    ``force`` is true."""
     if _get(cfg, "force", False) is True:
         return
-    parts = estimate(cfg, task)
     from transformer_lab.training.distributed import resolve_device
 
     device = str(resolve_device(_get(cfg, "train.device", "cpu")))  # auto: cuda or cpu
+    if device == "cpu" and _get(cfg, "routine.name") in CHECK_ROUTINES:
+        check_attention_work(cfg, task)
+    parts = estimate(cfg, task)
     if device.startswith("cuda"):
         import torch
 
@@ -132,14 +142,44 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
 def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
     """The largest part of the estimate, naming the settings behind it."""
     load, m = workload(cfg, task), cfg.model
-    part = max(("model_state", "activations", "evaluation"), key=parts.__getitem__)
+    part = max(("model_state", "activations", "evaluation", "python_objects"),
+               key=parts.__getitem__)
+    held = f"{load.models} models held at once, each " if load.models > 1 else ""
+    if part == "python_objects":
+        return f"{held}{_gb(OBJECT_BYTES_PER_MODEL)} of Python objects"
     if part == "model_state":
-        return (f"{parts['parameters']:.3g} parameters (model.d_model={m.d_model}, "
+        return (f"{held}{parts['parameters']:.3g} parameters (model.d_model={m.d_model}, "
                 f"model.n_layers={m.n_layers})")
     if part == "activations":
-        return (f"training at {load.batch}x{load.train_len} tokens "
-                f"(task.seq_len={_get(cfg, 'task.seq_len', '?')})")
+        batch_key = "routine.batch_size" if _get(cfg, "routine.batch_size") == load.batch \
+            and _get(cfg, "train.batch_size") != load.batch else "train.batch_size"
+        return (f"training at {load.batch}x{load.train_len} tokens ({batch_key}={load.batch}, "
+                f"task.seq_len={_get(cfg, 'task.seq_len', '?')})")
     lens = _get(cfg, "routine.eval_lens")
     setting = f"routine.eval_lens={list(lens)}" if lens else "task.eval_size"
     return (f"evaluation at {_get(cfg, 'task.eval_size', load.batch)}x{load.eval_len} tokens "
             f"({setting})")
+
+
+
+def check_attention_work(cfg: DictConfig, task: Any) -> None:
+    """``ConfigError`` naming ``task.seq_len`` (``--seq-len``) and its largest value when a
+    training step (``train.batch_size`` sequences) or the held-out evaluation
+    (``task.eval_size``) attends over more than ``CPU_CHECK_ATTENTION_PAIRS`` query-key pairs."""
+    import math
+
+    load = workload(cfg, task)
+    eval_size = int(_get(cfg, "task.eval_size", load.batch))
+    key, sequences = max((("train.batch_size", load.batch), ("task.eval_size", eval_size)),
+                         key=lambda item: item[1])
+    pairs = sequences * load.train_len**2
+    if pairs <= CPU_CHECK_ATTENTION_PAIRS:
+        return
+    seq_len = int(_get(cfg, "task.seq_len", load.train_len))
+    per_token = load.train_len / seq_len  # a decoder reads source SEP target: 2x the tokens
+    longest = int(math.isqrt(CPU_CHECK_ATTENTION_PAIRS // sequences) / per_token)
+    raise ConfigError(
+        f"task.seq_len={seq_len} (--seq-len) is too long for the reversal check on a CPU: "
+        f"{key}={sequences} sequences attend over {sequences} x {load.train_len}^2 = "
+        f"{pairs:.2g} query-key pairs, the limit is {CPU_CHECK_ATTENTION_PAIRS:.2g} (minutes "
+        f"per step past it); use --seq-len {longest} or less, or --force")

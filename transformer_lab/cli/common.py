@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inspect import signature
+from inspect import Parameter, Signature, signature
 from pathlib import Path
 from typing import Annotated, NoReturn
 
@@ -81,6 +81,37 @@ def pass_hydra_flags(app: typer.Typer) -> None:
                                      **(info.context_settings or {})}
 
 
+# Flags every command takes that the Hydra app reads (``hydra_app.quieted`` / ``forced``).
+APP_FLAGS = ("-q", "--quiet", "--force")
+
+
+def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
+    """Exit 2 with one line naming the nearest option (and the override it sets) when an
+    argument Click passed on as an override is an option the command of ``experiment`` (its
+    name with '-' for '_') does not have."""
+    from transformer_lab.app.arguments import HYDRA_FLAGS, refuse_unknown_options, split_arguments
+    from transformer_lab.errors import EXIT_USAGE, ConfigError
+    from transformer_lab.results.console import print_error
+
+    flags, _ = split_arguments(overrides)
+    if all(flag.split("=", 1)[0] in HYDRA_FLAGS | set(APP_FLAGS) for flag in flags):
+        return
+    from transformer_lab.cli import app
+
+    name = experiment.replace("_", "-")
+    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    known: dict[str, str | None] = dict.fromkeys(APP_FLAGS)
+    for param in command.params:
+        panel = getattr(param, "rich_help_panel", None)
+        known.update({option: f"train.{param.name}" if panel == TRAINING_PANEL else None
+                      for option in param.opts + param.secondary_opts})
+    try:
+        refuse_unknown_options(overrides, known, name)
+    except ConfigError as exc:
+        print_error(str(exc))
+        raise typer.Exit(EXIT_USAGE) from None
+
+
 def hydra_list(text: str | None) -> str | None:
     """``"1x, 2x,4x"`` -> ``"[1x,2x,4x]"`` (a Hydra list override value); None stays None."""
     if text is None:
@@ -103,6 +134,7 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
     on with from its checkpoint (``--resume``; the app tells which). ``trust_code``: a run read
     (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``).
     ``nproc`` > 1: the app on that many processes (``training.distributed.launch``)."""
+    refuse_unknown_options(experiment, overrides or [])
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
         args += ["--resume", str(resume)]
@@ -122,3 +154,117 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
     with trusting_code(trust_code):
         code = main(args)
     raise typer.Exit(code)
+
+
+# --- The training settings as options: one per field of training.trainer.TrainSettings ------
+
+TRAINING_PANEL = "Training settings (train.*)"
+_NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer group (--optimizer)
+
+
+def train_settings_fields() -> list[tuple[str, str]]:
+    """``(name, annotation)`` of each ``TrainSettings`` field a user sets (``train.<name>``),
+    read from the dataclass's source: importing it would import torch into every command."""
+    import ast
+
+    source = Path(__file__).parents[1] / "training" / "trainer.py"
+    tree = ast.parse(source.read_text(encoding="utf-8"))
+    spec = next(node for node in tree.body
+                if isinstance(node, ast.ClassDef) and node.name == "TrainSettings")
+    return [(node.target.id, ast.unparse(node.annotation)) for node in spec.body
+            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
+            and node.target.id not in _NOT_OPTIONS]
+
+
+def train_yaml_defaults(experiment: str) -> tuple[dict[str, object], dict[str, str]]:
+    """The ``train.*`` values an experiment runs with (``configs/train/default.yaml`` under
+    ``configs/experiment/<experiment>.yaml``'s ``train:``) and each key's comment in
+    ``configs/train/default.yaml`` (its description)."""
+    import re
+
+    import yaml
+
+    from transformer_lab.config.tree import CONFIG_DIR
+
+    default_file = CONFIG_DIR / "train" / "default.yaml"
+    text = default_file.read_text(encoding="utf-8")
+    values = dict(yaml.safe_load(text))
+    experiment_file = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
+    if experiment_file.is_file():
+        values.update((yaml.safe_load(experiment_file.read_text(encoding="utf-8")) or {})
+                      .get("train") or {})
+    comments: dict[str, str] = {}
+    key = None
+    for line in text.splitlines():
+        if match := re.match(r"^(\w+):[^#]*(?:#\s*(.*))?$", line):
+            key = match.group(1)
+            comments[key] = (match.group(2) or "").strip()
+        elif key and (match := re.match(r"^\s+#\s*(.*)$", line)):  # a comment's next line
+            comments[key] = f"{comments[key]} {match.group(1).strip()}".strip()
+    return values, comments
+
+
+def _number_or_null(kind: type) -> object:
+    """A parser for an optional number option: ``null`` (the setting off) or a ``kind``."""
+    def parse(text: str) -> str:
+        if text.lower() in ("null", "none"):
+            return "null"
+        try:
+            kind(text)
+        except ValueError:
+            raise typer.BadParameter(f"'{text}' is not a {kind.__name__} or null") from None
+        return text
+    return parse
+
+
+def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[Parameter]:
+    """One keyword parameter per ``TrainSettings`` field (``--batch-size`` for ``batch_size``)
+    with its type, the default ``experiment`` runs with and its YAML comment as help; each sets
+    ``train.<field>`` (``train_overrides``). ``leave_out``: fields the command sets otherwise."""
+    kinds = {"int": int, "float": float, "str": str, "bool": bool}
+    defaults, comments = train_yaml_defaults(experiment)
+    parameters = []
+    for name, annotation in train_settings_fields():
+        if name in leave_out:
+            continue
+        base, _, optional = annotation.partition(" | ")
+        kind = kinds.get(base, str)
+        value = defaults.get(name)
+        shown = "null" if value is None else str(value).lower() if isinstance(value, bool) \
+            else str(value)
+        help_text = f"{comments.get(name) or name.replace('_', ' ')} (train.{name}, default " \
+                    f"{shown})."
+        flag = f"--{name.replace('_', '-')}"
+        if kind is bool:  # --compile / --no-compile
+            flag = f"{flag}/--no-{name.replace('_', '-')}"
+        if optional:
+            option = typer.Option(flag, help=help_text,
+                                  show_default=False, rich_help_panel=TRAINING_PANEL,
+                                  metavar=f"{kind.__name__.upper()}|null",
+                                  parser=_number_or_null(kind))
+            kind = str
+        else:
+            option = typer.Option(flag, help=help_text,
+                                  show_default=False, rich_help_panel=TRAINING_PANEL)
+        parameters.append(Parameter(name, Parameter.KEYWORD_ONLY, default=None,
+                                    annotation=Annotated[kind | None, option]))
+    return parameters
+
+
+def with_training_options(experiment: str, leave_out: tuple[str, ...] = ()):
+    """Decorate a command that takes ``**settings``: its signature (what Typer reads) gains
+    ``training_options(experiment, leave_out)`` in place of ``**settings``."""
+    def add(command):
+        params = [p for p in signature(command, eval_str=True).parameters.values()
+                  if p.kind is not Parameter.VAR_KEYWORD]
+        positional = [p.replace(kind=Parameter.KEYWORD_ONLY) for p in params]
+        command.__signature__ = Signature(positional + training_options(experiment, leave_out))
+        return command
+    return add
+
+
+def train_overrides(settings: dict[str, object]) -> dict[str, object]:
+    """``{"lr": 0.001, "steps": None}`` -> ``{"train.lr": 0.001}`` (options not given are left
+    out, so a preset's or config's value stays)."""
+    return {f"train.{name}": str(value).lower() if isinstance(value, bool) else value
+            for name, value in settings.items() if value is not None}

@@ -14,6 +14,8 @@ from transformer_lab.cli.common import (
     Resume,
     SeedsOrAuto,
     launch,
+    train_overrides,
+    with_training_options,
 )
 
 Vary = Annotated[list[str] | None, typer.Option(
@@ -56,6 +58,7 @@ def refuse(message: str) -> NoReturn:
     raise typer.Exit(EXIT_USAGE)
 
 
+@with_training_options("compare", leave_out=("steps",))
 def compare(
     overrides: Overrides = None,
     vary: Vary = None,
@@ -66,11 +69,12 @@ def compare(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    **settings: object,
 ) -> None:
     """Train the same run once per value of --vary KEY=V1,V2,... (same model, seeds, data order
     and, where shapes allow, initial weights; default setup: tlab train's small decoder on Tiny
     Shakespeare); writes comparison.csv (a verdict per variant against the baseline, paired by
     seed), compare_runs.csv and loss_curves.png."""
     options = {**vary_overrides(vary), "routine.baseline": baseline, "routine.steps": steps,
-               "routine.seeds": seeds}
+               "routine.seeds": seeds, **train_overrides(settings)}
     launch("compare", options, overrides, multirun, out, resume=resume, config_dir=config_dir)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import re
+from pathlib import Path
 
 import typer
 
@@ -10,9 +10,8 @@ from transformer_lab.cli.common import ConfigDir
 
 
 def list_choices(config_dir: ConfigDir = None) -> None:
-    """Print every available choice of every config group (default marked *), your own config
-    tree's (--config-dir) included."""
-    from rich.console import Console
+    """Print every available choice of every config group, your own config tree's
+    (--config-dir) included, then the choices each command runs with by default."""
     from rich.table import Table
 
     from transformer_lab.config.tree import (
@@ -22,7 +21,7 @@ def list_choices(config_dir: ConfigDir = None) -> None:
         old_group_folder_notes,
     )
     from transformer_lab.errors import EXIT_USAGE
-    from transformer_lab.results.console import print_error, print_warning
+    from transformer_lab.results.console import print_error, print_table, print_warning
 
     if config_dir is not None and not config_dir.is_dir():
         print_error(f"--config-dir '{config_dir}' is not a directory; give a folder holding "
@@ -31,13 +30,65 @@ def list_choices(config_dir: ConfigDir = None) -> None:
     user_dirs = [config_dir.resolve()] if config_dir is not None else []
     for note in old_group_folder_notes(user_dirs):
         print_warning(note)
-    defaults = dict(re.findall(r"^\s*-\s*(\w+):\s*(\w+)", (CONFIG_DIR / "config.yaml").read_text(),
-                               re.MULTILINE))
     table = Table(title=f"config groups ({', '.join(map(str, [CONFIG_DIR, *user_dirs]))})")
-    table.add_column("group")
-    table.add_column("choices (* default)")
+    table.add_column("group", no_wrap=True)
+    table.add_column("choices")
     for group in GROUPS:
-        choices = [f"{c}*" if defaults.get(group) == c else c
-                   for c in group_choices(group, user_dirs)]
-        table.add_row(group, ", ".join(choices))
-    Console().print(table)
+        table.add_row(group, ", ".join(group_choices(group, user_dirs)))
+    print_table(table)
+    print_table(defaults_table(command_defaults()))
+
+
+def command_defaults() -> dict[str, dict[str, str]]:
+    """Each command's choice of every group (``{"train": {"model": "small", ...}}``):
+    ``configs/config.yaml``'s defaults list, then its experiment's ``override /group: choice``
+    entries, after those of the experiments it builds on (``- train`` in compare.yaml)."""
+    import yaml
+
+    from transformer_lab.config.tree import CONFIG_DIR
+
+    def read(path: Path) -> dict:
+        return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+    def entries(path: Path) -> list:
+        return read(path).get("defaults") or []
+
+    top = {group: choice for entry in entries(CONFIG_DIR / "config.yaml")
+           if isinstance(entry, dict) for group, choice in entry.items()
+           if group not in ("experiment", "preset")}
+
+    def apply(experiment: str, choices: dict[str, str]) -> dict[str, str]:
+        path = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
+        for entry in entries(path):
+            if isinstance(entry, str) and entry != "_self_":
+                apply(entry, choices)  # an experiment this one builds on
+            elif isinstance(entry, dict):
+                choices.update({key.split("/")[-1]: str(value) for key, value in entry.items()
+                                if key.startswith("override /")})
+        width = (read(path).get("model") or {}).get("d_model")  # its own size, if it sets one
+        choices["d_model"] = str(width or choices.get("d_model") or
+                                 read(CONFIG_DIR / "model" / f"{choices['model']}.yaml")["d_model"])
+        return choices
+
+    return {path.stem.replace("_", "-"): apply(path.stem, dict(top))
+            for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))}
+
+
+def defaults_table(defaults: dict[str, dict[str, str]]):
+    """A column per group whose default differs between commands; the shared ones in the
+    caption."""
+    from rich import box
+    from rich.table import Table
+
+    first = next(iter(defaults.values()))
+    varying = [g for g in first if len({d.get(g) for d in defaults.values()}) > 1]
+    shared = " ".join(f"{g}={first[g]}" for g in first if g not in varying)
+    table = Table(title="each command's defaults (tlab run: validate's)",
+                  caption=f"every command: {shared}", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1, 0, 0))
+    table.add_column("command", no_wrap=True)
+    for group in varying:
+        table.add_column(group, no_wrap=True)
+    for command, choices in defaults.items():
+        table.add_row(command, *(choices[g] for g in varying))
+    return table

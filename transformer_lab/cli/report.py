@@ -3,6 +3,7 @@ DIR (a sweep or any folder of runs). The work is in ``transformer_lab.results.re
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated
 
@@ -29,10 +30,17 @@ def report(
     baseline group, paired by seed), report-<metric>.png and report-loss.png; an earlier
     report is never overwritten (the next one is report-2.*)."""
     from transformer_lab.errors import EXIT_USAGE, ConfigError
-    from transformer_lab.results.console import console, print_error, print_warning
+    from transformer_lab.results.console import (
+        console,
+        print_error,
+        print_final_line,
+        print_table,
+        print_warning,
+    )
     from transformer_lab.results.report import make_report, rich_table
     from transformer_lab.results.verdicts import verdict_lines
 
+    started = time.perf_counter()
     try:
         result = make_report(directory, out, metric, baseline)
     except ConfigError as exc:
@@ -40,7 +48,7 @@ def report(
         raise typer.Exit(EXIT_USAGE) from None
     for path, why in result.gathered.skipped:
         print_warning(f"skipped {path}: {why}")
-    console.print(rich_table(result))
+    print_table(rich_table(result))
     keys = result.gathered.group_keys or ["group"]
     for line in verdict_lines(result.pivot, keys, result.metric or ""):
         console.print(line, highlight=False, markup=False)
@@ -51,4 +59,7 @@ def report(
 
     trials = write_study_report(directory, out or directory)  # an Optuna search: its trials
     console.print("wrote " + ", ".join(str(p) for p in [*result.files, *([trials] if trials
-                                                                         else [])]))
+                                                                         else [])]),
+                  soft_wrap=True)  # paths whole
+    print_final_line("report", "done", [f"{len(result.gathered.runs)} runs"],
+                     time.perf_counter() - started)

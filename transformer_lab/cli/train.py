@@ -19,6 +19,8 @@ from transformer_lab.cli.common import (
     Seeds,
     TrustCode,
     launch,
+    train_overrides,
+    with_training_options,
 )
 
 Task = Annotated[str | None, typer.Option(
@@ -30,11 +32,9 @@ Nproc = Annotated[int, typer.Option(
     "--nproc", min=1, help="Train data-parallel on N processes of this machine (torchrun "
     "--standalone; DDP, one GPU each, or gloo on the CPU): the global batch is split between "
     "them; rank 0 writes the run directory (docs/scale.md).")]
-Steps = Annotated[int | None, typer.Option(
-    "--steps", min=1, help="Training steps per seed (train.steps, default 300).",
-    show_default=False)]
 
 
+@with_training_options("train")
 def train(
     overrides: Overrides = None,
     pe: Pe = None,
@@ -43,7 +43,6 @@ def train(
     arch: Arch = None,
     task: Task = None,
     optimizer: Optimizer = None,
-    steps: Steps = None,
     seeds: Seeds = None,
     config_dir: ConfigDir = None,
     multirun: Multirun = False,
@@ -51,12 +50,14 @@ def train(
     resume: Resume = None,
     trust_code: TrustCode = False,
     nproc: Nproc = 1,
+    **settings: object,
 ) -> None:
     """Train one configuration (default: a small decoder on Tiny Shakespeare, characters);
     held-out loss and perplexity (language tasks) or exact match (reverse, copy) every
     train.eval_every steps and at the end; writes metrics.csv, summary.csv and, with --seeds
-    N, seeds.csv (tlab report pairs the seeds of a sweep)."""
+    N, seeds.csv (tlab report pairs the seeds of a sweep). Every training setting is an option
+    (--lr sets train.lr)."""
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch, "task": task,
-               "optimizer": optimizer, "train.steps": steps, "routine.seeds": seeds}
+               "optimizer": optimizer, "routine.seeds": seeds, **train_overrides(settings)}
     launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir,
            trust_code=trust_code, nproc=nproc)

@@ -46,13 +46,39 @@ def status(ok: bool) -> str:
 
 
 def check_table(rows: list[CheckRow], title: str) -> Table:
-    table = Table(title=title)
-    for column in ("step", "check", "status", "value", "threshold", "detail"):
-        table.add_column(column, overflow="fold")
+    """The PASS/FAIL table: a name never wraps; below ``console.NARROW`` columns each row's
+    detail goes on a line of its own under the check's name instead of a narrow column."""
+    from rich import box
+    from rich.text import Text
+
+    from transformer_lab.results.console import NARROW, console
+
+    stacked = console.width < NARROW
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    table.add_column("step", no_wrap=True)
+    table.add_column("check", no_wrap=not stacked,
+                     min_width=max((len(row.check) for row in rows), default=5))
+    for column in ("status", "value", "threshold"):
+        table.add_column(column, no_wrap=True, justify="right" if column == "value" else "left")
+    if not stacked:
+        table.add_column("detail", overflow="fold")
     colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
     for row in rows:
         value = "" if row.value is None or (isinstance(row.value, float)
                                             and math.isnan(row.value)) else f"{row.value:.4g}"
-        table.add_row(str(row.step), row.check, f"[{colours[row.status]}]{row.status}[/]", value,
-                      "" if row.threshold is None else str(row.threshold), row.detail)
+        cells = [str(row.step), row.check, f"[{colours[row.status]}]{row.status}[/]", value,
+                 "" if row.threshold is None else str(row.threshold)]
+        if not stacked:
+            table.add_row(*cells, row.detail)
+            continue
+        table.add_row(*cells)
+        if row.detail:
+            table.add_row("", Text(row.detail, style="dim", overflow="fold"), "", "", "")
     return table
+
+
+def check_counts(statuses: list[str]) -> list[str]:
+    """``["PASS", "SKIP", "FAIL"]`` -> ``["3 checks", "1 FAIL", "1 SKIP"]`` (a final line's)."""
+    counts = [f"{statuses.count(kind)} {kind}" for kind in ("FAIL", "SKIP")
+              if kind in statuses]
+    return [f"{len(statuses)} check{'s' if len(statuses) != 1 else ''}", *counts]

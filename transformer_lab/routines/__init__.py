@@ -59,6 +59,7 @@ class RoutineOutcome:
     passed: bool
     summary: dict[str, Any] = field(default_factory=dict)  # summary.csv fields
     message: str = ""
+    result: list[str] = field(default_factory=list)  # the final line's counts ("26 checks")
 
 
 def get_routine(name: str) -> Callable[..., RoutineOutcome]:

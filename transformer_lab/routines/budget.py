@@ -31,6 +31,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
+from rich import box
 from rich.table import Table
 from torch import nn
 
@@ -55,7 +56,8 @@ from transformer_lab.measures.parameters import (
     training_flops_per_token,
 )
 from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.results.console import console
+from transformer_lab.results.check_rows import check_counts
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 
@@ -367,7 +369,7 @@ def article_rows() -> list[BudgetRow]:
 
 
 def budget_table(rows: list[BudgetRow], title: str) -> Table:
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for column in ("component", "scope", "expected", "measured", "unit", "status"):
         table.add_column(column, justify="right" if column in ("expected", "measured") else "left")
     colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INFO": "dim",
@@ -406,7 +408,7 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
     rows += flop_rows(cfg, model, seq_len, measure)
     rows += article_rows()
     run.write_table("budget", [r.as_row() for r in rows], BUDGET_COLUMNS)
-    console.print(budget_table(rows, f"tlab budget - {run.path}"))
+    print_table(budget_table(rows, f"tlab budget - {run.path}"))
     failed = [f"{r.component} ({r.scope})" for r in rows if r.status == "FAIL"]
     total = next(r.measured for r in rows if r.component == "total")
     return RoutineOutcome(
@@ -414,4 +416,5 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
         summary={"params": total, "seq_len": seq_len, "vocab_size": vocab,
                  "wall_s": time.perf_counter() - started},
         message="" if not failed else "formula and model disagree: " + ", ".join(failed),
+        result=check_counts([r.status for r in rows if r.status in ("PASS", "FAIL", "SKIP")]),
     )

@@ -39,6 +39,7 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
+from rich import box
 from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
@@ -55,8 +56,8 @@ from transformer_lab.measures.properties import (
     swap_attention_error,
 )
 from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
-from transformer_lab.results.console import console
+from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_counts, status
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import with_choice
@@ -384,9 +385,9 @@ def trained_swap_check(cfg: DictConfig, model: TransformerModel, tokens: torch.T
 
 
 def component_check_table(rows: list[ComponentCheck], title: str) -> Table:
-    table = Table(title=title)
+    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
     for column in ("check", "component", "status", "value", "tolerance"):
-        table.add_column(column, overflow="fold")
+        table.add_column(column, no_wrap=column in ("check", "status"))
     colours = {"PASS": "green", "FAIL": "bold red"}
     for row in rows:
         table.add_row(row.check, row.component, f"[{colours[row.status]}]{row.status}[/]",
@@ -426,7 +427,8 @@ def run_check(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                 row.wall_s = (time.perf_counter() - clock) / len(new)
                 table.write(row.as_row())
             rows += new
-    console.print(component_check_table(rows, f"tlab check - {run.path}"))
+    print_table(component_check_table(rows, f"tlab check - {run.path}"))
     failed = [f"{r.check} ({r.component})" for r in rows if not r.passed]
     return RoutineOutcome(passed=not failed, summary={"wall_s": time.perf_counter() - started},
-                          message="" if not failed else "failed: " + ", ".join(failed))
+                          message="" if not failed else "failed: " + ", ".join(failed),
+                          result=check_counts([r.status for r in rows]))

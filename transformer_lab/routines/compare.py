@@ -105,7 +105,7 @@ from transformer_lab.measures.statistics import (
 )
 from transformer_lab.model import build_checked_model, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
-from transformer_lab.results.console import console
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
@@ -477,11 +477,11 @@ SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 PARAMS_TOLERANCE = 0.05  # variants whose parameter count differs more from the baseline's: flagged
 
 # The columns of compare-activations first, in their order; then a comparison's own.
-COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel_speed",
-                      "final_loss", "final_ppl", "grad_norm_mean", "grad_norm_std",
-                      "steps_to_target", "seeds", "loss_target", "final_loss_std",
-                      "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
-                      *VERDICT_COLUMNS, "early_loss", "late_loss_std", "variant", "varied",
+COMPARISON_COLUMNS = ["variant", "varied", "activation", "params", "ffn_params",
+                      "tokens_per_s", "rel_speed", "final_loss", "final_ppl", "grad_norm_mean",
+                      "grad_norm_std", "steps_to_target", "seeds", "loss_target",
+                      "final_loss_std", "first_loss", "steps", "final_loss_ci_low",
+                      "final_loss_ci_high", *VERDICT_COLUMNS, "early_loss", "late_loss_std",
                       "params_vs_baseline", "params_note", "seeds_used", "stopped_because",
                       "e_value", "sequential_design"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
@@ -852,7 +852,7 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
                      f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")
     command = "compare-activations" if vary.option == "--activations" else \
         f"compare --vary {vary.key}"
-    console.print(comparison_table(rows, f"tlab {command} - {run.path}"))
+    print_table(comparison_table(rows, f"tlab {command} - {run.path}"))
     for row in rows:
         if row.get("params_note"):
             console.print(f"! {vary.key}={row['variant']}: {row['params_note']}",

@@ -71,8 +71,14 @@ from transformer_lab.measures.statistics import (
     verdict_table,
 )
 from transformer_lab.model import build_model
-from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_table, status
-from transformer_lab.results.console import console
+from transformer_lab.results.check_rows import (
+    CheckRow,
+    Stopwatch,
+    check_counts,
+    check_table,
+    status,
+)
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
@@ -346,13 +352,14 @@ def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> R
     run.write_table("reverse", table, REVERSE_COLUMNS)
     if len(per_seed := seed_rows(runs)) > 1:
         run.write_table("seeds", per_seed)
-    console.print(check_table(rows, f"tlab reverse-task - {run.path}"))
+    print_table(check_table(rows, f"tlab reverse-task - {run.path}"))
     if (line := verdict_line(table)) is not None:
         console.print(line, highlight=False, markup=False)
     failed = [r for r in rows if not r.passed]
     summary = {**reversal_summary(runs), "wall_s": clock.lap()}
     message = "; ".join(f"{r.check}: {r.detail}" for r in failed)
-    return RoutineOutcome(passed=not failed, summary=summary, message=message)
+    return RoutineOutcome(passed=not failed, summary=summary, message=message,
+                          result=check_counts([r.status for r in rows]))
 
 
 # What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.

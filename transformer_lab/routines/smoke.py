@@ -42,10 +42,11 @@ from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,
     CheckRow,
     Stopwatch,
+    check_counts,
     check_table,
     status,
 )
-from transformer_lab.results.console import console
+from transformer_lab.results.console import print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
@@ -191,53 +192,61 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     and fixed batches of its own single run (``model`` and ``batches`` are the first seed's):
     one check row per seed, metrics rows with a ``seed`` column. Returns the rows and each
     seed's loss on its fixed batches after training (seed -> loss)."""
-    clock = Stopwatch()
     seeds = seed_list(cfg)
     several = len(seeds) > 1
-    models = [model, *(build_model(cfg, seed=seed) for seed in seeds[1:])]
-    fixed = {seeds[0]: batches}
-    for seed in seeds[1:]:
-        generator = torch.Generator().manual_seed(seed)
-        fixed[seed] = [task.train_batch(cfg.routine.batch_size, generator)
-                       for _ in range(cfg.routine.n_batches)]
     settings = train_settings(cfg)
-    trainers = {s: Trainer(m, task, settings, s, TaggedLog(metrics, seed=s) if several
-                           else metrics) for s, m in zip(seeds, models, strict=True)}
-    before = {s: _fixed_loss(trainers[s], fixed[s]) for s in seeds}
-    # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
-    # ratio after training hides a PE that swamped the tokens when training began
-    ratios = {s: pe_to_embedding_ratio(m, fixed[s][0]) for s, m in zip(seeds, models, strict=True)}
     steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
+    rows, afters, moved = [], {}, []
+    with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
+        for seed in seeds:  # one model in memory at a time (the pre-flight's estimate)
+            if seed != seeds[0]:
+                model = build_model(cfg, seed=seed)
+                generator = torch.Generator().manual_seed(seed)
+                batches = [task.train_batch(cfg.routine.batch_size, generator)
+                           for _ in range(cfg.routine.n_batches)]
+            log = TaggedLog(metrics, seed=seed) if several else metrics
+            rows.append(_smoke_seed(cfg, model, task, settings, seed, batches, log, afters,
+                                    moved if seed == seeds[0] else None))
+    return rows + moved, afters  # parameters_move: the first seed's
+
+
+def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: int,
+                fixed: list[Batch], metrics: CsvLog | TaggedLog, afters: dict[int, float],
+                moved: list[CheckRow] | None = None) -> CheckRow:
+    """One seed's smoke training on its fixed batches and its check row (its loss after
+    training goes into ``afters``; with ``moved``, its ``parameters_move`` row goes there)."""
+    clock = Stopwatch()
+    several = len(seed_list(cfg)) > 1
+    trainer = Trainer(model, task, settings, seed, metrics)
+    before = _fixed_loss(trainer, fixed)
+    # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
+    # ratio after training hides a PE that swamped the tokens when training began
+    ratio = pe_to_embedding_ratio(model, fixed[0])
+    steps = int(cfg.routine.steps)
     initial = {name: p.detach().clone() for name, p in model.named_parameters()}
     called, handles = idle_module_hooks(model)  # an expert no token chose may stay as it was
     try:
-        with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
-            for seed in seeds:
-                trainers[seed].fit(steps, batches=fixed[seed])
+        trainer.fit(steps, batches=fixed)
     finally:
         for handle in handles:
             handle.remove()
-    wall = clock.lap() / len(seeds)
-    rows, afters = [], {}
-    for seed, trained in zip(seeds, models, strict=True):
-        after = afters[seed] = _fixed_loss(trainers[seed], fixed[seed])
-        drop = (before[seed] - after) / before[seed] if before[seed] > 0 else 0.0
-        ok = math.isfinite(after) and drop >= cfg.routine.min_drop
-        detail = (f"seed {seed}: loss {before[seed]:.4f} -> {after:.4f}" if several
-                  else f"loss {before[seed]:.4f} -> {after:.4f} in {steps} steps")
-        ratio = ratios[seed]
-        if not ok:
-            detail += f"; {diagnose(cfg, trained, fixed[seed][0], drop, ratio)}"
-        elif ratio is not None and ratio > PE_SWAMP_RATIO:
-            detail += f"; but {swamp_hint(cfg, ratio)}"
-        elif ratio is not None:
-            detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
-        rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
-                             "smoke_loss_falls", status(ok), "relative_drop", drop,
-                             cfg.routine.min_drop, wall, detail))
-    rows.append(parameters_move(model, initial, idle_parameters(model, called)))
-    return rows, afters
+    wall = clock.lap()
+    if moved is not None:
+        moved.append(parameters_move(model, initial, idle_parameters(model, called)))
+    after = afters[seed] = _fixed_loss(trainer, fixed)
+    drop = (before - after) / before if before > 0 else 0.0
+    ok = math.isfinite(after) and drop >= cfg.routine.min_drop
+    detail = (f"seed {seed}: loss {before:.4f} -> {after:.4f}" if several
+              else f"loss {before:.4f} -> {after:.4f} in {steps} steps")
+    if not ok:
+        detail += f"; {diagnose(cfg, model, fixed[0], drop, ratio)}"
+    elif ratio is not None and ratio > PE_SWAMP_RATIO:
+        detail += f"; but {swamp_hint(cfg, ratio)}"
+    elif ratio is not None:
+        detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
+    return CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else "smoke_loss_falls",
+                    status(ok), "relative_drop", drop, cfg.routine.min_drop, wall, detail)
 
 
 def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
@@ -273,8 +282,8 @@ SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSI
 
 
 def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
-    """Every seed's model is built up front (with its fixed batches of ``routine.batch_size``)."""
-    return replace(default, models=len(seed_list(cfg)), batch=int(cfg.routine.batch_size))
+    """One model at a time (seeds train one after another) at ``routine.batch_size``."""
+    return replace(default, batch=int(cfg.routine.batch_size))
 
 
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
@@ -305,7 +314,7 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     if len(losses) > 1:
         run.write_table("seeds", seed_rows(cfg, losses))
-    console.print(check_table(rows, f"tlab smoke - {run.path}"))
+    print_table(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)
     failed = [r.check for r in rows if not r.passed]
     return RoutineOutcome(
@@ -313,6 +322,7 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
                  "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
         message="" if passed else f"failed: {', '.join(failed)}",
+        result=check_counts([r.status for r in rows]),
     )
 
 

@@ -59,7 +59,7 @@ from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
-from transformer_lab.results.console import console
+from transformer_lab.results.console import print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import (
     CHECKPOINT_FILE,
@@ -419,8 +419,8 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                    peak_flop_per_s=utilisation.peak, peak_source=utilisation.source)
     run.info.update(device=str(utilisation.device), world_size=utilisation.ranks)
     rows = per_seed + ([{"seed": "mean", **summary}] if len(per_seed) > 1 else [])
-    console.print(train_table(rows, f"tlab train - {run.path}",
-                              f"{describe_run(cfg, trained[0].params)}\n{utilisation.caption()}"))
+    print_table(train_table(rows, f"tlab train - {run.path}",
+                            f"{describe_run(cfg, trained[0].params)}\n{utilisation.caption()}"))
     finite = all(math.isfinite(s.result.final_loss) for s in trained)
     summary["wall_s"] = clock.lap()
     return RoutineOutcome(passed=finite, summary=summary,

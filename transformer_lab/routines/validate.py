@@ -49,8 +49,14 @@ from omegaconf import DictConfig
 from transformer_lab.config.schema import Rule
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
-from transformer_lab.results.check_rows import CHECK_COLUMNS, CheckRow, Stopwatch, check_table
-from transformer_lab.results.console import console
+from transformer_lab.results.check_rows import (
+    CHECK_COLUMNS,
+    CheckRow,
+    Stopwatch,
+    check_counts,
+    check_table,
+)
+from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
@@ -376,7 +382,7 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
         if beside is not None:
             beside.cancel()  # not collected (step 1 failed, Ctrl-C, an error): stop it
 
-    console.print(check_table(rows, f"tlab validate - {run.path}"))
+    print_table(check_table(rows, f"tlab validate - {run.path}"))
     failed_steps = sorted({row.step for row in rows if not row.passed})
     for step in failed_steps:
         if step == 3 and reverse_task.pe_label(cfg) == "none":
@@ -389,4 +395,5 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
     summary = {**summary, "wall_s": total.lap()}
     message = "; ".join(f"step {row.step} {row.check}: {row.detail}"
                         for row in rows if not row.passed)
-    return RoutineOutcome(passed=passed, summary=summary, message=message)
+    return RoutineOutcome(passed=passed, summary=summary, message=message,
+                          result=check_counts([row.status for row in rows]))
