@@ -60,7 +60,8 @@ def _is_hydra_override(override: str) -> bool:
 
 
 _DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir",
-                      f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}")
+                      f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}",
+                      "hydra.job.env_set.HYDRA_FULL_ERROR")
 
 
 def is_run_directory(path: Path) -> bool:

@@ -5,7 +5,7 @@ The tree lives in ``configs/`` at the repository root and is copied into the whe
 (``--config-dir``) are searched after it; in them a folder with a group's old name
 (``GROUP_ALIASES``: ``activation/``, ``norm/``) still holds choices of the new group until tlab
 0.3. The Python API's components are choices offered in this process, with no file
-(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``config_store_choices``),
+(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``store_choices``),
 as no folder of the group's name has them.
 """
 
@@ -101,13 +101,17 @@ def old_group_folder_notes(user_dirs: Iterable[Path | str]) -> list[str]:
             "old name works until tlab 0.3)" for folder in old_group_folders(user_dirs)]
 
 
-def config_store_choices(
-        user_dirs: Iterable[Path | str]) -> dict[str, dict[str, Path | dict[str, Any]]]:
-    """Group -> choice -> file or node of the choices that no folder of the group's name holds:
+def store_choices(user_dirs: Iterable[Path | str]) -> None:
+    """Offer in Hydra's ConfigStore the choices that no folder of the group's name holds:
     those of old-named folders (the first tree's where several have one) and those offered in
-    this process. Hydra must find them in its ConfigStore. A choice that a folder of the group's
-    name holds too is left out: that file wins, as in ``choice_file`` (Hydra would merge a
-    stored node of the same name into it)."""
+    this process. A choice that a folder of the group's name holds too is left out: that file
+    wins, as in ``choice_file``. A stored choice replaces an earlier one of the same name; one
+    no longer offered stays stored but is refused by the argument checks (``group_choices``
+    does not list it). Hydra searches the store after every config folder, and a launcher
+    carries it to its worker processes."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
     dirs = config_dirs(user_dirs)
     choices: dict[str, dict[str, Path | dict[str, Any]]] = {}
     for folder in old_group_folders(user_dirs):
@@ -117,6 +121,9 @@ def config_store_choices(
     for group, nodes in _IN_PROCESS_CHOICES.items():
         for choice, node in nodes.items():
             choices.setdefault(group, {}).setdefault(choice, node)
-    return {group: {choice: found for choice, found in options.items()
-                    if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)}
-            for group, options in choices.items()}
+    store = ConfigStore.instance()
+    for group, options in choices.items():
+        for choice, found in options.items():
+            if not any((d / group / f"{choice}.yaml").is_file() for d in dirs):
+                store.store(name=choice, group=group, provider="tlab",
+                            node=OmegaConf.load(found) if isinstance(found, Path) else found)
