@@ -27,6 +27,7 @@ from transformer_lab.app.arguments import (
     compose_first_job,
     split_arguments,
 )
+from transformer_lab.app.search import job_folder  # noqa: F401 - its resolver names job folders
 from transformer_lab.config.tree import CONFIG_DIR
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory

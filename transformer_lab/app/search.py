@@ -12,7 +12,8 @@ returns its routine's objective (``trial_value``) to the sweeper.
 ``--resume DIR`` continues the study (``ContinuedStudy``, a Hydra callback that tlab adds to the
 sweep): the trials already in ``optuna.db`` count towards ``n_trials`` (so an interrupted
 20-trial search runs the ones missing, and ``--resume DIR hydra.sweeper.n_trials=30`` adds ten),
-and new trials get job folders after the existing ones (``hydra.sweep.subdir``). ``tlab report
+and new trials get job folders after the existing ones (``hydra.sweep.subdir`` of tlab's config
+is ``${tlab.job_folder:...}``: the job's number after those of earlier launches). ``tlab report
 DIR`` lists the trials and the best parameters.
 """
 
@@ -47,9 +48,9 @@ def study_storage(sweep_dir: Path) -> str:
 
 
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
-    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring), the
-    job folders' numbering and the callback that continues a stored study; the sweep directory
-    is created so that the study file can be opened there."""
+    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring) and
+    the callback that continues a stored study; the sweep directory is created so that the
+    study file can be opened there."""
     from transformer_lab.app.sweeps import quote_value
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -59,7 +60,6 @@ def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) ->
               "hydra.sweeper.direction": objective.direction,
               "hydra.sweeper.max_failure_rate": "1.0",
               "hydra.sweeper.n_jobs": "1",
-              "hydra.sweep.subdir": "'${tlab.job_folder:${hydra.sweep.dir},${hydra.job.num}}'",
               "+hydra.callbacks.tlab_study._target_": f"{__name__}.ContinuedStudy"}
     return [f"{key}={value}" for key, value in wanted.items() if key.lstrip("+") not in given]
 
@@ -103,13 +103,15 @@ class ContinuedStudy(Callback):
 
 
 def job_folder(sweep_dir: str, job_num: int) -> int:
-    """``${tlab.job_folder:SWEEP_DIR,NUM}``: the folder number of job ``NUM`` of an Optuna
-    search: after the jobs of its earlier launches (``search.json``)."""
+    """``${tlab.job_folder:SWEEP_DIR,NUM}`` (``hydra.sweep.subdir``): the folder number of
+    job ``NUM`` of a sweep; in an Optuna search, after the jobs of its earlier launches
+    (``search.json``)."""
     first = read_json(Path(sweep_dir) / LAUNCH_FILE).get("first_job", 0)
     return int(first) + int(job_num)
 
 
-if not OmegaConf.has_resolver("tlab.job_folder"):  # wherever a job's folder is resolved
+if not OmegaConf.has_resolver("tlab.job_folder"):  # hydra_app imports this module: every
+    #                                                process that runs a job has it
     OmegaConf.register_new_resolver("tlab.job_folder", job_folder)
 
 
