@@ -255,8 +255,8 @@ def _launch(experiment: str, groups: dict[str, Component],
             if not arguments.single_run:
                 raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps, "
                                   "--cfg and --info")
-            hydra, cfg = compose_first_job(arguments)
-        code = run_single(hydra, cfg)
+            cfg = compose_first_job(arguments)
+        code = run_single(arguments, cfg)
     return Result(experiment, code, Path(str(cfg.hydra.run.dir)), MAIN_TABLES[experiment])
 
 
