@@ -256,7 +256,7 @@ def _launch(experiment: str, groups: dict[str, Component],
                 raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps, "
                                   "--cfg and --info")
             cfg = compose_first_job(arguments)
-        code = run_single(arguments, cfg)
+        code = run_single(cfg)
     return Result(experiment, code, Path(str(cfg.hydra.run.dir)), MAIN_TABLES[experiment])
 
 

@@ -83,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
             if resume_dir is not None and resumed_run is None:
                 resume.keep_multirun_yaml(resume_dir)
             if arguments.single_run:
-                return run_single(arguments, cfg, resumed_run)
+                return run_single(cfg, resumed_run)
             if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
             code = _run_sweep(arguments, sweep_dir, cfg)
@@ -98,10 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         return max(code, sweeps.sweep_exit_code(sweep_dir))
 
 
-def run_single(arguments: Arguments, cfg: DictConfig, resumed: Path | None = None) -> int:
+def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
     """Run the composed config of a single run: its pre-flight, its run directory claimed
-    (``hydra.run.dir``, pinned in ``cfg``), then its job there, run by ``hydra.main`` as any
-    single run (``.hydra/``, ``run.log``) with the task and model the pre-flight built
+    (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
+    ``run.log``) with the task and model the pre-flight built
     (``run.json``, ``config.yaml``, the routine's files, ``summary.csv``); returns the job's
     exit code. ``ConfigError`` (one line, nothing written) when the pre-flight refuses the
     config or the directory is taken. ``resumed``: the directory of an interrupted run this one
@@ -119,7 +119,7 @@ def run_single(arguments: Arguments, cfg: DictConfig, resumed: Path | None = Non
             reclaim_directory(run_dir)
         else:
             claim_directory(run_dir)  # claimed before Hydra writes .hydra/ there
-    return _run_job(arguments, cfg, run_dir, inputs)
+    return _run_job(cfg, run_dir, inputs)
 
 
 def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
@@ -184,41 +184,37 @@ def pin_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
-def _run_job(arguments: Arguments, cfg: DictConfig, run_dir: Path, inputs: object) -> int:
-    """The job of ``cfg`` run by ``hydra.main`` in ``run_dir`` (the arguments with that
-    directory pinned), on ``cfg`` as the pre-flight left it and with the task and model it
-    built. An exception of the job is carried out of Hydra (which would print it and exit 1)
-    and raised here."""
+def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
+    """The job of ``cfg`` in ``run_dir`` with the task and model its pre-flight built, as
+    Hydra's ``hydra.core.utils.run_job`` runs a single run's job: the Hydra config of the job
+    set, ``.hydra/{config,hydra,overrides}.yaml``, the job's logging (``run.log``), its
+    ``hydra.job.env_set`` and ``hydra.job.chdir``; ``cfg`` is not composed again."""
+    import contextlib
     import copy
 
     from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log, env_override
     from omegaconf import open_dict, read_write
 
     from transformer_lab.app.job import execute
-    from transformer_lab.app.sweeps import quote_value
 
-    job_cfg = copy.deepcopy(cfg)  # what Hydra's run_job hands a task: the config without its hydra node
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig.instance().set_config(cfg)
+    job_cfg = copy.deepcopy(cfg)  # what a task gets: the config without its hydra node
     with read_write(job_cfg), open_dict(job_cfg):
         del job_cfg["hydra"]
-    outcome: dict[str, object] = {}
-
-    def task_function(_: DictConfig) -> None:  # Hydra composed the same config again
-        try:
-            outcome["code"] = execute(job_cfg, Path(HydraConfig.get().runtime.output_dir),
-                                      inputs)
-        except Exception as exc:  # noqa: BLE001 - raised again below, after Hydra returns
-            outcome["error"] = exc
-
-    overrides = [o for o in arguments.overrides if _key(o) != "hydra.run.dir"]
-    code = run_hydra([*arguments.flags, *overrides, f"hydra.run.dir={quote_value(str(run_dir))}"],
-                     task_function)
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    return int(outcome.get("code", code))  # type: ignore[arg-type]
-
-
-def _key(override: str) -> str:
-    return override.split("=", 1)[0].lstrip("+~")
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+    if cfg.hydra.output_subdir is not None:
+        hydra_dir = run_dir / str(cfg.hydra.output_subdir)
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(job_cfg, hydra_dir / "config.yaml")
+        OmegaConf.save(HydraConfig.instance().cfg, hydra_dir / "hydra.yaml")
+        OmegaConf.save(cfg.hydra.overrides.task, hydra_dir / "overrides.yaml")
+    with contextlib.chdir(run_dir) if cfg.hydra.job.chdir else contextlib.nullcontext(), \
+            env_override(cfg.hydra.job.env_set):
+        return execute(job_cfg, run_dir, inputs)
 
 
 def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
