@@ -32,6 +32,8 @@ from transformer_lab.config.tree import CONFIG_DIR
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
 
+FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporting it
+
 
 def hydra_job(cfg: DictConfig) -> int:
     """One job started by Hydra's command line (a sweep's job, in whichever process the
@@ -101,12 +103,12 @@ def main(argv: list[str] | None = None) -> int:
 def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
     """Run the composed config of a single run: its pre-flight, its run directory claimed
     (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
-    ``run.log``) with the task and model the pre-flight built
-    (``run.json``, ``config.yaml``, the routine's files, ``summary.csv``); returns the job's
-    exit code. ``ConfigError`` (one line, nothing written) when the pre-flight refuses the
-    config or the directory is taken. ``resumed``: the directory of an interrupted run this one
-    goes on with (``--resume``): the config must be the one its checkpoint was made with, and
-    its claim is taken over. The CLI and the Python API both run a single run with this."""
+    ``run.log``) with the task and model the pre-flight built (``run.json``, ``config.yaml``,
+    the routine's files, ``summary.csv``); returns the job's exit code. ``ConfigError`` (one
+    line, nothing written) when the pre-flight refuses the config or the directory is taken.
+    ``resumed``: the directory of an interrupted run this one goes on with (``--resume``): the
+    config must be the one its checkpoint was made with, and its claim is taken over.
+    The CLI and the Python API both run a single run with this."""
     from transformer_lab.app.preflight import preflight
 
     with one_line_errors():
@@ -258,9 +260,6 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
     if sweep_dir is not None and cfg is not None and search.uses_optuna(overrides):
         overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
     return run_hydra([*arguments.flags, *overrides], hydra_job, reraise)
-
-
-FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporting it
 
 
 def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
