@@ -118,7 +118,9 @@ def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
 
         choices = OmegaConf.select(hydra_cfg, "hydra.runtime.choices")
         extra["choices"] = {str(k): v for k, v in (choices or {}).items()}
-        extra["job"] = OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
+        # the job folder's number (hydra.sweep.subdir): after earlier launches of a search
+        extra["job"] = int(run_dir.name) if run_dir.name.isdigit() else \
+            OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
     return overrides, extra
 
 
