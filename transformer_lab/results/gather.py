@@ -118,9 +118,7 @@ def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
 
         choices = OmegaConf.select(hydra_cfg, "hydra.runtime.choices")
         extra["choices"] = {str(k): v for k, v in (choices or {}).items()}
-        # the job folder's number (hydra.sweep.subdir): after earlier launches of a search
-        extra["job"] = int(run_dir.name) if run_dir.name.isdigit() else \
-            OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
+        extra["job"] = OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
     return overrides, extra
 
 
@@ -254,8 +252,10 @@ def gather(root: Path) -> Gathered:
             skipped.append((run_dir / "seeds.csv", _reason(exc) + " (counted as one run)"))
         if per_seed:
             seeded.add(name)
+        # a job's number is its folder's (hydra.sweep.subdir: after earlier launches of a search)
+        job = int(run_dir.name) if run_dir.name.isdigit() else extra.get("job")
         for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
-            row = {"run_dir": name, "job": extra.get("job"), **summary}
+            row = {"run_dir": name, "job": job, **summary}
             if pd.isna(row.get("status")):
                 row["status"] = info.get("status", "unknown")
             rows.append(row)
