@@ -73,3 +73,26 @@ def test_continued_study_counts_the_stored_trials_and_numbers_new_jobs_after_the
     assert json.loads((tmp_path / LAUNCH_FILE).read_text()) == {"first_job": 3}
     assert [job_folder(str(tmp_path), n) for n in (0, 1)] == [3, 4]
     assert OmegaConf.load(tmp_path / "multirun.yaml").hydra.sweeper.n_trials == 5
+
+
+def test_choices_offered_in_the_config_store_are_gone_after_the_command(tmp_path):
+    """Hydra has no public way to remove a ConfigStore entry: a command restores the store it
+    found, so a later command in this process never merges an old node into its own file."""
+    from hydra.core.config_store import ConfigStore
+
+    from transformer_lab.config.tree import config_store_kept, store_choices
+
+    def stored(group: str) -> list[str]:
+        try:
+            return ConfigStore.instance().list(group)
+        except OSError:  # no such group in the store
+            return []
+
+    (tmp_path / "activation").mkdir()  # an old-named folder: its choices go to the store
+    (tmp_path / "activation" / "h29_ffn.yaml").write_text("name: h29_ffn\n")
+    launchers = stored("hydra/launcher")
+    with config_store_kept():
+        store_choices([tmp_path])
+        assert "h29_ffn.yaml" in stored("ffn")
+    assert "h29_ffn.yaml" not in stored("ffn")
+    assert stored("hydra/launcher") == launchers  # what was stored before is kept

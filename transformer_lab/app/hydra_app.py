@@ -62,10 +62,11 @@ def hydra_job(cfg: DictConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
     from transformer_lab.app import resume, sweeps
+    from transformer_lab.config.tree import config_store_kept
     from transformer_lab.results.console import print_error
 
     args = list(sys.argv[1:] if argv is None else argv)
-    with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
+    with working_directory_importable(), config_store_kept():  # _target_=my_module.MyPE
         try:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
