@@ -55,7 +55,14 @@ SIZES: dict[str, BenchSize] = {
     "small": BenchSize("small", d_model=64, n_heads=4, n_layers=2, d_ff=256, seq_len=16, batch=64),
     "medium": BenchSize("medium", d_model=256, n_heads=8, n_layers=4, d_ff=1024, seq_len=128,
                         batch=16),
+    # GPU-sized (benchmarks.run runs them by default on CUDA only): nanoGPT's shakespeare-char
+    # network, and GPT-2 small's
+    "gpu384": BenchSize("gpu384", d_model=384, n_heads=6, n_layers=6, d_ff=1536, seq_len=256,
+                        batch=64),
+    "gpt2small": BenchSize("gpt2small", d_model=768, n_heads=12, n_layers=12, d_ff=3072,
+                           seq_len=1024, batch=16),
 }
+GPU_SIZES = ("gpu384", "gpt2small")
 
 
 @dataclass
@@ -138,7 +145,8 @@ def build_x_transformers(size: BenchSize, device: torch.device,
                      plain_training_step(runnable, autocast_dtype, device), n)
 
 
-def tlab_overrides(size: BenchSize, device: str, precision: str) -> list[str]:
+def tlab_overrides(size: BenchSize, device: str, precision: str,
+                   compile_model: bool = False) -> list[str]:
     """Hydra overrides that make tlab's model the same network as the peers."""
     return [
         "model=small", f"model.d_model={size.d_model}", f"model.n_heads={size.n_heads}",
@@ -148,12 +156,14 @@ def tlab_overrides(size: BenchSize, device: str, precision: str) -> list[str]:
         f"task.seq_len={size.seq_len}", f"task.vocab_size={size.vocab}",
         f"train.batch_size={size.batch}", f"train.lr={LR}", "train.schedule=constant",
         f"train.grad_clip={GRAD_CLIP}", f"train.device={device}", f"train.precision={precision}",
+        f"train.compile={str(compile_model).lower()}",
     ]
 
 
 def build_tlab(size: BenchSize, device: torch.device, precision: str,
                compile_model: bool) -> tuple[Contender, object]:
-    """tlab through its public path; also returns the task (for the with-data row)."""
+    """tlab through its public path (``train.compile`` compiles in the trainer); also returns
+    the task (for the with-data row)."""
     from transformer_lab.config.compose import compose
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_model
@@ -161,12 +171,11 @@ def build_tlab(size: BenchSize, device: torch.device, precision: str,
     from transformer_lab.tasks import Batch
     from transformer_lab.training.trainer import Trainer
 
-    cfg = compose(tlab_overrides(size, device.type, precision))
+    cfg = compose(tlab_overrides(size, str(device), precision, compile_model))
     task = build_task(cfg)
     model = build_model(cfg).to(device)
     n = non_embedding_params(model)
-    runnable = torch.compile(model) if compile_model else model
-    trainer = Trainer(runnable, task, train_settings(cfg), seed=0)
+    trainer = Trainer(model, task, train_settings(cfg), seed=0)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss, _grad_norm, _lr = trainer.train_step(Batch(inputs, targets))

@@ -4,7 +4,9 @@
                              [--compile] [--device cpu|cuda] [--precision fp32|bf16]
                              [--threads N] [--no-x-transformers] [--out benchmarks/results.csv]
 
-For each size (see ``peers.SIZES``) every contender trains the same network on the same
+For each size (see ``peers.SIZES``; on CUDA the default adds the GPU-sized ``gpu384``, 384
+wide x 6 layers at 256 tokens x 64, and ``gpt2small``, 768 x 12 at 1024 x 16; on the CPU they run
+when named in ``--sizes``) every contender trains the same network on the same
 pre-drawn batches of the reverse task, in one process. After a warm-up, ``--rounds`` rounds
 each time ``steps`` optimiser steps of every contender in turn (interleaved, so a burst of
 load from elsewhere hits all of them alike); ms/step is the median over rounds (the minimum is
@@ -18,8 +20,9 @@ kept too). Reported per row:
                      n x n matmul, n = 1024 on CPU, the best of several tries before each size)
 
 The ``tlab+data`` row is tlab's step plus drawing a fresh batch from the task each step, as
-``Trainer.fit`` does. With ``--compile`` every model goes through ``torch.compile`` and the
-compile time (first step minus a normal step) is reported in ``compile_s``.
+``Trainer.fit`` does. With ``--compile`` every model goes through ``torch.compile`` (tlab's
+through ``train.compile=true``, as ``tlab train`` compiles) and the compile time (first step
+minus a normal step) is reported in ``compile_s``.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ import torch
 
 from benchmarks.common import write_csv
 from benchmarks.peers import (
+    GPU_SIZES,
     SIZES,
     BenchSize,
     Contender,
@@ -43,6 +47,7 @@ from benchmarks.peers import (
     build_torch,
     build_x_transformers,
 )
+from transformer_lab.training.throughput import measured_matmul_peak
 from transformer_lab.training.trainer import count_parameters
 
 RESULTS = Path(__file__).resolve().parent / "results.csv"
@@ -51,8 +56,10 @@ COLUMNS = ["size", "impl", "d_model", "n_heads", "n_layers", "d_ff", "seq_len", 
            "tlab_ratio", "flop_per_token", "flop_per_s", "matmul_peak_flop_per_s",
            "frac_of_peak", "compile_s", "rounds", "steps_per_round", "device", "precision",
            "threads", "torch"]
-STEPS_PER_ROUND = {"tiny": 100, "small": 20, "medium": 3}
-WARMUP_STEPS = {"tiny": 30, "small": 10, "medium": 3}
+STEPS_PER_ROUND = {"tiny": 100, "mid": 20, "small": 20, "medium": 3, "gpu384": 10,
+                   "gpt2small": 5}
+WARMUP_STEPS = {"tiny": 30, "mid": 10, "small": 10, "medium": 3, "gpu384": 5, "gpt2small": 3}
+CPU_SIZES = "tiny,small,medium"
 
 
 def synchronize(device: torch.device) -> None:
@@ -63,18 +70,8 @@ def synchronize(device: torch.device) -> None:
 def matmul_peak(device: torch.device, dtype: torch.dtype, n: int | None = None,
                 repeats: int = 5) -> float:
     """Best FLOP/s of an n x n matmul (2 n^3 FLOPs) over ``repeats`` tries."""
-    n = n or (8192 if device.type == "cuda" else 1024)
-    a = torch.randn(n, n, device=device, dtype=dtype)
-    b = torch.randn(n, n, device=device, dtype=dtype)
-    a @ b  # warm-up
-    synchronize(device)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        a @ b
-        synchronize(device)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best
+    return measured_matmul_peak(device, dtype, n or (8192 if device.type == "cuda" else 1024),
+                                repeats)
 
 
 def flop_per_token(size: BenchSize, non_embedding: int) -> int:
@@ -184,8 +181,9 @@ def print_table(rows: list[dict]) -> None:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default="tiny,small,medium",
-                        help=f"comma-separated subset of {', '.join(SIZES)}")
+    parser.add_argument("--sizes", default=None,
+                        help=f"comma-separated subset of {', '.join(SIZES)} (default: "
+                        f"{CPU_SIZES}, and {','.join(GPU_SIZES)} on cuda)")
     parser.add_argument("--rounds", type=int, default=7, help="timed rounds (median over them)")
     parser.add_argument("--steps-scale", type=float, default=1.0,
                         help="multiply the steps per round (tiny 100, small 20, medium 3)")
@@ -197,6 +195,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-x-transformers", action="store_true", help="skip x-transformers")
     parser.add_argument("--out", type=Path, default=RESULTS, help="CSV to write")
     args = parser.parse_args(argv)
+    if args.sizes is None:
+        gpu = args.device.startswith("cuda")
+        args.sizes = CPU_SIZES + ("," + ",".join(GPU_SIZES) if gpu else "")
     unknown = [s for s in args.sizes.split(",") if s not in SIZES]
     if unknown:
         parser.error(f"--sizes: {', '.join(unknown)} not known; valid: {', '.join(SIZES)}")

@@ -45,6 +45,7 @@ identical to it; a Monte Carlo of ``--resamples`` flips beyond, where it uses 99
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,11 +55,17 @@ import pandas as pd
 from scipy import stats
 
 from benchmarks.common import write_csv
+from transformer_lab.measures.group_sequential import (
+    increments,
+    sign_draws,
+    sign_flip_boundaries,
+)
 from transformer_lab.measures.sequential import e_process, first_crossing
 from transformer_lab.measures.statistics import EXACT_UP_TO, holm
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "sequential_error.csv"
+PLANNED_OUT = ROOT / "benchmarks" / "group_sequential.csv"
 
 
 @dataclass(frozen=True)
@@ -196,6 +203,12 @@ class Outcome:
     wrong_auto: int = 0
     seeds_auto: int = 0
     seeds_variant: int = 0
+    fp_group: int = 0
+    fp_group_symmetric: int = 0
+    right_group: int = 0
+    wrong_group: int = 0
+    seeds_group: int = 0
+    seeds_group_variant: int = 0
     right_fixed: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=int))
 
     def add(self, other: Outcome) -> Outcome:
@@ -219,6 +232,27 @@ def auto_decisions(differences: np.ndarray, looks: list[int],
     return crossing, np.where(higher, 1, -1)
 
 
+def group_decisions(differences: np.ndarray, looks: list[int], most: int, alpha: float,
+                    draws: int = 2_000, chunk: int = 64) -> tuple[np.ndarray, np.ndarray]:
+    """``GroupSequentialTest``'s rule (O'Brien-Fleming spending, Bonferroni, sign-flip
+    boundaries from ``draws`` null sign vectors) on (runs, K, n): (the look index of each
+    variant's verdict, -1 for none; its direction, +1 higher / -1 lower), each (runs, K)."""
+    runs, k, _ = differences.shape
+    spent = increments(looks, most, alpha / k)
+    signs = sign_draws(most, draws)
+    flat = differences.reshape(runs * k, -1)
+    sums = np.round(np.stack([flat[:, :n].sum(axis=-1) for n in looks], axis=-1), 12)
+    crossing = np.full(runs * k, -1)
+    for start in range(0, runs * k, chunk):
+        bounds, _ = sign_flip_boundaries(np.abs(flat[start:start + chunk]), looks, spent, signs)
+        crossed = np.abs(sums[start:start + chunk]) >= bounds  # (chunk, looks)
+        crossing[start:start + chunk] = np.where(crossed.any(axis=-1), crossed.argmax(axis=-1),
+                                                 -1)
+    at = np.maximum(crossing, 0)[:, None]
+    direction = np.where(np.take_along_axis(sums, at, -1)[:, 0] > 0, 1, -1)
+    return crossing.reshape(runs, k), direction.reshape(runs, k)
+
+
 def simulate(family: Family, sims: int, group: int, most: int, alpha: float, resamples: int,
              rng: np.random.Generator) -> Outcome:
     """``sims`` runs of ``most`` seeds drawn from the family (see the module docstring)."""
@@ -239,6 +273,16 @@ def simulate(family: Family, sims: int, group: int, most: int, alpha: float, res
         setattr(outcome, name, int((verdicts != 0).any(axis=(1, 2)).sum()))
         if name == "fp_peeking":
             outcome.fp_fixed = int((verdicts[..., -1] != 0).any(axis=1).sum())
+    for null, name in ((centred, "fp_group"), (centred * flips, "fp_group_symmetric")):
+        crossing, _ = group_decisions(null, looks, most, alpha)
+        setattr(outcome, name, int((crossing >= 0).any(axis=1).sum()))
+    crossing, direction = group_decisions(alternative, looks, most, alpha)
+    decided = crossing >= 0
+    outcome.right_group = int((decided & (direction == truth)).sum())
+    outcome.wrong_group = int((decided & (direction != truth)).sum())
+    seeds = np.where(decided, np.asarray(looks)[np.maximum(crossing, 0)], most)  # (sims, K)
+    outcome.seeds_group_variant = int(seeds.sum())
+    outcome.seeds_group = int(np.where(decided.all(axis=1), seeds.max(axis=1), most).sum())
     crossing, direction = auto_decisions(alternative, looks, alpha)
     decided = crossing >= 0
     outcome.right_auto = int((decided & (direction == truth)).sum())
@@ -249,6 +293,56 @@ def simulate(family: Family, sims: int, group: int, most: int, alpha: float, res
     verdicts = fixed_test_verdicts(alternative, looks, alpha, resamples)
     outcome.right_fixed = (verdicts == truth[..., None]).sum(axis=(0, 1))  # (looks,)
     return outcome
+
+
+# --- the group-sequential design at a planned effect -------------------------------------------
+
+def planned_rows(sims: int, group: int, alpha: float, rng: np.random.Generator,
+                 fixed_sizes: tuple[int, ...] = (8, 12, 16, 24),
+                 powers: tuple[float, ...] = (0.8, 0.9)) -> list[dict]:
+    """Normal paired differences (sd 1) at the effect a fixed t-test of ``n`` seeds detects
+    with the given power (one variant, two-sided ``alpha``): the smallest MAX (a multiple of
+    ``group``) whose group-sequential design reaches that power, its mean seeds, and the
+    false-positive rate of that design under H0; beside it, the seeds the fixed sign-flip test
+    (``--seeds N``'s) needs for the same power."""
+    from scipy.optimize import brentq
+
+    rows = []
+    for power in powers:
+        for n in fixed_sizes:
+            critical = stats.t.isf(alpha / 2, n - 1)
+            effect = brentq(lambda e, n=n, c=critical, power=power: stats.nct.sf(
+                c, n - 1, e * math.sqrt(n))
+                            - power, 1e-3, 10.0)
+            found = None
+            for most in range(n - n % group or group, 3 * n, group):
+                looks = list(range(group, most + 1, group))
+                d = rng.normal(effect, 1.0, size=(sims, 1, most))
+                crossing, direction = group_decisions(d, looks, most, alpha)
+                right = (crossing >= 0) & (direction > 0)
+                if right.mean() >= power:
+                    seeds = np.where(crossing >= 0, np.asarray(looks)[np.maximum(crossing, 0)],
+                                     most)
+                    null = rng.normal(0.0, 1.0, size=(sims, 1, most))
+                    false = (group_decisions(null, looks, most, alpha)[0] >= 0).mean()
+                    found = dict(max_seeds=most, power_group=float(right.mean()),
+                                 mean_seeds_group=float(seeds.mean()),
+                                 fpr_group=float(false))
+                    break
+            sign_flip = None
+            for m in range(n, 3 * n):
+                d = rng.normal(effect, 1.0, size=(min(sims, 4000), m))
+                if (sign_flip_p_values(d) <= alpha).mean() >= power:
+                    sign_flip = m
+                    break
+            row = dict(power=power, fixed_t_seeds=n, effect_sd=effect, group=group,
+                       fixed_sign_flip_seeds=sign_flip, **(found or {}))
+            if found:
+                row["ratio_vs_fixed_t"] = found["mean_seeds_group"] / n
+                if sign_flip:
+                    row["ratio_vs_fixed_sign_flip"] = found["mean_seeds_group"] / sign_flip
+            rows.append(row)
+    return rows
 
 
 # --- the table -------------------------------------------------------------------------------
@@ -265,6 +359,9 @@ def summary_row(name: str, variants: int, outcome: Outcome, group: int, most: in
     power_fixed = outcome.right_fixed / variant_runs  # (looks,)
     reached = np.flatnonzero(power_fixed >= power_auto)
     fixed_seeds = int((reached[0] + 1) * group) if len(reached) else None
+    power_group = outcome.right_group / variant_runs
+    reached_group = np.flatnonzero(power_fixed >= power_group)
+    fixed_seeds_group = int((reached_group[0] + 1) * group) if len(reached_group) else None
     row = {"family": name, "variants": variants, "runs": runs}
     for key in ("fp_auto", "fp_peeking"):
         low, high = _rate_interval(getattr(outcome, key), runs)
@@ -279,7 +376,15 @@ def summary_row(name: str, variants: int, outcome: Outcome, group: int, most: in
                fixed_seeds=fixed_seeds,
                power_fixed_at_fixed_seeds=(float(power_fixed[reached[0]]) if len(reached)
                                            else None),
-               power_fixed_max=float(power_fixed[-1]), group=group, max_seeds=most)
+               power_fixed_max=float(power_fixed[-1]), group=group, max_seeds=most,
+               fpr_group=outcome.fp_group / runs,
+               fpr_group_low=_rate_interval(outcome.fp_group, runs)[0],
+               fpr_group_high=_rate_interval(outcome.fp_group, runs)[1],
+               fpr_group_symmetric=outcome.fp_group_symmetric / runs,
+               power_group=power_group, wrong_group=outcome.wrong_group / variant_runs,
+               mean_seeds_group=outcome.seeds_group / runs,
+               mean_seeds_group_variant=outcome.seeds_group_variant / variant_runs,
+               fixed_seeds_group=fixed_seeds_group)
     return row
 
 
@@ -291,7 +396,8 @@ def _cell(value: object) -> str:
 
 def print_table(rows: list[dict]) -> None:
     columns = ["family", "variants", "fpr_auto", "fpr_peeking", "fpr_fixed", "power_auto",
-               "mean_seeds_auto", "fixed_seeds", "power_fixed_max"]
+               "mean_seeds_auto", "fixed_seeds", "power_fixed_max", "fpr_group", "power_group",
+               "mean_seeds_group", "fixed_seeds_group"]
     body = [[_cell(row[c]) for c in columns] for row in rows]
     widths = [max(len(c), *(len(line[i]) for line in body)) for i, c in enumerate(columns)]
     print("  ".join(c.rjust(w) for c, w in zip(columns, widths, strict=True)))
@@ -309,6 +415,9 @@ def main(argv: list[str] | None = None) -> None:
                         help="Monte Carlo sign flips of the fixed test beyond 16 seeds")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument("--planned-out", type=Path, default=PLANNED_OUT)
+    parser.add_argument("--planned-sims", type=int, default=2_000,
+                        help="simulated runs per planned effect (0: skip that table)")
     args = parser.parse_args(argv)
     if args.most < args.group or args.group < 1:
         parser.error(f"--max {args.most} must be at least --group {args.group} >= 1")
@@ -328,6 +437,16 @@ def main(argv: list[str] | None = None) -> None:
           f"alpha {args.alpha}, {time.perf_counter() - start:.0f} s")
     print_table(rows)
     fixed = total["fixed_seeds"] if total["fixed_seeds"] is not None else f">{args.most}"
+    print(f"group-sequential (auto:MAX): false_positive_rate={total['fpr_group']:.4f} "
+          f"(symmetric null {total['fpr_group_symmetric']:.4f}) power={total['power_group']:.3f} "
+          f"mean_seeds={total['mean_seeds_group']:.2f} fixed_seeds_same_power="
+          f"{total['fixed_seeds_group']}")
+    if args.planned_sims:
+        planned = planned_rows(args.planned_sims, args.group, args.alpha, rng)
+        write_csv(args.planned_out, planned)
+        print("at a planned effect (normal differences, one variant):")
+        for row in planned:
+            print("  " + ", ".join(f"{k}={_cell(v)}" for k, v in row.items()))
     print(f"false_positive_rate={total['fpr_auto']:.4f} "
           f"naive_peeking_rate={total['fpr_peeking']:.4f} "
           f"mean_seeds_auto={total['mean_seeds_auto']:.2f} fixed_seeds={fixed}")

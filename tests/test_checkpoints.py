@@ -23,8 +23,9 @@ from transformer_lab.training.trainer import evaluate_model
 # A 64-token synthetic language (offline) on the tiny model: a fraction of a second per seed.
 TINY_LM = ["experiment=train", "task=lm", "model=tiny", "task.eval_size=32",
            "train.batch_size=8", "train.lr=1e-2", "train.steps=40", "train.eval_every=20",
-           "train.log_every=5", "train.warmup=5", "logger.progress=false"]
-TIMING = ("tokens_per_s", "elapsed_s", "wall_s")
+           "train.log_every=5", "train.warmup=5", "train.device=cpu", "logger.progress=false"]
+TIMING = ("tokens_per_s", "elapsed_s", "wall_s", "step_ms", "steady_tokens_per_s", "mfu",
+          "peak_flop_per_s")
 STOP_SCRIPT = Path(__file__).with_name("stop_at_step.py")
 
 

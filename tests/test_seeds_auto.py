@@ -1,6 +1,8 @@
-"""``--seeds auto[:MAX]`` on tlab compare: seeds two at a time until the anytime-valid test
-(``measures.sequential``) gives every variant a verdict, only undecided variants train more,
-and ``comparison.csv``'s verdict, interval and e-value are the test's on the seeds trained."""
+"""``--seeds auto[:MAX]`` on tlab compare: seeds two at a time until the sequential test
+(``anytime:MAX`` and ``auto``: the anytime-valid ``measures.sequential``; ``auto:MAX``: the
+group-sequential ``measures.group_sequential``) gives every variant a verdict, only undecided
+variants train more, and ``comparison.csv``'s verdict, interval and statistic are the test's on
+the seeds trained."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
+from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import SequentialTest
 
 # The tiny model on the offline synthetic language: a fraction of a second per (variant, seed).
@@ -25,8 +28,8 @@ def compare(*args: str) -> tuple[int, str]:
 
 def test_auto_stops_a_clear_effect_early_and_keeps_testing_the_rest(tmp_path):
     out = tmp_path / "auto"
-    code, output = compare("--vary", "train.lr=3e-4,1e-2,3.3e-4", "--seeds", "auto:16", *FAST,
-                           "--out", str(out))
+    code, output = compare("--vary", "train.lr=3e-4,1e-2,3.3e-4", "--seeds", "anytime:16",
+                           *FAST, "--out", str(out))
     assert code == 0, output
     rows = {r["variant"]: r for r in read_csv(out / "comparison.csv")}
     clear, twin, base = rows["0.01"], rows["0.00033"], rows["0.0003"]
@@ -59,6 +62,30 @@ def test_auto_stops_a_clear_effect_early_and_keeps_testing_the_rest(tmp_path):
         output.split())
 
 
+def test_auto_max_is_the_group_sequential_design_on_the_seeds_trained(tmp_path):
+    out = tmp_path / "group"
+    code, output = compare("--vary", "train.lr=3e-4,1e-2,3.3e-4", "--seeds", "auto:16", *FAST,
+                           "--out", str(out))
+    assert code == 0, output
+    rows = {r["variant"]: r for r in read_csv(out / "comparison.csv")}
+    clear = rows["0.01"]
+    assert clear["sequential_design"] == "group-sequential" and clear["e_value"] == ""
+    assert clear["verdict"] == "better" and clear["stopped_because"] == "verdict"
+    runs = read_csv(out / "compare_runs.csv")
+    loss = {(r["variant"], int(r["seed"])): float(r["final_loss"]) for r in runs}
+    test = GroupSequentialTest(["0.0003", "0.01", "0.00033"], "0.0003", max_seeds=16)
+    for first in range(0, int(rows["0.0003"]["seeds_used"]), 2):
+        group = {name: [loss[name, s] for s in (first, first + 1) if (name, s) in loss]
+                 for name in rows}
+        test.update_values({name: values for name, values in group.items() if values})
+    assert test.verdict("0.01") == "better"
+    assert int(clear["seeds_used"]) == test.seeds_used("0.01") < 16
+    assert float(clear["p_value"]) == pytest.approx(test.p_value("0.01"), rel=1e-5)
+    assert float(clear["p_value"]) <= test.nominal_level("0.01")
+    assert float(clear["diff_ci_high"]) == pytest.approx(test.interval("0.01")[1], rel=1e-5)
+    assert "group-sequential" in output and "-> better" in " ".join(output.split())
+
+
 def test_fixed_seeds_keep_the_fixed_test_and_say_so(tmp_path):
     out = tmp_path / "fixed"
     code, output = compare("--vary", "train.lr=3e-4,1e-2", "--seeds", "3", *FAST,
@@ -87,7 +114,8 @@ def test_validate_step_4_takes_seeds_auto(tlab, tmp_path):
     assert code in (0, 1), err  # a verdict of the routine, not a refusal
     rows = read_csv(out / "comparison.csv")
     gelu = next(r for r in rows if r["variant"] == "gelu")
-    assert gelu["stopped_because"] in ("verdict", "max_seeds") and gelu["e_value"]
+    assert gelu["stopped_because"] in ("verdict", "max_seeds")
+    assert gelu["sequential_design"] == "group-sequential"
     used = int(gelu["seeds_used"])
     assert used in (2, 4)
     runs = read_csv(out / "compare_runs.csv")

@@ -3,8 +3,11 @@ written atomically; a clear exit 2 offline; char / byte / BPE tokenizers; compar
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import http.server
+import re
+import shutil
 import socket
 import threading
 from collections.abc import Iterator
@@ -13,7 +16,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import torch
+from typer.testing import CliRunner
 
+from transformer_lab.cli import app
 from transformer_lab.data import corpus as corpus_module
 from transformer_lab.data.corpus import Corpus, corpus_path
 from transformer_lab.data.tokenizer import load_tokens
@@ -130,7 +135,6 @@ def test_offline_is_exit_2_naming_task_path(tlab, cache, tmp_path):
 @pytest.mark.parametrize("overrides, expected", [
     ([], "task.corpus=tinyshakespeare (downloaded once) or task.path=FILE"),
     (["task.corpus=wikitext"], "task.corpus='wikitext' is not known; valid: tinyshakespeare"),
-    (["task.path=x.txt", "task.corpus=tinyshakespeare"], "are both set"),
     (["task.path=/no/such/file.txt"], "task.path='/no/such/file.txt' is not a readable file"),
 ])
 def test_bad_text_settings_are_exit_2(tlab, cache, tmp_path, overrides, expected):
@@ -152,29 +156,6 @@ def test_tokenizers_round_trip(tmp_path, cache):
     assert sizes["char"] == (len(text), len(set(text)))
     assert sizes["byte"] == (len(text.encode()), 256)
     assert sizes["bpe"][1] == 300 and sizes["bpe"][0] < sizes["byte"][0] / 2  # merges pay
-
-
-def test_bpe_is_cached_by_content_hash(tmp_path, cache, monkeypatch):
-    pytest.importorskip("tokenizers")
-    from transformer_lab.data import tokenizer as tokenizer_module
-
-    text = generated_text(300)
-    first, second = tmp_path / "a.txt", tmp_path / "b.txt"
-    first.write_text(text)
-    second.write_text(text)  # same content, another file: the cache entry is shared
-    ids, _ = load_tokens(first, "bpe", 320)
-    key = hashlib.sha256(text.encode()).hexdigest()[:16]
-    assert sorted(p.name for p in cache.iterdir()) == [f"bpe-{key}-320.json",
-                                                       f"bpe-{key}-320.npy"]
-
-    def no_training(*args: object) -> None:
-        raise AssertionError("trained again instead of loading the cache")
-
-    monkeypatch.setattr(tokenizer_module, "train_bpe", no_training)
-    again, tokenizer = load_tokens(second, "bpe", 320)
-    assert (again == ids).all() and tokenizer.decode(again) == text
-    with pytest.raises(ValueError, match="bpe_vocab_size=200 is too small"):
-        load_tokens(first, "bpe", 200)
 
 
 def test_text_task_with_bpe(tmp_path, cache):
@@ -211,3 +192,66 @@ def test_compare_activations_on_text(tlab, tmp_path, shakespeare):
     summary = pd.read_csv(out / "summary.csv")
     chars = 65 if SHARED_TEXT.is_file() else len(set(generated_text(2000)))
     assert summary.vocab_size[0] == chars  # the characters of the text
+
+
+@pytest.fixture
+def offline(cache, monkeypatch) -> None:
+    """No network: Tiny Shakespeare's address refuses connections (a closed local port)."""
+    corpus = corpus_module.CORPORA["tinyshakespeare"]
+    monkeypatch.setitem(corpus_module.CORPORA, "tinyshakespeare",
+                        dataclasses.replace(corpus, url=closed_port_url()))
+
+
+def tlab_cli(*args: str | Path) -> tuple[int, str]:
+    """``tlab ARGS`` in-process: exit code and output (stdout and stderr), lines joined."""
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    return result.exit_code, " ".join(result.output.split())
+
+
+def local_copy(tmp_path: Path) -> Path:
+    """Tiny Shakespeare from ../shared/data when there, else a generated play."""
+    if SHARED_TEXT.is_file():
+        return SHARED_TEXT
+    file = tmp_path / "generated.txt"
+    file.write_text(generated_text(2000))
+    return file
+
+
+TINY = ["--steps", "2", "model.d_model=16", "model.n_layers=1", "model.d_ff=32",
+        "task.seq_len=16", "task.eval_size=8", "train.batch_size=4"]
+
+
+def test_printing_the_default_config_downloads_nothing(offline, cache):
+    code, output = tlab_cli("train", "--cfg", "job")
+    assert code == 0 and "corpus: tinyshakespeare" in output, output
+    assert not cache.exists()  # nothing fetched, nothing created
+
+
+def test_offline_default_run_takes_its_own_suggestion_verbatim(offline, cache, tmp_path):
+    """The README's `tlab train --pe alibi --seeds N` offline: the error names task.path=FILE;
+    that override, added as written (FILE: a local copy), runs; so does putting the file where
+    the error says."""
+    command = ["train", "--pe", "alibi", "--seeds", "2", *TINY]
+    code, error = tlab_cli(*command, "--out", tmp_path / "offline")
+    assert code == 2 and "could not download" in error and "Traceback" not in error
+    assert not (tmp_path / "offline").exists()
+    suggested = re.search(r"use a local copy with (task\.path=FILE)", error).group(1)
+    code, output = tlab_cli(*command, suggested.replace("FILE", str(local_copy(tmp_path))),
+                            "--out", tmp_path / "with_path")
+    assert code == 0, output
+    assert len(pd.read_csv(tmp_path / "with_path" / "seeds.csv")) == 2
+    assert not (cache / "tinyshakespeare.txt").exists()  # the given path won: no download
+    if SHARED_TEXT.is_file():  # the other suggestion: the file where the error says
+        shutil.copy(SHARED_TEXT, re.search(r"or put it at (\S+)", error).group(1))
+        code, output = tlab_cli(*command, "--out", tmp_path / "cached")
+        assert code == 0, output
+
+
+def test_text_without_a_source_takes_its_own_suggestion(cache, tmp_path):
+    command = ["train", "--task", "text", *TINY]
+    code, output = tlab_cli(*command, "--out", tmp_path / "none")
+    assert code == 2
+    suggested = re.search(r"or (task\.path=FILE) \(your own UTF-8 file\)", output).group(1)
+    code, output = tlab_cli(*command, suggested.replace("FILE", str(local_copy(tmp_path))),
+                            "--out", tmp_path / "run")
+    assert code == 0, output

@@ -3,6 +3,7 @@ bf16, seeds one after another with their own runs' numbers; and the CLI start-up
 
 from __future__ import annotations
 
+import csv
 import json
 import subprocess
 import sys
@@ -150,8 +151,29 @@ def test_preflight_checks_the_device():
     else:
         with pytest.raises(ConfigError, match="no CUDA device"):
             preflight(cfg)
-    with pytest.raises(ConfigError, match="use cpu or cuda"):
+    with pytest.raises(ConfigError, match="train.device='tpu' is not valid; use auto, cpu or cuda"):
         preflight(compose(["experiment=smoke", "train.device=tpu"]))
+
+
+def test_auto_device_is_cuda_where_torch_sees_one_else_the_cpu(tlab, tmp_path):
+    """train.device=auto (tlab train's default) trains where torch finds a GPU; run.json and
+    summary.csv name the device it resolved to."""
+    from transformer_lab.training.distributed import resolve_device
+
+    expected = "cuda" if torch.cuda.is_available() else "cpu"
+    assert resolve_device("auto") == torch.device(expected)
+    assert resolve_device("cpu") == torch.device("cpu")
+    out = tmp_path / "run"
+    code, _, err = tlab("experiment=train", "task=lm", "model=tiny", "task.eval_size=16",
+                        "train.steps=3", "train.batch_size=4", f"hydra.run.dir={out}")
+    assert code == 0, err
+    from omegaconf import OmegaConf
+
+    assert OmegaConf.load(out / "config.yaml").train.device == "auto"
+    assert json.loads((out / "run.json").read_text())["device"] == expected
+    (row,) = csv.DictReader((out / "summary.csv").open())
+    assert (row["device"], row["world_size"]) == (expected, "1")
+    assert 0 < float(row["mfu"]) < 1 and float(row["step_ms"]) > 0
 
 
 def test_no_op_dropout_and_scale_are_skipped_but_real_ones_apply():

@@ -191,21 +191,33 @@ class TransformerModel(nn.Module):
         self.forward(tokens, need_weights=True)
         return [block.attention.last_weights for block in self.blocks]
 
+    @property
+    def context_window(self) -> int | None:
+        """The most positions the model can encode, where its PE holds a table it cannot
+        extend (a learned table without ``interpolate``: its ``max_len``); None: no limit."""
+        if self.pe_kind != "additive" or getattr(self.positional, "interpolate", False):
+            return None
+        window = getattr(self.positional, "max_len", None)
+        return int(window) if isinstance(window, int) else None
+
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, n_new: int, *, temperature: float = 0.0,
-                 top_k: int | None = None,
+                 top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
         """The ``n_new`` tokens that follow ``prefix`` (decoders): (B, P) -> (B, n_new).
 
         One forward over the prefix fills a KV cache, then one forward per new token.
         ``temperature`` 0 is greedy decoding (argmax); above 0 each token is drawn from
-        ``softmax(logits / temperature)``, over the ``top_k`` most likely tokens when given, with
-        ``generator`` (a seeded ``torch.Generator`` makes it reproducible). Dropout is whatever
-        the model's mode makes it: call ``model.eval()`` first. The logits are those of a full
-        forward over the tokens so far (step 1's ``cached_decoding``), except with a PE whose
-        numbers follow the sequence's length (RoPE ``scaling=dynamic``) in a model of several
-        layers: a deeper layer's cached keys were computed at a shorter length, as in any KV
-        cache.
+        ``softmax(logits / temperature)``, over the ``top_k`` most likely tokens and the
+        smallest set of them whose probability reaches ``top_p`` when given, with ``generator``
+        (a seeded ``torch.Generator`` makes it reproducible). Dropout is whatever the model's
+        mode makes it: call ``model.eval()`` first. The logits are those of a full forward over
+        the tokens so far (step 1's ``cached_decoding``), except with a PE whose numbers follow
+        the sequence's length (RoPE ``scaling=dynamic``) in a model of several layers: a deeper
+        layer's cached keys were computed at a shorter length, as in any KV cache. Past the
+        model's ``context_window`` the context is cropped to its last ``context_window`` tokens
+        (as nanoGPT does), each step a full forward over them: the positions of cached keys
+        would shift.
         """
         if n_new < 0:
             raise ConfigError(f"n_new={n_new} is not valid; generate 0 or more tokens")
@@ -215,33 +227,50 @@ class TransformerModel(nn.Module):
         if prefix.shape[1] < 1:
             raise ConfigError(f"prefix of shape {tuple(prefix.shape)} is empty; generation "
                               "needs at least one token to start from")
-        cache = self.new_cache()
-        logits = self.forward(prefix, cache=cache)[:, -1]  # (B, vocab)
-        new_tokens = []
+        window = self.context_window
+        cache = self.new_cache() if window is None or prefix.shape[1] <= window else None
+        context = prefix if window is None else prefix[:, -window:]  # (B, <= window)
+        logits = self.forward(context, cache=cache)[:, -1]  # (B, vocab)
+        sequence = prefix
         for step in range(n_new):
-            token = next_token(logits, temperature, top_k, generator)  # (B, 1)
-            new_tokens.append(token)
-            if step + 1 < n_new:
+            token = next_token(logits, temperature, top_k, generator, top_p)  # (B, 1)
+            sequence = torch.cat([sequence, token], dim=1)  # (B, P + step + 1)
+            if step + 1 == n_new:
+                break
+            if cache is not None and (window is None or cache.length < window):
                 logits = self.forward(token, cache=cache)[:, -1]  # (B, vocab)
-        if not new_tokens:
-            return prefix[:, :0]
-        return torch.cat(new_tokens, dim=1)  # (B, n_new)
+            else:  # past the window: the last `window` tokens, positions from 0 again
+                cache = None
+                logits = self.forward(sequence[:, -window:])[:, -1]  # (B, vocab)
+        return sequence[:, prefix.shape[1]:]  # (B, n_new)
 
 
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
-               generator: torch.Generator | None = None) -> torch.Tensor:
+               generator: torch.Generator | None = None,
+               top_p: float | None = None) -> torch.Tensor:
     """One token per row of ``logits`` (B, vocab) -> (B, 1): the argmax at ``temperature`` 0,
-    else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest."""
+    else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest and
+    then to the nucleus: the most likely tokens whose probabilities, added in decreasing
+    order, first reach ``top_p`` (Holtzman et al. 2019; the first token always stays)."""
     if temperature < 0:
         raise ConfigError(f"temperature={temperature} is not valid; use 0 (greedy) or more")
     if top_k is not None and top_k < 1:
         raise ConfigError(f"top_k={top_k} is not valid; use a whole number >= 1 or none")
+    if top_p is not None and not 0 < top_p <= 1:
+        raise ConfigError(f"top_p={top_p} is not valid; use a probability in (0, 1] or none")
     if temperature == 0:
         return logits.argmax(dim=-1, keepdim=True)  # (B, 1)
     scaled = logits.float() / temperature  # (B, vocab)
     if top_k is not None and top_k < scaled.shape[-1]:
         kth_largest = scaled.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
         scaled = scaled.masked_fill(scaled < kth_largest, float("-inf"))
+    if top_p is not None and top_p < 1:
+        ordered, order = scaled.sort(dim=-1, descending=True)  # (B, vocab) each
+        sorted_probabilities = ordered.softmax(dim=-1)  # (B, vocab)
+        before = sorted_probabilities.cumsum(dim=-1) - sorted_probabilities  # mass above each
+        beyond = before >= top_p  # (B, vocab), sorted order
+        outside = torch.zeros_like(beyond).scatter(-1, order, beyond)  # back in vocab order
+        scaled = scaled.masked_fill(outside, float("-inf"))
     probabilities = scaled.softmax(dim=-1)  # (B, vocab)
     return torch.multinomial(probabilities, 1, generator=generator)  # (B, 1)
 

@@ -64,6 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from transformer_lab.app import resume, sweeps
     from transformer_lab.config.tree import config_store_kept
     from transformer_lab.results.console import print_error
+    from transformer_lab.training import distributed
 
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable(), config_store_kept():  # _target_=my_module.MyPE
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 if arguments.hydra_only:
                     return _run_hydra(arguments)
                 cfg = compose_first_job(arguments)
+                distributed.check_distributed(str(cfg.routine.name), arguments.single_run)
                 sweep_dir = None if arguments.single_run else \
                     _checked_sweep(arguments, cfg, resumed=resume_dir is not None)
             if resume_dir is not None and resumed_run is None:
@@ -109,12 +111,17 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
     line, nothing written) when the pre-flight refuses the config or the directory is taken.
     ``resumed``: the directory of an interrupted run this one goes on with (``--resume``): the
     config must be the one its checkpoint was made with, and its claim is taken over.
-    The CLI and the Python API both run a single run with this."""
+    The CLI and the Python API both run a single run with this. Under torchrun, only rank 0
+    claims and writes the run directory; the other ranks run in directories of their own that
+    are thrown away (``training.distributed``)."""
     from transformer_lab.app.preflight import preflight
+    from transformer_lab.training import distributed
 
     with one_line_errors():
         inputs = preflight(cfg)
         run_dir = pin_run_dir(cfg)
+        if not distributed.world().leader:
+            return _run_follower(cfg, inputs, resumed)
         if resumed is not None:
             from transformer_lab.app.resume import check_resumable
 
@@ -122,15 +129,31 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
             reclaim_directory(run_dir)
         else:
             claim_directory(run_dir)  # claimed before Hydra writes .hydra/ there
-    return _run_job(cfg, run_dir, inputs)
+    with distributed.process_group(str(cfg.train.device)):
+        return _run_job(cfg, run_dir, inputs)
+
+
+def _run_follower(cfg: DictConfig, inputs: object, resumed: Path | None) -> int:
+    """A rank > 0 of a torchrun job: the job in a throwaway directory, quiet, in the process
+    group."""
+    from transformer_lab.app.job import execute
+    from transformer_lab.training import distributed
+
+    distributed.follower_config(cfg)
+    with distributed.follower_directory(resumed) as run_dir, \
+            distributed.process_group(str(cfg.train.device)):
+        return execute(cfg, run_dir, inputs)  # type: ignore[arg-type]
 
 
 def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
     """Before a sweep (or a printing flag): the first job's pre-flight, a search's objective;
     the sweep directory, claimed unless the sweep is resumed (None when nothing runs)."""
     from transformer_lab.app import search
-    from transformer_lab.app.preflight import preflight
+    from transformer_lab.app.preflight import check_unbuilt, preflight
 
+    if arguments.printing:  # --cfg, --info: nothing is built (no corpus downloaded)
+        check_unbuilt(cfg)
+        return None
     preflight(cfg)
     if not arguments.multirun:
         return None

@@ -19,6 +19,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.routines.variants import train_settings
+from transformer_lab.training.distributed import check_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.threads import check_threads
@@ -30,16 +31,7 @@ def preflight(cfg: DictConfig) -> JobInputs:
 
     Raises ``ConfigError`` with a one-line message naming the bad value.
     """
-    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
-    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
-    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
-    from transformer_lab.training.schedules import SCHEDULES
-
-    if cfg.train.schedule not in SCHEDULES:
-        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
-                          f"{', '.join(SCHEDULES)}")
-    _check_device(cfg.train.device)
-    check_threads(cfg.train.get("threads"))
+    check_unbuilt(cfg)
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
     if requested_vocab is not None and requested_vocab != task.vocab_size:
@@ -57,10 +49,17 @@ def preflight(cfg: DictConfig) -> JobInputs:
     return inputs
 
 
-def _check_device(device: str) -> None:
-    import torch
+def check_unbuilt(cfg: DictConfig) -> None:
+    """The pre-flight's checks that need neither data nor a model: all that ``--cfg`` and
+    ``--info`` run (printing a default run's config downloads no corpus)."""
+    check_schema(cfg)  # types, ranges, required keys (config/schema.py)
+    check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
+    check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
+    from transformer_lab.training.schedules import SCHEDULES
 
-    if device not in ("cpu", "cuda") and not str(device).startswith("cuda:"):
-        raise ConfigError(f"train.device='{device}' is not valid; use cpu or cuda")
-    if str(device).startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device='{device}' but torch sees no CUDA device; use cpu")
+    if cfg.train.schedule not in SCHEDULES:
+        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
+                          f"{', '.join(SCHEDULES)}")
+    check_device(cfg.train.device)  # auto, cpu, cuda, cuda:K
+    check_threads(cfg.train.get("threads"))
+

@@ -112,7 +112,9 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
     if _get(cfg, "force", False) is True:
         return
     parts = estimate(cfg, task)
-    device = str(_get(cfg, "train.device", "cpu"))
+    from transformer_lab.training.distributed import resolve_device
+
+    device = str(resolve_device(_get(cfg, "train.device", "cpu")))  # auto: cuda or cpu
     if device.startswith("cuda"):
         import torch
 

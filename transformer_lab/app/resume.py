@@ -15,8 +15,10 @@ there: the routine goes on from its checkpoint, appending to the run's own files
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -64,6 +66,42 @@ _DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.o
                       "hydra.job.env_set.HYDRA_FULL_ERROR")
 
 
+# A recorded override is data from a directory made elsewhere: without --trust-code it may not
+# name a callable (instantiate keys), interpolate, or set Hydra's settings beyond the launcher's
+# and sweeper's plain values (env_set, callbacks, logging can run code).
+_CODE_IN_OVERRIDE = ("_target_", "_args_", "_partial_", "_recursive_", "_convert_", "${")
+_RECORDED_HYDRA = {"hydra.launcher.": re.compile(r"[\w.\-]*"),
+                   "hydra.sweeper.": re.compile(r"[\w.\-+,:()\[\]/' ]*")}
+
+
+def check_recorded(overrides: list[str], source: Path) -> None:
+    """``ConfigError`` naming ``source`` for a recorded override that could run code (above),
+    unless ``--trust-code`` was given."""
+    from transformer_lab.config.registry import TRUST_HINT, code_trusted
+
+    if code_trusted():
+        return
+    for override in overrides:
+        key, _, value = override.partition("=")
+        key = key.lstrip("+~")
+        code = next((word for word in _CODE_IN_OVERRIDE if word in override), None)
+        if code is not None:
+            raise ConfigError(f"--resume: {source} records '{override}', which names code "
+                              f"({code}); {TRUST_HINT}")
+        if _is_hydra_override(override) and key not in ("hydra/launcher", "hydra/sweeper") \
+                and key not in _DROPPED_ON_RESUME and not any(
+                    key.startswith(prefix) and pattern.fullmatch(value)
+                    for prefix, pattern in _RECORDED_HYDRA.items()):
+            raise ConfigError(f"--resume: {source} records the Hydra setting '{override}'; "
+                              "give it yourself on the command line, or trust the directory "
+                              "with --trust-code")
+
+
+def read_yaml(path: Path) -> Any:
+    """A YAML file of a run or sweep directory as plain data (no interpolation resolved)."""
+    return OmegaConf.to_container(OmegaConf.load(path))
+
+
 def is_run_directory(path: Path) -> bool:
     """True for a single run's directory (its ``run.json``, no ``multirun.yaml``): ``--resume``
     goes on with that run rather than a sweep."""
@@ -86,12 +124,13 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
                           "directory (resume the folder that holds sweep.csv and the job "
                           "folders), and no run.json: not a run directory either")
     try:
-        recorded = OmegaConf.load(recorded_file).hydra.overrides
-        recorded_task = [str(o) for o in recorded.task]
-        recorded_hydra = [str(o) for o in recorded.hydra]
+        recorded = read_yaml(recorded_file)["hydra"]["overrides"]
+        recorded_task = [str(o) for o in recorded["task"]]
+        recorded_hydra = [str(o) for o in recorded["hydra"]]
     except Exception as exc:
         raise ConfigError(f"--resume {sweep_dir}: multirun.yaml is unreadable "
                           f"({type(exc).__name__})") from None
+    check_recorded([*recorded_task, *recorded_hydra], recorded_file)
     flags, overrides = split_arguments(args)
     user_task = [o for o in overrides if not _is_hydra_override(o)]
     user_hydra = [o for o in overrides if _is_hydra_override(o)]
@@ -147,10 +186,11 @@ def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
         raise ConfigError(f"--resume {run_dir}: the run there ended with status {status} "
                           f"({info.get('error') or 'no error'}); resuming would end the same way")
     try:
-        recorded = [str(o) for o in OmegaConf.load(run_dir / ".hydra" / "overrides.yaml")]
+        recorded = [str(o) for o in read_yaml(run_dir / ".hydra" / "overrides.yaml")]
     except Exception as exc:
         raise ConfigError(f"--resume {run_dir}: its .hydra/overrides.yaml is missing or "
                           f"unreadable ({type(exc).__name__})") from None
+    check_recorded(recorded, run_dir / ".hydra" / "overrides.yaml")
     flags, overrides = split_arguments(args)
     if any(flag in ("-m", "--multirun") for flag in flags):
         raise ConfigError(f"--resume {run_dir} goes on with one run; drop -m/--multirun")

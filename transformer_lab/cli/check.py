@@ -6,7 +6,16 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import FromHf, FromRun, Multirun, Out, Overrides, Resume, launch
+from transformer_lab.cli.common import (
+    FromHf,
+    FromRun,
+    Multirun,
+    Out,
+    Overrides,
+    Resume,
+    TrustCode,
+    launch,
+)
 
 
 def check(
@@ -22,6 +31,7 @@ def check(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).
 
@@ -35,4 +45,4 @@ def check(
         pretrained["arch"] = "encoder"
     options = {**pretrained, "pe": pe, "routine.pe": pe, "routine.trained": trained or None,
                "routine.train_steps": steps}
-    launch("check", options, overrides, multirun, out, resume=resume)
+    launch("check", options, overrides, multirun, out, resume=resume, trust_code=trust_code)

@@ -47,6 +47,9 @@ FromRun = Annotated[Path | None, typer.Option(
     "--from-run", help="A tlab run's trained model (a run directory with one model, or one of "
     "its weights files, e.g. RUN/models/rope/seed0.safetensors): its architecture and weights.",
     show_default=False)]
+TrustCode = Annotated[bool, typer.Option(
+    "--trust-code", help="Load a run trained with your own components (_target_ outside tlab's) "
+    "and import the modules it recorded; only for runs whose code you trust (docs/security.md).")]
 RunPath = Annotated[Path, typer.Argument(
     help="A run directory (tlab train, tlab compare) or one of its weights files.",
     show_default=False)]
@@ -91,11 +94,14 @@ def overrides_from(options: dict[str, object]) -> list[str]:
 
 def launch(experiment: str, options: dict[str, object], overrides: list[str] | None,
            multirun: bool = False, out: Path | None = None,
-           resume: Path | None = None, config_dir: Path | None = None) -> NoReturn:
+           resume: Path | None = None, config_dir: Path | None = None,
+           trust_code: bool = False, nproc: int = 1) -> NoReturn:
     """Run ``experiment`` through the Hydra app and exit with its code.
 
     ``resume``: an earlier sweep directory to complete, or an interrupted run's directory to go
-    on with from its checkpoint (``--resume``; the app tells which)."""
+    on with from its checkpoint (``--resume``; the app tells which). ``trust_code``: a run read
+    (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``).
+    ``nproc`` > 1: the app on that many processes (``training.distributed.launch``)."""
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
         args += ["--resume", str(resume)]
@@ -105,6 +111,13 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
         args.append("--multirun")
     if config_dir is not None:
         args += ["--config-dir", str(config_dir)]
-    from transformer_lab.app.hydra_app import main
+    if nproc > 1:
+        from transformer_lab.training.distributed import launch as launch_processes
 
-    raise typer.Exit(main(args))
+        raise typer.Exit(launch_processes(nproc, args))
+    from transformer_lab.app.hydra_app import main
+    from transformer_lab.config.registry import trusting_code
+
+    with trusting_code(trust_code):
+        code = main(args)
+    raise typer.Exit(code)

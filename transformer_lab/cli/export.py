@@ -3,33 +3,41 @@ work is in ``transformer_lab.routines.export``."""
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, Variant, other_models
+from transformer_lab.cli.common import ModelSeed, RunPath, TrustCode, Variant, other_models
 
 
 def export(
     run_dir: RunPath,
     to_hf: Annotated[Path, typer.Option(
         "--to-hf", help="The folder to write (new or empty): config.json, model.safetensors, "
-        "generation_config.json and the tokenizer's files.", show_default=False)],
+        "generation_config.json, the tokenizer's files (and modeling_tlab.py where no "
+        "transformers class computes the run's model).", show_default=False)],
     variant: Variant = None,
     model_seed: ModelSeed = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """Write the trained model of RUN_DIR (tlab train, tlab compare) as a Hugging Face causal LM
     with its tokenizer: AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it
-    offline, with the same logits and token ids as tlab. LLaMA, Mixtral, GPT-2 and GPT-NeoX
-    (train with preset=...); what their HF config cannot hold is refused, naming the knob."""
+    offline, with the same logits and token ids as tlab: as LLaMA, Mixtral, GPT-2, GPT-NeoX or
+    BLOOM where one of them computes the run's model, else with the run's own code beside the
+    weights (modeling_tlab.py: from_pretrained(OUT_DIR, trust_remote_code=True), no tlab
+    needed). The console says which and why."""
     from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.config.registry import trusting_code
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import console, print_error
     from transformer_lab.routines.export import export_run
 
     try:
-        with working_directory_importable():  # a run with your own components (_target_)
+        # a run with your own components (_target_): --trust-code, the working directory
+        importable = working_directory_importable() if trust_code else nullcontext()
+        with trusting_code(trust_code), importable:
             result = export_run(run_dir, to_hf, variant, model_seed)
     except ConfigError as exc:
         print_error(str(exc))
@@ -37,6 +45,10 @@ def export(
     choice = other_models(result.models)
     tokenizer = f"{result.tokenizer} tokenizer" if result.tokenizer else \
         "no tokenizer (a synthetic task's tokens are their ids)"
+    route = result.route
+    load = ", trust_remote_code=True" if route.remote_code else ""
     console.print(f"{result.header.path} ({result.header.name}{choice}) -> {result.out_dir}: "
-                  f"{result.hf_class}, {tokenizer} ({', '.join(result.files)})",
+                  f"{route.hf_class}, {tokenizer} ({', '.join(result.files)})\n"
+                  f"  why: {route.why}\n"
+                  f"  load: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}{load})",
                   markup=False, highlight=False, soft_wrap=True)

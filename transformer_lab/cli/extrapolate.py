@@ -14,6 +14,7 @@ from transformer_lab.cli.common import (
     Out,
     Overrides,
     Resume,
+    TrustCode,
     hydra_list,
     launch,
 )
@@ -49,6 +50,7 @@ def extrapolate(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """Train each positional encoding at --train-len, evaluate at --eval-lens without retraining;
     writes extrapolation.csv and extrapolation.png. --from-hf DIR / --from-run RUN: evaluate
@@ -61,4 +63,5 @@ def extrapolate(
         "routine.scalings": hydra_list(scaling), "routine.seeds": seeds,
         "routine.finetune_steps": finetune_steps, "train.steps": steps,
     }
-    launch("extrapolate", options, overrides, multirun, out, resume=resume)
+    launch("extrapolate", options, overrides, multirun, out, resume=resume,
+           trust_code=trust_code)

@@ -14,6 +14,7 @@ from transformer_lab.cli.common import (
     Overrides,
     Pe,
     Resume,
+    TrustCode,
     hydra_list,
     launch,
 )
@@ -33,6 +34,7 @@ def plot_pe(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
 ) -> None:
     """PE curves per dimension and a position x dimension heat map, as PNG.
 
@@ -43,4 +45,4 @@ def plot_pe(
     """
     options = {"from_hf": from_hf, "from_run": from_run, "pe": pe, "routine.max_len": max_len,
                "model.d_model": d_model, "routine.dims": hydra_list(dims)}
-    launch("plot_pe", options, overrides, multirun, out, resume=resume)
+    launch("plot_pe", options, overrides, multirun, out, resume=resume, trust_code=trust_code)

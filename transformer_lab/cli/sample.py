@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, Variant, other_models
+from transformer_lab.cli.common import ModelSeed, RunPath, TrustCode, Variant, other_models
 
 
 def sample(
@@ -26,30 +27,52 @@ def sample(
     top_k: Annotated[int | None, typer.Option(
         "--top-k", min=1, help="Draw among the K most likely tokens only.",
         show_default=False)] = None,
-    seed: Annotated[int, typer.Option("--seed", min=0, help="Seed of the draws (the same seed, "
-                                      "the same continuation).")] = 0,
+    top_p: Annotated[float | None, typer.Option(
+        "--top-p", min=0.0, max=1.0, help="Draw among the most likely tokens whose "
+        "probabilities first add up to P (nucleus sampling).", show_default=False)] = None,
+    num_samples: Annotated[int, typer.Option(
+        "--num-samples", "-n", min=1, help="Continuations to draw (one seed for all).")] = 1,
+    seed: Annotated[int | None, typer.Option(
+        "--seed", min=0, help="Seed of the draws (the same seed, the same continuations). "
+        "Default: a fresh one, printed to reuse.", show_default=False)] = None,
+    echo: Annotated[bool, typer.Option(
+        "--echo/--no-echo", help="Print the prompt (in bold on a terminal) before each "
+        "continuation.")] = True,
     variant: Variant = None,
     model_seed: ModelSeed = None,
+    trust_code: TrustCode = False,
 ) -> None:
-    """Print a trained model's continuation of --prompt (text with a text task's tokenizer,
+    """Print a trained model's continuations of --prompt (text with a text task's tokenizer,
     token ids on a synthetic task), from the final weights RUN_DIR kept (tlab train, tlab
-    compare); stderr says which model was used. Greedy, or sampled with --temperature/--top-k
-    and --seed."""
+    compare); stderr says which model was used and the seed. Greedy, or sampled with
+    --temperature/--top-k/--top-p; past the model's context window (a learned position
+    table) the context is cropped to it."""
     from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.config.registry import trusting_code
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import err_console, print_error
     from transformer_lab.routines.sample import Sampling
     from transformer_lab.routines.sample import sample as sample_run
 
     try:
-        settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed)
-        with working_directory_importable():  # a run with your own components (_target_)
+        settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
+                                         num_samples)
+        # a run with your own components (_target_): --trust-code, the working directory
+        importable = working_directory_importable() if trust_code else nullcontext()
+        with trusting_code(trust_code), importable:
             result = sample_run(run_dir, prompt, settings, variant, model_seed)
     except ConfigError as exc:
         print_error(str(exc))
         raise typer.Exit(EXIT_USAGE) from None
     choice = other_models(result.models)
+    window = result.window
+    cropped = "" if window is None or len(result.prompt) + settings.tokens <= window else \
+        f", context cropped to the model's last {window} tokens (its position table)"
     err_console.print(f"{result.header.path} ({result.header.name}{choice}): {len(result.prompt)}"
-                      f" prompt tokens, {len(result.tokens)} new, {settings.describe()}",
+                      f" prompt tokens, {settings.tokens} new, {settings.describe()}{cropped}",
                       markup=False, highlight=False, soft_wrap=True)
-    typer.echo(result.text)
+    for index, text in enumerate(result.texts):
+        if index:
+            typer.echo("-" * 15)
+        head = typer.style(result.prompt_text + result.joiner, bold=True) if echo else ""
+        typer.echo(head + text)

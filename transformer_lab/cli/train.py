@@ -17,6 +17,7 @@ from transformer_lab.cli.common import (
     Pe,
     Resume,
     Seeds,
+    TrustCode,
     launch,
 )
 
@@ -25,6 +26,10 @@ Task = Annotated[str | None, typer.Option(
     "or copy.", show_default=False)]
 Optimizer = Annotated[str | None, typer.Option(
     "--optimizer", help="adamw (default), adam, sgd, muon (tlab list).", show_default=False)]
+Nproc = Annotated[int, typer.Option(
+    "--nproc", min=1, help="Train data-parallel on N processes of this machine (torchrun "
+    "--standalone; DDP, one GPU each, or gloo on the CPU): the global batch is split between "
+    "them; rank 0 writes the run directory (docs/scale.md).")]
 Steps = Annotated[int | None, typer.Option(
     "--steps", min=1, help="Training steps per seed (train.steps, default 300).",
     show_default=False)]
@@ -44,6 +49,8 @@ def train(
     multirun: Multirun = False,
     out: Out = None,
     resume: Resume = None,
+    trust_code: TrustCode = False,
+    nproc: Nproc = 1,
 ) -> None:
     """Train one configuration (default: a small decoder on Tiny Shakespeare, characters);
     held-out loss and perplexity (language tasks) or exact match (reverse, copy) every
@@ -51,4 +58,5 @@ def train(
     N, seeds.csv (tlab report pairs the seeds of a sweep)."""
     options = {"pe": pe, "block": norm, "ffn": activation, "arch": arch, "task": task,
                "optimizer": optimizer, "train.steps": steps, "routine.seeds": seeds}
-    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir)
+    launch("train", options, overrides, multirun, out, resume=resume, config_dir=config_dir,
+           trust_code=trust_code, nproc=nproc)

@@ -124,6 +124,7 @@ SCHEMA: dict[str, Rule] = {
     "train.threads": int_rule(1, nullable=True),
     "train.device": Rule("str", required=True),
     "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),
+    "train.compile": Rule("bool"), "train.grad_accum": POSITIVE_INT,
     # optimizer (the class and its arguments: training.optimizers.check_optimizer, pre-flight)
     "optimizer._target_": Rule("str", required=True), "optimizer.name": Rule("str"),
     "optimizer.params": Rule("str", choices=("all", "hidden_matrices")),

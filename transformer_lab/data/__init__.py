@@ -1,9 +1,11 @@
 """Real text for ``task=text``: named corpora downloaded once into a cache directory
-(``corpus.py``) and the tokenizers that turn text into token ids (``tokenizer.py``).
+(``corpus.py``), the tokenizers that turn text into token ids and the token cache
+(``tokenizer.py``).
 
     corpus_path("tinyshakespeare")      -> Path of the cached, sha256-checked file
     cache_dir()                         -> $TLAB_CACHE, else the platform's user cache dir
-    load_tokens(file, "char"|"byte"|"bpe", bpe_vocab_size) -> (token ids, tokenizer)
+    load_tokens(file, "char"|"byte"|"bpe", bpe_vocab_size) -> (token ids, tokenizer): the
+        ids a read-only memmap in <cache dir>/tokens, tokenised once (docs/data.md)
 
 Nothing here imports torch; BPE needs the ``tokenizers`` library (extra ``text``).
 """

@@ -1,30 +1,35 @@
-"""Tokenizers for ``task=text`` (``task.tokenizer=char|byte|bpe``).
+"""Tokenizers for ``task=text`` (``task.tokenizer=char|byte|bpe``) and the token cache.
 
     char  one token per character; the vocabulary is the text's characters, sorted
     byte  one token per UTF-8 byte; the vocabulary is the 256 byte values
     bpe   byte-level BPE (GPT-2 style) trained on the text itself with the ``tokenizers``
-          library, ``bpe_vocab_size`` tokens (the 256 bytes plus merges); the trained
-          tokenizer and the text's token ids are cached in the cache directory, keyed by the
-          text's sha256 and the vocabulary size, so a second run loads them
+          library, ``bpe_vocab_size`` tokens (the 256 bytes plus merges)
 
-Every tokenizer round-trips: ``decode(encode(text)) == text``. ``load_tokens`` also keeps the
-last few encodings in memory, so building the same task again (one per activation in
-``compare-activations``, one per length in ``extrapolate``) does not tokenize again.
+Every tokenizer round-trips: ``decode(encode(text)) == text``. ``load_tokens`` reads a file
+once, in chunks, and writes its token ids to a memmap in ``<cache dir>/tokens`` (``uint16``
+when the vocabulary fits, else ``uint32``), keyed by the file's sha256 and the tokenizer; a
+second run maps that file and reads only the windows it trains on (docs/data.md).
 """
 
 from __future__ import annotations
 
+import codecs
+import contextlib
 import functools
 import hashlib
+import io
+import itertools
+import json
 import os
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from transformer_lab.data.corpus import cache_dir
+from transformer_lab.data.corpus import cache_dir, file_sha256
 
 TOKENIZERS = ("char", "byte", "bpe")
 BYTE_ALPHABET = 256
@@ -47,7 +52,11 @@ class CharTokenizer:
     def __init__(self, chars: list[str]) -> None:
         self.chars = chars
         self.vocab_size = len(chars)
-        self._codes = np.array([ord(c) for c in chars], dtype=np.uint32)  # sorted
+        codes = np.array([ord(c) for c in chars], dtype=np.int64)
+        # code point -> id; -1 for a character outside the vocabulary (the last entry stands
+        # for every code point above the largest)
+        self._ids = np.full(int(codes.max(initial=-1)) + 2, -1, dtype=np.int32)
+        self._ids[codes] = np.arange(len(chars), dtype=np.int32)
 
     @classmethod
     def fit(cls, text: str) -> CharTokenizer:
@@ -55,8 +64,8 @@ class CharTokenizer:
 
     def encode(self, text: str) -> np.ndarray:
         codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)  # (N,)
-        ids = np.searchsorted(self._codes, codes)
-        if len(ids) and (ids.max() >= self.vocab_size or (self._codes[ids] != codes).any()):
+        ids = self._ids[np.minimum(codes, len(self._ids) - 1)]
+        if (ids < 0).any():
             raise ValueError("the text has characters outside this tokenizer's vocabulary")
         return ids.astype(np.int64)
 
@@ -104,8 +113,9 @@ def _tokenizers_library() -> object:
     return tokenizers
 
 
-def train_bpe(text: str, vocab_size: int) -> BpeTokenizer:
-    """Byte-level BPE with ``vocab_size`` tokens trained on ``text`` (deterministic)."""
+def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
+    """Byte-level BPE with ``vocab_size`` tokens trained on ``text`` (a string, or its lines
+    as ``str.splitlines(keepends=True)`` cuts them; deterministic)."""
     tk = _tokenizers_library()
     tokenizer = tk.Tokenizer(tk.models.BPE())
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
@@ -113,7 +123,8 @@ def train_bpe(text: str, vocab_size: int) -> BpeTokenizer:
     trainer = tk.trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
                                      initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet(),
                                      special_tokens=[])
-    tokenizer.train_from_iterator(text.splitlines(keepends=True), trainer)
+    lines = text.splitlines(keepends=True) if isinstance(text, str) else text
+    tokenizer.train_from_iterator(lines, trainer)
     return BpeTokenizer(tokenizer)
 
 
@@ -131,54 +142,243 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
     return path
 
 
-def _save_ids(path: str, ids: np.ndarray) -> None:
-    with open(path, "wb") as file:
-        np.save(file, ids.astype(np.uint32))
+TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)
+BPE_LINES = 4096  # lines encoded per call of the BPE library's batch encoder
+TOKENS_DIR = "tokens"  # <cache dir>/tokens/<sha256 prefix>-<tokenizer>.bin and .json
 
 
-def cached_bpe(text: str, vocab_size: int) -> tuple[np.ndarray, BpeTokenizer]:
-    """Token ids of ``text`` and its BPE tokenizer, from the cache directory when there
-    (``bpe-<sha256 of text>-<vocab>.json`` and ``.npy``), else trained and saved there."""
+class NotUtf8Error(ValueError):
+    """The file is not UTF-8: ``start`` is the offending byte's offset in the file."""
+
+    def __init__(self, start: int, reason: str) -> None:
+        super().__init__(f"byte {start}: {reason}")
+        self.start, self.reason = start, reason
+
+
+def text_chunks(file: Path) -> Iterator[str]:
+    """The UTF-8 text of ``file`` in pieces, newlines translated as ``Path.read_text`` does
+    (``\\r\\n`` and ``\\r`` -> ``\\n``), so that the pieces join to ``read_text()``."""
+    decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(),
+                                           translate=True)
+    offset = 0  # bytes read before this block
+    with open(file, "rb") as source:
+        while True:
+            block = source.read(TEXT_CHUNK)
+            try:
+                text = decoder.decode(block, final=not block)
+            except UnicodeDecodeError as exc:  # exc.object: bytes held back + this block
+                raise NotUtf8Error(offset + exc.start - (len(exc.object) - len(block)),
+                                   exc.reason) from None
+            offset += len(block)
+            if text:
+                yield text
+            if not block:
+                return
+
+
+def text_lines(file: Path) -> Iterator[list[str]]:
+    """The lines of ``file`` (``read_text().splitlines(keepends=True)``), a chunk at a time."""
+    carry = ""
+    for text in text_chunks(file):
+        lines = (carry + text).splitlines(keepends=True)
+        carry = lines.pop()  # the last line may go on in the next chunk
+        if lines:
+            yield lines
+    if carry:
+        yield [carry]
+
+
+def char_vocabulary(file: Path) -> CharTokenizer:
+    """The char tokenizer of ``file``'s text: one pass over it, a chunk at a time."""
+    seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
+    for text in text_chunks(file):
+        seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+    return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
+
+
+def token_dtype(vocab_size: int) -> np.dtype:
+    """``uint16`` when every id fits (vocabulary up to 65,536 tokens), else ``uint32``."""
+    return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
+
+
+def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
+    """The tokenizer of ``file`` (char: its characters; bpe: trained on its lines)."""
+    if kind == "char":
+        return char_vocabulary(file)
+    if kind == "byte":
+        return ByteTokenizer()
+    check_bpe_vocab_size(bpe_vocab_size)
+    return train_bpe(itertools.chain.from_iterable(text_lines(file)), bpe_vocab_size)
+
+
+def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
+    """Write the token ids of ``file`` to ``out`` as ``token_dtype``, a chunk at a time (BPE
+    through the library's batch encoder, a line per sequence); returns the number of ids."""
+    dtype, count = token_dtype(tokenizer.vocab_size), 0
+    pieces: Iterable[str | list[str]] = text_chunks(file)
+    if isinstance(tokenizer, BpeTokenizer):  # the library's encodings are large: few at once
+        pieces = (lines[i:i + BPE_LINES] for lines in text_lines(file)
+                  for i in range(0, len(lines), BPE_LINES))
+    for piece in pieces:
+        if isinstance(tokenizer, BpeTokenizer):
+            encodings = tokenizer.tokenizer.encode_batch(piece)
+            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype,
+                              count=sum(len(e) for e in encodings))
+        else:
+            ids = tokenizer.encode(piece).astype(dtype)
+        out.write(ids.tobytes())
+        count += len(ids)
+    return count
+
+
+def check_bpe_vocab_size(vocab_size: int) -> None:
     if vocab_size <= BYTE_ALPHABET:
         raise ValueError(f"task.bpe_vocab_size={vocab_size} is too small: byte-level BPE "
                          f"starts from the {BYTE_ALPHABET} byte values; use more (e.g. 512)")
-    tk = _tokenizers_library()
-    key = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    stem = cache_dir() / f"bpe-{key}-{vocab_size}"
-    json_path, ids_path = stem.with_suffix(".json"), stem.with_suffix(".npy")
-    if json_path.is_file() and ids_path.is_file():
-        try:
-            tokenizer = BpeTokenizer(tk.Tokenizer.from_file(str(json_path)))
-            return np.load(ids_path).astype(np.int64), tokenizer
-        except Exception:  # a damaged cache entry: train again and overwrite it
-            pass
-    tokenizer = train_bpe(text, vocab_size)
-    ids = tokenizer.encode(text)
+
+
+def _tokenizer_spec(tokenizer: Tokenizer) -> dict[str, object]:
+    if isinstance(tokenizer, CharTokenizer):
+        return {"chars": "".join(tokenizer.chars)}
+    if isinstance(tokenizer, BpeTokenizer):
+        return {"bpe": tokenizer.tokenizer.to_str()}
+    return {}
+
+
+def _tokenizer_of(kind: str, spec: dict[str, object]) -> Tokenizer:
+    if kind == "char":
+        return CharTokenizer(list(str(spec["chars"])))
+    if kind == "byte":
+        return ByteTokenizer()
+    return BpeTokenizer(_tokenizers_library().Tokenizer.from_str(str(spec["bpe"])))
+
+
+@dataclass(frozen=True)
+class TokenFile:
+    """Token ids ``[start, stop)`` of a cache entry's file (a memmap from ``load_tokens``),
+    read a window at a time with ``seek`` and ``readinto``: resident memory stays what the
+    windows take, however large the file. (Indexing the memory map itself would bring whole
+    large pages of the file into the process, and a long run would come to hold all of it.)"""
+
+    path: str
+    dtype: np.dtype
+    start: int
+    stop: int
+
+    @classmethod
+    def of(cls, ids: np.memmap) -> TokenFile:
+        return cls(str(ids.filename), ids.dtype, ids.offset // ids.dtype.itemsize,
+                   ids.offset // ids.dtype.itemsize + len(ids))
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, part: slice) -> TokenFile:
+        start, stop, step = part.indices(len(self))
+        if step != 1:
+            raise ValueError("a TokenFile is sliced with step 1 only")
+        return TokenFile(self.path, self.dtype, self.start + start, self.start + max(start, stop))
+
+    def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
+        """``(len(starts), length)`` int64: the ``length`` ids from each start on."""
+        out = np.empty((len(starts), length), self.dtype)
+        with open(self.path, "rb", buffering=0) as file:
+            for row, start in zip(out, starts.tolist(), strict=True):
+                file.seek((self.start + start) * self.dtype.itemsize)
+                if file.readinto(row) != row.nbytes:
+                    raise ValueError(f"{self.path} ends before token {self.start + start + length}")
+        return out.astype(np.int64)
+
+
+def _mapped(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
+    if count == 0:  # mmap cannot map an empty file
+        return np.zeros(0, dtype)
+    return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
+
+
+def _cached(bin_path: Path, meta_path: Path, sha256: str,
+            kind: str) -> tuple[np.ndarray, Tokenizer] | None:
+    """The cache entry's ids and tokenizer, or None when it is missing or incomplete."""
     try:
-        atomic_write(json_path, lambda temp: tokenizer.tokenizer.save(temp))
-        atomic_write(ids_path, lambda temp: _save_ids(temp, ids))
-    except OSError:  # a read-only cache still gives a working (uncached) tokenizer
-        pass
-    return ids, tokenizer
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        if meta["sha256"] != sha256 or bin_path.stat().st_size != meta["tokens"] * dtype.itemsize:
+            return None
+        return _mapped(bin_path, dtype, int(meta["tokens"])), _tokenizer_of(kind, meta)
+    except Exception:  # missing or damaged: tokenise again
+        return None
+
+
+def cache_paths(sha256: str, kind: str, bpe_vocab_size: int) -> tuple[Path, Path]:
+    """``<cache dir>/tokens/<sha256[:16]>-<char|byte|bpe<vocab>>.bin`` and its ``.json``."""
+    label = f"bpe{bpe_vocab_size}" if kind == "bpe" else kind
+    stem = cache_dir() / TOKENS_DIR / f"{sha256[:16]}-{label}"
+    return stem.with_suffix(".bin"), stem.with_suffix(".json")
+
+
+def content_sha256(file: Path) -> str:
+    """The sha256 of ``file``'s bytes, streamed; remembered in ``<cache dir>/tokens/seen`` under
+    the file's path, inode, size and modification and change times, so that an unchanged file
+    is not read again (writing to a file changes its change time, which no tool can set)."""
+    stat = file.stat()
+    seen = hashlib.sha256(repr((str(file.resolve()), stat.st_ino, stat.st_size,
+                                stat.st_mtime_ns, stat.st_ctime_ns)).encode()).hexdigest()
+    note = cache_dir() / TOKENS_DIR / "seen" / seen[:32]
+    with contextlib.suppress(OSError):
+        remembered = note.read_text(encoding="ascii")
+        if len(remembered) == 64:
+            return remembered
+    sha256 = file_sha256(file)
+    with contextlib.suppress(OSError):  # a read-only cache: hashed again next time
+        atomic_write(note, lambda temp: Path(temp).write_text(sha256, encoding="ascii"))
+    return sha256
 
 
 @functools.lru_cache(maxsize=8)
 def _encoded(path: str, mtime_ns: int, size: int, kind: str,
              bpe_vocab_size: int) -> tuple[np.ndarray, Tokenizer]:
-    text = Path(path).read_text(encoding="utf-8")
-    if kind == "bpe":
-        ids, tokenizer = cached_bpe(text, bpe_vocab_size)
-    else:
-        tokenizer = CharTokenizer.fit(text) if kind == "char" else ByteTokenizer()
-        ids = tokenizer.encode(text)
-    return ids, tokenizer  # shared by the tasks built from the same file: do not modify
+    file = Path(path)
+    sha256 = content_sha256(file)
+    bin_path, meta_path = cache_paths(sha256, kind, bpe_vocab_size)
+    hit = _cached(bin_path, meta_path, sha256, kind)
+    if hit is not None:
+        return hit
+    tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
+    dtype = token_dtype(tokenizer.vocab_size)
+    count = 0
+
+    def write_ids(temp: str) -> None:
+        nonlocal count
+        with open(temp, "wb") as out:
+            count = encode_file(file, tokenizer, out)
+
+    def write_meta(temp: str) -> None:
+        meta = {"source": path, "sha256": sha256, "tokenizer": kind, "vocab_size":
+                tokenizer.vocab_size, "dtype": dtype.name, "tokens": count,
+                **_tokenizer_spec(tokenizer)}
+        Path(temp).write_text(json.dumps(meta), encoding="utf-8")
+
+    try:  # ids first, then the entry's description: a killed run leaves no usable half
+        atomic_write(bin_path, write_ids)
+        atomic_write(meta_path, write_meta)
+    except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
+        with tempfile.TemporaryFile() as out:
+            encode_file(file, tokenizer, out)
+            out.seek(0)
+            return np.fromfile(out, dtype), tokenizer
+    return _mapped(bin_path, dtype, count), tokenizer
 
 
 def load_tokens(file: Path, kind: str = "char",
                 bpe_vocab_size: int = 512) -> tuple[np.ndarray, Tokenizer]:
-    """Token ids ``(N,)`` of the UTF-8 text ``file`` and the tokenizer that made them."""
+    """Token ids ``(N,)`` of the UTF-8 text ``file`` (a read-only memmap of ``token_dtype``,
+    shared by every task built from the same file; an array in memory where the cache cannot
+    be written) and the tokenizer that made them. Raises ``NotUtf8Error`` for a file that is
+    not UTF-8."""
     if kind not in TOKENIZERS:
         raise ValueError(f"task.tokenizer='{kind}' is not known; valid: {', '.join(TOKENIZERS)}")
+    if kind == "bpe":
+        check_bpe_vocab_size(int(bpe_vocab_size))
     stat = Path(file).stat()
     return _encoded(str(Path(file).resolve()), stat.st_mtime_ns, stat.st_size, kind,
                     int(bpe_vocab_size))

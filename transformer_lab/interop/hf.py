@@ -53,7 +53,8 @@ def hf_config(model_or_dir: Any) -> Any:
         raise ConfigError(f"--from-hf {path} is not a local Hugging Face model directory "
                           f"(no config.json; tlab reads local directories only)")
     try:
-        return transformers.AutoConfig.from_pretrained(path, local_files_only=True)
+        return transformers.AutoConfig.from_pretrained(path, local_files_only=True,
+                                                       trust_remote_code=False)
     except (ValueError, OSError, KeyError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"--from-hf {path}: its config.json cannot be read: {first}") from None
@@ -74,7 +75,9 @@ def _load_dir(path: str) -> Any:
     transformers.utils.logging.disable_progress_bar()  # no "Loading weights" bar in tlab's output
     cls = getattr(transformers, family.hf_class)
     try:
-        return cls.from_pretrained(path, local_files_only=True, dtype="float32").eval()
+        # weights as safetensors only (a pickled pytorch_model.bin is code); no remote code
+        return cls.from_pretrained(path, local_files_only=True, dtype="float32",
+                                   use_safetensors=True, trust_remote_code=False).eval()
     except (OSError, ValueError) as exc:
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"--from-hf {path}: the weights cannot be loaded: {first}") from None
@@ -175,6 +178,8 @@ def preset_of(cfg: DictConfig) -> str:
     """Which family a config belongs to, from its components (for a config that did not
     come from ``from_hf``, e.g. ``compose(["preset=gpt2"])``)."""
     ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))
+    if pe == "alibi":
+        return "bloom"
     if ffn == "moe":
         return "mixtral"
     if ffn == "swiglu" and norm == "rmsnorm":

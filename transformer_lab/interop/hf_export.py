@@ -1,23 +1,25 @@
-"""A trained tlab decoder as a Hugging Face causal language model (``tlab export --to-hf``),
-only where ``transformers`` computes the same function.
+"""A trained tlab decoder as a Hugging Face causal language model (``tlab export --to-hf``).
 
-    family = causal_family(cfg)           # the HF family of the run's components, or refused
-    check_expressible(cfg, family)        # every knob the family's HF config can hold
-    hf = exported_model(model, cfg)       # to_hf, no special tokens, the same logits (checked)
+    route = export_model(model, cfg, directory)   # writes the checkpoint, says which and why
 
-What HF cannot express is refused with one ``ConfigError`` line naming the knobs: a component
-the family's HF config has no setting for (the family's preset tells which it has, e.g. LLaMA's
-``pe=rope``), then every setting of the forward pass that does not survive the way there and
-back (tlab config -> HF config -> the tlab overrides that HF config stands for,
-``Family.overrides``), e.g. ``model.embed_scale`` (LLaMA scales no embedding), a RoPE
-``pe.style`` or ``model.parallel_block``. Settings of training
-only (dropout, initialisation, an MoE's auxiliary losses) are not compared. Last, the exported
-model's logits must equal tlab's on a probe batch within fp32 rounding.
+A run whose components are a ``transformers`` family's is written as that family's model
+(``to_hf``, no special tokens), after folding what its weights can absorb (``fold_scales``:
+an embedding scale into an untied table). What the family's HF config cannot hold is named
+in one line (``check_expressible``): a component it has no setting for, then every setting of
+the forward pass that does not survive the way there and back (tlab config -> HF config ->
+the tlab overrides that HF config stands for, ``Family.overrides``), e.g. a RoPE ``pe.style``
+or ``model.parallel_block``; settings of training only (dropout, initialisation, an MoE's
+auxiliary losses) are not compared. Such a run, and one no family has, is written with its
+own code instead (``hf_remote``). Either way the exported model's logits must equal tlab's on
+a probe batch within fp32 rounding.
 """
 
 from __future__ import annotations
 
+import copy
 import math
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -108,6 +110,8 @@ def check_expressible(cfg: DictConfig, family: Family) -> Any:
         what = ", ".join(wrong) or f"settings ({type(exc).__name__}: {exc})"
         raise ConfigError(f"{family.hf_class} cannot express this run's {what}") from None
     ours, theirs = forward_settings(cfg), forward_settings(back)
+    if "max_len" not in cfg.pe:  # model.max_len sizes a PE's table only (none for ALiBi)
+        ours.pop("model.max_len"), theirs.pop("model.max_len")
     lost = [f"{key}={_shown(ours.get(key))} (it has {_shown(theirs.get(key))})"
             for key in sorted(set(ours) | set(theirs))
             if not _same(ours.get(key), theirs.get(key))]
@@ -161,10 +165,91 @@ def check_same_logits(model: TransformerModel, hf: Any, cfg: DictConfig) -> floa
     return difference
 
 
-def exported_model(model: TransformerModel, cfg: DictConfig) -> Any:
-    """``to_hf`` of a trained decoder after the checks above: a ``transformers`` causal LM with
-    no special tokens whose logits equal tlab's."""
-    check_expressible(cfg, causal_family(cfg))
-    hf = without_special_tokens(to_hf(model, cfg))
+@dataclass(frozen=True)
+class Route:
+    """How a run is exported and why (one sentence for the console)."""
+
+    hf_class: str  # the transformers class, or TlabForCausalLM (the run's own code)
+    remote_code: bool  # modeling_tlab.py beside the weights: load with trust_remote_code=True
+    why: str
+
+
+def fold_scales(model: TransformerModel, cfg: DictConfig
+                ) -> tuple[TransformerModel, DictConfig, list[str]]:
+    """(model, cfg, what was folded): ``model.embed_scale`` multiplied into an untied token
+    embedding table (s E[t] is a row of s E; tied, the output head s E would scale the logits
+    too) and ``model.pe_scale`` into a learned position table; the model and config unchanged
+    where nothing folds."""
+    folds, scale = [], float(model.embed_scale)
+    tied = model.lm_head.weight is model.token_embedding.weight
+    learned = isinstance(getattr(model.positional, "weight", None), torch.nn.Parameter)
+    fold_embedding = scale != 1.0 and not tied
+    fold_pe = model.pe_kind == "additive" and learned and float(model.pe_scale) != 1.0
+    if not (fold_embedding or fold_pe):
+        return model, cfg, folds
+    model, cfg = copy.deepcopy(model), copy.deepcopy(cfg)
+    with torch.no_grad():
+        if fold_embedding:
+            model.token_embedding.weight.mul_(scale)
+            model.embed_scale, cfg.model.embed_scale = 1.0, "none"
+            folds.append(f"model.embed_scale={scale:g} folded into the token embedding table")
+        if fold_pe:
+            model.positional.weight.mul_(float(model.pe_scale))
+            folds.append(f"model.pe_scale={float(model.pe_scale):g} folded into the learned "
+                         "position table")
+            model.pe_scale, cfg.model.pe_scale = 1.0, 1.0
+    return model, cfg, folds
+
+
+def family_export(model: TransformerModel, cfg: DictConfig) -> tuple[Any, list[str]]:
+    """(the ``transformers`` model of the run's family with no special tokens and tlab's
+    logits, what was folded into its weights); ``ConfigError`` naming what the family cannot
+    express."""
+    family = causal_family(cfg)
+    folded_model, folded_cfg, folds = fold_scales(model, cfg)
+    try:
+        check_expressible(folded_cfg, family)
+    except ConfigError as refusal:
+        if "model.embed_scale" in str(refusal) and cfg.model.get("tie_embeddings"):
+            raise ConfigError(f"{refusal} (the output head shares the embedding table, so the "
+                              "scale cannot be folded into it)") from None
+        raise
+    hf = without_special_tokens(to_hf(folded_model, folded_cfg))
     check_same_logits(model, hf, cfg)
-    return hf
+    return hf, folds
+
+
+def export_model(model: TransformerModel, cfg: DictConfig, directory: Path) -> Route:
+    """Write a trained decoder into ``directory`` as a Hugging Face causal LM: its family's
+    class where one expresses it (after ``fold_scales``), else the run's own code
+    (``hf_remote``, loaded with ``trust_remote_code=True``); the logits are checked either way.
+    ``ConfigError`` for an encoder or a component of the user's own."""
+    from transformer_lab.interop.hf_remote import load_remote, write_remote_code
+
+    family = causal_family_or_none(cfg)  # an encoder is refused here
+    if family is None:
+        reason = f"no transformers causal LM has this run's components ({components_text(cfg)})"
+    else:
+        try:
+            hf, folds = family_export(model, cfg)
+        except ConfigError as refusal:
+            reason = str(refusal).rstrip(".")
+        else:
+            hf.save_pretrained(directory)
+            why = (f"{family.hf_class} computes this run's model ({components_text(cfg)}: "
+                   f"preset={family.preset}'s components)")
+            return Route(type(hf).__name__, False, why + "".join(f"; {f}" for f in folds))
+    write_remote_code(model, cfg, directory)
+    check_same_logits(model, load_remote(directory), cfg)
+    return Route("TlabForCausalLM", True, f"{reason}: the run's own code is written beside "
+                 "the weights (modeling_tlab.py)")
+
+
+def causal_family_or_none(cfg: DictConfig) -> Family | None:
+    """``causal_family``, None where no family has the components (an encoder is refused)."""
+    try:
+        return causal_family(cfg)
+    except ConfigError:
+        if not cfg.arch.causal:
+            raise
+        return None

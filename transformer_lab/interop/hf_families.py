@@ -13,6 +13,12 @@ from typing import Any
 
 import torch
 
+from transformer_lab.interop.hf_bloom import (
+    bloom_config,
+    bloom_overrides,
+    bloom_to_hf,
+    bloom_to_tlab,
+)
 from transformer_lab.interop.hf_common import (
     Family,
     State,
@@ -175,6 +181,8 @@ FAMILIES: dict[str, Family] = {
                    gpt2_config),
     "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", neox_overrides, neox_to_tlab,
                        neox_to_hf, neox_config),
+    "bloom": Family("bloom", "BloomForCausalLM", bloom_overrides, bloom_to_tlab, bloom_to_hf,
+                    bloom_config),
     "bert": Family("bert", "BertModel", bert_overrides, bert_to_tlab, bert_to_hf, bert_config,
                    output_head=False, hf_init=(("add_pooling_layer", False),)),
     "t5": Family("t5_encoder", "T5EncoderModel", t5_overrides, t5_to_tlab, t5_to_hf, t5_config,

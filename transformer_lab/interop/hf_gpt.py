@@ -134,7 +134,7 @@ def _neox_pairs(n_layers: range) -> list[tuple[str, str]]:
     return pairs
 
 
-def _regroup(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
+def regroup_qkv(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
     """Rows grouped ``(first, second, Dh)`` -> ``(second, first, Dh)``: per head (H, 3) to
     per projection (3, H) and back. ``t``: a weight ``(3 H Dh, D)`` or a bias ``(3 H Dh,)``."""
     rows = t.view(first, second, -1, *t.shape[1:])
@@ -148,7 +148,7 @@ def neox_to_tlab(hc: Any, hf: State) -> State:
         for w in ("weight", "bias"):
             name = f"gpt_neox.layers.{i}.attention.query_key_value.{w}"
             if name in hf:
-                out[f"blocks.{i}.attention.qkv_proj.{w}"] = _regroup(hf[name], heads, 3)
+                out[f"blocks.{i}.attention.qkv_proj.{w}"] = regroup_qkv(hf[name], heads, 3)
     return out
 
 
@@ -158,7 +158,7 @@ def neox_to_hf(cfg: Any, tl: State) -> State:
         for w in ("weight", "bias"):
             name = f"blocks.{i}.attention.qkv_proj.{w}"
             if name in tl:
-                out[f"gpt_neox.layers.{i}.attention.query_key_value.{w}"] = _regroup(
+                out[f"gpt_neox.layers.{i}.attention.query_key_value.{w}"] = regroup_qkv(
                     tl[name], 3, cfg.model.n_heads)
     return out
 

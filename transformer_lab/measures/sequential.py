@@ -184,6 +184,8 @@ class SequentialTest:
     NaN differences (a diverged seed) are dropped and counted in ``dropped``.
     """
 
+    design = "anytime-valid"
+
     def __init__(self, variants: Sequence[str], baseline: str, alpha: float = 0.05,
                  max_seeds: int | None = None, lower_is_better: bool = True) -> None:
         self.variants = [v for v in variants if v != baseline]
@@ -266,6 +268,10 @@ class SequentialTest:
         if variant in self._decided:
             return STOPPED_VERDICT
         return "" if self._running(variant) else STOPPED_MAX_SEEDS
+
+    def describe(self, variant: str) -> str:
+        """The variant's e-value against the verdict threshold, for console lines and notes."""
+        return f"e-value {self.e_value(variant):.3g} (a verdict at {self.threshold:.3g})"
 
     def running(self) -> list[str]:
         """The variants that still take seeds (the next group need train only these and the

@@ -96,12 +96,23 @@ def _natural_key(path: Path) -> list[Any]:
 
 
 def _load_yaml(path: Path) -> Any:
+    """A run's YAML file as plain data (a run may come from elsewhere: no interpolation is
+    resolved, nothing named in it is imported); None when missing or unreadable."""
     from omegaconf import OmegaConf
 
     try:
-        return OmegaConf.load(path) if path.exists() else None
+        return OmegaConf.to_container(OmegaConf.load(path)) if path.exists() else None
     except Exception:
         return None
+
+
+def _select(node: Any, key: str, default: Any = None) -> Any:
+    """``a.b.c`` of nested dicts (``OmegaConf.select`` on plain data, nothing resolved)."""
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return node
 
 
 def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
@@ -114,26 +125,17 @@ def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
     hydra_cfg = _load_yaml(run_dir / ".hydra" / "hydra.yaml")
     extra: dict[str, Any] = {}
     if hydra_cfg is not None:
-        from omegaconf import OmegaConf
-
-        choices = OmegaConf.select(hydra_cfg, "hydra.runtime.choices")
-        extra["choices"] = {str(k): v for k, v in (choices or {}).items()}
-        extra["job"] = OmegaConf.select(hydra_cfg, "hydra.job.num", default=None)
+        choices = _select(hydra_cfg, "hydra.runtime.choices")
+        extra["choices"] = {str(k): v for k, v in choices.items()} \
+            if isinstance(choices, dict) else {}
+        extra["job"] = _select(hydra_cfg, "hydra.job.num")
     return overrides, extra
 
 
 def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
-    from omegaconf import OmegaConf
-
     if run_dir not in cache:
         cache[run_dir] = _load_yaml(run_dir / "config.yaml")
-    cfg = cache[run_dir]
-    if cfg is None:
-        return None
-    try:
-        value = OmegaConf.select(cfg, key, default=None)
-    except Exception:
-        return None
+    value = _select(cache[run_dir], key)
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 

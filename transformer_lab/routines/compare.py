@@ -93,6 +93,7 @@ from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import STOPPED_VERDICT, SequentialTest
 from transformer_lab.measures.statistics import (
     BASELINE,
@@ -193,13 +194,19 @@ AUTO_MAX_SEEDS = 32   # --seeds auto: at most this many paired seeds per variant
 ALPHA = 0.05          # the verdicts' false-positive rate (over all variants together)
 
 
+ANYTIME, GROUP_SEQUENTIAL = "anytime", "group"  # the two sequential designs
+
+
 @dataclass(frozen=True)
 class SeedPlan:
     """``routine.seeds``: ``count`` fixed seeds, or (``auto``) seeds in groups of
-    ``AUTO_GROUP`` until every variant has an anytime-valid verdict or ``count`` seeds."""
+    ``AUTO_GROUP`` until every variant has a verdict or ``count`` seeds: ``auto`` and
+    ``anytime:MAX`` the anytime-valid test (``measures.sequential``), ``auto:MAX`` the
+    group-sequential design planned to MAX (``measures.group_sequential``)."""
 
     count: int
     auto: bool = False
+    design: str = ANYTIME
 
 
 def seed_plan(cfg: DictConfig) -> SeedPlan:
@@ -212,12 +219,14 @@ def seed_plan(cfg: DictConfig) -> SeedPlan:
     if text == "auto":
         return SeedPlan(AUTO_MAX_SEEDS, auto=True)
     head, colon, most = text.partition(":")
-    if head == "auto" and colon and most.isdigit() and int(most) >= AUTO_GROUP:
-        return SeedPlan(int(most), auto=True)
+    if head in ("auto", ANYTIME) and colon and most.isdigit() and int(most) >= AUTO_GROUP:
+        return SeedPlan(int(most), auto=True,
+                        design=GROUP_SEQUENTIAL if head == "auto" else ANYTIME)
     raise ConfigError(f"--seeds {text} (routine.seeds={text}): give a positive integer (that "
-                      f"many seeds) or auto[:MAX] (groups of {AUTO_GROUP} seeds until every "
-                      f"variant has a verdict; MAX >= {AUTO_GROUP}, default {AUTO_MAX_SEEDS}), "
-                      "e.g. --seeds 8 or --seeds auto:16")
+                      f"many seeds), auto[:MAX] (groups of {AUTO_GROUP} seeds until every "
+                      f"variant has a verdict; auto:MAX a group-sequential design planned to "
+                      f"MAX >= {AUTO_GROUP}, auto alone the anytime-valid test to "
+                      f"{AUTO_MAX_SEEDS}) or anytime:MAX, e.g. --seeds 8 or --seeds auto:16")
 
 
 # The routine's own keys (``routines.check_settings``; the variation and the baseline among its
@@ -388,18 +397,20 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
     return trainer.runs
 
 
-def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory,
-                               keep_weights: bool = False) -> tuple[list[SeedRun], SequentialTest]:
+def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
+                               ) -> tuple[list[SeedRun], SequentialTest | GroupSequentialTest]:
     """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP``; after
-    each group the anytime-valid paired test of every variant against the baseline
-    (``measures.sequential.SequentialTest``, e-value Bonferroni over the variants) takes the
-    group's final losses, and the next group trains only the baseline and the variants still
-    without a verdict; it stops when every variant has one or has MAX paired seeds. Prints each
-    group's running intervals."""
+    each group the sequential paired test of every variant against the baseline (``auto``,
+    ``anytime:MAX``: the anytime-valid ``SequentialTest``, e-value Bonferroni; ``auto:MAX``:
+    the ``GroupSequentialTest`` planned to MAX, Bonferroni) takes the group's final losses, and
+    the next group trains only the baseline and the variants still without a verdict; it stops
+    when every variant has one or has MAX paired seeds. Prints each group's running intervals."""
     plan, configs = seed_plan(cfg), variant_configs(cfg)
     names = [name for name, _ in configs]
     baseline = baseline_of(cfg) or names[0]
-    test = SequentialTest(names, baseline, alpha=ALPHA, max_seeds=plan.count)
+    test = (GroupSequentialTest(names, baseline, max_seeds=plan.count, alpha=ALPHA)
+            if plan.design == GROUP_SEQUENTIAL else
+            SequentialTest(names, baseline, alpha=ALPHA, max_seeds=plan.count))
     trainer = VariantTrainer(cfg, run, "compare", keep_weights)
     start, trained = int(cfg.seed), 0
     while not test.done():
@@ -413,17 +424,16 @@ def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory,
     return trainer.runs, test
 
 
-def running_line(test: SequentialTest, trained: int) -> str:
-    """After a group: per variant, the running anytime-valid interval for ``variant -
-    baseline`` (final loss), its e-value against the verdict threshold, and its state."""
-    lines = [f"seeds auto, {trained} seeds trained (a verdict at e-value "
-             f"{test.threshold:.3g}):"]
+def running_line(test: SequentialTest | GroupSequentialTest, trained: int) -> str:
+    """After a group: per variant, the running interval for ``variant - baseline`` (final
+    loss), its statistic against the verdict threshold, and its state."""
+    lines = [f"seeds auto ({test.design}), {trained} seeds trained:"]
     for name in test.variants:
         low, high = test.interval(name)
         state = test.verdict(name) or ("running" if not test.stopped_because(name)
                                        else "no verdict at MAX")
-        lines.append(f"  {name} - {test.baseline}: [{low:.3g}, {high:.3g}] e-value "
-                     f"{test.e_value(name):.3g} after {test.seeds_used(name)} paired seeds: "
+        lines.append(f"  {name} - {test.baseline}: [{low:.3g}, {high:.3g}] "
+                     f"{test.describe(name)} after {test.seeds_used(name)} paired seeds: "
                      f"{state}")
     return "\n".join(lines)
 
@@ -473,7 +483,7 @@ COMPARISON_COLUMNS = ["activation", "params", "ffn_params", "tokens_per_s", "rel
                       "first_loss", "steps", "final_loss_ci_low", "final_loss_ci_high",
                       *VERDICT_COLUMNS, "early_loss", "late_loss_std", "variant", "varied",
                       "params_vs_baseline", "params_note", "seeds_used", "stopped_because",
-                      "e_value"]
+                      "e_value", "sequential_design"]
 RUN_COLUMNS = ["activation", "seed", "params", "ffn_params", "tokens_per_s", "final_loss",
                "final_train_loss", "first_loss", "grad_norm_mean", "grad_norm_std", "steps",
                "wall_s", "early_loss", "late_loss_std", "variant"]
@@ -610,7 +620,8 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
 STOPPED_FIXED = "fixed"  # stopped_because of a fixed --seeds N comparison
 
 
-def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dict]:
+def with_seed_columns(rows: list[dict],
+                      test: SequentialTest | GroupSequentialTest | None) -> list[dict]:
     """``seeds_used`` and ``stopped_because`` on every row. Fixed seeds (``test`` None): the
     seeds each variant trained, ``fixed``. ``--seeds auto``: the sequential test's verdict
     replaces the fixed test's (``verdict``; ``diff_ci_low/high``: its anytime-valid interval
@@ -623,15 +634,21 @@ def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dic
         name = row["variant"]
         if test is None or name not in test.variants:
             continue
-        e_value = test.e_value(name)
         low, high = test.interval(name)
+        if isinstance(test, GroupSequentialTest):
+            p_value = test.p_value(name)
+            level = test.nominal_level(name)
+            statistics = dict(p_value=p_value, e_value=None, p_adjusted=min(
+                1.0, p_value * ALPHA / level) if level > 0 else 1.0)
+        else:
+            e_value = test.e_value(name)
+            statistics = dict(p_value=min(1.0, 1 / e_value), e_value=e_value,
+                              p_adjusted=min(1.0, len(test.variants) / e_value))
         row.update(verdict=test.verdict(name) or NO_DIFFERENCE, diff_ci_low=low,
-                   diff_ci_high=high, p_value=min(1.0, 1 / e_value),
-                   p_adjusted=min(1.0, len(test.variants) / e_value), e_value=e_value,
+                   diff_ci_high=high, **statistics, sequential_design=test.design,
                    seeds_used=test.seeds_used(name),
                    stopped_because=test.stopped_because(name),
-                   note=f"seeds auto: anytime-valid sequential sign-flip test, e-value "
-                        f"{e_value:.3g} (a verdict at {test.threshold:.3g}) after "
+                   note=f"seeds auto: {test.design} test, {test.describe(name)} after "
                         f"{test.seeds_used(name)} paired seeds"
                         + (f", {test.dropped[name]} non-finite dropped"
                            if test.dropped[name] else ""))
@@ -648,10 +665,13 @@ def sequential_line(row: dict, baseline: str) -> str:
     sign = -1.0 if diff < 0 else 1.0
     low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
     stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
+    anytime = row.get("e_value") is not None
+    statistic = (f"e-value {row['e_value']:.3g}" if anytime
+                 else f"group-sequential p {row['p_value']:.3g}")
     return (f"{row['variant']} vs {baseline}: final_loss {abs(diff):.3g} "
-            f"{'lower' if diff < 0 else 'higher'}, anytime {1 - ALPHA:.0%} interval {low:.3g} "
-            f"to {high:.3g}, e-value {row['e_value']:.3g} after {row['seeds_used']} paired "
-            f"seeds{stopped} -> {row['verdict']}")
+            f"{'lower' if diff < 0 else 'higher'}, {'anytime' if anytime else 'repeated'} "
+            f"{1 - ALPHA:.0%} interval {low:.3g} to {high:.3g}, {statistic} after "
+            f"{row['seeds_used']} paired seeds{stopped} -> {row['verdict']}")
 
 
 # What sizes each part of the model (``parameter_parts``), to match a variant's parameters.
@@ -709,7 +729,7 @@ def verdict_lines(rows: list[dict]) -> list[str]:
 
 def verdict_line(row: dict, baseline: str) -> str:
     """``row``'s verdict against ``baseline`` in words (fixed or ``--seeds auto``)."""
-    if row.get("e_value") is not None:
+    if row.get("sequential_design"):
         return sequential_line(row, baseline)
     return describe(row["variant"], row, baseline)
 

@@ -2,13 +2,14 @@
 
 Not a Hydra routine: it reads the final weights a run kept (``training.checkpoint``) and writes
 ``OUT_DIR`` only: ``config.json``, ``model.safetensors`` and ``generation_config.json`` of the
-``transformers`` causal LM that computes the same logits (``interop.hf_export``: LLaMA,
-Mixtral, GPT-2, GPT-NeoX), and the run's tokenizer (``interop.hf_tokenizer``:
-``tokenizer.json``, ``tokenizer_config.json``) where the task has one, so that
-``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` and ``AutoTokenizer.from_pretrained(OUT_DIR)``
-load it offline. Everything is written into a temporary folder beside ``OUT_DIR`` and renamed
-into place at the end: an interrupted export leaves no half checkpoint, and a folder that holds
-files already is refused (a user's files are never overwritten).
+``transformers`` causal LM that computes the same logits (``interop.hf_export``: a family's
+class, or the run's own bundled code, ``modeling_tlab.py``), and the run's tokenizer
+(``interop.hf_tokenizer``: ``tokenizer.json``, ``tokenizer_config.json``) where the task has
+one, so that ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` (with ``trust_remote_code=True``
+for the run's own code) and ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it offline.
+Everything is written into a temporary folder beside ``OUT_DIR`` and renamed into place at the
+end: an interrupted export leaves no half checkpoint, and a folder that holds files already is
+refused (a user's files are never overwritten).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.interop.hf_export import Route
 from transformer_lab.training.checkpoint import WeightsHeader, choose_model, load_trained
 
 
@@ -29,7 +31,7 @@ class Export:
     header: WeightsHeader  # the model exported
     models: list[WeightsHeader]  # every model of the run
     out_dir: Path
-    hf_class: str
+    route: Route  # the transformers class and why
     files: list[str]  # the file names written in out_dir
     tokenizer: str | None  # the tokenizer written (char, byte, bpe), or None
 
@@ -47,22 +49,21 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
                model_seed: int | None = None) -> Export:
     """Export the model of run ``path`` (a run directory or one of its weights files) chosen by
     ``variant`` and ``model_seed`` to ``out_dir`` (module docstring)."""
-    from transformer_lab.interop.hf_export import exported_model
+    from transformer_lab.interop.hf_export import export_model
     from transformer_lab.interop.hf_tokenizer import hf_tokenizer
 
     check_new_directory(out_dir)
     header, models = choose_model(path, variant, model_seed, option="tlab export")
     trained = load_trained(header.path)
-    hf = exported_model(trained.model, trained.cfg)
     tokenizer = None if trained.tokenizer is None else hf_tokenizer(trained.tokenizer)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".part",
-                                    dir=out_dir.parent))
+    staging = Path(tempfile.mkdtemp(prefix=f"tlab_export_{out_dir.name}_".replace(".", "_"),
+                                    suffix="_part", dir=out_dir.parent))
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # a one-file write needs no "Writing model shards" bar
     try:
-        hf.save_pretrained(staging)
+        route = export_model(trained.model, trained.cfg, staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         check_new_directory(out_dir)  # still new: nobody wrote there meanwhile
@@ -71,6 +72,5 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
         staging.rename(out_dir)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-    return Export(header, models, out_dir, type(hf).__name__,
-                  sorted(p.name for p in out_dir.iterdir()),
+    return Export(header, models, out_dir, route, sorted(p.name for p in out_dir.iterdir()),
                   None if trained.tokenizer is None else trained.tokenizer.name)

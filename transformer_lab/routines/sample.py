@@ -7,17 +7,20 @@ narrowed by variant and seed; the first model left is used, and ``Sample.header`
 
 The prompt is text on a text task (``task=text``: the run's char, byte or BPE tokenizer) and
 token ids separated by spaces on a synthetic one (``task=lm``, ``reverse``, ``copy``); the
-continuation is ``model.generate``'s with the KV cache: greedy (``temperature`` 0) or drawn from
-``softmax(logits / temperature)`` over the ``top_k`` most likely tokens, with a generator seeded
-by ``seed`` (the same seed, the same tokens). Refused in one line (``ConfigError``): an encoder,
-a prompt the tokenizer cannot encode (naming the characters), token ids outside the vocabulary,
-a length the model's positional encoding cannot reach.
+continuations are ``model.generate``'s with the KV cache: greedy (``temperature`` 0) or drawn
+from ``softmax(logits / temperature)`` over the ``top_k`` most likely tokens and the ``top_p``
+nucleus, ``num_samples`` of them from one generator seeded by ``seed`` (the same seed, the same
+tokens; a fresh seed unless one is given). Past the model's context window (a learned
+position table's ``max_len``) the context is cropped to its last tokens, as nanoGPT does.
+Refused in one line (``ConfigError``): an encoder, a prompt the tokenizer cannot encode (naming
+the characters), token ids outside the vocabulary.
 
 In this order: the settings, the prompt, the continuation.
 """
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,28 +48,43 @@ class Sampling:
     tokens: int = DEFAULT_TOKENS
     temperature: float = 1.0
     top_k: int | None = None
+    top_p: float | None = None
     seed: int = 0
+    num_samples: int = 1
+    seed_given: bool = True  # False: a fresh seed drawn for this call (printed, to reuse)
 
     @classmethod
     def from_options(cls, tokens: int, greedy: bool, temperature: float | None,
-                     top_k: int | None, seed: int) -> Sampling:
-        """The command's options: ``--greedy`` or ``--temperature T [--top-k K]`` (default:
-        temperature 1 over every token); ``ConfigError`` when they contradict."""
-        if greedy and (temperature not in (None, 0.0) or top_k is not None):
+                     top_k: int | None, seed: int | None, top_p: float | None = None,
+                     num_samples: int = 1) -> Sampling:
+        """The command's options: ``--greedy`` or ``--temperature T [--top-k K] [--top-p P]``
+        (default: temperature 1 over every token) and ``--seed`` (default: a fresh one);
+        ``ConfigError`` when they contradict."""
+        if greedy and (temperature not in (None, 0.0) or top_k is not None or top_p is not None):
             given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
-                f"--top-k {top_k}"
+                f"--top-k {top_k}" if top_k is not None else f"--top-p {top_p}"
             raise ConfigError(f"--greedy takes the most likely token; {given} draws one: give "
                               "one of them")
         if tokens < 1:
             raise ConfigError(f"--tokens {tokens} is not valid; generate 1 or more tokens")
+        if top_p is not None and not 0 < top_p <= 1:
+            raise ConfigError(f"--top-p {top_p} is not valid; give a probability in (0, 1]")
+        if num_samples < 1:
+            raise ConfigError(f"--num-samples {num_samples} is not valid; give 1 or more")
         chosen = 0.0 if greedy else (1.0 if temperature is None else float(temperature))
-        return cls(int(tokens), chosen, top_k, int(seed))
+        fresh = seed is None
+        return cls(int(tokens), chosen, top_k, top_p,
+                   secrets.randbelow(2**31) if fresh else int(seed), int(num_samples),
+                   seed_given=not fresh)
 
     def describe(self) -> str:
+        samples = f" x {self.num_samples} samples" if self.num_samples > 1 else ""
         if self.temperature == 0:
-            return "greedy"
+            return "greedy" + samples
         top = f", top-k {self.top_k}" if self.top_k is not None else ""
-        return f"temperature {self.temperature:g}{top}, seed {self.seed}"
+        top += f", top-p {self.top_p:g}" if self.top_p is not None else ""
+        reuse = "" if self.seed_given else f" (reuse with --seed {self.seed})"
+        return f"temperature {self.temperature:g}{top}{samples}, seed {self.seed}{reuse}"
 
 
 # --- the prompt -----------------------------------------------------------------------------
@@ -118,13 +136,26 @@ def render(trained: TrainedModel, ids: list[int]) -> str:
 
 @dataclass(frozen=True)
 class Sample:
-    """A continuation and where it came from."""
+    """Continuations and where they came from."""
 
     header: WeightsHeader  # the model used
     models: list[WeightsHeader]  # every model of the run
     prompt: list[int]
-    tokens: list[int]  # the continuation's ids
-    text: str  # the continuation, rendered
+    prompt_text: str  # the prompt, rendered as the continuations are
+    samples: list[list[int]]  # each continuation's ids
+    texts: list[str]  # each continuation, rendered
+    window: int | None  # the model's context window (cropped past it), or None
+    joiner: str  # between the prompt and a continuation: "" (text) or " " (token ids)
+
+    @property
+    def tokens(self) -> list[int]:
+        """The first continuation's ids."""
+        return self.samples[0]
+
+    @property
+    def text(self) -> str:
+        """The first continuation, rendered."""
+        return self.texts[0]
 
 
 def require_decoder(trained: TrainedModel) -> None:
@@ -135,28 +166,35 @@ def require_decoder(trained: TrainedModel) -> None:
                           "decoder's run (arch=decoder)")
 
 
-def continue_prompt(trained: TrainedModel, ids: torch.Tensor, sampling: Sampling) -> list[int]:
-    """``model.generate``'s continuation of ``ids`` (1, P) -> ``sampling.tokens`` ids."""
+def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
+                    sampling: Sampling) -> list[list[int]]:
+    """``model.generate``'s ``sampling.num_samples`` continuations of ``ids`` (1, P), one
+    generator seeded by ``sampling.seed`` for all: ``sampling.tokens`` ids each. Past the
+    model's context window the context is cropped to it (``generate``)."""
     generator = torch.Generator().manual_seed(sampling.seed)
+    rows = ids.repeat(sampling.num_samples, 1)  # (N, P)
     try:
-        new = trained.model.generate(ids, sampling.tokens, temperature=sampling.temperature,
-                                     top_k=sampling.top_k, generator=generator)  # (1, N)
-    except (ValueError, IndexError) as exc:  # e.g. a learned PE asked past its table
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"the prompt ({ids.shape[1]} tokens) and --tokens {sampling.tokens} "
-                          f"go past what the model can reach (model.max_len="
+        new = trained.model.generate(rows, sampling.tokens, temperature=sampling.temperature,
+                                     top_k=sampling.top_k, top_p=sampling.top_p,
+                                     generator=generator)  # (N, tokens)
+    except (ValueError, IndexError) as exc:  # e.g. a PE of your own that cannot go further
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(";")[0]
+        raise ConfigError(f"the model cannot continue the prompt ({ids.shape[1]} tokens) by "
+                          f"--tokens {sampling.tokens} (model.max_len="
                           f"{trained.cfg.model.max_len}, pe={trained.cfg.pe.get('name')}): "
-                          f"{first}") from None
-    return new[0].tolist()
+                          f"{first}; give a shorter --prompt or fewer --tokens") from None
+    return new.tolist()
 
 
 def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | None = None,
            model_seed: int | None = None) -> Sample:
-    """The continuation of ``prompt`` by the model of run ``path`` (a run directory or one of
+    """The continuations of ``prompt`` by the model of run ``path`` (a run directory or one of
     its weights files) chosen by ``variant`` and ``model_seed``."""
     header, models = choose_model(path, variant, model_seed, option="tlab sample")
     trained = load_trained(header.path)
     require_decoder(trained)
     ids = prompt_ids(trained, prompt)
-    new = continue_prompt(trained, ids, sampling)
-    return Sample(header, models, ids[0].tolist(), new, render(trained, new))
+    samples = continue_prompt(trained, ids, sampling)
+    return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), samples,
+                  [render(trained, new) for new in samples], trained.model.context_window,
+                  " " if trained.tokenizer is None else "")

@@ -16,7 +16,10 @@ each built and trained as a run of its own (the same numbers as a one-seed run o
 ``tlab report`` pairs the seeds of a sweep (``-m pe=rope,alibi``) and gives verdicts.
 ``summary.csv``: those numbers, averaged over the seeds (``steps``: the longest; ``wall_s``: the
 whole run's).
-The console prints one line per seed (and their mean).
+The console prints one line per seed (and their mean). Where it trained and how fast: ``device``,
+``world_size``, ``step_ms`` and ``steady_tokens_per_s`` (the first step and evaluations left
+out) and ``mfu`` (``Utilisation``, ``training.throughput``). Under torchrun (``tlab train --nproc
+N``) only rank 0 keeps files (``RunCheckpoints``); docs/scale.md.
 
 Each seed's final weights are kept as it finishes (``RunCheckpoints``): ``model.safetensors``
 for one seed, ``models/seed<k>.safetensors`` for several (``training.checkpoint``: each file's
@@ -47,6 +50,7 @@ from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT
+from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
 from transformer_lab.results.console import console
@@ -64,6 +68,9 @@ from transformer_lab.routines.variants import seed_list, seed_sources, train_set
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
 from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
+from transformer_lab.training.distributed import joined, resolve_device, world
+from transformer_lab.training.pretrained import load_pretrained
+from transformer_lab.training.throughput import model_flops_utilisation, peak_flops
 from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
 
 STAGE = "train"  # the ``stage`` of its rows in metrics.csv
@@ -125,7 +132,8 @@ class TrainedSeed:
         else:
             numbers["final_exact_match"] = self.held_out.get("exact_match", math.nan)
             numbers["best_exact_match"] = r.best_exact_match
-        return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s}
+        return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+                "step_ms": r.step_ms, "steady_tokens_per_s": r.steady_tokens_per_s}
 
 
 def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
@@ -156,6 +164,7 @@ class RunCheckpoints:
         self.cfg, self.run, self.task, self.seeds = cfg, run, task, list(seeds)
         self.path = run.path / CHECKPOINT_FILE
         self.enabled = int(cfg.train.get("checkpoint_every") or 0) > 0
+        self.writes = world().leader  # under torchrun only rank 0 keeps files
         self.config = config_yaml(cfg) if self.enabled else ""  # once (the YAML costs more
         # than torch.save of a small model)
 
@@ -171,13 +180,15 @@ class RunCheckpoints:
     def save_progress(self, done: Sequence[TrainedSeed], current: dict[str, Any] | None) -> None:
         """The resumable state: the finished seeds, the current one's (None between seeds) and
         the rows ``metrics.csv`` has now."""
-        if self.enabled:
+        if self.enabled and self.writes:
             save_state(self.path, {"config": self.config,
                                    "done": [s.state() for s in done], "current": current,
                                    "metric_rows": self.run.metrics.rows})
 
     def keep_weights(self, model: nn.Module, seed: int) -> None:
         """A seed's final weights (``model.safetensors``, or ``models/seed<k>.safetensors``)."""
+        if not self.writes:
+            return
         path = weights_path(self.run.path, seed, several=len(self.seeds) > 1)
         save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
@@ -199,6 +210,7 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
     settings = train_settings(cfg)
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
+    load_pretrained(model, cfg)  # from_run= / from_hf=: fine-tune from those weights
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), is_language(task))
     trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
@@ -238,7 +250,8 @@ def _mean(values: list[Any]) -> float:
 
 TABLE_COLUMNS = {"seed": "seed", "steps": "steps", "final_loss": "held-out loss",
                  "final_ppl": "ppl", "final_exact_match": "exact match",
-                 "final_accuracy": "accuracy", "tokens_per_s": "tok/s", "wall_s": "wall s"}
+                 "final_accuracy": "accuracy", "tokens_per_s": "tok/s", "step_ms": "ms/step",
+                 "mfu": "MFU", "wall_s": "wall s"}
 
 
 def train_table(rows: list[dict[str, Any]], title: str, caption: str) -> Table:
@@ -249,8 +262,13 @@ def train_table(rows: list[dict[str, Any]], title: str, caption: str) -> Table:
     for column in columns:
         table.add_column(TABLE_COLUMNS[column], justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(_cell(row.get(column)) for column in columns))
+        table.add_row(*(_percent(row.get(column)) if column == "mfu" else _cell(row.get(column))
+                        for column in columns))
     return table
+
+
+def _percent(value: object) -> str:
+    return f"{100 * value:.3g}%" if isinstance(value, float) and math.isfinite(value) else "-"
 
 
 def _cell(value: object) -> str:
@@ -268,6 +286,42 @@ def describe_run(cfg: DictConfig, params: int) -> str:
     return (f"task={cfg.task.get('name')} {arch} pe={cfg.pe.get('name')} "
             f"block={cfg.block.get('name')} norm_layer={cfg.norm_layer.get('name')} "
             f"ffn={cfg.ffn.get('name')} optimizer={optimizer}: {params:,} parameters")
+
+
+@dataclass
+class Utilisation:
+    """The device a run trained on and its model FLOPs utilisation (``training.throughput``):
+    FLOPs per token by the budget formula over the device's peak."""
+
+    device: Any
+    ranks: int
+    flops_per_token: int | None
+    peak: float
+    source: str
+
+    @classmethod
+    def of(cls, cfg: DictConfig, task: Task) -> Utilisation:
+        import torch
+
+        device = resolve_device(cfg.train.device)
+        peak, source = peak_flops(device, str(cfg.train.precision), torch.get_num_threads())
+        ranks = torch.distributed.get_world_size() if joined() else 1
+        flops = training_flops_per_token(cfg, task.model_seq_len)["total"]
+        return cls(device, ranks, flops, peak, source)
+
+    def numbers(self, numbers: dict[str, Any]) -> dict[str, Any]:
+        """``numbers`` with ``mfu`` (from the steady tokens/s: the first step and evaluations
+        left out)."""
+        tokens = float(numbers.get("steady_tokens_per_s", math.nan))
+        return {**numbers, "mfu": model_flops_utilisation(tokens, self.flops_per_token,
+                                                          self.peak, self.ranks)}
+
+    def caption(self) -> str:
+        where = f"{self.ranks} processes on {self.device}" if self.ranks > 1 else \
+            str(self.device)
+        per_token = "unknown" if self.flops_per_token is None else f"{self.flops_per_token:,}"
+        return (f"{where}; MFU: {per_token} FLOPs/token (6N + 12LTD) over {self.peak:.3g} "
+                f"FLOP/s, {self.source}")
 
 
 # --- the routine ----------------------------------------------------------------------------
@@ -298,13 +352,18 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
             trained.append(numbers)
             kept.save_progress(trained, None)
     kept.finish()
-    per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **s.numbers(language)} for s in trained]
+    utilisation = Utilisation.of(cfg, task)
+    per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
+                for s in trained]
     if len(per_seed) > 1:
         run.write_table("seeds", per_seed)
-    summary = run_summary(trained, language)
+    summary = utilisation.numbers(run_summary(trained, language))
+    summary.update(world_size=utilisation.ranks, device=str(utilisation.device),
+                   peak_flop_per_s=utilisation.peak, peak_source=utilisation.source)
+    run.info.update(device=str(utilisation.device), world_size=utilisation.ranks)
     rows = per_seed + ([{"seed": "mean", **summary}] if len(per_seed) > 1 else [])
     console.print(train_table(rows, f"tlab train - {run.path}",
-                              describe_run(cfg, trained[0].params)))
+                              f"{describe_run(cfg, trained[0].params)}\n{utilisation.caption()}"))
     finite = all(math.isfinite(s.result.final_loss) for s in trained)
     summary["wall_s"] = clock.lap()
     return RoutineOutcome(passed=finite, summary=summary,

@@ -17,13 +17,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from transformer_lab.data.tokenizer import TokenFile
 from transformer_lab.tasks.base import Batch, Task
 
 
 class LanguageModelTask(Task):
-    """Random windows of ``seq_len + 1`` tokens from train/held-out token streams."""
+    """Random windows of ``seq_len + 1`` tokens from train/held-out token streams (NumPy
+    arrays, or a tokenised file's ``TokenFile``, of which only the windows are read)."""
 
-    def __init__(self, train: torch.Tensor, held_out: torch.Tensor, seq_len: int,
+    def __init__(self, train: np.ndarray | TokenFile, held_out: np.ndarray | TokenFile,
+                 seq_len: int,
                  vocab_size: int, eval_size: int, data_seed: int) -> None:
         if seq_len < 2:
             raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
@@ -40,10 +43,14 @@ class LanguageModelTask(Task):
         self.vocab_size = vocab_size
         self._eval = self._windows(held_out, eval_size, torch.Generator().manual_seed(data_seed))
 
-    def _windows(self, stream: torch.Tensor, n: int, generator: torch.Generator) -> Batch:
+    def _windows(self, stream: np.ndarray | TokenFile, n: int,
+                 generator: torch.Generator) -> Batch:
         starts = torch.randint(0, len(stream) - self.seq_len - 1, (n,), generator=generator)
-        index = starts[:, None] + torch.arange(self.seq_len + 1)  # (n, T+1)
-        window = stream[index]
+        if isinstance(stream, TokenFile):  # read from the file, a window at a time
+            window = torch.from_numpy(stream.windows(starts.numpy(), self.seq_len + 1))
+        else:
+            index = starts[:, None] + torch.arange(self.seq_len + 1)  # (n, T+1)
+            window = torch.from_numpy(stream[index.numpy()].astype(np.int64))  # (n, T+1)
         return Batch(window[:, :-1], window[:, 1:])
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
@@ -73,20 +80,22 @@ class SyntheticLanguageTask(LanguageModelTask):
             choice = rng.choice(branching, size=n_chains, p=probs)
             chains[:, t] = successors[chains[:, t - 1], choice]
         n_eval = max(1, int(round(n_chains * eval_fraction)))
-        stream = torch.from_numpy(chains)
-        super().__init__(stream[:-n_eval].reshape(-1), stream[-n_eval:].reshape(-1),
+        super().__init__(chains[:-n_eval].reshape(-1), chains[-n_eval:].reshape(-1),
                          seq_len, vocab_size, eval_size, data_seed)
 
 
 class TextTask(LanguageModelTask):
-    """Next-token LM on real text: a named corpus (``corpus=tinyshakespeare``, downloaded once
-    into the cache directory, sha256-checked) or your own UTF-8 file (``path=FILE``), cut into
-    tokens by ``tokenizer`` (``char``: the text's characters; ``byte``: UTF-8 bytes; ``bpe``:
-    byte-level BPE of ``bpe_vocab_size`` tokens trained on the text, cached). The first
+    """Next-token LM on real text: your own UTF-8 file (``path=FILE``) or else a named corpus
+    (``corpus=tinyshakespeare``, downloaded once into the cache directory, sha256-checked),
+    cut into tokens by ``tokenizer`` (``char``: the text's characters; ``byte``: UTF-8 bytes;
+    ``bpe``: byte-level BPE of ``bpe_vocab_size`` tokens trained on the text). The text is
+    tokenised once into a cached memmap (``data.tokenizer.load_tokens``). The first
     ``1 - eval_fraction`` of the tokens train, the rest is held out.
 
-    ``vocab_size`` is accepted and not used: experiments set it for the synthetic tasks (e.g.
-    compare-activations' reversal), and a text's vocabulary is its tokenizer's.
+    A given ``path`` wins over ``corpus`` (``task=tinyshakespeare task.path=FILE`` reads FILE
+    and downloads nothing). ``vocab_size`` is accepted and not used: experiments set it for the
+    synthetic tasks (e.g. compare-activations' reversal), and a text's vocabulary is its
+    tokenizer's.
     """
 
     def __init__(self, path: str | None = None, corpus: str | None = None,
@@ -94,35 +103,33 @@ class TextTask(LanguageModelTask):
                  seq_len: int = 64, eval_fraction: float = 0.1, eval_size: int = 256,
                  data_seed: int = 1234, vocab_size: int | None = None) -> None:
         from transformer_lab.data import corpus_path, load_tokens
+        from transformer_lab.data.tokenizer import NotUtf8Error
 
-        if path is not None and corpus is not None:
-            raise ValueError(f"task.path='{path}' and task.corpus={corpus} are both set; "
-                             "give one of them")
-        if path is None and corpus is None:
-            raise ValueError("task=text needs a text: task.corpus=tinyshakespeare (downloaded "
-                             "once) or task.path=FILE (your own UTF-8 file)")
-        if corpus is not None:
-            file = corpus_path(str(corpus), url)
-        else:
+        if not 0 < eval_fraction < 1:
+            raise ValueError(f"task.eval_fraction={eval_fraction} must be between 0 and 1")
+        if path is not None:
             file = Path(str(path)).expanduser()
             if not file.is_file():
                 raise ValueError(f"task.path='{path}' is not a readable file")
-        if not 0 < eval_fraction < 1:
-            raise ValueError(f"task.eval_fraction={eval_fraction} must be between 0 and 1")
-        where = f"task.path='{path}'" if corpus is None else f"task.corpus={corpus} ({file})"
+        elif corpus is not None:
+            file = corpus_path(str(corpus), url)
+        else:
+            raise ValueError("task=text needs a text: task.corpus=tinyshakespeare (downloaded "
+                             "once) or task.path=FILE (your own UTF-8 file)")
+        where = f"task.path='{path}'" if path is not None else f"task.corpus={corpus} ({file})"
         try:
             ids, self.tokenizer = load_tokens(file, str(tokenizer), bpe_vocab_size)
-        except UnicodeDecodeError as exc:
+        except NotUtf8Error as exc:
             raise ValueError(f"{where} is not UTF-8 text (byte {exc.start}: {exc.reason}); give "
                              "a UTF-8 text file") from None
         if len(ids) == 0:
             raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
                              f"{seq_len + 2} tokens per split")
         self.file = file
-        tokens = torch.from_numpy(ids)  # (N,) int64, shared with the cache: only indexed
-        split = int(len(tokens) * (1 - eval_fraction))
+        stream = TokenFile.of(ids) if isinstance(ids, np.memmap) else ids  # (N,) token ids
+        split = int(len(ids) * (1 - eval_fraction))
         try:
-            super().__init__(tokens[:split], tokens[split:], seq_len,
+            super().__init__(stream[:split], stream[split:], seq_len,
                              self.tokenizer.vocab_size, eval_size, data_seed)
         except ValueError as exc:
             raise ValueError(f"{where}: {exc}") from None

@@ -13,6 +13,11 @@ header's metadata holds, besides the tensors,
     variant      (several variants) its value, as the tables name it; ``varied``: the key
     tokenizer    (text tasks) the task's tokenizer as JSON (``tokenizer_spec``): a char
                  vocabulary's characters, ``byte``, or a BPE's ``tokenizers`` JSON
+    components   (a user's own components) their ``_target_`` names as JSON, what
+                 ``--trust-code`` may import when the file is loaded
+
+The header is data from elsewhere: :func:`read_header` checks its config by name
+(``config.registry``) before anything rebuilds a model from it.
 
 :func:`load_trained` rebuilds the model from a file (``TrainedModel``), :func:`choose_model`
 finds the file of a run (a run directory, or one of its files) by variant and seed.
@@ -35,6 +40,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from transformer_lab.config.registry import check_saved_config, user_components
 from transformer_lab.data.tokenizer import (
     BpeTokenizer,
     ByteTokenizer,
@@ -73,14 +79,21 @@ def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
     """The tokenizer ``tokenizer_spec`` wrote (None where there was none)."""
     if not spec:
         return None
-    data = json.loads(spec)
-    if data["kind"] == "char":
-        return CharTokenizer(list(data["chars"]))
-    if data["kind"] == "byte":
-        return ByteTokenizer()
-    import tokenizers
+    try:  # JSON from a file made elsewhere: data only
+        data = json.loads(spec)
+        if data["kind"] == "char":
+            return CharTokenizer(list(data["chars"]))
+        if data["kind"] == "byte":
+            return ByteTokenizer()
+        if data["kind"] == "bpe":
+            import tokenizers
 
-    return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
+            return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
+    except Exception as exc:
+        raise ConfigError(f"the tokenizer kept with the weights cannot be read "
+                          f"({type(exc).__name__})") from None
+    raise ConfigError(f"the tokenizer kept with the weights is of kind {data['kind']!r}; "
+                      "known: char, byte, bpe")
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,6 +121,8 @@ def save_weights(model: nn.Module, path: Path, cfg: DictConfig, seed: int, index
                 "seed": str(int(seed)), "index": str(int(index))}
     if variant is not None:
         metadata.update(variant=str(variant), varied=str(varied or ""))
+    if components := user_components(cfg):  # what --trust-code may import when it loads
+        metadata["components"] = json.dumps(components)
     spec = tokenizer_spec(tokenizer)
     if spec is not None:
         metadata["tokenizer"] = spec
@@ -147,8 +162,17 @@ def read_header(path: Path) -> WeightsHeader:
     if metadata.get("tlab_format") != WEIGHTS_FORMAT or "config" not in metadata:
         raise ConfigError(f"{path} holds no tlab model (no tlab_format {WEIGHTS_FORMAT} header); "
                           "give a file a tlab run wrote")
-    return WeightsHeader(path, OmegaConf.create(metadata["config"]), int(metadata["seed"]),
-                         int(metadata.get("index", 0)), metadata.get("variant"),
+    # the header is data from elsewhere: parsed, then checked by name before anything builds
+    try:
+        cfg = OmegaConf.create(metadata["config"])
+        recorded = json.loads(metadata.get("components", "[]"))
+        seed, index = int(metadata["seed"]), int(metadata.get("index", 0))
+    except Exception as exc:
+        raise ConfigError(f"{path}: its header cannot be read ({type(exc).__name__})") from None
+    if not isinstance(cfg, DictConfig) or not isinstance(recorded, list):
+        raise ConfigError(f"{path}: its header's config is not a tlab config")
+    check_saved_config(cfg, f"{path} (its header's config)", [str(r) for r in recorded])
+    return WeightsHeader(path, cfg, seed, index, metadata.get("variant"),
                          metadata.get("varied"), metadata.get("tokenizer"))
 
 

@@ -5,9 +5,10 @@
 Both reach a run twice. Before composing, ``app.arguments`` replaces the option by the overrides
 of the source's architecture (``interop.hf.hf_overrides``; :func:`run_overrides` for a run), so
 the run builds the same model; then the pre-flight and the routines that evaluate a trained
-model (``check``, ``plot_pe``, ``extrapolate``) load its weights into the models they build
-(:func:`load_pretrained`). The task stays the command's: its vocabulary keeps the first rows of
-the source's embedding and output head (a larger one is refused).
+model (``check``, ``plot_pe``, ``extrapolate``) and ``train`` (which fine-tunes them) load its
+weights into the models they build (:func:`load_pretrained`; a run's as tensors only). The task
+stays the command's: its vocabulary keeps the first rows of the source's embedding and output
+head (a larger one is refused).
 """
 
 from __future__ import annotations
@@ -20,11 +21,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.errors import ConfigError
-from transformer_lab.training.checkpoint import choose_model, load_trained, read_header
+from transformer_lab.training.checkpoint import choose_model, read_header
 
 # The config groups that make a model's architecture (``model`` has no choice: its keys do).
 ARCHITECTURE_GROUPS = ("pe", "ffn", "block", "norm_layer")
 NOT_COPIED = {"model.vocab_size"}  # the command's task decides it
+CHOICE = re.compile(r"[\w-]+")  # a group choice read from a run: a file name, no path
+KEY = re.compile(r"[A-Za-z_]\w*")  # a key read from a run, as an override names it
 
 
 def pretrained_option(cfg: DictConfig) -> str | None:
@@ -44,14 +47,54 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
 
         load_hf_weights(model, cfg, str(cfg.from_hf))
     elif cfg.get("from_run"):
-        load_run_weights(model, Path(str(cfg.from_run)))
+        load_run_weights(model, Path(str(cfg.from_run)), cfg)
 
 
-def load_run_weights(model: nn.Module, path: Path) -> None:
-    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's)."""
+def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None) -> None:
+    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's): read as
+    data (safetensors), nothing rebuilt from the file's config; a tensor kept once for several
+    tied names (``model.tie_embeddings``) fills each of them. ``ConfigError`` when they do not
+    fit, naming the first architecture key whose value in ``cfg`` (the model's) differs from
+    the run's."""
+    from safetensors.torch import load_file
+
     from transformer_lab.interop.hf import load_fitted
 
-    load_fitted(model, load_trained(path).model.state_dict(), f"--from-run {path}")
+    # its header was checked when from_run= was expanded (run_overrides); a job of a sweep may
+    # run in another process, without --trust-code's context: only the tensors are read here
+    try:
+        state = load_file(str(path), device="cpu")
+    except Exception as exc:
+        raise ConfigError(f"--from-run {path} is not a readable safetensors file "
+                          f"({type(exc).__name__})") from None
+    own = model.state_dict()
+    for name, tensor in own.items():
+        if name not in state:
+            tied = next((other for other, t in own.items() if other in state
+                         and t.data_ptr() == tensor.data_ptr()), None)
+            if tied is not None:
+                state[name] = state[tied]
+    try:
+        load_fitted(model, state, f"--from-run {path}")
+    except ConfigError as exc:
+        try:
+            differing = "" if cfg is None else architecture_difference(cfg, read_header(path).cfg)
+        except ConfigError:  # a header this process may not read (see above)
+            differing = ""
+        raise ConfigError(f"{exc}{differing}") from None
+
+
+def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
+    """``"; model.d_model is 64 here, 32 in the run"`` for the first key of the architecture
+    (``model`` and ``ARCHITECTURE_GROUPS``, not ``NOT_COPIED``) that differs; ``""`` if none."""
+    for group in ("model", *ARCHITECTURE_GROUPS):
+        ours = dict(_leaves(OmegaConf.to_container(cfg[group], resolve=True), group))
+        theirs = dict(_leaves(OmegaConf.to_container(run_cfg[group], resolve=True), group))
+        for key in sorted(set(ours) | set(theirs)):
+            if key not in NOT_COPIED and ours.get(key) != theirs.get(key):
+                return (f"; {key} is {ours.get(key, 'absent')} here, "
+                        f"{theirs.get(key, 'absent')} in the run")
+    return ""
 
 
 def run_weights_file(path: Path) -> Path:
@@ -69,11 +112,17 @@ def run_overrides(path: Path) -> list[str]:
     """The overrides that build the architecture of a weights file's model: the choices of
     ``arch`` and the component groups, then every key of ``model`` and of those groups with
     its value (``++``: set whether the command's config has the key or not)."""
-    cfg = read_header(path).cfg
+    cfg = read_header(path).cfg  # checked: tlab's components only (or --trust-code's)
     out = [f"arch={'decoder' if cfg.arch.causal else 'encoder'}"]
-    out += [f"{group}={cfg[group].get('name')}" for group in ARCHITECTURE_GROUPS]
+    for group in ARCHITECTURE_GROUPS:
+        choice = str(cfg[group].get("name"))
+        if not CHOICE.fullmatch(choice):  # a file of a config tree's group folder, no path
+            raise ConfigError(f"{path}: {group}.name={choice!r} names no choice of {group}")
+        out.append(f"{group}={choice}")
     for group in ("model", *ARCHITECTURE_GROUPS):
         for key, value in _leaves(OmegaConf.to_container(cfg[group], resolve=True), group):
+            if not all(KEY.fullmatch(part) for part in key.split(".")):
+                raise ConfigError(f"{path}: {key!r} is not a config key")
             if key not in NOT_COPIED:
                 out.append(f"++{key}={hydra_value(value)}")
     return out

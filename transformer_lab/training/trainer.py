@@ -20,6 +20,14 @@ the schedule's position, torch's and the data generator's random states) with it
 trainer given that state (``load_state_dict``) and the result goes on with the same numbers as
 one that was never stopped.
 
+The global batch of a step is ``batch_size * grad_accum`` sequences, drawn at once (nanoGPT's
+convention: ``batch_size`` is one forward's batch, ``grad_accum`` forwards make a step, so
+``batch_size=B/4 grad_accum=4`` trains as ``batch_size=B``). Under torchrun (``distributed``)
+every rank draws the same global batch and trains on its contiguous shard (1/N of the rows) in
+``ceil(grad_accum / N)`` micro-batches; the loss is the mean over the scored tokens of the
+whole global batch, so the numbers are those of one process. ``compile`` runs the model's
+forward through ``torch.compile`` (evaluation and ``state_dict`` use the module itself).
+
 Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
 batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
 give the same numbers.
@@ -32,6 +40,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field, fields
+from inspect import signature
 from typing import Any
 
 import torch
@@ -41,6 +50,7 @@ from torch import nn
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
+from transformer_lab.training import distributed
 from transformer_lab.training.optimizers import OptimizerSet, OptimizerSettings, build_optimizers
 from transformer_lab.training.schedules import SCHEDULES
 
@@ -67,8 +77,10 @@ class TrainSettings:
     eval_every: int = 0
     threads: int | None = 1
     checkpoint_every: int = 0  # resumable state every N steps (0: none); the caller saves it
-    device: str = "cpu"
+    device: str = "cpu"  # auto | cpu | cuda | cuda:K (auto: cuda when torch sees one)
     precision: str = "fp32"
+    compile: bool = False  # torch.compile the model's forward
+    grad_accum: int = 1  # forwards of batch_size per optimiser step
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
 
     def __post_init__(self) -> None:
@@ -78,6 +90,12 @@ class TrainSettings:
         if self.precision not in PRECISIONS:
             raise ConfigError(f"train.precision='{self.precision}' is not valid; use "
                               f"{' or '.join(PRECISIONS)}")
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
+                or self.grad_accum < 1:
+            raise ConfigError(f"train.grad_accum={self.grad_accum} is not valid; use an "
+                              "integer >= 1")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"train.compile={self.compile} is not valid; use true or false")
 
     @classmethod
     def from_mapping(cls, train: Mapping[str, object], d_model: int,
@@ -119,6 +137,35 @@ def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
     return collect() if callable(collect) else {}
 
 
+def scaled(value: torch.Tensor, factor: float) -> torch.Tensor:
+    """``value * factor``; ``value`` itself for a factor of 1 (one process, one micro-batch:
+    the same graph as without accumulation)."""
+    return value if factor == 1.0 else value * factor
+
+
+def runnable_model(model: nn.Module, device: torch.device, compile_model: bool
+                   ) -> tuple[nn.Module | None, nn.Module]:
+    """What a training step calls: ``model`` wrapped in ``DistributedDataParallel`` when this
+    process is one of several (returned first, for ``no_sync``; else None), then through
+    ``torch.compile`` when ``compile_model``; the parameters stay ``model``'s."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    from transformer_lab.components.moe import MoEFeedForward
+
+    parallel = None
+    if distributed.joined():
+        routed = any(isinstance(module, MoEFeedForward) for module in model.modules())
+        # buffers are the same on every rank (position tables): not synchronised each forward
+        no_buffer_sync = {"forward_sync_buffers" if "forward_sync_buffers" in
+                          signature(DistributedDataParallel).parameters else "broadcast_buffers":
+                          False}
+        parallel = DistributedDataParallel(
+            model, device_ids=[device] if device.type == "cuda" else None,
+            find_unused_parameters=routed, **no_buffer_sync)  # an expert may get no token
+    runnable = parallel if parallel is not None else model
+    return parallel, torch.compile(runnable) if compile_model else runnable
+
+
 def count_parameters(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
@@ -148,7 +195,10 @@ class TrainResult:
     best_exact_match: float | None = None
     solved_step: int | None = None  # first step whose held-out exact match reached the target
     wall_s: float = 0.0  # of the fit call that made this result
-    tokens_per_s: float = 0.0
+    tokens_per_s: float = 0.0  # tokens of the fit call over its wall time
+    first_step_s: float = math.nan  # the fit call's first step (compilation, warm-up)
+    step_ms: float = math.nan  # a step after the first, evaluations and checkpoints left out
+    steady_tokens_per_s: float = math.nan  # tokens per step over step_ms
     train_losses: list[float] = field(default_factory=list)  # one per logged step
     grad_norms: list[float] = field(default_factory=list)
 
@@ -163,8 +213,15 @@ class Trainer:
         self.task = task
         self.settings = settings
         self.metrics = metrics
-        self.device = torch.device(settings.device)
+        self.device = distributed.resolve_device(settings.device)
         model.to(self.device)  # in place (same Parameter objects); a no-op on CPU
+        self.ranks, self.rank = (torch.distributed.get_world_size(),
+                                 torch.distributed.get_rank()) if distributed.joined() else (1, 0)
+        if settings.batch_size * settings.grad_accum < self.ranks:
+            raise ConfigError(f"train.batch_size={settings.batch_size} x train.grad_accum="
+                              f"{settings.grad_accum} is less than one sequence for each of "
+                              f"the {self.ranks} processes; raise train.batch_size")
+        self.parallel, self.runnable = runnable_model(model, self.device, settings.compile)
         self.generator = torch.Generator().manual_seed(int(seed))
         self.schedule = SCHEDULES[settings.schedule]
         self._params = [p for p in model.parameters() if p.requires_grad]
@@ -178,6 +235,12 @@ class Trainer:
         self.step_count = 0
         self.started = time.perf_counter()
 
+    def synchronized_clock(self) -> float:
+        """``time.perf_counter()`` once the device has done the work queued so far."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return time.perf_counter()
+
     def plan_schedule(self, steps: int) -> None:
         """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
         training, whichever routine setting gave it)."""
@@ -189,15 +252,37 @@ class Trainer:
         lr = self.schedule(self.step_count, self.settings, self._horizon)
         self.optimizers.set_lr(lr)
         if not self.model.training:
-            self.model.train()
-        with self.autocast:
-            loss = sequence_loss(self.model(batch.inputs), batch.targets)
-            auxiliary = model_auxiliary_loss(self.model)  # e.g. MoE load balancing, or None
+            self.runnable.train()
+        parts = self.micro_batches(batch)
         self.optimizers.zero_grad()
-        (loss if auxiliary is None else loss + auxiliary).backward()
+        step_loss = None
+        for index, (micro, share) in enumerate(parts):
+            synced = self.parallel is None or index == len(parts) - 1  # DDP: the last backward
+            with nullcontext() if synced else self.parallel.no_sync():
+                with self.autocast:
+                    loss = sequence_loss(self.runnable(micro.inputs), micro.targets)
+                    auxiliary = model_auxiliary_loss(self.model)  # MoE load balancing, or None
+                objective = loss if auxiliary is None else loss + auxiliary
+                scaled(objective, share * self.ranks).backward()  # DDP averages over ranks
+            part = scaled(loss.detach(), share)
+            step_loss = part if step_loss is None else step_loss + part
+        step_loss = distributed.all_reduce_sum(step_loss)  # the global batch's mean
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         self.optimizers.step()
-        return loss.detach(), grad_norm, lr
+        return step_loss, grad_norm, lr
+
+    def micro_batches(self, batch: Batch) -> list[tuple[Batch, float]]:
+        """This rank's part of the global ``batch`` as micro-batches on the device, each with
+        its share of the global batch's scored tokens (the weight of its mean loss)."""
+        if self.ranks == 1 and self.settings.grad_accum == 1:
+            return [(batch.to(self.device), 1.0)]
+        scored = batch.targets != IGNORE_INDEX  # (B, T)
+        total = max(int(scored.sum()), 1)
+        rows = torch.tensor_split(torch.arange(batch.inputs.shape[0]), self.ranks)[self.rank]
+        count = -(-self.settings.grad_accum // self.ranks)  # micro-batches on each rank
+        return [(Batch(batch.inputs[part], batch.targets[part]).to(self.device),
+                 int(scored[part].sum()) / total)
+                for part in torch.tensor_split(rows, count) if len(part)]
 
     def state_dict(self) -> dict[str, Any]:
         """What a stopped training needs to go on exactly: the model's weights, the optimisers'
@@ -283,15 +368,20 @@ class Trainer:
         result = TrainResult() if result is None else result
         log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
         checkpoint_every = self.settings.checkpoint_every
-        tokens_since, total_tokens = 0, 0
+        tokens_since, total_tokens, first_tokens, taken, paused = 0, 0, 0, 0, 0.0
         started = clock = time.perf_counter()
         for i in range(steps):
             if batches is not None:
                 batch = batches[i % len(batches)]
-            else:
-                batch = self.task.train_batch(self.settings.batch_size, self.generator)
-            batch = batch.to(self.device)
+            else:  # the global batch (train_step takes this rank's micro-batches from it)
+                batch = self.task.train_batch(self.settings.batch_size * self.settings.grad_accum,
+                                              self.generator)
             loss, grad_norm, lr = self.train_step(batch)
+            taken += 1
+            if i == 0:  # the first step is done (compilation, warm-up): the steady clock starts
+                loss.item()
+                result.first_step_s = time.perf_counter() - started
+                first_tokens = batch.inputs.numel()
             tokens_since += batch.inputs.numel()
             total_tokens += batch.inputs.numel()
             step, last = self.step_count, i == steps - 1
@@ -301,12 +391,22 @@ class Trainer:
                                   tokens_since / max(now - clock, 1e-9), on_step)
                 tokens_since, clock = 0, now
             evaluating = (eval_every and step % eval_every == 0) or last
-            if evaluating and self.record_eval(result, step, lr, target_exact_match):
-                break  # solved
-            if on_checkpoint is not None and checkpoint_every and step % checkpoint_every == 0:
+            checkpointing = bool(on_checkpoint is not None and checkpoint_every
+                                 and step % checkpoint_every == 0)
+            pause_start = self.synchronized_clock() if evaluating or checkpointing else None
+            solved = bool(evaluating) and self.record_eval(result, step, lr, target_exact_match)
+            if checkpointing and not solved:
                 result.steps = step
                 on_checkpoint(result)
+            if pause_start is not None:
+                paused += time.perf_counter() - pause_start
+            if solved:
+                break
         result.steps = self.step_count
-        result.wall_s = time.perf_counter() - started  # this call's, not since construction
+        result.wall_s = self.synchronized_clock() - started  # this call's, not since construction
         result.tokens_per_s = total_tokens / max(result.wall_s, 1e-9)
+        steady_s = result.wall_s - result.first_step_s - paused
+        if taken > 1 and steady_s > 0:
+            result.step_ms = 1e3 * steady_s / (taken - 1)
+            result.steady_tokens_per_s = (total_tokens - first_tokens) / steady_s
         return result

@@ -1,0 +1,173 @@
+"""The components a saved config may name, and the check of a config read from a run.
+
+A run directory or an exported checkpoint is data from elsewhere. Before anything rebuilds a
+model from a config it read (a weights file's header, a run's recorded overrides), the config
+is checked here by name only, nothing imported: every ``_target_`` must be one of tlab's own
+components (:func:`registered_targets`: the ``_target_`` of every file of tlab's config tree,
+and the component and task classes of tlab's own packages) or a class given to the Python API
+in this process. A run trained with a user's own component loads only with ``--trust-code``
+(:func:`trusting_code`), and then only the components the run recorded when it was trained.
+See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import pkgutil
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Any
+
+from transformer_lab.errors import ConfigError
+
+# instantiate() options tlab's tree never uses: refused in a saved config without --trust-code
+INSTANTIATE_OPTIONS = ("_args_", "_recursive_", "_convert_")
+# packages whose classes are components a config may name (besides the tree's targets)
+OWN_PACKAGES = ("transformer_lab.components", "transformer_lab.tasks")
+TRUST_HINT = ("if the run used your own component and you trust its code, load it with "
+              "--trust-code")
+
+_TRUST_CODE: ContextVar[bool] = ContextVar("tlab_trust_code", default=False)
+
+
+@contextmanager
+def trusting_code(trust: bool = True) -> Iterator[None]:
+    """Within the block, a saved config may name the user components its run recorded
+    (``--trust-code``)."""
+    token = _TRUST_CODE.set(bool(trust))
+    try:
+        yield
+    finally:
+        _TRUST_CODE.reset(token)
+
+
+def code_trusted() -> bool:
+    """True inside :func:`trusting_code` (``--trust-code`` was given)."""
+    return _TRUST_CODE.get()
+
+
+@functools.cache
+def registered_targets() -> frozenset[str]:
+    """The dotted names a saved config may use as ``_target_``: those of tlab's config tree
+    (outside ``hydra/``) and the ``nn.Module`` and task classes of ``OWN_PACKAGES``, under
+    every module path that exports them."""
+    import yaml
+
+    from transformer_lab.config.tree import CONFIG_DIR
+
+    names: set[str] = set()
+    for path in CONFIG_DIR.rglob("*.yaml"):
+        if path.relative_to(CONFIG_DIR).parts[0] != "hydra":
+            names.update(target for _, target in _targets(yaml.safe_load(path.read_text())))
+    for package in OWN_PACKAGES:
+        names.update(_own_classes(package))
+    return frozenset(names)
+
+
+def _own_classes(package_name: str) -> set[str]:
+    """``module.Class`` for each component or task class a module of the package defines or
+    exports (defined in tlab)."""
+    from torch import nn
+
+    from transformer_lab.tasks.base import Task
+
+    package = importlib.import_module(package_name)
+    modules = [package] + [importlib.import_module(info.name) for info in
+                           pkgutil.walk_packages(package.__path__, f"{package_name}.")]
+    return {f"{module.__name__}.{name}" for module in modules
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, nn.Module | Task)
+            and value.__module__.startswith("transformer_lab.")}
+
+
+def is_registered(target: str) -> bool:
+    """True for one of tlab's components, or a class given to the Python API in this process."""
+    from transformer_lab.config.instantiate import _IN_PROCESS_CLASSES, in_process_target
+
+    prefix = in_process_target("")
+    if target.startswith(prefix):
+        return target[len(prefix):] in _IN_PROCESS_CLASSES
+    return target in registered_targets()
+
+
+def _targets(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
+    """``(key path, value)`` of every ``_target_`` in a YAML tree of plain values."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            where = f"{path}.{key}" if path else str(key)
+            if key == "_target_":
+                yield where, value
+            else:
+                yield from _targets(value, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield from _targets(value, f"{path}[{i}]")
+
+
+def user_components(config: Any) -> list[str]:
+    """The ``_target_`` names of a config (plain values or an OmegaConf node) that are not
+    tlab's: what a run records it was trained with, for ``--trust-code``."""
+    plain = _plain(config)
+    return sorted({str(t) for _, t in _targets(plain) if not is_registered(str(t))})
+
+
+def _plain(config: Any) -> Any:
+    from omegaconf import DictConfig, ListConfig, OmegaConf
+
+    if isinstance(config, DictConfig | ListConfig):
+        return OmegaConf.to_container(config, resolve=False)
+    return config
+
+
+def check_saved_config(config: Any, source: str, recorded: Sequence[str] = ()) -> None:
+    """Refuse (``ConfigError``, one line naming the key and ``source``, the file it came from)
+    a config read from a run that names a callable other than tlab's components, anywhere in
+    its tree, before anything is imported or called.
+
+    Checked by name only: each ``_target_`` is registered (:func:`is_registered`) or, with
+    ``--trust-code``, one of ``recorded`` (the user components the run recorded when it was
+    trained); ``_partial_`` is a bool beside a ``_target_``; ``_args_``, ``_recursive_`` and
+    ``_convert_`` (never in tlab's tree) need ``--trust-code``; no value is an interpolation
+    (a saved config is resolved when written)."""
+    trusted = code_trusted()
+    for path, key, value, node in _walk(_plain(config)):
+        where = f"{source}: {path}"
+        if key is not None and not isinstance(key, str):
+            raise ConfigError(f"{where}: {key!r} is not a config key")
+        if isinstance(value, str) and "${" in value:
+            raise ConfigError(f"{where}={value!r} is an interpolation; a saved config holds "
+                              "resolved values only")
+        if key == "_target_":
+            if not isinstance(value, str):
+                raise ConfigError(f"{where} is not a component name")
+            if is_registered(value):
+                continue
+            if trusted and value in recorded:
+                continue
+            if trusted:
+                raise ConfigError(f"{where}={value} is none of tlab's components nor one the run "
+                                  f"recorded when it was trained ({', '.join(recorded) or 'none'}"
+                                  "); --trust-code loads only those")
+            raise ConfigError(f"{where}={value} is not one of tlab's components (tlab list); "
+                              f"{TRUST_HINT}")
+        if key == "_partial_" and (not isinstance(value, bool) or "_target_" not in node):
+            raise ConfigError(f"{where}={value!r}: _partial_ is a bool beside a _target_")
+        if key in INSTANTIATE_OPTIONS and not trusted:
+            raise ConfigError(f"{where}: {key} is an instantiate option tlab's components never "
+                              f"use; {TRUST_HINT}")
+
+
+def _walk(node: Any, path: str = "") -> Iterator[tuple[str, Any, Any, dict]]:
+    """``(key path, key, value, the dict holding it)`` of every entry of a tree of plain
+    values, a node's ``_target_`` first; a list's items have the key None."""
+    if isinstance(node, dict):
+        for key, value in sorted(node.items(), key=lambda item: item[0] != "_target_"):
+            where = f"{path}.{key}" if path else str(key)
+            yield where, key, value, node
+            yield from _walk(value, where)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            yield f"{path}[{i}]", None, value, {}
+            yield from _walk(value, f"{path}[{i}]")

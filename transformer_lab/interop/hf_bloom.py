@@ -1,0 +1,72 @@
+"""BLOOM between ``transformers`` and tlab (see ``hf_families``): ALiBi, the only causal LM
+family of ``transformers`` with it that tlab maps.
+
+BLOOM's slopes are tlab's ``alibi_slopes`` with ``slope_power`` 8 (for a head count that is
+no power of two too: every other slope of the next power's set). It adds ``slope * j`` (the
+key's position) where tlab adds ``-slope * (i - j)``: the two differ by ``slope * i``, one
+number per query row, which the softmax ignores. It fuses Q/K/V per head, ``(H, 3, Dh, D)``
+rows, where tlab fuses them per projection, ``(3, H, Dh, D)``; its FFN is ``4 D`` wide with
+GELU in the tanh form; a LayerNorm on the embeddings (tlab ``model.embed_norm``) comes first.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from transformer_lab.interop.hf_common import State, flag, layers, rename, require, swapped
+from transformer_lab.interop.hf_gpt import regroup_qkv
+
+
+def bloom_overrides(hc: Any) -> list[str]:
+    require(hc, "apply_residual_connection_post_layernorm", (False,), False)
+    return ["preset=bloom", f"model.d_model={hc.hidden_size}", f"model.n_heads={hc.n_head}",
+            f"model.n_layers={hc.n_layer}", f"model.d_ff={4 * hc.hidden_size}",
+            f"norm_layer.eps={hc.layer_norm_epsilon}",
+            flag("model.tie_embeddings", hc.tie_word_embeddings)]
+
+
+def _bloom_pairs(n_layers: range) -> list[tuple[str, str]]:
+    pairs = [("transformer.word_embeddings.weight", "token_embedding.weight"),
+             ("lm_head.weight", "lm_head.weight")]
+    for old, new in (("transformer.word_embeddings_layernorm", "embed_norm"),
+                     ("transformer.ln_f", "final_norm")):
+        pairs += [(f"{old}.{w}", f"{new}.{w}") for w in ("weight", "bias")]
+    for i in n_layers:
+        hf, tl = f"transformer.h.{i}.", f"blocks.{i}."
+        for old, new in (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2"),
+                         ("self_attention.dense", "attention.out_proj"),
+                         ("mlp.dense_h_to_4h", "feedforward.up_proj"),
+                         ("mlp.dense_4h_to_h", "feedforward.down_proj")):
+            pairs += [(hf + f"{old}.{w}", tl + f"{new}.{w}") for w in ("weight", "bias")]
+    return pairs
+
+
+def bloom_to_tlab(hc: Any, hf: State) -> State:
+    out = rename(hf, _bloom_pairs(layers(hc, "n_layer")))
+    for i in layers(hc, "n_layer"):
+        for w in ("weight", "bias"):
+            name = f"transformer.h.{i}.self_attention.query_key_value.{w}"
+            if name in hf:
+                out[f"blocks.{i}.attention.qkv_proj.{w}"] = regroup_qkv(hf[name], hc.n_head, 3)
+    return out
+
+
+def bloom_to_hf(cfg: Any, tl: State) -> State:
+    out = rename(tl, swapped(_bloom_pairs(layers(cfg))))
+    for i in layers(cfg):
+        for w in ("weight", "bias"):
+            name = f"blocks.{i}.attention.qkv_proj.{w}"
+            if name in tl:
+                out[f"transformer.h.{i}.self_attention.query_key_value.{w}"] = regroup_qkv(
+                    tl[name], 3, cfg.model.n_heads)
+    return out
+
+
+def bloom_config(cfg: Any) -> Any:
+    from transformers import BloomConfig
+
+    m = cfg.model
+    return BloomConfig(vocab_size=m.vocab_size, hidden_size=m.d_model, n_layer=m.n_layers,
+                       n_head=m.n_heads, layer_norm_epsilon=cfg.norm_layer.eps,
+                       tie_word_embeddings=bool(m.tie_embeddings), bos_token_id=None,
+                       eos_token_id=None)

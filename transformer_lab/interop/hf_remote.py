@@ -1,0 +1,314 @@
+"""Any tlab decoder as a Hugging Face checkpoint with its own code (``trust_remote_code``).
+
+Where no ``transformers`` family computes a run's function, ``tlab export`` writes beside the
+weights ``modeling_tlab.py``: the source of tlab's model and built-in components, bundled into
+one file that imports only torch and transformers, with a ``PreTrainedModel`` around it. The
+run's resolved component settings go into ``config.json`` (key ``tlab``), with an ``auto_map``,
+so that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` builds the very
+modules tlab built, without tlab installed.
+
+    write_remote_code(model, cfg, directory)   # modeling_tlab.py, config.json, model.safetensors
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import json
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+import transformer_lab
+from transformer_lab.components import attention, block, feedforward, moe, norms
+from transformer_lab.components.positional import (
+    alibi,
+    base,
+    learned,
+    none,
+    rope_scaling,
+    rotary,
+    sinusoidal,
+    t5_bias,
+)
+from transformer_lab.errors import ConfigError
+from transformer_lab.model import TransformerModel
+
+MODELING_FILE = "modeling_tlab.py"
+# In dependency order: a module's names are defined before a later one uses them.
+BUNDLED: tuple[ModuleType, ...] = (base, rope_scaling, sinusoidal, learned, none, rotary, alibi,
+                                   t5_bias, attention, norms, feedforward, moe, block)
+MODEL_NAMES = ("embedding_scale", "TransformerModel", "next_token")  # taken from model.py
+COMPONENT_GROUPS = ("pe", "ffn", "block", "norm_layer")
+COMPONENTS_PACKAGE = "transformer_lab.components."
+
+WRAPPER = '''
+
+# --- the Hugging Face model around it -------------------------------------------------------
+
+class ConfigError(ValueError):
+    """tlab's one-line refusals (a ValueError here)."""
+
+
+def _component(spec: dict, **kwargs):
+    """A component from its resolved tlab config node (``_target_`` one of the classes above)."""
+    spec = dict(spec)
+    target = globals()[spec.pop("_target_").rsplit(".", 1)[-1]]
+    spec.pop("name", None)
+    if spec.pop("_partial_", False):
+        return functools.partial(target, **spec, **kwargs)
+    return target(**spec, **kwargs)
+
+
+def build_tlab_model(settings: dict) -> TransformerModel:
+    """tlab's ``build_model`` on the resolved settings that ``config.json`` holds."""
+    m = settings["model"]
+    positional = _component(settings["pe"])
+    make_norm = _component(settings["norm_layer"])
+    parallel = {"parallel": True} if m["parallel_block"] else {}
+    blocks = []
+    for _ in range(m["n_layers"]):
+        attention = MultiHeadAttention(
+            m["d_model"], m["n_heads"], bias=m["attn_bias"], n_kv_heads=m["n_kv_heads"],
+            head_dim=m["head_dim"], scale=m["attn_scale"], qkv_bias=m["qkv_bias"],
+            out_bias=m["out_bias"])
+        blocks.append(_component(settings["block"], attention=attention,
+                                 feedforward=_component(settings["ffn"]), make_norm=make_norm,
+                                 **parallel))
+    final_norm = make_norm(m["d_model"]) if blocks and blocks[0].needs_final_norm else None
+    embed_norm = make_norm(m["d_model"]) if m["embed_norm"] else None
+    return TransformerModel(
+        vocab_size=m["vocab_size"], d_model=m["d_model"], positional=positional, blocks=blocks,
+        final_norm=final_norm, causal=True, embed_scale=m["embed_scale"],
+        pe_scale=m["pe_scale"], embed_norm=embed_norm, tie_embeddings=m["tie_embeddings"])
+
+
+def _non_persistent(model: nn.Module, name: str) -> bool:
+    owner, _, leaf = name.rpartition(".")
+    return leaf in model.get_submodule(owner)._non_persistent_buffers_set
+
+
+class TlabConfig(PretrainedConfig):
+    model_type = "tlab"
+
+    def __init__(self, tlab: dict | None = None, **kwargs) -> None:
+        self.tlab = tlab or {}
+        super().__init__(**kwargs)
+
+
+class TlabCache(KVCache):
+    """tlab's KV cache, with the length query ``generate`` makes."""
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        return self.length
+
+
+class TlabForCausalLM(PreTrainedModel, GenerationMixin):
+    config_class = TlabConfig
+    base_model_prefix = "tlab"
+    main_input_name = "input_ids"
+
+    def __init__(self, config: TlabConfig) -> None:
+        super().__init__(config)
+        with torch.device("cpu"):  # tables computed in __init__ (sinusoidal, ALiBi slopes)
+            self.model = build_tlab_model(config.tlab)
+        # transformers may re-create non-persistent buffers empty while loading: keep them
+        self._computed_buffers = {name: buffer.clone() for name, buffer in
+                                  self.named_buffers() if _non_persistent(self, name)}
+        if config.tlab["model"]["tie_embeddings"]:
+            self._tied_weights_keys = {"model.lm_head.weight": "model.token_embedding.weight"}
+        self.post_init()
+
+    @classmethod
+    def from_pretrained(cls, *args, **kwargs):
+        model = super().from_pretrained(*args, **kwargs)
+        with torch.no_grad():
+            for name, value in model._computed_buffers.items():
+                owner, _, leaf = name.rpartition(".")
+                buffer = model.get_buffer(name)
+                model.get_submodule(owner).register_buffer(
+                    leaf, value.to(buffer.device, buffer.dtype), persistent=False)
+        return model
+
+    def _init_weights(self, module) -> None:
+        """Nothing: every weight comes from model.safetensors."""
+
+    def get_input_embeddings(self):
+        return self.model.token_embedding
+
+    def get_output_embeddings(self):
+        return self.model.lm_head
+
+    def forward(self, input_ids=None, attention_mask=None, cache=None, past_key_values=None,
+                use_cache=None, labels=None, **kwargs) -> CausalLMOutputWithPast:
+        """input_ids (B, T) -> logits (B, T, vocab); with ``use_cache`` the tokens follow those
+        of the ``cache`` (``past_key_values`` before transformers 5: a ``TlabCache``)."""
+        if attention_mask is not None and not bool(attention_mask.bool().all()):
+            raise ValueError("a tlab model attends to every earlier token: padding "
+                             "(attention_mask zeros) is not supported; give rows of one length")
+        given = [c for c in (cache, past_key_values) if isinstance(c, TlabCache)]
+        kv = given[0] if given else None
+        if use_cache and kv is None:
+            kv = TlabCache.empty(len(self.model.blocks))
+        logits = self.model(input_ids, cache=kv)  # (B, T, vocab)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits[:, :-1].flatten(0, 1).float(),
+                                   labels[:, 1:].flatten(), ignore_index=-100)
+        return CausalLMOutputWithPast(loss, logits, kv if use_cache else None)
+
+    def prepare_inputs_for_generation(self, input_ids, **kwargs) -> dict:
+        """The tokens not yet in the cache; past the model's context window (a learned
+        position table) its last tokens, without a cache, as ``tlab sample`` does."""
+        key = "cache" if "cache" in kwargs else "past_key_values"
+        kv, use_cache = kwargs.get(key), kwargs.get("use_cache", True)
+        window = self.model.context_window
+        if window is not None and input_ids.shape[1] > window:
+            input_ids, kv, use_cache = input_ids[:, -window:], None, False  # (B, window)
+        elif isinstance(kv, TlabCache) and kv.length > 0:
+            input_ids = input_ids[:, kv.length:]  # (B, new)
+        else:
+            kv = None
+        return {"input_ids": input_ids, key: kv, "use_cache": use_cache,
+                "attention_mask": kwargs.get("attention_mask")}  # padding refused in forward
+'''
+
+HEADER = '''"""{name}: a tlab (transformer_lab {version}) decoder as a transformers causal LM.
+
+Generated by ``tlab export``: the source of tlab's model and components, bundled, so that
+``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` computes tlab's logits
+without tlab installed. The run's components are in config.json (key ``tlab``).
+"""
+
+from __future__ import annotations
+
+'''
+
+
+def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
+                  ) -> tuple[list[str], str, set[str]]:
+    """(import lines from outside tlab, the module's code without its imports and docstring,
+    the top-level names it defines); ``names`` keeps only those top-level definitions."""
+    source = inspect.getsource(module)
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    imports, keep, defined = [], [], set()
+    for node in tree.body:
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        segment = "\n".join(lines[first - 1:node.end_lineno])  # with its decorators
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            outside = isinstance(node, ast.Import) or (
+                node.level == 0 and not (node.module or "").startswith("transformer_lab")
+                and node.module != "__future__")
+            if outside:
+                imports.append(ast.unparse(node))
+            continue
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
+                and isinstance(node.value.value, str):
+            continue  # the module docstring
+        node_names = _defined_names(node)
+        if names is not None and not node_names & set(names):
+            continue
+        keep.append(segment)
+        defined |= node_names
+    return imports, "\n\n\n".join(keep), defined
+
+
+def _defined_names(node: ast.stmt) -> set[str]:
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        return {node.name}
+    if isinstance(node, ast.Assign):
+        return {t.id for t in node.targets if isinstance(t, ast.Name)}
+    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+        return {node.target.id}
+    return set()
+
+
+def modeling_source() -> str:
+    """The text of ``modeling_tlab.py``: tlab's components and model, then the HF wrapper.
+    ``ValueError`` if two bundled modules define one name (one would hide the other)."""
+    imports = ["import functools", "import torch", "import torch.nn.functional as F",
+               "from transformers import GenerationMixin, PretrainedConfig, PreTrainedModel",
+               "from transformers.modeling_outputs import CausalLMOutputWithPast"]
+    bodies, owners = [], {}
+    parts = [(m, None) for m in BUNDLED] + [(inspect.getmodule(TransformerModel), MODEL_NAMES)]
+    for module, names in parts:
+        module_imports, body, defined = _module_parts(module, names)
+        clash = {n: owners[n] for n in defined if n in owners}
+        if clash:
+            raise ValueError(f"bundling {module.__name__}: {clash} defined twice")
+        owners.update(dict.fromkeys(defined, module.__name__))
+        imports += [i for i in module_imports if "omegaconf" not in i]
+        bodies.append(f"# --- {module.__name__} " + "-" * max(0, 80 - len(module.__name__))
+                      + "\n\n" + body)
+    unique = list(dict.fromkeys(imports))
+    return (HEADER.format(name=MODELING_FILE, version=transformer_lab.__version__)
+            + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
+
+
+def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
+    """The resolved settings ``build_tlab_model`` rebuilds the model from; ``ConfigError`` for a
+    component of the user's own (its code is not tlab's to bundle)."""
+    settings: dict[str, Any] = {}
+    for group in COMPONENT_GROUPS:
+        node = OmegaConf.to_container(cfg[group], resolve=True)
+        target = str(node.get("_target_", ""))
+        if not target.startswith(COMPONENTS_PACKAGE):
+            raise ConfigError(f"{group}={node.get('name')} is your own component (_target_="
+                              f"{target}); tlab export bundles tlab's built-in components only: "
+                              f"train with a built-in {group} to export")
+        settings[group] = node
+    m = cfg.model
+    settings["model"] = {
+        "vocab_size": int(m.vocab_size), "d_model": int(m.d_model),
+        "n_layers": int(m.n_layers), "n_heads": int(m.n_heads), "attn_bias": bool(m.attn_bias),
+        "n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
+        "attn_scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
+        "out_bias": m.get("out_bias"), "parallel_block": bool(m.get("parallel_block")),
+        "embed_norm": bool(m.get("embed_norm")),
+        "tie_embeddings": bool(m.get("tie_embeddings", False)),
+        "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
+        "max_len": int(m.max_len)}
+    return settings
+
+
+def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
+    """Write ``modeling_tlab.py``, ``config.json``, ``generation_config.json`` and
+    ``model.safetensors`` (the tlab state dict under ``model.``) into ``directory``."""
+    import transformers
+    from safetensors.torch import save_file
+
+    settings = remote_settings(model, cfg)
+    (directory / MODELING_FILE).write_text(modeling_source(), encoding="utf-8")
+    config = {"architectures": ["TlabForCausalLM"], "model_type": "tlab",
+              "auto_map": {"AutoConfig": "modeling_tlab.TlabConfig",
+                           "AutoModelForCausalLM": "modeling_tlab.TlabForCausalLM"},
+              "tlab": settings, "tie_word_embeddings": settings["model"]["tie_embeddings"],
+              "vocab_size": settings["model"]["vocab_size"],
+              "hidden_size": settings["model"]["d_model"],
+              "num_hidden_layers": settings["model"]["n_layers"],
+              "num_attention_heads": settings["model"]["n_heads"],
+              "max_position_embeddings": settings["model"]["max_len"],
+              "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+              "dtype": "float32", "transformers_version": transformers.__version__}
+    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n",
+                                           encoding="utf-8")
+    generation = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                  "transformers_version": transformers.__version__}
+    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n",
+                                                      encoding="utf-8")
+    state = {f"model.{key}": value.detach().contiguous().clone()
+             for key, value in model.state_dict().items()}
+    save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def load_remote(directory: Path) -> Any:
+    """The model written by ``write_remote_code``, loaded as a user would (its own code)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    return AutoModelForCausalLM.from_pretrained(directory, trust_remote_code=True,
+                                                local_files_only=True).eval()
