@@ -35,6 +35,7 @@ __all__ = ["require_objective", "sweeper_overrides", "trial_value", "uses_optuna
 STUDY_FILE = "optuna.db"
 STUDY_NAME = "tlab"
 LAUNCH_FILE = "search.json"  # in the sweep directory: the first job number of this launch
+STUDY_CALLBACK = "hydra.callbacks.tlab_study._target_"  # the override that adds ContinuedStudy
 
 
 def uses_optuna(overrides: list[str]) -> bool:
@@ -60,7 +61,7 @@ def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) ->
               "hydra.sweeper.direction": objective.direction,
               "hydra.sweeper.max_failure_rate": "1.0",
               "hydra.sweeper.n_jobs": "1",
-              "+hydra.callbacks.tlab_study._target_": f"{__name__}.ContinuedStudy"}
+              f"+{STUDY_CALLBACK}": f"{__name__}.ContinuedStudy"}
     return [f"{key}={value}" for key, value in wanted.items() if key.lstrip("+") not in given]
 
 
