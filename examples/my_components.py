@@ -8,6 +8,8 @@ Correct ones, which pass the validation routine:
                                                         q, k (B, H, T, Dh), positions (T,)
     MyFFN            two-matrix FFN with SiLU: down(silu(up(x)))        (B, T, D) -> (B, T, D)
     MyRMSNorm        RMSNorm (Zhang & Sennrich 2019): x / rms(x) * g    (B, T, D) -> (B, T, D)
+    MyPreNormBlock   pre-LN block (Xiong et al. 2020): x + attn(N1(x)), then x + ffn(N2(x))
+                                                        x (B, T, D), AttentionInputs
 
 Deliberately broken ones, each caught by the step that should catch it:
 
@@ -23,6 +25,7 @@ Each has a config in ``examples/configs/<group>/``; from the repository root::
 
     tlab validate --config-dir examples/configs pe=my_sinusoidal
     tlab validate --config-dir examples/configs pe=position_blind
+    tlab validate --config-dir examples/configs block=my_block
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.components.attention import AttentionInputs
 from transformer_lab.components.positional import apply_rotary
 
 
@@ -124,3 +128,24 @@ class MyRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+
+
+class MyPreNormBlock(nn.Module):
+    """Pre-LN block (the ``block`` contract of docs/custom_components.md): tlab builds the
+    attention and the FFN and hands them in with a norm factory; the block wires them.
+    ``x = x + attn(N1(x), inputs)``, ``x = x + ffn(N2(x))``; the model adds a final norm."""
+
+    needs_final_norm = True  # the model adds a norm after the last block
+    norms_per_block = 2  # its only parameters besides attention and FFN: two norm layers
+
+    def __init__(self, d_model: int, attention: nn.Module, feedforward: nn.Module,
+                 make_norm) -> None:
+        super().__init__()
+        self.attention = attention  # step 1 reads attention.last_weights (need_weights)
+        self.feedforward = feedforward  # step 1 measures the FFN as block.feedforward
+        self.norm1 = make_norm(d_model)  # the pre-flight checks norm1 (where there is one)
+        self.norm2 = make_norm(d_model)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + self.attention(self.norm1(x), inputs)  # (B, T, D): mask, cache, PE in inputs
+        return x + self.feedforward(self.norm2(x))  # (B, T, D)

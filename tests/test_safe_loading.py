@@ -256,7 +256,8 @@ def test_a_run_and_a_compared_run_sample_as_before(llama_run, tmp_path):
 
     with safe_open(str(llama_run / WEIGHTS_FILE), framework="pt") as file:
         tokenizer = tokenizer_from_spec(file.metadata()["tokenizer"])
-    code, out, err = tlab("sample", llama_run, "--prompt", "To be", "--tokens", "16", "--greedy")
+    code, out, err = tlab("sample", llama_run, "--prompt", "To be", "--tokens", "16", "--greedy",
+                          "--no-echo")
     assert code == 0, err
     expected = greedy_reference(llama_run / WEIGHTS_FILE, tokenizer.encode("To be").tolist(), 16)
     assert out == tokenizer.decode(expected) + "\n"
@@ -266,7 +267,7 @@ def test_a_run_and_a_compared_run_sample_as_before(llama_run, tmp_path):
                  "routine.steps=5", "task=lm", "model=tiny", "logger.progress=false",
                  f"hydra.run.dir={compared}"]) == 0
     code, out, err = tlab("sample", compared, "--variant", "alibi", "--prompt", "3 1 4",
-                          "--tokens", "8", "--greedy")
+                          "--tokens", "8", "--greedy", "--no-echo")
     assert code == 0, err
     expected = greedy_reference(compared / "models" / "alibi" / "seed0.safetensors", [3, 1, 4], 8)
     assert out.split() == [str(t) for t in expected]
@@ -307,7 +308,7 @@ def test_a_run_of_your_own_component_loads_with_trust_code_only(tmp_path, monkey
     code, stdout, err = tlab("sample", run, "--prompt", "3 1", "--tokens", "5", "--greedy")
     assert code == 2 and recorded[0] in err and "--trust-code" in " ".join(err.split()), err
     code, out, err = tlab("sample", run, "--prompt", "3 1", "--tokens", "5", "--greedy",
-                          "--trust-code")
+                          "--trust-code", "--no-echo")
     assert code == 0, err
     assert out.split() == [str(t) for t in greedy_reference(run / WEIGHTS_FILE, [3, 1], 5)]
     code, _, err = tlab("check", "--from-run", run, "--out", tmp_path / "c", "-q")

@@ -386,3 +386,191 @@ def test_a_failure_no_swap_repairs_says_so():
 def test_f_dropout_defaults_to_training():  # the premise of the functional-dropout mutant
     x = torch.ones(1000)
     assert not torch.equal(F.dropout(x, 0.5), x)
+
+
+# --- issue 32: zero starts, unnormalised attention, task gradients, feature interaction -------
+
+
+def test_a_perturbed_copy_moves_only_trainable_parameters_that_start_at_zero():
+    from transformer_lab.measures.property_result import PERTURBED_STD, perturbed_copy
+
+    model = _model("arch=decoder")
+    out_proj = model.blocks[0].attention.out_proj
+    nn.init.zeros_(out_proj.weight)
+    nn.init.zeros_(model.blocks[0].feedforward.down_proj.weight)
+    model.blocks[0].feedforward.down_proj.weight.requires_grad_(False)  # frozen: never moves
+    copied = perturbed_copy(model)
+    weight = copied.blocks[0].attention.out_proj.weight
+    assert bool(weight.all())
+    assert float(weight.detach().std()) == pytest.approx(PERTURBED_STD, rel=0.3)
+    bias = copied.blocks[0].attention.out_proj.bias  # zero vector: U(std / 2, std)
+    assert bool(((bias >= PERTURBED_STD / 2) & (bias <= PERTURBED_STD)).all())
+    assert not copied.blocks[0].feedforward.down_proj.weight.any()
+    assert torch.equal(copied.token_embedding.weight, model.token_embedding.weight)
+    assert not out_proj.weight.any()  # the model itself is left as it was
+
+
+def _moe_router_gradient(ffn: nn.Module) -> float:
+    x = torch.randn(4, 6, D, generator=torch.Generator().manual_seed(0))
+    ffn(x).square().sum().backward()
+    return float(ffn.gate.weight.grad.abs().max().detach())
+
+
+@pytest.mark.parametrize("router", ["softmax_then_topk", "topk_then_softmax"])
+def test_a_top1_moe_weights_its_expert_by_the_softmax_probability(router):
+    moe = MoEFeedForward(D, HIDDEN, n_experts=4, top_k=1, router=router)
+    logits = torch.randn(5, 4, generator=torch.Generator().manual_seed(1))  # (N, E)
+    weights, chosen = moe.route(logits)
+    probs = logits.softmax(dim=-1)  # independent: Switch's gate is p_i of the chosen expert
+    assert torch.equal(chosen[:, 0], probs.argmax(dim=-1))
+    torch.testing.assert_close(weights[:, 0], probs.max(dim=-1).values)
+    # so the router gets a task gradient of the size of the experts'; renormalised it gets none
+    from transformer_lab.mutants.feedforward import RenormalisedTop1MoE
+
+    torch.manual_seed(0)
+    fixed = _moe_router_gradient(MoEFeedForward(D, HIDDEN, n_experts=4, top_k=1, router=router))
+    torch.manual_seed(0)
+    broken = _moe_router_gradient(RenormalisedTop1MoE(D, HIDDEN, n_experts=4, top_k=1))
+    assert fixed > 0 and broken < 1e-4 * fixed  # float32 rounding of 1 - p / p
+
+
+def test_task_gradient_names_a_router_the_task_does_not_train():
+    from transformer_lab.measures.gradient_flow import GRADIENT_RATIO, task_gradient
+    from transformer_lab.training.trainer import sequence_loss
+
+    tokens = torch.randint(0, VOCAB, (4, 8), generator=torch.Generator().manual_seed(0))
+    batches = [(tokens[:, :-1], tokens[:, 1:])]
+    broken = _mutant_model("renormalised_top1_moe")
+    result = task_gradient(broken, batches, sequence_loss)
+    assert result.passed is False and result.value < GRADIENT_RATIO
+    assert "blocks.0.feedforward.gate.weight gets a task-loss gradient" in result.detail
+    fixed = _model("ffn=moe", "ffn.top_k=1", "ffn.n_experts=8", "arch=decoder")
+    assert task_gradient(fixed, batches, sequence_loss).passed  # idle experts are left out
+    rezero = _mutant_model("rezero_block/decoder")  # every branch gradient is 0 at init
+    assert task_gradient(rezero, batches, sequence_loss).passed
+
+
+class _SumOfOneVariable(nn.Module):
+    """f(x)_i = sum_k W[i, k] tanh(x_k) + x_k^2: a sum of one-variable functions."""
+
+    def __init__(self, d_model: int, d_ff: int) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(d_model, d_model) * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (torch.tanh(x) + x.square()) @ self.weight.T
+
+
+class _SquaredSum(nn.Module):
+    """f(x)_i = (sum_k x_k)^2 for every i: each pair of features interacts, with the mixed
+    difference 2 a^2 per output whatever x."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.sum(dim=-1, keepdim=True).square().expand_as(x)
+
+
+def test_the_mixed_difference_is_rounding_without_interaction_and_large_with_it():
+    from transformer_lab.measures.component_properties import (
+        INTERACTION_TOLERANCE,
+        mixed_differences,
+    )
+
+    with torch.no_grad():
+        torch.manual_seed(0)
+        separable = mixed_differences(_SumOfOneVariable(D, HIDDEN), D)
+        squared = mixed_differences(_SquaredSum(), D)
+    assert float(separable.max()) < INTERACTION_TOLERANCE
+    # independent bound: |2 a^2| over a first difference |2 a s + a^2| with a = 1 and |s| the
+    # size of a sum of D + 1 standard normals (at most ~4 sqrt(D + 1)): >= 2 / (8 sqrt(9) + 1)
+    assert float(squared.min()) > 2 / (8 * math.sqrt(D + 1) + 1)
+
+
+def test_ffn_interaction_fails_an_activation_before_the_up_projection():
+    from transformer_lab.measures.component_properties import ffn_interaction
+
+    result = ffn_interaction(_mutant_model("activation_first_ffn"))
+    assert result.passed is False
+    assert "(ActivationFirstFFN) of block 0 is a sum of one-variable functions" in result.detail
+    assert ffn_interaction(_with_ffn(_SumOfOneVariable(D, HIDDEN))).passed is False
+    assert ffn_nonlinearity(_mutant_model("activation_first_ffn")).passed  # why it is needed
+
+
+@pytest.mark.parametrize("name", list(NONLINEAR_FFNS))
+def test_every_ffn_with_mixing_passes_ffn_interaction(name):
+    from transformer_lab.measures.component_properties import ffn_interaction
+
+    torch.manual_seed(0)
+    result = ffn_interaction(_with_ffn(NONLINEAR_FFNS[name]()))
+    assert result.passed, result.detail
+
+
+def test_unnormalised_attention_is_not_held_to_rows_summing_to_one():
+    from transformer_lab.measures.attention_properties import sums_to_one
+
+    sigmoid = _mutant_model("sigmoid_attention_block/decoder")
+    result = query_sees_a_key(sigmoid, VOCAB, 64)
+    assert result.passed, result.detail
+    assert not sums_to_one(sigmoid.blocks[0].attention)
+    weights = sigmoid.attention_maps(torch.zeros(1, 6, dtype=torch.long))[0]  # (1, H, T, T)
+    assert float(weights.sum(dim=-1).max()) < 0.5  # sigmoid(s - log 64): far below 1
+    softmax = _model("arch=decoder")
+    assert sums_to_one(softmax.blocks[0].attention)
+
+
+class _TablePE(nn.Module):
+    """A learned table of ``max_len`` rows that does not keep ``max_len`` (issue 30, item 5)."""
+
+    kind = "additive"
+
+    def __init__(self, d_model: int, max_len: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(max_len, d_model)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.table(positions)  # (T, D)
+
+
+def test_step1_probes_the_max_len_the_pe_constructor_is_given():
+    cfg = compose(["experiment=validate", "pe=learned"])
+    cfg.pe = {"name": "table", "_target_": f"{_TablePE.__module__}._TablePE",
+              "d_model": "${model.d_model}", "max_len": 24}
+    rows = _step1_rows(cfg)
+    assert all(row.status != "FAIL" for row in rows.values()), {
+        k: r.detail for k, r in rows.items() if r.status == "FAIL"}
+    assert "up to 24" in rows["position_injectivity"].detail
+    assert rows["finite_at_max_len"].value == 24
+
+
+@pytest.mark.parametrize(("block", "param_count"), [
+    ("rezero_block/encoder", "SKIP"),  # norm-free: pre-flight has no norm1 to check
+    ("normformer_block/decoder", "SKIP"),  # adds parameters, inherits norms_per_block
+    ("shared_norm_parallel_block/decoder", "PASS"),  # declares norms_per_block = 1
+])
+def test_custom_blocks_pass_step1_and_param_count_is_never_a_false_fail(block, param_count):
+    from transformer_lab.routines.mutants import preflight
+
+    cfg = mutant_config(BY_NAME[block], experiment="validate")
+    preflight(cfg)
+    rows = _step1_rows(cfg)
+    assert all(row.status != "FAIL" for row in rows.values()), {
+        k: r.detail for k, r in rows.items() if r.status == "FAIL"}
+    assert rows["param_count"].status == param_count
+    assert f"{int(rows['param_count'].value):,}" in rows["param_count"].detail
+
+
+def test_parameters_move_names_one_the_optimiser_never_changed():
+    from transformer_lab.routines.smoke import parameters_move
+
+    model = _model("arch=decoder")
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if name != "blocks.0.norm1.bias":
+                parameter.add_(1e-3)
+    row = parameters_move(model, initial)
+    assert row.status == "FAIL" and row.value == 1
+    assert "blocks.0.norm1.bias" in row.detail
+    with torch.no_grad():
+        model.blocks[0].norm1.bias.add_(1e-3)
+    assert parameters_move(model, initial).status == "PASS"

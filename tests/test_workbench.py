@@ -45,9 +45,10 @@ def test_progress_bar_follows_metrics_rows_of_every_series(tmp_path):
     assert len(rows_of(tmp_path / "metrics.csv")) == 4  # the CSV is untouched by the bar
 
 
-def test_progress_is_off_when_quiet_or_not_a_terminal(tmp_path):
+def test_progress_is_off_when_quiet_and_plain_when_not_a_terminal(tmp_path):
     assert not RunProgress.for_terminal(quiet=True).enabled
-    assert not RunProgress.for_terminal().enabled  # pytest captures stdout: not a terminal
+    plain = RunProgress.for_terminal()  # pytest captures stdout: not a terminal
+    assert plain.enabled and plain.plain  # log lines, no live bar
     log = CsvLog(tmp_path / "m.csv", METRIC_COLUMNS)
     with progress_bar(log, "no run progress here", total=5):  # no RunProgress: a no-op
         log.write({"step": 1, "split": "train", "loss": 1.0})

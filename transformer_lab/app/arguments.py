@@ -21,7 +21,7 @@ from transformer_lab.config.tree import (
     store_choices,
 )
 from transformer_lab.errors import ConfigError
-from transformer_lab.results.run_directory import claimed_by, holds_run
+from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
 
 # Hydra flags that take a value (the value is not an override).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
@@ -150,7 +150,7 @@ def check_output_dir(path: Path, sweep: bool) -> None:
     is claimed by a running one."""
     if holds_run(path) or (sweep and (path / "sweep.csv").exists()):
         raise ConfigError(f"'{path}' already holds a run; choose another output directory "
-                          "(runs are never overwritten)")
+                          f"(runs are never overwritten){resume_hint(path)}")
     if not sweep and ((path / "sweep.csv").exists() or (path / "multirun.yaml").exists()):
         raise ConfigError(f"'{path}' is a sweep's folder; a single run needs a directory of its "
                           "own (tlab report reads the sweep there)")

@@ -95,9 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         except ConfigError as exc:  # refused: one line
             print_error(str(exc))
             return EXIT_USAGE
-        except KeyboardInterrupt:
-            print_error("interrupted; rows logged so far are kept")
-            return EXIT_INTERRUPTED
+        except KeyboardInterrupt as exc:  # ``Interrupted`` says where and how to go on
+            print_error(str(exc) or "interrupted; rows logged so far are kept")
+            return getattr(exc, "exit_code", EXIT_INTERRUPTED)
         # The jobs may have run in other processes (joblib, submitit): read their statuses.
         sweeps.print_sweep_summary(sweep_dir)
         return max(code, sweeps.sweep_exit_code(sweep_dir))

@@ -72,8 +72,9 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
     except Diverged as exc:
         status, error, code = "diverged", str(exc), EXIT_FAILED
         print_error(f"run diverged: {exc}; rows so far are kept in {run.path / 'metrics.csv'}")
-    except KeyboardInterrupt:
-        status, error, code = "interrupted", "interrupted by the user", EXIT_INTERRUPTED
+    except KeyboardInterrupt as exc:  # Ctrl-C, or ``Interrupted`` (SIGINT/SIGTERM, state kept)
+        status, error = "interrupted", str(exc) or "interrupted by the user"
+        code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
         raise
     except OSError as exc:  # disk full, an I/O error: the reason, not a traceback
         if os.environ.get("HYDRA_FULL_ERROR") == "1":

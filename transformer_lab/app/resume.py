@@ -5,12 +5,14 @@ A sweep (``DIR/multirun.yaml`` holds its overrides): they run again with
 moves a failed attempt aside (``sweeps.run_sweep_job``). Hydra rewrites ``multirun.yaml`` on
 every launch, so the earlier one is kept first (:func:`keep_multirun_yaml`).
 
-A single run (``DIR/run.json``) that kept its resumable state (``checkpoint.pt``,
-``train.checkpoint_every``): its recorded overrides (``.hydra/overrides.yaml``) run again with
-``hydra.run.dir=DIR`` (:func:`run_arguments`); before anything is written the composed config
-must equal the one the checkpoint was made with (:func:`check_resumable`), then the app takes
-over the directory's claim (``run_directory.reclaim_directory``) and the job reopens the run
-there: the routine goes on from its checkpoint, appending to the run's own files.
+A single run (``DIR/run.json``) that kept its resumable state (``checkpoint.pt``: ``tlab train``
+keeps it at the end and when stopped): its recorded overrides (``.hydra/overrides.yaml``) run
+again with ``hydra.run.dir=DIR`` (:func:`run_arguments`); before anything is written the
+composed config must equal the one the checkpoint was made with (:func:`check_resumable`), then
+the app takes over the directory's claim (``run_directory.reclaim_directory``) and the job
+reopens the run there: the routine goes on from its checkpoint, appending to the run's own
+files. ``train.steps=N`` (N above the steps taken) replaces the recorded length: a finished run
+is trained on to N steps (:func:`check_extension`).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from transformer_lab.results.run_directory import CHECKPOINT_FILE, read_json
 HARMLESS_ON_RESUME = ("logger.progress", "force")
 # Statuses of a run that may go on (running: killed without a chance to say so).
 RESUMABLE_STATUSES = ("running", "interrupted", "error")
+FINISHED_STATUS = "passed"  # a finished run goes on only to more steps (train.steps=N)
 
 
 def pop_resume(args: list[str]) -> tuple[list[str], Path | None]:
@@ -173,8 +176,9 @@ def keep_multirun_yaml(sweep_dir: Path) -> None:
 def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that run the single run recorded in ``run_dir`` again, into it, to
     go on from its checkpoint. ``args`` may repeat the recorded overrides (or a subset) and add
-    only ``HARMLESS_ON_RESUME`` ones; ``ConfigError`` (one line) for a run with no checkpoint,
-    one that finished, another override, ``-m`` or another directory."""
+    only ``HARMLESS_ON_RESUME`` ones and ``train.steps=N``; ``ConfigError`` (one line) for a run
+    with no checkpoint, one that finished (without more steps), failed or diverged, another
+    override, ``-m`` or another directory."""
     from transformer_lab.app.arguments import split_arguments
 
     info = read_json(run_dir / "run.json")
@@ -183,29 +187,75 @@ def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
         finished = f" (it finished: status {status})" if status not in RESUMABLE_STATUSES \
             else ""
         raise ConfigError(f"--resume {run_dir}: the run there has no checkpoint to go on "
-                          f"from{finished}; tlab train keeps one with train.checkpoint_every=N")
-    if status not in RESUMABLE_STATUSES:
-        raise ConfigError(f"--resume {run_dir}: the run there ended with status {status} "
-                          f"({info.get('error') or 'no error'}); resuming would end the same way")
+                          f"from{finished}; tlab train keeps one at its end, on Ctrl-C or "
+                          "SIGTERM, and every N steps with train.checkpoint_every=N")
+    flags, overrides = split_arguments(args)
+    steps = [o for o in overrides if _key(o) == "train.steps"]
+    if status not in (*RESUMABLE_STATUSES, FINISHED_STATUS) or \
+            (status == FINISHED_STATUS and not steps):
+        raise ConfigError(_not_resumable(run_dir, status, info.get("error")))
+    if steps:
+        check_extension(run_dir, steps[-1])
     try:
         recorded = [str(o) for o in read_yaml(run_dir / ".hydra" / "overrides.yaml")]
     except Exception as exc:
         raise ConfigError(f"--resume {run_dir}: its .hydra/overrides.yaml is missing or "
                           f"unreadable ({type(exc).__name__})") from None
     check_recorded(recorded, run_dir / ".hydra" / "overrides.yaml")
-    flags, overrides = split_arguments(args)
     if any(flag in ("-m", "--multirun") for flag in flags):
         raise ConfigError(f"--resume {run_dir} goes on with one run; drop -m/--multirun")
     for override in overrides:
         if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
             raise ConfigError(f"--resume {run_dir} already names the run directory; drop "
                               f"'{override}' (or --out)")
-    harmless = [o for o in overrides if _key(o) in HARMLESS_ON_RESUME]
-    foreign = [o for o in overrides if o not in recorded and o not in harmless]
+    harmless = [o for o in overrides if _key(o) in HARMLESS_ON_RESUME] + steps[-1:]
+    foreign = [o for o in overrides if o not in recorded and o not in harmless and o not in steps]
     if foreign:
         raise ConfigError(f"--resume {run_dir}: {' '.join(foreign)} is not part of the run "
-                          f"recorded there ({' '.join(recorded)}); give the same overrides or none")
+                          f"recorded there ({' '.join(recorded)}); give the same overrides or "
+                          "none (and train.steps=N to train it to N steps)")
+    if steps:  # the new length replaces the recorded one
+        recorded = [o for o in recorded if _key(o) != "train.steps"]
     return [*flags, *recorded, *harmless, f"hydra.run.dir={quote_value(str(run_dir))}"]
+
+
+def _not_resumable(run_dir: Path, status: str | None, error: str | None) -> str:
+    """Why a run that ended cannot go on as it is (and, for a finished one, how to extend it)."""
+    if status != FINISHED_STATUS:
+        return (f"--resume {run_dir}: the run there ended with status {status} "
+                f"({error or 'no error'}); resuming would end the same way")
+    steps = _kept_steps(run_dir)
+    return (f"--resume {run_dir}: the run there finished its {steps} steps (status {status}); "
+            f"to train it further give more steps: tlab train --resume {run_dir} "
+            f"train.steps={2 * steps}")
+
+
+def _kept_steps(run_dir: Path) -> int:
+    """The most steps a seed of the run in ``run_dir`` has taken, by its checkpoint."""
+    from transformer_lab.training.checkpoint import load_state
+
+    state = load_state(run_dir / CHECKPOINT_FILE)
+    steps = [int(seed["result"]["steps"]) for seed in state["done"]]
+    if state.get("current") is not None:
+        steps.append(int(state["current"]["trainer"]["step"]))
+    return max(steps, default=0)
+
+
+def check_extension(run_dir: Path, override: str) -> None:
+    """``train.steps=N`` given to ``--resume``: N must be a whole number above the steps the
+    run has taken, and every finished seed must have kept its final state (a run checkpointed
+    by an older tlab did not)."""
+    from transformer_lab.training.checkpoint import load_state
+
+    value = override.split("=", 1)[1] if "=" in override else ""
+    done = _kept_steps(run_dir)
+    if not value.strip().isdigit() or int(value) <= done:
+        raise ConfigError(f"--resume {run_dir} {override}: the run there has taken {done} "
+                          f"steps; give train.steps=N with N > {done}, e.g. "
+                          f"train.steps={2 * max(done, 1)}")
+    if any(seed.get("trainer") is None for seed in load_state(run_dir / CHECKPOINT_FILE)["done"]):
+        raise ConfigError(f"--resume {run_dir} {override}: its checkpoint keeps no final state "
+                          "of its finished seeds (an older tlab made it); it cannot be extended")
 
 
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
@@ -218,7 +268,8 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     then = _flat(OmegaConf.to_container(OmegaConf.create(state["config"])))
     now = _flat(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
     for key in sorted(set(then) | set(now)):
-        if key.startswith(HARMLESS_ON_RESUME) or then.get(key) == now.get(key):
+        if key.startswith(HARMLESS_ON_RESUME) or then.get(key) == now.get(key) or \
+                key == "train.steps":  # a new length: run_arguments checked it
             continue
         raise ConfigError(f"--resume {run_dir}: {key} is {now.get(key, 'absent')} now but was "
                           f"{then.get(key, 'absent')} when the run was checkpointed (config files "

@@ -20,7 +20,8 @@ Out = Annotated[Path | None, typer.Option("--out", help="Run directory (sweep di
 Resume = Annotated[Path | None, typer.Option(
     "--resume", help="A sweep directory: run it again, jobs that passed are skipped, missing or "
     "failed ones run again (a failed attempt is renamed <job>.failed-<n>, never deleted). A run "
-    "directory (tlab train with train.checkpoint_every=N): go on from its last checkpoint, in it.",
+    "directory (tlab train): go on from its last checkpoint, in it; with train.steps=N, train "
+    "a finished run on to N steps.",
     show_default=False)]
 Pe = Annotated[str | None, typer.Option("--pe", help="Positional encoding (tlab list).")]
 Norm = Annotated[str | None, typer.Option("--norm", help="Norm placement: post, pre, sandwich, "

@@ -11,6 +11,9 @@ Mixtral (Jiang et al. 2024, arXiv 2401.04088). For a token x with router logits 
 
 (``softmax_then_topk`` with ``normalize_topk`` and ``topk_then_softmax`` are the same function,
 computed in a different order; without ``normalize_topk`` the weights sum to less than 1.)
+With ``top_k = 1`` both routers give the chosen expert its full softmax probability ``p_i``
+(Switch, eq. 2): renormalising a single weight would make it 1 whatever the logits, and the
+router would get no gradient from the task loss (only from the auxiliary losses).
 
 Auxiliary losses, left on the module after each forward as ``aux_loss`` (already weighted) for
 the trainer to add (``TransformerModel.auxiliary_loss``):
@@ -146,14 +149,14 @@ class MoEFeedForward(nn.Module):
               probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Router logits (N, E) -> weights (N, k) in the input dtype, chosen experts (N, k).
         ``probs``: ``logits.float().softmax(-1)`` when the caller has it already (forward)."""
-        if self.router == "topk_then_softmax":
+        if self.router == "topk_then_softmax" and self.top_k > 1:
             top_logits, chosen = logits.topk(self.top_k, dim=-1)  # (N, k)
             weights = top_logits.float().softmax(dim=-1)
         else:
             if probs is None:
                 probs = logits.float().softmax(dim=-1)  # (N, E)
             weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
-            if self.normalize_topk:
+            if self.normalize_topk and self.top_k > 1:  # top-1: p_i itself (Switch)
                 weights = weights / weights.sum(dim=-1, keepdim=True)
         return weights.to(logits.dtype), chosen
 

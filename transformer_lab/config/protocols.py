@@ -107,4 +107,5 @@ def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
     block = model.blocks[0] if len(model.blocks) else None
     if block is not None:
         check_feedforward(cfg, block.feedforward, m.d_model, seq_len)
-        check_norm(cfg, block.norm1, m.d_model, seq_len)
+        if getattr(block, "norm1", None) is not None:  # a norm-free block (ReZero) has none
+            check_norm(cfg, block.norm1, m.d_model, seq_len)

@@ -121,6 +121,7 @@ SCHEMA: dict[str, Rule] = {
     "train.grad_clip": number_rule(0, open_low=True, nullable=True),
     "train.betas": Rule("list", item=PROBABILITY, min_items=2),
     "train.log_every": POSITIVE_INT, "train.eval_every": COUNT, "train.checkpoint_every": COUNT,
+    "train.checkpoint": Rule("bool"),
     "train.threads": int_rule(1, nullable=True),
     "train.device": Rule("str", required=True),
     "train.precision": Rule("str", required=True, choices=("fp32", "bf16")),

@@ -22,6 +22,7 @@ from transformer_lab.interop.hf_bloom import (
 from transformer_lab.interop.hf_common import (
     Family,
     State,
+    Unsupported,
     flag,
     layers,
     max_positions,
@@ -74,11 +75,19 @@ def _llama_overrides(hc: Any) -> list[str]:
     if getattr(hc, "model_type", "") == "qwen2":  # Q/K/V bias, no output bias
         out += ["model.qkv_bias=true", "model.out_bias=false"]
     if moe:
+        if hc.num_experts_per_tok == 1:  # HF renormalises one weight to 1, tlab keeps p_i
+            raise Unsupported(TOP1_MOE)
         out += [f"ffn.n_experts={moe}", f"ffn.top_k={hc.num_experts_per_tok}",
                 "ffn.expert=swiglu", "ffn.router=softmax_then_topk", "ffn.normalize_topk=true",
                 f"ffn.load_balance_coef={getattr(hc, 'router_aux_loss_coef', 0.0)}",
                 "ffn.z_loss_coef=0.0"]
     return out
+
+
+# Mixtral renormalises the chosen experts' weights even for one expert (its weight is then 1,
+# and the router learns nothing from the task); tlab's top-1 MoE keeps its softmax probability.
+TOP1_MOE = ("ffn.top_k=1 (Mixtral gives a single chosen expert the weight 1; tlab gives it its "
+            "router probability, as Switch does)")
 
 
 def _llama_pairs(n_layers: range, moe: bool) -> list[tuple[str, str]]:
@@ -160,6 +169,8 @@ def _llama_config(cfg: Any) -> Any:
                   tie_word_embeddings=bool(m.tie_embeddings), attention_bias=bool(m.attn_bias),
                   rope_parameters=rope_parameters(cfg))
     if cfg.ffn.get("n_experts") is not None:
+        if int(cfg.ffn.top_k) == 1:
+            raise Unsupported(TOP1_MOE)
         return MixtralConfig(**common, num_local_experts=cfg.ffn.n_experts,
                              num_experts_per_tok=cfg.ffn.top_k,
                              router_aux_loss_coef=cfg.ffn.load_balance_coef)

@@ -1,7 +1,8 @@
 """Properties of the attention patterns a model makes (step 1):
 
     query_sees_a_key       every query of every attention pattern sees at least one key, at
-                           every length up to ``max_len``
+                           every length up to ``max_len``; its weights are finite (and sum
+                           to one where the attention normalises: softmax)
     attention_paths_agree  SDPA and tlab's written-out attention (``need_weights=True``, the
                            path of attention maps) give the same outputs
 
@@ -17,6 +18,7 @@ import math
 import torch
 from torch import nn
 
+from transformer_lab.components.attention import MultiHeadAttention
 from transformer_lab.measures.property_result import (
     PropertyResult,
     amplified_copy,
@@ -60,9 +62,18 @@ def _keyless_queries(model: nn.Module, max_len: int) -> tuple[list[int], tuple[i
     return lengths, first
 
 
+def sums_to_one(attention: nn.Module) -> bool:
+    """Whether an attention module's weights are normalised to sum to one over the keys:
+    tlab's softmax attention, or a module whose class declares ``weights_sum_to_one = True``.
+    Sigmoid attention, softmax plus one or ReLU attention do not (and need not) declare it."""
+    return isinstance(attention, MultiHeadAttention) or bool(
+        getattr(type(attention), "weights_sum_to_one", False))
+
+
 def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
-    """Where the written-out attention's probabilities are not finite rows summing to 1
-    (measured in eval mode; each attention module's ``last_weights`` is left as it was)."""
+    """Where the written-out attention's weights are not finite, or (for attention that
+    normalises, :func:`sums_to_one`) do not sum to 1 over the keys (measured in eval mode; each
+    attention module's ``last_weights`` is left as it was)."""
     kept = [(block.attention, block.attention.last_weights) for block in model.blocks]
     try:
         with torch.no_grad():
@@ -70,13 +81,18 @@ def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
     finally:
         for attention, weights in kept:
             attention.last_weights = weights
-    for layer, weights in enumerate(maps):
+    for layer, (weights, block) in enumerate(zip(maps, model.blocks, strict=True)):
         sums = weights.float().sum(dim=-1)  # (B, H, T)
-        bad = ~torch.isfinite(sums) | ((sums - 1).abs() > WEIGHTS_TOLERANCE)
+        normalised = sums_to_one(block.attention)
+        bad = ~torch.isfinite(sums)
+        if normalised:
+            bad |= (sums - 1).abs() > WEIGHTS_TOLERANCE
         if bool(bad.any()):
             _, head, query = (int(i) for i in torch.nonzero(bad)[0])
-            return (f"layer {layer}, head {head}: query {query}'s attention probabilities sum "
-                    f"to {float(sums[0, head, query]):.3g}, not 1")
+            what, expected = (("probabilities", "1") if normalised
+                              else ("weights", "a finite number"))
+            return (f"layer {layer}, head {head}: query {query}'s attention {what} sum to "
+                    f"{float(sums[0, head, query]):.3g}, not {expected}")
     return ""
 
 
@@ -84,8 +100,10 @@ def query_sees_a_key(model: nn.Module, vocab_size: int, max_len: int,
                      seq_len: int = 16) -> PropertyResult:
     """Every query sees at least one key: the model's additive mask (bias PE and causal mask)
     has a finite entry in every row at every length of :func:`mask_lengths` up to
-    ``max_len``, and the written-out attention's probabilities (``attention_maps``) are finite
-    rows summing to 1 at ``seq_len`` tokens (any PE, any block)."""
+    ``max_len``, and the written-out attention's weights (``attention_maps``) are finite at
+    ``seq_len`` tokens (any PE, any block), rows summing to 1 where the attention normalises
+    (:func:`sums_to_one`: softmax attention; sigmoid attention, softmax plus one and other
+    unnormalised weightings mix the keys without summing to one and are not held to it)."""
     name = "query_sees_a_key"
     was_training = model.training
     try:

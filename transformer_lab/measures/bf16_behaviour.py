@@ -100,12 +100,13 @@ def _autocast(bf16: bool) -> Any:
 
 
 def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
-                   precision: str = "fp32") -> PropertyResult:
+                   precision: str = "fp32", given: bool = False) -> PropertyResult:
     """Where half precision is used, positions stay distinct and the loss finite at ``max_len``.
 
     Applies when ``precision`` is ``bf16`` (the run's autocast) or the PE's forward makes a
     bfloat16/float16 tensor (:class:`HalfPrecisionAudit`); else a SKIP. Then, at ``max_len``
-    positions (at least :data:`BF16_LENGTH` for a PE without a ``max_len`` of its own): no
+    positions (at least :data:`BF16_LENGTH` for a PE without a ``max_len`` of its own, unless
+    ``max_len`` is ``given``: the range its constructor was given or the user asked for): no
     two positions share a representation that the float32 twin tells apart, and the loss of a
     forward at that length is finite. In a float32 run a PE that rounds to half precision
     fails (the run did not ask for it: 8-bit mantissas instead of 24); under bf16 autocast its
@@ -115,7 +116,7 @@ def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
     """
     name = "bf16_behaviour"
     bf16_run = precision == "bf16"
-    if not getattr(model.positional, "max_len", None):
+    if not given and not getattr(model.positional, "max_len", None):
         max_len = max(max_len, BF16_LENGTH)
     pe = f"the positional encoding ({component(model.positional)})"
     audit = HalfPrecisionAudit()

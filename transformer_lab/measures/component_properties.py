@@ -2,6 +2,8 @@
 
     norm_scale_control  a norm layer's output RMS does not grow with its input's RMS
     ffn_nonlinearity    an FFN has a nonlinearity between its two linear maps
+    ffn_interaction     an FFN's input features interact (it is not a sum of one-variable
+                        functions of its inputs)
 
 Each returns a :class:`PropertyResult` naming the component's class, and never raises.
 """
@@ -33,6 +35,11 @@ NONLINEARITY_TOLERANCE = 1e-4
 # terms rounds at ~sqrt(n) * 6e-8, below 1e-4 for any width under 10^6; correct FFNs are at >= 0.5.
 JACOBIAN_INPUTS = 8  # inputs at which an FFN's Jacobian is taken
 JACOBIAN_ROWS = 16  # output coordinates whose Jacobian rows are compared (at most)
+INTERACTION_TOLERANCE = 1e-4
+# A mixed second difference of a sum of one-variable functions cancels exactly but for float32
+# rounding of the four outputs (~1e-7 of their size); correct FFNs are at >= 1e-2 (the test of
+# every built-in gives each one's value).
+INTERACTION_PAIRS = 16  # (x, i, j) probes of the mixed second difference
 
 
 def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -168,3 +175,66 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
                           "one linear map then an elementwise function (the activation after "
                           "the down-projection?) or no activation; a linear FFN by design "
                           "declares is_linear = True")
+
+
+def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.Tensor:
+    """``|f(x + a e_i + a e_j) - f(x + a e_i) - f(x + a e_j) + f(x)|`` over the largest first
+    difference ``|f(x + a e_i) - f(x)|`` of the same probe, for :data:`INTERACTION_PAIRS`
+    Gaussian inputs x (each its own one-token sequence), distinct coordinates i != j and
+    ``a = step``: (pairs,). Zero (to rounding) when ``f`` is a sum of one-variable functions."""
+    generator = torch.Generator().manual_seed(13)
+    x = torch.randn(INTERACTION_PAIRS, d_model, generator=generator)  # (P, D)
+    i = torch.randint(0, d_model, (INTERACTION_PAIRS,), generator=generator)  # (P,)
+    j = (i + torch.randint(1, d_model, (INTERACTION_PAIRS,), generator=generator)) % d_model
+    e_i = torch.nn.functional.one_hot(i, d_model).float() * step  # (P, D)
+    e_j = torch.nn.functional.one_hot(j, d_model).float() * step
+    corners = torch.stack([x, x + e_i, x + e_j, x + e_i + e_j], dim=1)  # (P, 4, D)
+    dtype = next((p.dtype for p in ffn.parameters()), torch.float32)
+    out = ffn(corners.reshape(-1, 1, d_model).to(dtype)).float().reshape(
+        INTERACTION_PAIRS, 4, -1).double()  # (P, 4, D)
+    mixed = (out[:, 3] - out[:, 1] - out[:, 2] + out[:, 0]).norm(dim=-1)  # (P,)
+    first = torch.maximum((out[:, 1] - out[:, 0]).norm(dim=-1),
+                          (out[:, 2] - out[:, 0]).norm(dim=-1))  # (P,)
+    return mixed / first.clamp_min(1e-30)
+
+
+def ffn_interaction(model: nn.Module) -> PropertyResult:
+    """The FFN's input features interact: some mixed second difference along two input
+    coordinates (:func:`mixed_differences`) is above float32 rounding
+    (:data:`INTERACTION_TOLERANCE`), unless its class declares ``is_linear = True``.
+
+    An FFN whose output is a sum of one-variable functions of its inputs, ``sum_k g_k(x_k)``
+    (the activation applied to the input before the up-projection, ``W2 W1 act(x)``, or an
+    elementwise nonlinearity with no mixing in front of it), passes ``ffn_nonlinearity`` (its
+    Jacobian turns with the input) but cannot compute any function of two features together:
+    every mixed difference is 0. Measured on block 0's FFN like ``ffn_nonlinearity``."""
+    name = "ffn_interaction"
+    blocks = getattr(model, "blocks", [])
+    if not len(blocks) or not hasattr(blocks[0], "feedforward"):
+        return PropertyResult(name, None, detail="no FFN")
+    ffn = blocks[0].feedforward
+    label = f"the FFN ({component(ffn)}) of block 0"
+    if getattr(type(ffn), "is_linear", False):
+        return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
+    d_model = model.token_embedding.weight.shape[1]
+    if d_model < 2:
+        return PropertyResult(name, None, detail="d_model 1: one input feature")
+    try:
+        copied = amplified_copy(ffn)
+        with train_mode_without_dropout(copied), torch.no_grad():
+            ratios = mixed_differences(copied, d_model)
+    except Exception as exc:
+        return failed(name, exc)
+    if not bool(torch.isfinite(ratios).all()):
+        return PropertyResult(name, False, math.nan, INTERACTION_TOLERANCE,
+                              f"{label} returns inf/NaN for Gaussian inputs")
+    largest = float(ratios.max())
+    if largest > INTERACTION_TOLERANCE:
+        return PropertyResult(name, True, largest, INTERACTION_TOLERANCE,
+                              f"{label}: its input features interact (mixed second difference "
+                              f"up to {largest:.2g} of a first difference)")
+    return PropertyResult(name, False, largest, INTERACTION_TOLERANCE,
+                          f"{label} is a sum of one-variable functions of its inputs: "
+                          f"at {INTERACTION_PAIRS} pairs of input features the mixed second "
+                          f"difference is {largest:.2g} of a first difference (rounding): no "
+                          "two features interact (the activation before the up-projection?)")

@@ -9,7 +9,8 @@
 and, from the modules beside this one:
 
     output_properties     output_dtype, device_placement, eval_determinism, ffn_gain
-    component_properties  norm_scale_control, ffn_nonlinearity (a component on its own)
+    component_properties  norm_scale_control, ffn_nonlinearity, ffn_interaction (a component on
+                          its own)
     attention_properties  query_sees_a_key, attention_paths_agree (SDPA vs written out)
     positions             position_distinguishability (every pair of positions, on the PE)
     bf16_behaviour        bf16_behaviour (where the run or the PE uses half precision)
@@ -37,7 +38,11 @@ from torch import nn
 from transformer_lab.measures.attention_properties import attention_paths_agree, query_sees_a_key
 from transformer_lab.measures.bf16_behaviour import bf16_behaviour
 from transformer_lab.measures.cached_decoding import cached_decoding
-from transformer_lab.measures.component_properties import ffn_nonlinearity, norm_scale_control
+from transformer_lab.measures.component_properties import (
+    ffn_interaction,
+    ffn_nonlinearity,
+    norm_scale_control,
+)
 from transformer_lab.measures.output_properties import (
     device_placement,
     eval_determinism,
@@ -243,7 +248,9 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
                      precision: str = "fp32") -> list[PropertyResult]:
     """Every check above on ``model`` (its weights, modes and torch's random state are left as
     they were); ``max_len``: how far positions are checked (default: the PE's own, else 256);
-    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``."""
+    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``. A ``max_len`` given
+    (``routine.max_len``, or the one the PE's constructor was given) bounds every check."""
+    given = max_len is not None
     max_len = max_len or position_max_len(model)
     return [
         output_dtype(model, vocab_size),
@@ -251,6 +258,7 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
         eval_determinism(model, vocab_size),  # before the invariances a random output breaks
         norm_scale_control(model),
         ffn_nonlinearity(model),
+        ffn_interaction(model),
         query_sees_a_key(model, vocab_size, max_len),
         attention_paths_agree(model, vocab_size),
         causality(model, vocab_size),
@@ -258,7 +266,7 @@ def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = No
         position_injectivity(model, vocab_size, max_len),
         cached_decoding(amplified_copy(model), vocab_size, max_len),
         position_distinguishability(model, max_len),
-        bf16_behaviour(model, vocab_size, max_len, precision),
+        bf16_behaviour(model, vocab_size, max_len, precision, given),
         batch_independence(model, vocab_size),
         train_eval_agreement(model, vocab_size),
         ffn_gain(model, vocab_size),

@@ -14,7 +14,9 @@ The chosen components' counts are what their classes declare
                          H = F or round(2F/3)
     norms                ``count_parameters`` of the norm layer (LayerNorm / BatchNorm 2 D,
                          RMSNorm D) times the block's ``norms_per_block`` (2, 4 for sandwich),
-                         plus a final one where the block ``needs_final_norm`` (pre / sandwich)
+                         plus a final one where the block ``needs_final_norm`` (pre / sandwich);
+                         unknown for a block subclass that inherits ``norms_per_block`` but
+                         has a constructor of its own (it may add parameters)
     PE                   ``count_parameters`` of the PE: learned max_len * D,
                          T5 num_buckets * n_heads, others 0
 
@@ -72,10 +74,26 @@ def norms_per_layer(cfg: DictConfig) -> tuple[int | None, int | None]:
     """(norms inside one block, norms after the last block) as the block class declares them
     (``norms_per_block``; a final one when it ``needs_final_norm``); (None, None) if undeclared."""
     in_block = _count(declared(cfg.block, "norms_per_block"))
-    if in_block is None:
+    if in_block is None or _inherited_by_a_new_constructor(component_class(cfg.block),
+                                                            "norms_per_block"):
         return None, None
     final = bool(getattr(component_class(cfg.block), "needs_final_norm", False))
     return in_block, int(final)
+
+
+def _inherited_by_a_new_constructor(cls: type | None, attribute: str) -> bool:
+    """Whether ``cls`` inherits ``attribute`` from a parent class while defining an
+    ``__init__`` of its own on the way: a subclass that may add parameters (a gate, per-head
+    scales, QK norms) the parent's count does not know. Its count is then unknown (``param_count``
+    SKIPs and counts the model) rather than the parent's."""
+    if cls is None:
+        return False
+    for klass in cls.__mro__:
+        if attribute in vars(klass):
+            return False
+        if "__init__" in vars(klass):
+            return True
+    return False
 
 
 def _pe(cfg: DictConfig) -> int | None:

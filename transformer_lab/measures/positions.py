@@ -42,6 +42,9 @@ def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
 
 def _rotary_representations(model: nn.Module, length: int, dtype: torch.dtype) -> torch.Tensor:
     attention = model.blocks[0].attention
+    if not hasattr(attention, "n_heads"):  # a block's own attention wrapping tlab's
+        attention = next(m for m in model.modules()
+                         if all(hasattr(m, a) for a in ("n_heads", "n_kv_heads", "head_dim")))
     positions = torch.arange(length)
     q = torch.ones(1, attention.n_heads, length, attention.head_dim, dtype=dtype)
     k = torch.ones(1, attention.n_kv_heads, length, attention.head_dim, dtype=dtype)

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 AMPLIFIED_STD = 0.3  # weight-matrix std of the copy the invariance checks measure
+PERTURBED_STD = 0.02  # size of the values a zero-started parameter gets (tlab's init_std)
 
 
 @dataclass
@@ -53,13 +54,41 @@ def relative_change(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff.norm(dim=-1) / scale
 
 
+def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12) -> nn.Module:
+    """A copy of ``model`` whose trainable parameters that start at exactly zero are set to
+    small values: matrices to N(0, ``std``), vectors and scalars to U(``std``/2, ``std``).
+    A zero start (ReZero's residual gate, a zero-initialised output projection as in Fixup,
+    T-Fixup or GPT-NeoX, LLaMA-Adapter's zero gate) hides at initialisation the function the
+    design promises to learn; one optimiser step moves such a parameter off zero, so every
+    property of the design holds on the copy too. A frozen parameter (``requires_grad`` off)
+    is left as it is: it never moves."""
+    # tensors a forward left on a module (an MoE's ``aux_loss``) may be part of an autograd
+    # graph, which deepcopy refuses: the copy gets them detached
+    kept = [value for module in model.modules() for value in vars(module).values()
+            if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
+            and value.grad_fn is not None]
+    copied = copy.deepcopy(model, memo={id(value): value.detach() for value in kept})
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for parameter in copied.parameters():
+            if not parameter.requires_grad or parameter.numel() == 0 or bool(parameter.any()):
+                continue
+            if parameter.dim() >= 2:
+                noise = torch.randn(parameter.shape, generator=generator) * std
+            else:
+                noise = std * (0.5 + 0.5 * torch.rand(parameter.shape, generator=generator))
+            parameter.copy_(noise.to(parameter.dtype))
+    return copied
+
+
 def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
-    """A copy of ``model`` whose every weight matrix (parameter of 2 or more dims: projections,
-    embeddings, learned PE tables and bias tables) is rescaled to standard deviation ``std``.
+    """A :func:`perturbed_copy` of ``model`` (zero-started parameters moved off zero) whose
+    every weight matrix (parameter of 2 or more dims: projections, embeddings, learned PE
+    tables and bias tables) is rescaled to standard deviation ``std``.
     At ``init_std=0.02`` attention is nearly uniform and a relative PE moves the outputs by
     ~1e-6 of their norm, the float32 noise level; the rescaled copy makes it visible. A model
     blind to position stays blind whatever its weights, so the property is unchanged."""
-    copied = copy.deepcopy(model)
+    copied = perturbed_copy(model, std)
     with torch.no_grad():
         for parameter in copied.parameters():
             if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:

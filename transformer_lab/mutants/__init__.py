@@ -106,6 +106,12 @@ MUTANTS: tuple[Mutant, ...] = (
            "step1:bf16_behaviour", {"head_dim": _HEAD_DIM}),
     Mutant("functional_dropout_ffn", "ffn", f"{_M}.feedforward.FunctionalDropoutFFN", "decoder",
            "step1:eval_determinism", {**_FFN, "p": 0.1}),
+    # --- classes that slipped through (issue 32)
+    Mutant("renormalised_top1_moe", "ffn", f"{_M}.feedforward.RenormalisedTop1MoE", "decoder",
+           "step1:task_gradient", {"d_model": _D, "d_ff": "${model.d_ff}", "n_experts": 4,
+                                   "top_k": 1, "init_std": "${model.init_std}"}),
+    Mutant("activation_first_ffn", "ffn", f"{_M}.feedforward.ActivationFirstFFN", "encoder",
+           "step1:ffn_interaction", _FFN),
     # correct designs tlab does not ship (mutants.negatives): no check may fail them
     Mutant("scale_norm", "norm_layer", f"{_M}.negatives.ScaleNorm", "decoder", "harmless",
            partial=True),
@@ -118,6 +124,25 @@ MUTANTS: tuple[Mutant, ...] = (
            {"n_heads": "${model.n_heads}"}),
     Mutant("xpos_rope", "pe", f"{_M}.negatives.XPosRoPE", "decoder", "harmless",
            {"head_dim": _HEAD_DIM}),
+    # correct published designs that break an assumption of the old step-1 properties (issue
+    # 32): a zero start, weights that do not sum to one, a norm-free or parameter-adding block;
+    # each in both archs
+    *(Mutant(f"{name}/{arch}", group, f"{_M}.negatives.{target}", arch, "harmless", settings)
+      for name, group, target, settings in (
+          ("rezero_block", "block", "ReZeroBlock", {"d_model": _D}),
+          ("zero_init_output_block", "block", "ZeroInitOutputBlock", {"d_model": _D}),
+          ("zero_gate_attention_block", "block", "ZeroGateAttentionBlock", {"d_model": _D}),
+          ("sigmoid_attention_block", "block", "SigmoidAttentionBlock",
+           {"d_model": _D, "max_len": "${model.max_len}"}),
+          ("quiet_attention_block", "block", "QuietAttentionBlock", {"d_model": _D}),
+          ("qk_norm_block", "block", "QKNormBlock", {"d_model": _D}),
+          ("normformer_block", "block", "NormFormerBlock", {"d_model": _D}),
+          ("shared_norm_parallel_block", "block", "SharedNormParallelBlock", {"d_model": _D}),
+          ("admin_block", "block", "AdminBlock", {"d_model": _D}),
+          ("zero_down_geglu", "ffn", "ZeroDownGeGLU",
+           {"d_model": _D, "d_ff": "${model.d_ff}", "init_std": "${model.init_std}"}),
+          ("p_rope", "pe", "PRoPE", {"head_dim": _HEAD_DIM}),
+      ) for arch in ("encoder", "decoder")),
 )
 
 BY_NAME: dict[str, Mutant] = {m.name: m for m in MUTANTS}

@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lab.components.feedforward import FeedForward
+from transformer_lab.components.moe import MoEFeedForward
 
 
 class TokenShiftFFN(FeedForward):
@@ -60,6 +61,15 @@ class LinearFFN(FeedForward):
         return self.act(self.down_proj(self.dropout(self.up_proj(x))))  # (B, T, D)
 
 
+class ActivationFirstFFN(FeedForward):
+    """Applies the activation to the input, before the up-projection, ``W2 W1 act(x)``: a sum
+    of one-variable functions of the input features, so no two features interact (its
+    Jacobian still turns with the input: ``ffn_nonlinearity`` passes it)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.dropout(self.up_proj(self.act(x))))  # (B, T, D)
+
+
 class FunctionalDropoutFFN(FeedForward):
     """Calls ``F.dropout(h, p)`` whose ``training`` defaults to True: dropout stays on in eval
     mode, so evaluation and generation are random."""
@@ -71,3 +81,18 @@ class FunctionalDropoutFFN(FeedForward):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = F.dropout(self.act(self.up_proj(x)), self.p)  # (B, T, d_ff), always dropped
         return self.down_proj(h)  # (B, T, D)
+
+
+class RenormalisedTop1MoE(MoEFeedForward):
+    """tlab's Mixture of Experts before issue 32: with ``top_k = 1`` the chosen expert's
+    weight is renormalised over itself, ``p_i / p_i = 1`` whatever the logits, so the router
+    gets no gradient from the task loss (only the load-balance loss moves it) and routes
+    without learning which expert suits a token. Switch keeps ``p_i`` (eq. 2)."""
+
+    def route(self, logits: torch.Tensor,
+              probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        if probs is None:
+            probs = logits.float().softmax(dim=-1)  # (N, E)
+        weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
+        weights = weights / weights.sum(dim=-1, keepdim=True)  # (N, k): all 1 at top_k 1
+        return weights.to(logits.dtype), chosen

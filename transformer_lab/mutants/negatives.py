@@ -1,16 +1,30 @@
 """Correct designs tlab does not ship: the routine must pass them (``harmless`` in the
-catalogue of :mod:`transformer_lab.mutants`). Each docstring cites the paper it follows."""
+catalogue of :mod:`transformer_lab.mutants`). Each docstring cites the paper it follows.
+
+Several start a projection or a residual gate at exactly zero (ReZero, zero-initialised output
+projections, LLaMA-Adapter's gate) or weigh keys without normalising to one (sigmoid attention,
+softmax plus one): the designs that the step-1 properties once assumed away. The blocks follow
+the block contract of ``docs/custom_components.md``; :func:`attend` is an attention written
+out with a pluggable weighting, honouring every field of ``AttentionInputs``.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.components.feedforward import FeedForward
+from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
+from transformer_lab.components.block import NormFactory, PostNormBlock, PreNormBlock
+from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
 from transformer_lab.components.positional import RotaryPositionalEncoding
+from transformer_lab.components.positional.rotary import rotary_cos_sin, rotate_with_cos_sin
+
+# scores (B, H, T_q, T_k), -inf where masked -> attention weights of the same shape
+Weighing = Callable[[torch.Tensor], torch.Tensor]
 
 
 class ScaleNorm(nn.Module):
@@ -105,3 +119,292 @@ class XPosRoPE(RotaryPositionalEncoding):
         scale = self.zeta[None, :] ** power  # (T, Dh/2)
         scale = torch.cat([scale, scale], dim=-1)  # (T, Dh): the half pairing's layout
         return (q * scale).to(q.dtype), (k / scale).to(k.dtype)
+
+
+class PRoPE(nn.Module):
+    """p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional
+    Encodings useful?", arXiv 2410.06205): RoPE whose lowest ``1 - p`` of the frequencies are
+    set to zero, so those pairs carry no position (robust semantic channels) and the rest
+    rotate as RoPE. ``q_m . k_n`` still depends on ``n - m`` only. Half pairing.
+    q (B, H, T, Dh), k (B, H_kv, T, Dh), positions (T,) -> q, k of the same shapes."""
+
+    kind = "rotary"
+
+    def __init__(self, head_dim: int, p: float = 0.75, base: float = 10000.0) -> None:
+        super().__init__()
+        inv_freq = base ** (-torch.arange(0, head_dim, 2).float() / head_dim)  # (Dh/2,)
+        kept = max(1, round(p * len(inv_freq)))
+        inv_freq[kept:] = 0.0  # the lowest frequencies: no rotation
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = rotary_cos_sin(positions, self.inv_freq.to(positions.device))  # (T, Dh/2)
+        return rotate_with_cos_sin(q, cos, sin), rotate_with_cos_sin(k, cos, sin)
+
+
+class ZeroDownGeGLU(GatedFeedForward):
+    """GeGLU (Shazeer 2020, arXiv 2002.05202) whose down projection starts at zero, the
+    residual branch's last layer zero-initialised as in Fixup (Zhang et al. 2019, arXiv
+    1901.09321) and T-Fixup: the FFN returns 0 at initialisation and learns from there.
+    (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, d_ff: int, **kwargs: object) -> None:
+        super().__init__(d_model, d_ff, activation="gelu", **kwargs)
+        nn.init.zeros_(self.down_proj.weight)
+
+
+def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInputs,
+           weigh: Weighing, q_transform: Callable | None = None) -> torch.Tensor:
+    """Self-attention with ``attention``'s projections, written out with ``weigh`` in place of
+    the softmax, honouring the whole of ``inputs``: the rotary PE (``rotary``, at
+    ``positions``; with a ``cache`` the queries at ``positions`` and every key at
+    ``key_positions``), the additive ``mask`` (bias PE and causal mask, -inf where a key is
+    hidden) or ``is_causal``, the KV ``cache`` (keys stored before rotation), and
+    ``need_weights`` (the weights kept in ``attention.last_weights``). ``q_transform(q, k)``
+    changes q and k before the PE (QK-norm). x (B, T, D) -> (B, T, D)."""
+    batch, seq, _ = x.shape
+    q, k, v = attention.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
+    if q_transform is not None:
+        q, k = q_transform(q, k)
+    if inputs.cache is not None:
+        k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): cached tokens and these
+    if inputs.rotary is not None:
+        if inputs.cache is None:
+            q, k = inputs.rotary(q, k, inputs.positions)
+        else:
+            key_positions = inputs.key_positions
+            if key_positions is None:
+                key_positions = torch.arange(k.shape[-2], device=k.device)  # (T_k,)
+            q = inputs.rotary(q, q, inputs.positions)[0]
+            k = inputs.rotary(k, k, key_positions)[1]
+    repeats = attention.n_heads // attention.n_kv_heads  # grouped-query attention
+    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    scale = attention.scale if attention.scale is not None else 1 / math.sqrt(q.shape[-1])
+    scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, T_q, T_k)
+    if inputs.mask is not None:
+        scores = scores + inputs.mask
+    elif inputs.is_causal:
+        future = torch.ones(seq, k.shape[-2], dtype=torch.bool, device=x.device).triu(1)
+        scores = scores.masked_fill(future, float("-inf"))
+    weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
+    if inputs.need_weights:
+        attention.last_weights = weights.detach()
+    if attention.training and attention.dropout > 0:
+        weights = F.dropout(weights, attention.dropout)
+    out = (weights @ v).transpose(1, 2).reshape(batch, seq, attention.q_size)  # (B, T, H Dh)
+    return attention.out_proj(out)  # (B, T, D)
+
+
+class ReZeroBlock(nn.Module):
+    """ReZero (Bachlechner et al. 2020, "ReZero is All You Need", arXiv 2003.04887): no norm
+    layer; each sublayer's residual branch is multiplied by one learned scalar started at 0,
+    ``x = x + alpha * attn(x)``, ``x = x + alpha * ffn(x)``: every block is the identity at
+    initialisation. It declares no ``norms_per_block``: besides attention and FFN it holds a
+    gate, not norms, so ``param_count`` counts it. (B, T, D) -> (B, T, D)."""
+
+    needs_final_norm = False
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory | None = None) -> None:
+        super().__init__()
+        self.attention, self.feedforward = attention, feedforward
+        self.alpha = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + self.alpha * self.attention(x, inputs)
+        return x + self.alpha * self.feedforward(x)
+
+
+class ZeroInitOutputBlock(PreNormBlock):
+    """Pre-LN block whose attention output projection and FFN down projection start at zero:
+    each residual branch returns 0 at initialisation (Fixup, Zhang et al. 2019, arXiv
+    1901.09321; T-Fixup, Huang et al. 2020; the zero-initialised residual projections of
+    GPT-NeoX-style and Mistral-style inits). (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, **kwargs: object) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, **kwargs)
+        nn.init.zeros_(self.attention.out_proj.weight)
+        last = [m for m in self.feedforward.modules() if isinstance(m, nn.Linear)][-1]
+        nn.init.zeros_(last.weight)
+
+
+class ZeroGateAttentionBlock(PreNormBlock):
+    """Pre-LN block whose attention branch is gated by ``tanh(g)``, one learned ``g`` per block
+    started at 0, as LLaMA-Adapter's zero-init attention (Zhang et al. 2023, arXiv
+    2303.16199): ``x = x + tanh(g) attn(N1(x))``, ``x = x + ffn(N2(x))``. Adds one parameter
+    to the pre-LN block. (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, **kwargs: object) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, **kwargs)
+        self.gate = nn.Parameter(torch.zeros(()))
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + torch.tanh(self.gate) * self.attention(self.norm1(x), inputs)
+        return x + self.feedforward(self.norm2(x))
+
+
+class WrittenOutAttention(nn.Module):
+    """Base of the attentions below: wraps tlab's ``attention`` (its projections and
+    ``last_weights``, which step 1 reads as ``block.attention.last_weights``) and computes
+    with :func:`attend` and :meth:`weigh`. x (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, attention: MultiHeadAttention) -> None:
+        super().__init__()
+        self.inner = attention
+
+    @property
+    def last_weights(self) -> torch.Tensor | None:
+        return self.inner.last_weights
+
+    @last_weights.setter
+    def last_weights(self, value: torch.Tensor | None) -> None:
+        self.inner.last_weights = value
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        return scores.softmax(dim=-1)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return attend(self.inner, x, inputs, self.weigh)
+
+
+class SigmoidAttention(WrittenOutAttention):
+    """Sigmoid attention (Ramapuram et al. 2024, "Theory, Analysis, and Best Practices for
+    Sigmoid Self-Attention", arXiv 2409.04431): each key weighted by
+    ``sigmoid(q . k / sqrt(d) + b)`` with ``b = -log(n)``, n the training context length
+    (``max_len``): the weights do not sum to one."""
+
+    def __init__(self, attention: MultiHeadAttention, max_len: int) -> None:
+        super().__init__(attention)
+        self.bias = -math.log(max_len)
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(scores + self.bias)
+
+
+def softmax_plus_one(scores: torch.Tensor) -> torch.Tensor:
+    """``exp(s_j) / (1 + sum_k exp(s_k))`` over the last axis (an extra logit 0 that takes
+    the rest of the weight), computed stably; -inf scores get 0. (..., T_k) -> (..., T_k)."""
+    padded = F.pad(scores, (0, 1))  # (..., T_k + 1): the extra logit 0
+    return padded.softmax(dim=-1)[..., :-1]
+
+
+class QuietAttention(WrittenOutAttention):
+    """Softmax plus one, "quiet attention" (Miller 2023, "Attention Is Off By One"; studied by
+    Bondarenko et al. 2023, arXiv 2306.12929): ``exp(s_j) / (1 + sum_k exp(s_k))``, so a head
+    can attend to nothing; the weights sum to less than one."""
+
+    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
+        return softmax_plus_one(scores)
+
+
+class SigmoidAttentionBlock(PreNormBlock):
+    """Pre-LN block with :class:`SigmoidAttention` in place of softmax attention."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, max_len: int = 64, **kwargs: object) -> None:
+        super().__init__(d_model, SigmoidAttention(attention, max_len), feedforward, make_norm,
+                         **kwargs)
+
+
+class QuietAttentionBlock(PreNormBlock):
+    """Pre-LN block with :class:`QuietAttention` (softmax plus one)."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, **kwargs: object) -> None:
+        super().__init__(d_model, QuietAttention(attention), feedforward, make_norm, **kwargs)
+
+
+class QKNormAttention(WrittenOutAttention):
+    """Softmax attention with a LayerNorm on each head's queries and keys before their product
+    (Dehghani et al. 2023, ViT-22B, arXiv 2302.05442; OLMo 2): bounded logits."""
+
+    def __init__(self, attention: MultiHeadAttention) -> None:
+        super().__init__(attention)
+        self.q_norm = nn.LayerNorm(attention.head_dim)
+        self.k_norm = nn.LayerNorm(attention.head_dim)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        return attend(self.inner, x, inputs, self.weigh,
+                      lambda q, k: (self.q_norm(q), self.k_norm(k)))
+
+
+class QKNormBlock(PreNormBlock):
+    """Pre-LN block with :class:`QKNormAttention`: adds 4 Dh parameters to the pre-LN block
+    while inheriting its ``norms_per_block``."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, **kwargs: object) -> None:
+        super().__init__(d_model, QKNormAttention(attention), feedforward, make_norm, **kwargs)
+
+
+class HeadScale(nn.Module):
+    """Multiplies each head's slice of the attention output by a learned scale (ones at
+    initialisation) before the output projection ``linear``. (B, T, H Dh) -> (B, T, D)."""
+
+    def __init__(self, linear: nn.Linear, n_heads: int) -> None:
+        super().__init__()
+        self.linear = linear
+        self.n_heads = n_heads
+        self.scale = nn.Parameter(torch.ones(n_heads))
+
+    def forward(self, heads: torch.Tensor) -> torch.Tensor:
+        shape = heads.shape
+        scaled = heads.unflatten(-1, (self.n_heads, -1)) * self.scale[:, None]  # (B, T, H, Dh)
+        return self.linear(scaled.reshape(shape))
+
+
+class NormFormerBlock(PreNormBlock):
+    """NormFormer (Shleifer et al. 2021, arXiv 2110.09456): a pre-LN block with a norm after
+    attention (before the residual add), learned per-head scales of the attention output and a
+    norm after the FFN's output. Adds parameters while inheriting ``norms_per_block``.
+    (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, **kwargs: object) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, **kwargs)
+        self.attention.out_proj = HeadScale(self.attention.out_proj, self.attention.n_heads)
+        self.post_attention_norm = make_norm(d_model)
+        self.post_ffn_norm = make_norm(d_model)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = x + self.post_attention_norm(self.attention(self.norm1(x), inputs))
+        return x + self.post_ffn_norm(self.feedforward(self.norm2(x)))
+
+
+class SharedNormParallelBlock(nn.Module):
+    """GPT-J's parallel block (Wang & Komatsuzaki 2021): one norm read by both sublayers,
+    ``x = x + attn(N(x)) + ffn(N(x))``, and a final norm. (B, T, D) -> (B, T, D)."""
+
+    needs_final_norm = True
+    norms_per_block = 1
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory) -> None:
+        super().__init__()
+        self.attention, self.feedforward = attention, feedforward
+        self.norm1 = make_norm(d_model)
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        normed = self.norm1(x)  # (B, T, D)
+        return x + self.attention(normed, inputs) + self.feedforward(normed)
+
+
+class AdminBlock(PostNormBlock):
+    """Admin (Liu et al. 2020, "Understanding the Difficulty of Training Transformers", arXiv
+    2004.08249): post-LN with the residual weighted by a learned per-feature ``omega``,
+    ``x = N(omega * x + f(x))``, ``omega`` initialised to ``omega_init`` (the paper profiles
+    the branch variances; a constant stands in). Adds 2 D parameters to the post-LN block.
+    (B, T, D) -> (B, T, D)."""
+
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, omega_init: float = 2.0, **kwargs: object) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, **kwargs)
+        self.omega1 = nn.Parameter(torch.full((d_model,), float(omega_init)))
+        self.omega2 = nn.Parameter(torch.full((d_model,), float(omega_init)))
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        x = self.norm1(self.omega1 * x + self.attention(x, inputs))
+        return self.norm2(self.omega2 * x + self.feedforward(x))

@@ -1,4 +1,5 @@
-"""Live progress of training: one ``rich`` bar per training phase, fed by the metrics rows.
+"""Live progress of training, fed by the metrics rows: one ``rich`` bar per training phase on a
+terminal, plain log lines elsewhere (nohup, SLURM, ``| tee``).
 
 Every training loop already writes a metrics row every ``train.log_every`` steps (and a held-out
 row every ``train.eval_every``) into the run's ``metrics.csv``; ``RunProgress`` listens to those
@@ -9,16 +10,20 @@ in ``progress_bar(log, label, total)`` (where it used to show a spinner)::
     with progress_bar(run.metrics, "reversal: pe=rope", total=2 * max_steps):
         trainer.fit(...)  # rows written to run.metrics (or a TaggedLog of it) move the bar
 
-The bar shows steps done / total, the latest training loss, the latest held-out exact match
-(where the task has one), tokens/s and the time left. Rows of several models (tagged ``seed``,
-``variant``, ...) each count their own steps. Nothing is drawn when stdout is not a terminal or
-with ``--quiet`` (``logger.progress=false``).
+Steps are counted from the ``train`` rows only (a held-out row repeats its step), per series:
+rows of several models (tagged ``seed``, ``variant``, ...) each count their own steps; the count
+never exceeds ``total``. The bar shows steps done / total, the latest training loss, the latest
+held-out loss and exact match (where the task has one), tokens/s and the time left. When stdout
+is not a terminal, each ``train`` row prints one flushed line with the same numbers instead.
+Nothing is shown with ``--quiet`` (``logger.progress=false``).
 """
 
 from __future__ import annotations
 
+import datetime
 import math
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from typing import Any
@@ -37,7 +42,8 @@ from rich.progress import (
 
 # Row keys that are measurements; any other key (seed, variant, stage, ...) names a series.
 MEASURE_KEYS = frozenset({"step", "split", "loss", "accuracy", "exact_match", "lr", "grad_norm",
-                          "tokens_per_s", "elapsed_s"})
+                          "tokens_per_s", "elapsed_s", "ppl"})
+NOT_IN_LINES = frozenset({"stage"})  # tags every row of a phase has: left out of plain lines
 REFRESH_PER_SECOND = 2  # rich redraws on its own thread; fewer redraws, less CPU taken
 
 
@@ -45,78 +51,175 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and math.isfinite(value) else None
 
 
+def series_of(row: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The tags of the model a row belongs to: its keys that are no measurement and whose value
+    is no float (a float is a measurement a model adds, e.g. ``moe_expert0_fraction``)."""
+    return tuple(sorted((k, str(v)) for k, v in row.items()
+                        if k not in MEASURE_KEYS and not isinstance(v, float)))
+
+
 class _Phase:
     """Steps per series of one training phase, and the latest numbers to show."""
 
-    def __init__(self) -> None:
+    def __init__(self, total: int) -> None:
+        self.total = max(1, int(total))
+        self.started = time.perf_counter()
+        self.first: tuple[float, int] | None = None  # time and count at the first train row
         self.steps: dict[tuple, int] = {}
-        self.fields = {"loss": "", "match": "", "speed": ""}
+        self.loss: float | None = None
+        # per series: its latest held-out loss, that row's step and exact match (or None)
+        self.held_out: dict[tuple, tuple[float, int, float | None]] = {}
+        self.last_held_out: tuple[float, int, float | None] | None = None  # of any series
+        self.speed: float | None = None
 
-    def update(self, row: Mapping[str, Any]) -> int:
-        """Take one metrics row; returns the steps done over all series."""
-        series = tuple(sorted((k, str(v)) for k, v in row.items() if k not in MEASURE_KEYS))
-        step = row.get("step")
-        if isinstance(step, int):
-            self.steps[series] = max(step, self.steps.get(series, 0))
-        loss, match = _number(row.get("loss")), _number(row.get("exact_match"))
+    @property
+    def done(self) -> int:
+        """Steps done over all series, at most ``total``."""
+        return min(self.total, sum(self.steps.values()))
+
+    def update(self, row: Mapping[str, Any]) -> bool:
+        """Take one metrics row; True for a ``train`` row (one that moves the count)."""
+        step, loss = row.get("step"), _number(row.get("loss"))
         if row.get("split") == "train":
-            if loss is not None:
-                self.fields["loss"] = f"loss {loss:.4f}"
-            speed = _number(row.get("tokens_per_s"))
-            if speed is not None:
-                self.fields["speed"] = f"{speed:,.0f} tok/s"
-        elif match is not None:
-            self.fields["match"] = f"exact {match:.3f}"
-        return sum(self.steps.values())
+            if isinstance(step, int):
+                series = series_of(row)
+                self.steps[series] = max(step, self.steps.get(series, 0))
+                if self.first is None:
+                    self.first = (time.perf_counter(), self.done)
+            self.loss = loss if loss is not None else self.loss
+            self.speed = _number(row.get("tokens_per_s")) or self.speed
+            return True
+        if row.get("split") == "val" and loss is not None:
+            held_out = (loss, int(step) if isinstance(step, int) else 0,
+                        _number(row.get("exact_match")))
+            self.held_out[series_of(row)] = self.last_held_out = held_out
+        return False
+
+    def eta_s(self) -> float | None:
+        """Seconds left at the pace since the first train row (at the first, since the phase
+        began: a resumed model's first row counts the steps taken before); None before it."""
+        done = self.done
+        if self.first is None or not done:
+            return None
+        since, done_then = self.first
+        if done > done_then:
+            return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
+        return (time.perf_counter() - self.started) * (self.total - done) / done
+
+    def fields(self) -> dict[str, str]:
+        """The bar's text columns."""
+        held_out = self.last_held_out
+        match = held_out[2] if held_out is not None else None
+        return {"loss": f"loss {self.loss:.4f}" if self.loss is not None else "",
+                "held_out": f"held-out {held_out[0]:.4f}" if held_out is not None else "",
+                "match": f"exact {match:.3f}" if match is not None else "",
+                "speed": f"{self.speed:,.0f} tok/s" if self.speed is not None else ""}
+
+    def line(self, label: str, row: Mapping[str, Any]) -> str:
+        """One plain log line for a ``train`` row: its step (and, with several models, their
+        tags and the steps done of the phase), the losses, tokens/s and the time left."""
+        step = row.get("step")
+        if len(self.steps) == 1 and step == self.done:  # one model so far: its step is the count
+            parts = [f"{label} | step {step}/{self.total}"]
+        else:
+            tags = [f"{k}={v}" for k, v in series_of(row) if k not in NOT_IN_LINES]
+            parts = [f"{label} |", *tags, f"step {step} ({self.done}/{self.total})"]
+        if self.loss is not None:
+            parts.append(f"loss {self.loss:.4f}")
+        held_out = self.held_out.get(series_of(row))
+        if held_out is not None:
+            parts.append(f"held-out {held_out[0]:.4f} (step {held_out[1]})")
+            if held_out[2] is not None:
+                parts.append(f"exact {held_out[2]:.3f}")
+        if self.speed is not None:
+            parts.append(f"{self.speed:,.0f} tok/s")
+        eta = self.eta_s()
+        parts.append("eta " + (str(datetime.timedelta(seconds=round(eta))) if eta is not None
+                               else "-"))
+        return " ".join(parts)
 
 
 class RunProgress:
-    """The progress bars of one run. ``enabled`` False (quiet, or not a terminal): nothing is
-    drawn and ``on_row`` returns at once. Listens to metrics rows through ``on_row``."""
+    """The progress of one run, fed with metrics rows through ``on_row``. ``enabled`` False
+    (quiet): nothing is shown and ``on_row`` returns at once. ``plain``: log lines instead of a
+    live bar (stdout is not a terminal)."""
 
-    def __init__(self, enabled: bool, console: Console | None = None) -> None:
+    def __init__(self, enabled: bool, console: Console | None = None,
+                 plain: bool = False) -> None:
         self.enabled = enabled
+        self.plain = plain
         self.console = console
         self._progress: Progress | None = None
         self._task: TaskID | None = None
         self._phase: _Phase | None = None
+        self._label = ""
         self._lock = threading.Lock()  # rows may come from a second training thread
 
     @classmethod
     def for_terminal(cls, quiet: bool = False) -> RunProgress:
-        """Enabled only when stdout is a terminal and not ``quiet``."""
+        """A live bar when stdout is a terminal, plain log lines when it is not; nothing when
+        ``quiet``."""
         from transformer_lab.results.console import console
 
-        return cls(enabled=not quiet and console.is_terminal, console=console)
+        return cls(enabled=not quiet, console=console, plain=not console.is_terminal)
 
     def on_row(self, row: Mapping[str, Any]) -> None:
-        """A metrics row was written: move the bar of the current phase (if any)."""
+        """A metrics row was written: move the bar of the current phase (if any), or print its
+        line."""
         if self._phase is None:
             return
         with self._lock:
-            phase, progress = self._phase, self._progress
-            if phase is None or progress is None:
+            phase = self._phase
+            if phase is None:
                 return
-            done = phase.update(row)
-            progress.update(self._task, completed=done, **phase.fields)
+            moved = phase.update(row)
+            if self.plain:
+                if moved:
+                    self._print_line(phase.line(self._label, row))
+            elif self._progress is not None:
+                self._progress.update(self._task, completed=phase.done, **phase.fields())
+
+    @property
+    def counted(self) -> tuple[int, int] | None:
+        """(steps done, steps planned) of the current phase; None outside one."""
+        phase = self._phase
+        return (phase.done, phase.total) if phase is not None else None
+
+    def _print_line(self, line: str) -> None:
+        console = self.console
+        if console is None:
+            print(line, flush=True)
+            return
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+        console.file.flush()
 
     @contextmanager
     def phase(self, label: str, total: int) -> Iterator[None]:
-        """Show one bar labelled ``label`` while the block runs; ``total``: the steps planned
-        (an upper bound when training may stop early: the bar is completed at the end)."""
+        """Show one bar labelled ``label`` while the block runs (or print its lines);
+        ``total``: the steps planned (an upper bound when training may stop early: the bar is
+        completed at the end)."""
         if not self.enabled:
             yield
             return
+        if self.plain:
+            with self._lock:
+                self._phase, self._label = _Phase(total), label
+            try:
+                yield
+            finally:
+                with self._lock:
+                    self._phase = None
+            return
         progress = Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
-            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[match]}"),
-            TextColumn("{task.fields[speed]}"), TimeElapsedColumn(), TextColumn("eta"),
-            TimeRemainingColumn(), console=self.console, transient=False,
-            refresh_per_second=REFRESH_PER_SECOND)
+            TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[held_out]}"),
+            TextColumn("{task.fields[match]}"), TextColumn("{task.fields[speed]}"),
+            TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console,
+            transient=False, refresh_per_second=REFRESH_PER_SECOND)
         with self._lock:
-            self._phase = _Phase()
-            self._task = progress.add_task(label, total=max(1, int(total)), loss="", match="",
-                                           speed="")
+            self._phase = _Phase(total)
+            self._task = progress.add_task(label, total=self._phase.total,
+                                           **self._phase.fields())
             self._progress = progress
         try:
             progress.start()
@@ -125,13 +228,15 @@ class RunProgress:
                 self._phase = self._progress = None
             yield
             return
+        finished = False
         try:
             yield
+            finished = True
         finally:
             with self._lock:
-                done = sum(self._phase.steps.values())
-                if done:  # stopped early (solved): the bar ends full, at the steps taken
-                    progress.update(self._task, total=done, completed=done)
+                done = self._phase.done
+                if finished and done:  # stopped early (solved): the bar ends full, at the
+                    progress.update(self._task, total=done, completed=done)  # steps taken
                 self._phase = self._progress = None
             progress.stop()
 

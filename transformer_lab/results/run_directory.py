@@ -5,7 +5,7 @@
     <table>.csv        command-specific tables    *.png        plots
     model.safetensors  a one-model run's final weights (``weights_path``)
     models/[<variant>/]seed<k>.safetensors        the final weights of each of several models
-    checkpoint.pt      the resumable state of an unfinished run (``train.checkpoint_every``)
+    checkpoint.pt      the resumable state of a tlab train run (``--resume``; ``train.checkpoint``)
 
 CSV rows are flushed as they are written, so an interrupted run keeps what it logged. A run
 directory is claimed (``.tlab-claim``) before anything is written in it; ``--resume`` takes over
@@ -47,7 +47,7 @@ SUMMARY_COLUMNS = [*SETTING_COLUMNS, "seed", *NUMBER_COLUMNS, "status", "error"]
 RUN_MARKERS = ("run.json", "metrics.csv", "summary.csv")
 WEIGHTS_FILE = "model.safetensors"  # the final weights of a run that trains one model
 MODELS_DIR = "models"  # the final weights of a run that trains several (seeds, variants)
-CHECKPOINT_FILE = "checkpoint.pt"  # an unfinished run's resumable state (train.checkpoint_every)
+CHECKPOINT_FILE = "checkpoint.pt"  # a tlab train run's resumable state (train.checkpoint)
 _FAILED_ATTEMPT = re.compile(r"^(?P<job>.+)\.failed-(?P<n>\d+)$")
 PACKAGES = ("torch", "numpy", "hydra-core", "omegaconf", "pandas", "typer", "rich", "matplotlib",
             "transformer_lab")
@@ -156,6 +156,14 @@ class TaggedLog:
 def holds_run(path: Path) -> bool:
     """True if ``path`` already contains the files of a run."""
     return any((path / marker).exists() for marker in RUN_MARKERS)
+
+
+def resume_hint(path: Path) -> str:
+    """``; to go on with that run: tlab train --resume PATH`` when ``path`` holds a run's
+    resumable state (``checkpoint.pt``), else ``""``: for a refusal of that directory."""
+    if not (Path(path) / CHECKPOINT_FILE).is_file():
+        return ""
+    return f"; to go on with that run: tlab train --resume {path}"
 
 
 def weights_path(run_dir: Path, seed: int, variant: str | None = None,
@@ -318,7 +326,8 @@ class RunDirectory:
         if holds_run(path):
             if resumed_here(path):
                 return cls.reopen(path, cfg)
-            raise ConfigError(f"'{path}' already holds a run; choose another --out directory")
+            raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
+                              f"{resume_hint(path)}")
         path.mkdir(parents=True, exist_ok=True)
         run = cls(path, cfg)
         run.info = {

@@ -29,6 +29,11 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
+from transformer_lab.measures.gradient_flow import (
+    idle_module_hooks,
+    idle_parameters,
+    task_gradient,
+)
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -73,17 +78,28 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
+def probed_max_len(cfg: DictConfig) -> int | None:
+    """How far step 1 checks positions: ``routine.max_len``, else the ``max_len`` the PE's
+    constructor is given (``pe.max_len``: the documented contract, whether or not the module
+    keeps it as an attribute), else None (the PE's own ``max_len`` attribute, else 256)."""
+    if cfg.routine.get("max_len"):
+        return int(cfg.routine.max_len)
+    given = cfg.pe.get("max_len") if "pe" in cfg else None
+    return int(given) if isinstance(given, int) and not isinstance(given, bool) else None
+
+
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
     causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
-    control, bf16 behaviour). ``routine.max_len`` (default: the PE's own max_len, else 256) is
-    how far positions are checked; ``train.precision`` says whether the run uses bf16. A failing
+    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked;
+    ``train.precision`` says whether the run uses bf16. A failing
     row's detail ends with its culprit (``routines.attribution``: each component swapped for
     its group's default)."""
     clock = Stopwatch()
+    max_len = probed_max_len(cfg)
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
-        return model_properties(built, cfg.model.vocab_size, cfg.routine.get("max_len"),
+        return model_properties(built, cfg.model.vocab_size, max_len,
                                 str(cfg.train.get("precision", "fp32")))
 
     rows = [_property_row(r, model.pe_kind) for r in measure(model)]
@@ -123,11 +139,14 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     rows.append(CheckRow(1, "gradients_finite", status(not missing and not bad),
                          "params_without_grad", float(len(missing) + len(bad)), 0,
                          detail=", ".join(missing + bad)[:200] or "every parameter"))
+    rows.append(_property_row(task_gradient(model, [(batch.inputs, batch.targets)],
+                                            sequence_loss), model.pe_kind))
     params = count_parameters(model)
     formula = parameter_breakdown(cfg)["total"]
     rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
                          "params", float(params), formula,
-                         detail="custom component: no formula" if formula is None
+                         detail=f"no formula (a custom component declares no count): the model "
+                         f"has {params:,}" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
     wall = clock.lap()
     for row in rows[start:]:
@@ -190,9 +209,15 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     ratios = {s: pe_to_embedding_ratio(m, fixed[s][0]) for s, m in zip(seeds, models, strict=True)}
     steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
-    with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
-        for seed in seeds:
-            trainers[seed].fit(steps, batches=fixed[seed])
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
+    called, handles = idle_module_hooks(model)  # an expert no token chose may stay as it was
+    try:
+        with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
+            for seed in seeds:
+                trainers[seed].fit(steps, batches=fixed[seed])
+    finally:
+        for handle in handles:
+            handle.remove()
     wall = clock.lap() / len(seeds)
     rows, afters = [], {}
     for seed, trained in zip(seeds, models, strict=True):
@@ -211,7 +236,28 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         rows.append(CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else
                              "smoke_loss_falls", status(ok), "relative_drop", drop,
                              cfg.routine.min_drop, wall, detail))
+    rows.append(parameters_move(model, initial, idle_parameters(model, called)))
     return rows, afters
+
+
+def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
+                    idle: set[str] = frozenset()) -> CheckRow:
+    """Step 2: every trainable parameter of the (first seed's) model changed during the smoke
+    training, but those of modules that only ever ran on empty inputs (``idle``: an expert
+    no token chose). One that did not is outside the optimiser (created in ``forward`` after
+    the optimiser was built) or gets no gradient at any step; its name is given."""
+    still = [name for name, p in model.named_parameters() if p.requires_grad
+             and name not in idle
+             and (name not in initial or torch.equal(p.detach(), initial[name]))]
+    new = [name for name in still if name not in initial]
+    detail = "every trainable parameter changed"
+    if still:
+        detail = (f"{len(still)} trainable parameters did not change in training: "
+                  f"{', '.join(still[:4])}" + (f" ({', '.join(new[:2])} appeared during "
+                                                "training: the optimiser never saw it)"
+                                                if new else ""))
+    return CheckRow(2, "parameters_move", status(not still), "unchanged", float(len(still)), 0,
+                    detail=detail)
 
 
 def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:

@@ -23,14 +23,17 @@ N``) only rank 0 keeps files (``RunCheckpoints``); docs/scale.md.
 
 Each seed's final weights are kept as it finishes (``RunCheckpoints``): ``model.safetensors``
 for one seed, ``models/seed<k>.safetensors`` for several (``training.checkpoint``: each file's
-header holds the config that rebuilds its model, its seed and the task's tokenizer). With
-``train.checkpoint_every`` = N > 0 the run also keeps its resumable state in ``checkpoint.pt``
-(atomically replaced): at the start, every N steps and after each seed, with the seeds already
-trained, the current seed's trainer state (``Trainer.state_dict``) and the number of rows
-``metrics.csv`` had then. ``--resume RUN_DIR`` reruns the run in its own directory: this routine
-finds ``checkpoint.pt`` there, cuts ``metrics.csv`` back to those rows and goes on from that
-state, so the finished run's files equal those of a run never stopped (timings aside).
-``checkpoint.pt`` is removed when the last seed has finished.
+header holds the config that rebuilds its model, its seed and the task's tokenizer). The run
+also keeps its resumable state in ``checkpoint.pt`` (atomically replaced; ``train.checkpoint``,
+on by default): at the end, and when SIGINT (Ctrl-C) or SIGTERM stops it (at the end of the
+current step: ``trainer.stop_between_steps``); with ``train.checkpoint_every`` = N > 0 also at
+the start, every N steps and after each seed. It holds each finished seed's final trainer state
+(``Trainer.state_dict``), the current seed's and the number of rows ``metrics.csv`` had then.
+``--resume RUN_DIR`` reruns the run in its own directory: this routine finds ``checkpoint.pt``
+there, cuts ``metrics.csv`` back to those rows and goes on from that state, so the finished
+run's files equal those of a run never stopped (timings aside). ``--resume RUN_DIR
+train.steps=N`` trains every seed on to N steps from its kept state (a finished run extended);
+the schedule is then that of an N-step run from the kept step on.
 
 In this order: the settings, the kept models and state, one seed's training, the numbers and
 the table, the routine.
@@ -39,17 +42,20 @@ the table, the routine.
 from __future__ import annotations
 
 import math
+import signal
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from rich import box
 from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT
+from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
@@ -71,7 +77,12 @@ from transformer_lab.training.checkpoint import config_yaml, load_state, save_st
 from transformer_lab.training.distributed import joined, resolve_device, world
 from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.throughput import model_flops_utilisation, peak_flops
-from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
+from transformer_lab.training.trainer import (
+    Trainer,
+    TrainResult,
+    count_parameters,
+    stop_between_steps,
+)
 
 STAGE = "train"  # the ``stage`` of its rows in metrics.csv
 
@@ -111,16 +122,18 @@ class TrainedSeed:
     result: TrainResult
     params: int
     held_out: dict[str, Any] = field(default_factory=dict)  # the last ``val`` row
+    trainer: dict[str, Any] | None = None  # its final ``Trainer.state_dict``, on the CPU
 
     def state(self) -> dict[str, Any]:
-        """As the resumable state keeps it (``from_state`` reads it back)."""
+        """As the resumable state keeps it (``from_state`` reads it back; ``train_seed`` goes
+        on from it)."""
         return {"seed": self.seed, "result": asdict(self.result), "params": self.params,
-                "held_out": dict(self.held_out)}
+                "held_out": dict(self.held_out), "trainer": self.trainer}
 
     @classmethod
     def from_state(cls, state: Mapping[str, Any]) -> TrainedSeed:
         return cls(int(state["seed"]), TrainResult(**state["result"]), int(state["params"]),
-                   dict(state["held_out"]))
+                   dict(state["held_out"]), state.get("trainer"))
 
     def numbers(self, language: bool) -> dict[str, Any]:
         """What a one-seed run of this seed puts in ``summary.csv`` (and ``seeds.csv``)."""
@@ -154,16 +167,26 @@ class ResumePoint:
     done: list[TrainedSeed]
     current: dict[str, Any] | None  # seed, trainer (Trainer.state_dict), result, held_out
 
+    def states(self, steps: int) -> dict[int, dict[str, Any]]:
+        """The state each seed goes on from, by seed: the current one's, and a finished seed's
+        final one when it trained fewer than ``steps`` steps (the run is extended)."""
+        states = {s.seed: s.state() for s in self.done if s.result.steps < steps}
+        if self.current is not None:
+            states[int(self.current["seed"])] = self.current
+        return states
+
 
 class RunCheckpoints:
-    """What a ``tlab train`` run keeps in its directory: each seed's final weights and, with
-    ``train.checkpoint_every``, its resumable state (``checkpoint.pt``)."""
+    """What a ``tlab train`` run keeps in its directory: each seed's final weights and (unless
+    ``train.checkpoint=false``) its resumable state (``checkpoint.pt``): at the end and when
+    stopped, and with ``train.checkpoint_every`` also as it goes (``periodic``)."""
 
     def __init__(self, cfg: DictConfig, run: RunDirectory, task: Task, seeds: Sequence[int]
                  ) -> None:
         self.cfg, self.run, self.task, self.seeds = cfg, run, task, list(seeds)
         self.path = run.path / CHECKPOINT_FILE
-        self.enabled = int(cfg.train.get("checkpoint_every") or 0) > 0
+        self.enabled = bool(cfg.train.get("checkpoint", True))
+        self.periodic = self.enabled and int(cfg.train.get("checkpoint_every") or 0) > 0
         self.writes = world().leader  # under torchrun only rank 0 keeps files
         self.config = config_yaml(cfg) if self.enabled else ""  # once (the YAML costs more
         # than torch.save of a small model)
@@ -193,9 +216,10 @@ class RunCheckpoints:
         save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
 
-    def finish(self) -> None:
-        """Every seed is trained and kept: no state to resume from any more."""
-        self.path.unlink(missing_ok=True)
+    def finish(self, trained: Sequence[TrainedSeed]) -> None:
+        """Every seed is trained and kept: the final state, from which ``--resume RUN
+        train.steps=N`` trains the run further."""
+        self.save_progress(trained, None)
 
 
 # --- one seed ------------------------------------------------------------------------------
@@ -224,7 +248,19 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
                         "result": asdict(progress), "held_out": dict(held_out.last)})
 
     result = trainer.fit(settings.steps - trainer.step_count, on_checkpoint=save, result=result)
-    return TrainedSeed(seed, result, count_parameters(model), held_out.last), model
+    final = on_cpu(trainer.state_dict())
+    return TrainedSeed(seed, result, count_parameters(model), held_out.last, final), model
+
+
+def on_cpu(state: Any) -> Any:
+    """``state`` (dicts, lists, tensors) with its tensors on the CPU (no copy of a CPU one)."""
+    if isinstance(state, torch.Tensor):
+        return state.to("cpu")
+    if isinstance(state, dict):
+        return {key: on_cpu(value) for key, value in state.items()}
+    if isinstance(state, (list, tuple)):
+        return type(state)(on_cpu(value) for value in state)
+    return state
 
 
 def is_language(task: Task) -> bool:
@@ -326,6 +362,19 @@ class Utilisation:
 
 # --- the routine ----------------------------------------------------------------------------
 
+def interrupted(stop: Interrupted, run: RunDirectory, seed: int, seeds: Sequence[int],
+                steps: int, kept: bool) -> Interrupted:
+    """``stop`` (SIGINT or SIGTERM) with a message that says where the run stopped and how to
+    go on with it."""
+    if stop.step is None or not kept:  # a second signal, or train.checkpoint=false
+        return stop
+    where = f"at step {stop.step} of {steps}" + (f" of seed {seed} ({len(seeds)} seeds)"
+                                                 if len(seeds) > 1 else "")
+    name = signal.Signals(stop.signum).name
+    return Interrupted(f"{name}: interrupted {where}, its state kept in {CHECKPOINT_FILE}; "
+                       f"continue with: tlab train --resume {run.path}", stop.signum, stop.step)
+
+
 def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     """Train every seed one after another, keeping each one's final weights, print the table;
     PASS when every seed's held-out loss is finite (a diverging seed stops the run:
@@ -335,23 +384,31 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     language = is_language(task)
     kept = RunCheckpoints(cfg, run, task, seeds)
     resumed = kept.resume_point()
-    trained = list(resumed.done) if resumed is not None else []
-    if resumed is None:
-        kept.save_progress(trained, None)  # resumable from the start
+    states = resumed.states(steps) if resumed is not None else {}  # seed -> state to go on from
+    earlier = {s.seed: s for s in resumed.done} if resumed is not None else {}  # kept before
+    finished = {seed: s for seed, s in earlier.items() if seed not in states}
+    if resumed is None and kept.periodic:
+        kept.save_progress([], None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    with progress_bar(run.metrics, f"train: {which}, {steps} steps", total=steps * len(seeds)):
-        for seed in seeds[len(trained):]:
-            current = resumed.current if resumed is not None and resumed.current is not None \
-                and int(resumed.current["seed"]) == seed else None
-            done = list(trained)
-            numbers, model = train_seed(
-                cfg, task, seed, run.metrics,
-                checkpoint=lambda state, done=done: kept.save_progress(done, state),
-                resume=current)
+    training = [s for s in seeds if s not in finished]  # (a resumed seed counts its steps)
+    with progress_bar(run.metrics, f"train: {which}, {steps} steps",
+                      total=steps * len(training)), stop_between_steps():
+        for seed in training:
+            # kept with this seed's state: every other seed's latest (one to extend as it was)
+            done = [s for other, s in {**earlier, **finished}.items() if other != seed]
+            try:
+                numbers, model = train_seed(
+                    cfg, task, seed, run.metrics,
+                    checkpoint=lambda state, done=done: kept.save_progress(done, state),
+                    resume=states.get(seed))
+            except Interrupted as exc:
+                raise interrupted(exc, run, seed, seeds, steps, kept.enabled) from None
             kept.keep_weights(model, seed)
-            trained.append(numbers)
-            kept.save_progress(trained, None)
-    kept.finish()
+            finished[seed] = numbers
+            if kept.periodic:
+                kept.save_progress(list({**earlier, **finished}.values()), None)
+    trained = [finished[seed] for seed in seeds]
+    kept.finish(trained)
     utilisation = Utilisation.of(cfg, task)
     per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
                 for s in trained]

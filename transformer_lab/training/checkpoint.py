@@ -22,7 +22,7 @@ The header is data from elsewhere: :func:`read_header` checks its config by name
 :func:`load_trained` rebuilds the model from a file (``TrainedModel``), :func:`choose_model`
 finds the file of a run (a run directory, or one of its files) by variant and seed.
 
-**Resumable state** (``train.checkpoint_every``): one ``torch.save`` file, replaced atomically
+**Resumable state** (``tlab train``, by default): one ``torch.save`` file, replaced atomically
 (a temporary file, then ``os.replace``) by :func:`save_state` and read back with
 ``weights_only=True`` by :func:`load_state`; what it holds is the routine's (``routines.train``)
 and the trainer's (``Trainer.state_dict``): weights, optimiser states, schedule position, torch's

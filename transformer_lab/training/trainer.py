@@ -18,7 +18,9 @@ Every ``checkpoint_every`` steps (after that step's rows) ``fit`` hands its resu
 caller's ``on_checkpoint``, which saves ``Trainer.state_dict()`` (weights, optimiser states,
 the schedule's position, torch's and the data generator's random states) with its own; a new
 trainer given that state (``load_state_dict``) and the result goes on with the same numbers as
-one that was never stopped.
+one that was never stopped. Under ``stop_between_steps`` (``tlab train``), SIGINT and SIGTERM
+stop ``fit`` at the end of the current step: the state goes to ``on_checkpoint``, then
+``errors.Interrupted`` is raised.
 
 The global batch of a step is ``batch_size * grad_accum`` sequences, drawn at once (nanoGPT's
 convention: ``batch_size`` is one forward's batch, ``grad_accum`` forwards make a step, so
@@ -36,9 +38,11 @@ give the same numbers.
 from __future__ import annotations
 
 import math
+import signal
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from inspect import signature
 from typing import Any
@@ -47,7 +51,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.errors import ConfigError, Diverged, Interrupted
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 from transformer_lab.training import distributed
@@ -362,7 +366,8 @@ class Trainer:
         steps the schedule plans for (``warmup_cosine`` reaches its floor there; default
         ``steps``), e.g. a routine's step budget when it may stop early.
         ``on_checkpoint(result)`` is called every ``checkpoint_every`` steps, after the step's
-        rows; ``result``: the result of the fit this one continues (a resumed training).
+        rows, and before ``Interrupted`` is raised (``stop_between_steps``); ``result``: the
+        result of the fit this one continues (a resumed training).
         """
         self.plan_schedule(steps if horizon is None else horizon)
         result = TrainResult() if result is None else result
@@ -371,6 +376,12 @@ class Trainer:
         tokens_since, total_tokens, first_tokens, taken, paused = 0, 0, 0, 0, 0.0
         started = clock = time.perf_counter()
         for i in range(steps):
+            if STOP.signum is not None:  # SIGINT/SIGTERM under stop_between_steps: the state
+                result.steps = self.step_count  # is whole here; the caller keeps it
+                if on_checkpoint is not None:
+                    on_checkpoint(result)
+                raise Interrupted(f"stopped by {signal.Signals(STOP.signum).name} at step "
+                                  f"{self.step_count}", STOP.signum, self.step_count)
             if batches is not None:
                 batch = batches[i % len(batches)]
             else:  # the global batch (train_step takes this rank's micro-batches from it)
@@ -410,3 +421,39 @@ class Trainer:
             result.step_ms = 1e3 * steady_s / (taken - 1)
             result.steady_tokens_per_s = (total_tokens - first_tokens) / steady_s
         return result
+
+
+# --- stopping between steps ------------------------------------------------------------------
+
+class _StopRequest:
+    signum: int | None = None  # the signal that asked training to stop, while one is pending
+
+
+STOP = _StopRequest()
+
+
+@contextmanager
+def stop_between_steps() -> Iterator[None]:
+    """While the block runs (in the main thread), SIGINT (Ctrl-C) and SIGTERM (SLURM, ``timeout``)
+    ask training to stop: ``Trainer.fit`` hands its state to ``on_checkpoint`` before its next
+    step and raises ``Interrupted`` (exit 130 or 143). A second signal raises at once. A signal
+    that comes after the last step is ignored: the run has finished. A signal the process
+    ignores (a shell's background job ignores SIGINT) stays ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def request(signum: int, frame: object) -> None:
+        if STOP.signum is not None:  # asked twice: stop now, wherever training is
+            raise Interrupted(f"stopped by {signal.Signals(signum).name} (a second signal: "
+                              "not at the end of a step, no state kept)", signum)
+        STOP.signum = signum
+
+    before = {signum: signal.signal(signum, request) for signum in (signal.SIGINT, signal.SIGTERM)
+              if signal.getsignal(signum) is not signal.SIG_IGN}  # ignored stays ignored
+    try:
+        yield
+    finally:
+        STOP.signum = None
+        for signum, handler in before.items():
+            signal.signal(signum, handler)
