@@ -112,7 +112,7 @@ def test_notebook_classes_run_without_a_config_file(tmp_path, monkeypatch):
     is left in the process after the run."""
     import tempfile
 
-    from transformer_lab.config.hydra_adapter import locate
+    from transformer_lab.config.instantiate import locate
     from transformer_lab.config.tree import group_choices
 
     class NotebookPE(nn.Module):

@@ -5,6 +5,7 @@ in a cycle."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import transformer_lab
@@ -117,8 +118,73 @@ def test_components_are_pure_torch():
             and "from hydra" not in text, path
 
 
-def test_hydra_internals_only_in_the_adapter():
-    users = [p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
-             if "hydra._internal" in (text := p.read_text(encoding="utf-8"))
-             or "._impl import" in text]
-    assert users == ["config/hydra_adapter.py"], users
+def test_hydra_through_its_public_api_only():
+    """No ``hydra._internal``, no plugin's private ``_impl`` module, no edit of the
+    ConfigStore's ``repo`` anywhere in the package."""
+    private = re.compile(r"hydra\._internal|\._impl\b|\.repo\b")
+    users = sorted(p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py")
+                   if private.search(p.read_text(encoding="utf-8")))
+    assert users == [], users
+
+
+def _foreign_names(tree: ast.Module) -> set[str]:
+    """The names a module binds to what it imports from other packages."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names |= {a.asname or a.name.split(".")[0] for a in node.names
+                      if not a.name.startswith("transformer_lab")}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 \
+                and not (node.module or "").startswith("transformer_lab"):
+            names |= {a.asname or a.name for a in node.names}
+    return names
+
+
+def _assigned(node: ast.AST) -> list[ast.expr]:
+    """What ``node`` assigns to or deletes (``setattr(x, ...)`` as ``x.?``)."""
+    if isinstance(node, ast.Assign | ast.Delete):
+        targets = node.targets
+    elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+        targets = [node.target]
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+            and node.func.id in ("setattr", "delattr") and node.args:
+        targets = [ast.Attribute(value=node.args[0], attr="?")]
+    else:
+        return []
+    return [t for target in targets
+            for t in (target.elts if isinstance(target, ast.Tuple) else [target])]
+
+
+def _root(node: ast.expr) -> str | None:
+    while isinstance(node, ast.Attribute):
+        node = node.value
+    return node.id if isinstance(node, ast.Name) else None
+
+
+def test_no_assignment_into_another_packages_module():
+    """Nothing in the package replaces an attribute of what it imports from another package
+    (``hydra_utils.run_and_report = ...``, ``OptunaSweeperImpl.setup = ...``); the one
+    exception is this process's own ``sys.argv``, set while ``hydra.main`` reads it."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        foreign = _foreign_names(tree)
+        for node in ast.walk(tree):
+            for target in _assigned(node):
+                text = ast.unparse(target) if isinstance(target, ast.Attribute) else ""
+                if text and _root(target) in foreign and text != "sys.argv":
+                    found.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {text}")
+    assert found == [], found
+
+
+def test_the_assignment_check_finds_a_patch():
+    """The check above on a module that patches Hydra finds the patch (and not sys.argv)."""
+    tree = ast.parse("import sys\nimport hydra._internal.utils as hydra_utils\n"
+                     "from plugin import Impl\nsys.argv = []\n"
+                     "hydra_utils.run_and_report = print\nImpl.setup, x = None, 1\n"
+                     "setattr(Impl, 'launch', None)\n")
+    foreign = _foreign_names(tree)
+    patched = [ast.unparse(t) for node in ast.walk(tree) for t in _assigned(node)
+               if isinstance(t, ast.Attribute) and _root(t) in foreign]
+    assert sorted(patched) == ["Impl.?", "Impl.setup", "hydra_utils.run_and_report",
+                               "sys.argv"]

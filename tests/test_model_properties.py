@@ -147,7 +147,7 @@ def test_each_step1_mutant_fails_no_check_before_its_own():
 
 
 def test_the_catalogue_covers_the_issue_and_every_target_imports():
-    from transformer_lab.config.hydra_adapter import locate as _locate
+    from transformer_lab.config.instantiate import locate as _locate
 
     assert set(DETAILS) == {m.name for m in STEP1_MUTANTS}
     for mutant in MUTANTS:

@@ -232,6 +232,7 @@ def _launch(experiment: str, groups: dict[str, Component],
         working_directory_importable,
     )
     from transformer_lab.app.sweeps import quote_value
+    from transformer_lab.config.tree import config_store_kept
 
     overrides = [str(o) for o in overrides]
     components = OfferedComponents([Path(config_dir)] if config_dir is not None else [])
@@ -249,14 +250,15 @@ def _launch(experiment: str, groups: dict[str, Component],
         args.append(f"hydra.run.dir={quote_value(str(out))}")
     if config_dir is not None:
         args += ["--config-dir", str(config_dir)]
-    with components.offered(), working_directory_importable(), _root_logging_kept():
+    with components.offered(), working_directory_importable(), _root_logging_kept(), \
+            config_store_kept():
         with one_line_errors():
             arguments = checked_arguments(args)
             if not arguments.single_run:
                 raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps, "
                                   "--cfg and --info")
-            hydra, cfg = compose_first_job(arguments)
-        code = run_single(hydra, cfg)
+            cfg = compose_first_job(arguments)
+        code = run_single(cfg)
     return Result(experiment, code, Path(str(cfg.hydra.run.dir)), MAIN_TABLES[experiment])
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig
 
@@ -18,8 +17,8 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.tree import (
     CONFIG_DIR,
     config_dirs,
-    config_store_choices,
     group_choices,
+    store_choices,
 )
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
@@ -181,10 +180,14 @@ def _installed(module: str) -> bool:
 
 
 def group_choices_hydra(kind: str) -> list[str]:
-    """Choices of a Hydra group such as hydra/launcher (installed plugins included)."""
-    from transformer_lab.config.hydra_adapter import group_options
+    """Choices of a Hydra group such as hydra/launcher (installed plugins included), as
+    Hydra's config loader sees them from tlab's tree."""
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
-    return group_options(CONFIG_DIR, f"hydra/{kind}")
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+        return sorted(GlobalHydra.instance().config_loader().get_group_options(f"hydra/{kind}"))
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:
@@ -322,25 +325,34 @@ def refuse_other_components(overrides: list[str], built: list[str]) -> None:
                           f"drop {other}")
 
 
-def compose_first_job(arguments: Arguments) -> tuple[Any, DictConfig]:
-    """Compose the config of the (first) job once, as Hydra's app will (the choices of
-    old-named folders offered under their new group first); returns the Hydra handle that can
-    run it and the config, its ``config_dirs`` filled in. Errors become one ``ConfigError``
-    line (an unknown key lists the keys its parent has)."""
+def compose_first_job(arguments: Arguments) -> DictConfig:
+    """Compose the config of the (first) job once, as Hydra's app will (``hydra.compose`` with
+    the ``hydra`` node; the ``--config-dir`` trees on its search path, the choices of
+    old-named folders offered under their new group first); its ``config_dirs`` filled in.
+    Errors become one ``ConfigError`` line (an unknown key lists the keys its parent has)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from omegaconf import open_dict
 
-    from transformer_lab.config.hydra_adapter import compose_app_config, store_choices
+    from transformer_lab.app.sweeps import quote_value
 
-    store_choices(config_store_choices(arguments.config_dirs))  # old-named folders' choices
+    store_choices(arguments.config_dirs)  # old-named folders' choices, the Python API's
+    search_path = [quote_value(f"file://{d}") for d in arguments.config_dirs]  # as --config-dir
+    overrides = [*arguments.first_job,
+                 *([f"hydra.searchpath=[{','.join(search_path)}]"] if search_path else [])]
     try:
-        hydra, cfg = compose_app_config(CONFIG_DIR, arguments.config_dirs, arguments.first_job)
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), job_name="run",
+                                   version_base="1.3"):
+            cfg = hydra_compose("config", overrides, return_hydra_config=True)
     except Exception as exc:
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
         raise ConfigError(_unknown_key_message(message, arguments.first_job)
                           or f"invalid override: {message}") from None
     with open_dict(cfg):
         cfg.config_dirs = [str(d) for d in arguments.config_dirs]
-    return hydra, cfg
+    return cfg
 
 
 def user_config_dirs_of(flags: list[str]) -> list[Path]:

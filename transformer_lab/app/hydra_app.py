@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -27,9 +27,12 @@ from transformer_lab.app.arguments import (
     compose_first_job,
     split_arguments,
 )
+from transformer_lab.app.search import job_folder  # noqa: F401 - its resolver names job folders
 from transformer_lab.config.tree import CONFIG_DIR
-from transformer_lab.errors import EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
+from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
+
+FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporting it
 
 
 def hydra_job(cfg: DictConfig) -> int:
@@ -59,11 +62,12 @@ def hydra_job(cfg: DictConfig) -> int:
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
     from transformer_lab.app import resume, sweeps
+    from transformer_lab.config.tree import config_store_kept
     from transformer_lab.results.console import print_error
     from transformer_lab.training import distributed
 
     args = list(sys.argv[1:] if argv is None else argv)
-    with working_directory_importable():  # a user's own components: _target_=my_module.MyPE
+    with working_directory_importable(), config_store_kept():  # _target_=my_module.MyPE
         try:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
@@ -77,14 +81,14 @@ def main(argv: list[str] | None = None) -> int:
                 arguments = checked_arguments(args, resume=resume_dir is not None)
                 if arguments.hydra_only:
                     return _run_hydra(arguments)
-                hydra, cfg = compose_first_job(arguments)
+                cfg = compose_first_job(arguments)
                 distributed.check_distributed(str(cfg.routine.name), arguments.single_run)
                 sweep_dir = None if arguments.single_run else \
                     _checked_sweep(arguments, cfg, resumed=resume_dir is not None)
             if resume_dir is not None and resumed_run is None:
                 resume.keep_multirun_yaml(resume_dir)
             if arguments.single_run:
-                return run_single(hydra, cfg, resumed_run)
+                return run_single(cfg, resumed_run)
             if sweep_dir is None:
                 return _run_hydra(arguments)  # --cfg, --info: Hydra prints
             code = _run_sweep(arguments, sweep_dir, cfg)
@@ -99,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         return max(code, sweeps.sweep_exit_code(sweep_dir))
 
 
-def run_single(hydra: object, cfg: DictConfig, resumed: Path | None = None) -> int:
+def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
     """Run the composed config of a single run: its pre-flight, its run directory claimed
     (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
     ``run.log``) with the task and model the pre-flight built (``run.json``, ``config.yaml``,
@@ -126,7 +130,7 @@ def run_single(hydra: object, cfg: DictConfig, resumed: Path | None = None) -> i
         else:
             claim_directory(run_dir)  # claimed before Hydra writes .hydra/ there
     with distributed.process_group(str(cfg.train.device)):
-        return _run_job(hydra, cfg, inputs)
+        return _run_job(cfg, run_dir, inputs)
 
 
 def _run_follower(cfg: DictConfig, inputs: object, resumed: Path | None) -> int:
@@ -206,18 +210,37 @@ def pin_run_dir(cfg: DictConfig) -> Path:
     return run_dir
 
 
-def _run_job(hydra: object, cfg: DictConfig, inputs: object) -> int:
-    """The job of ``cfg``, in the run directory Hydra makes, with the task and model its
-    pre-flight built."""
+def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
+    """The job of ``cfg`` in ``run_dir`` with the task and model its pre-flight built, as
+    Hydra's ``hydra.core.utils.run_job`` runs a single run's job: the Hydra config of the job
+    set, ``.hydra/{config,hydra,overrides}.yaml``, the job's logging (``run.log``), its
+    ``hydra.job.env_set`` and ``hydra.job.chdir``; ``cfg`` is not composed again."""
+    import contextlib
+    import copy
+
     from hydra.core.hydra_config import HydraConfig
+    from hydra.core.utils import configure_log, env_override
+    from omegaconf import open_dict, read_write
 
     from transformer_lab.app.job import execute
-    from transformer_lab.config.hydra_adapter import run_job
 
-    def task_function(job_cfg: DictConfig) -> int:
-        return execute(job_cfg, Path(HydraConfig.get().runtime.output_dir), inputs)
-
-    return int(run_job(hydra, cfg, task_function))
+    with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
+        cfg.hydra.runtime.output_dir = str(run_dir)
+    HydraConfig.instance().set_config(cfg)
+    job_cfg = copy.deepcopy(cfg)  # what a task gets: the config without its hydra node
+    with read_write(job_cfg), open_dict(job_cfg):
+        del job_cfg["hydra"]
+    run_dir.mkdir(parents=True, exist_ok=True)
+    configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
+    if cfg.hydra.output_subdir is not None:
+        hydra_dir = run_dir / str(cfg.hydra.output_subdir)
+        hydra_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(job_cfg, hydra_dir / "config.yaml")
+        OmegaConf.save(HydraConfig.instance().cfg, hydra_dir / "hydra.yaml")
+        OmegaConf.save(cfg.hydra.overrides.task, hydra_dir / "overrides.yaml")
+    with contextlib.chdir(run_dir) if cfg.hydra.job.chdir else contextlib.nullcontext(), \
+            env_override(cfg.hydra.job.env_set):
+        return execute(job_cfg, run_dir, inputs)
 
 
 def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
@@ -225,7 +248,6 @@ def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
     (loky's ``TerminatedWorkerError``), the jobs are settled and the ones not finished run
     again into the same sweep directory, while that makes progress (``app.recovery``)."""
     from transformer_lab.app import recovery, search
-    from transformer_lab.errors import EXIT_FAILED
     from transformer_lab.results.console import print_error
 
     finished = -1
@@ -239,9 +261,6 @@ def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
             print_error(recovery.summary(exc, lost, stopped, again))
             if not again:
                 return EXIT_FAILED
-            from hydra.core.global_hydra import GlobalHydra
-
-            GlobalHydra.instance().clear()  # the broken launch left it set
             finished, arguments = done, recovery.retry_arguments(arguments)
 
 
@@ -251,27 +270,88 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
     """Hydra's own command line (help, printing, sweeps); a sweep is pinned to ``sweep_dir``
     (the directory the checked config names), so its jobs' statuses can be read afterwards.
     An Optuna search (``cfg``: the first job's config) gets tlab's study settings."""
-    from contextlib import nullcontext
-
     from transformer_lab.app import search
     from transformer_lab.app.isolation import LAUNCHER_ENV
     from transformer_lab.app.sweeps import quote_value
-    from transformer_lab.config.hydra_adapter import run_hydra
 
     overrides = list(arguments.overrides)
     if sweep_dir is not None and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
         overrides.append(f"hydra.sweep.dir={quote_value(str(sweep_dir))}")
     if sweep_dir is not None:  # jobs in other processes run isolated (app.isolation)
         overrides.append(f"+hydra.job.env_set.{LAUNCHER_ENV}={os.getpid()}")
-    optuna = sweep_dir is not None and cfg is not None and search.uses_optuna(overrides)
-    if optuna:
+    if reraise:  # the jobs see the user's HYDRA_FULL_ERROR, not the one run_hydra sets
+        overrides.append(f"+hydra.job.env_set.{FULL_ERROR}={os.environ.get(FULL_ERROR, '0')}")
+    if sweep_dir is not None and cfg is not None and search.uses_optuna(overrides):
         overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
+    return run_hydra([*arguments.flags, *overrides], hydra_job, reraise)
+
+
+def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
+              reraise: tuple[type[BaseException], ...] = ()) -> int:
+    """``hydra.main`` on ``argv`` (this process's arguments while it runs): a run, a sweep,
+    ``--cfg``, ``--info``, ``--help``; returns its exit code (Hydra reports its errors and exits
+    1). An exception of a type in ``reraise`` reaches the caller instead: Hydra then runs with
+    ``HYDRA_FULL_ERROR=1`` (it raises what it would report) and any other error is reported
+    here as Hydra would (raised too if the user set ``HYDRA_FULL_ERROR=1``)."""
+    import hydra
+
+    user_full_error = os.environ.get(FULL_ERROR)
+    saved_argv = sys.argv
+    sys.argv = [saved_argv[0] if saved_argv else "tlab", *argv]
+    if reraise:
+        os.environ[FULL_ERROR] = "1"
     try:
-        with search.continued_study() if optuna else nullcontext():
-            run_hydra([*arguments.flags, *overrides], hydra_job, CONFIG_DIR, reraise)
+        hydra.main(config_path=str(CONFIG_DIR), config_name="config",
+                   version_base="1.3")(WithCommandLine(task_function, saved_argv))()
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    except reraise:
+        raise
+    except Exception as exc:
+        if not reraise or user_full_error == "1":
+            raise
+        _report_like_hydra(exc)
+        return EXIT_FAILED
+    finally:
+        sys.argv = saved_argv
+        if user_full_error is None:
+            os.environ.pop(FULL_ERROR, None)
+        else:
+            os.environ[FULL_ERROR] = user_full_error
     return 0
+
+
+class WithCommandLine:
+    """A task function that runs with ``sys.argv`` the command line of the process that called
+    ``run_hydra`` (``run.json`` records it), not the arguments given to Hydra; picklable, for
+    launchers that run jobs in other processes."""
+
+    def __init__(self, task_function: Callable[[DictConfig], object], argv: list[str]) -> None:
+        self.task_function, self.argv = task_function, list(argv)
+        self.__module__ = task_function.__module__  # where Hydra looks for the app
+
+    def __call__(self, cfg: DictConfig) -> object:
+        hydra_argv, sys.argv = sys.argv, self.argv
+        try:
+            return self.task_function(cfg)
+        finally:
+            sys.argv = hydra_argv
+
+
+def _report_like_hydra(exc: Exception) -> None:
+    """What Hydra prints for an error it reports: the message of its own errors (and their
+    OmegaConf cause), the traceback of any other."""
+    import traceback
+
+    from hydra.errors import CompactHydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(exc, CompactHydraException):
+        sys.stderr.write(f"{exc}{os.linesep}")
+        if isinstance(exc.__cause__, OmegaConfBaseException):
+            sys.stderr.write(f"{exc.__cause__}{os.linesep}")
+    else:
+        traceback.print_exception(exc)
 
 
 def checked_arguments(args: list[str], resume: bool = False) -> Arguments:

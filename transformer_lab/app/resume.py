@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.app.isolation import LAUNCHER_ENV
+from transformer_lab.app.search import STUDY_CALLBACK
 from transformer_lab.app.sweeps import RESUME_ENV, quote_value
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CHECKPOINT_FILE, read_json
@@ -65,7 +66,8 @@ def _is_hydra_override(override: str) -> bool:
 
 
 _DROPPED_ON_RESUME = ("hydra.sweep.dir", "hydra.run.dir", "hydra.mode", "hydra.output_subdir",
-                      f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}")
+                      f"hydra.job.env_set.{RESUME_ENV}", f"hydra.job.env_set.{LAUNCHER_ENV}",
+                      "hydra.job.env_set.HYDRA_FULL_ERROR", STUDY_CALLBACK)
 
 
 # A recorded override is data from a directory made elsewhere: without --trust-code it may not
@@ -128,7 +130,8 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
     try:
         recorded = read_yaml(recorded_file)["hydra"]["overrides"]
         recorded_task = [str(o) for o in recorded["task"]]
-        recorded_hydra = [str(o) for o in recorded["hydra"]]
+        recorded_hydra = [str(o) for o in recorded["hydra"]  # tlab's own ones are added anew
+                          if _key(str(o)) not in _DROPPED_ON_RESUME]
     except Exception as exc:
         raise ConfigError(f"--resume {sweep_dir}: multirun.yaml is unreadable "
                           f"({type(exc).__name__})") from None

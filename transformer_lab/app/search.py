@@ -9,22 +9,24 @@ routine's (``routines/objective.py``); a failed job is a failed trial and the se
 (``max_failure_rate=1``); trials run one at a time (``n_jobs=1``) unless asked otherwise. Each job
 returns its routine's objective (``trial_value``) to the sweeper.
 
-``--resume DIR`` continues the study (``continued_study``): the trials already in ``optuna.db``
-count towards ``n_trials`` (so an interrupted 20-trial search runs the ones missing, and
-``--resume DIR hydra.sweeper.n_trials=30`` adds ten), and new trials get job folders after the
-existing ones. ``tlab report DIR`` lists the trials and the best parameters.
+``--resume DIR`` continues the study (``ContinuedStudy``, a Hydra callback that tlab adds to the
+sweep): the trials already in ``optuna.db`` count towards ``n_trials`` (so an interrupted
+20-trial search runs the ones missing, and ``--resume DIR hydra.sweeper.n_trials=30`` adds ten),
+and new trials get job folders after the existing ones (``hydra.sweep.subdir`` of tlab's config
+is ``${tlab.job_folder:...}``: the job's number after those of earlier launches). ``tlab report
+DIR`` lists the trials and the best parameters.
 """
 
 from __future__ import annotations
 
+import json
 import math
-from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf, read_write
 
-from transformer_lab.config.hydra_adapter import after_optuna_sweeper_setup
 from transformer_lab.results.run_directory import read_json
 from transformer_lab.routines.objective import require_objective
 
@@ -32,6 +34,8 @@ __all__ = ["require_objective", "sweeper_overrides", "trial_value", "uses_optuna
 
 STUDY_FILE = "optuna.db"
 STUDY_NAME = "tlab"
+LAUNCH_FILE = "search.json"  # in the sweep directory: the first job number of this launch
+STUDY_CALLBACK = "hydra.callbacks.tlab_study._target_"  # the override that adds ContinuedStudy
 
 
 def uses_optuna(overrides: list[str]) -> bool:
@@ -45,8 +49,9 @@ def study_storage(sweep_dir: Path) -> str:
 
 
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
-    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring); the
-    sweep directory is created so that the study file can be opened there."""
+    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring) and
+    the callback that continues a stored study; the sweep directory is created so that the
+    study file can be opened there."""
     from transformer_lab.app.sweeps import quote_value
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -55,8 +60,9 @@ def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) ->
               "hydra.sweeper.study_name": STUDY_NAME,
               "hydra.sweeper.direction": objective.direction,
               "hydra.sweeper.max_failure_rate": "1.0",
-              "hydra.sweeper.n_jobs": "1"}
-    return [f"{key}={value}" for key, value in wanted.items() if key not in given]
+              "hydra.sweeper.n_jobs": "1",
+              f"+{STUDY_CALLBACK}": f"{__name__}.ContinuedStudy"}
+    return [f"{key}={value}" for key, value in wanted.items() if key.lstrip("+") not in given]
 
 
 def uses_optuna_sweeper(hydra_cfg: Any) -> bool:
@@ -75,24 +81,39 @@ def trial_value(run_dir: Path) -> float:
     return value if math.isfinite(value) else math.nan
 
 
-def continued_study() -> AbstractContextManager[None]:
-    """While a sweep runs: Optuna's sweeper continues the study already in its storage (the
-    stock sweeper would run ``n_trials`` more and number the jobs from 0 again). The sweeper
-    runs in this (the launching) process; its setup is extended for this block only."""
-    return after_optuna_sweeper_setup(_continue_study)
+class ContinuedStudy(Callback):
+    """The Hydra callback of an Optuna search (``hydra.callbacks.tlab_study``): before the
+    sweeper starts, in the launching process, it saves ``multirun.yaml`` (as Hydra's basic
+    sweeper does; ``--resume`` and the trackers read the sweep from it) and continues the study
+    already in the storage, which the stock sweeper would run ``n_trials`` more of, numbering
+    its jobs from 0 again: the sweeper gets the trials still missing (Hydra makes it from this
+    config next), and the first job number of this launch (the trials stored so far) is
+    written to ``search.json``, from which ``hydra.sweep.subdir`` numbers the job folders."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        sweep_dir.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(config, sweep_dir / "multirun.yaml")
+        sweeper = config.hydra.sweeper
+        finished, started = 0, 0
+        if sweeper.storage is not None and sweeper.study_name is not None:
+            finished, started = study_counts(str(sweeper.storage), str(sweeper.study_name))
+        with read_write(sweeper):
+            sweeper.n_trials = max(0, int(sweeper.n_trials) - finished)
+        (sweep_dir / LAUNCH_FILE).write_text(json.dumps({"first_job": started}))
 
 
-def _continue_study(sweeper: Any) -> None:
-    """After the sweeper's own setup: save ``multirun.yaml`` (as Hydra's basic sweeper does:
-    ``--resume`` and the trackers read the sweep from it), then count the stored trials."""
-    sweep_dir = Path(str(sweeper.config.hydra.sweep.dir))
-    sweep_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(sweeper.config, sweep_dir / "multirun.yaml")
-    if sweeper.storage is None or sweeper.study_name is None:
-        return
-    finished, started = study_counts(str(sweeper.storage), str(sweeper.study_name))
-    sweeper.job_idx = started  # new trials' job folders come after the existing ones
-    sweeper.n_trials = max(0, int(sweeper.n_trials) - finished)
+def job_folder(sweep_dir: str, job_num: int) -> int:
+    """``${tlab.job_folder:SWEEP_DIR,NUM}`` (``hydra.sweep.subdir``): the folder number of
+    job ``NUM`` of a sweep; in an Optuna search, after the jobs of its earlier launches
+    (``search.json``)."""
+    first = read_json(Path(sweep_dir) / LAUNCH_FILE).get("first_job", 0)
+    return int(first) + int(job_num)
+
+
+if not OmegaConf.has_resolver("tlab.job_folder"):  # hydra_app imports this module: every
+    #                                                process that runs a job has it
+    OmegaConf.register_new_resolver("tlab.job_folder", job_folder)
 
 
 def study_counts(storage: str, study_name: str) -> tuple[int, int]:
@@ -110,6 +131,7 @@ def study_counts(storage: str, study_name: str) -> tuple[int, int]:
     trials = study.get_trials(deepcopy=False)
     for trial in trials:
         if trial.state == TrialState.RUNNING:
-            study._storage.set_trial_state(trial._trial_id, TrialState.FAIL)
-    finished = sum(1 for t in trials if t.state != TrialState.WAITING)
+            study.tell(trial.number, state=TrialState.FAIL)
+    finished = sum(1 for t in study.get_trials(deepcopy=False)
+                   if t.state != TrialState.WAITING)
     return finished, len(trials)

@@ -153,7 +153,7 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
     run_dir = Path(hydra_cfg.runtime.output_dir)
     sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
     overrides = list(hydra_cfg.overrides.task)
-    job = hydra_cfg.job.get("num", run_dir.name)
+    job = run_dir.name  # its number: hydra.sweep.subdir (after earlier launches of a search)
     mode = os.environ.get(RESUME_ENV)
     if mode in ("1", RETRY):
         previous = recorded_status(run_dir)

@@ -11,13 +11,13 @@ path): ``in_process_targets`` makes it reachable, while a run lasts, as
 from __future__ import annotations
 
 import functools
+import logging
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.config.hydra_adapter import locate
 from transformer_lab.errors import ConfigError
 
 HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")  # instantiate() options, not arguments
@@ -42,6 +42,21 @@ class InProcessTargets:
 
 
 in_process = InProcessTargets()
+
+
+def locate(path: str) -> Any:
+    """The object a dotted ``_target_`` path names, found as ``hydra.utils.instantiate`` finds
+    it (``hydra.utils.get_object``); a failure is raised, not also logged by Hydra (the caller
+    reports it in one line)."""
+    from hydra.utils import get_object
+
+    hydra_log = logging.getLogger("hydra.utils")
+    level = hydra_log.level
+    hydra_log.setLevel(logging.CRITICAL)
+    try:
+        return get_object(path)
+    finally:
+        hydra_log.setLevel(level)
 
 
 def in_process_target(name: str) -> str:

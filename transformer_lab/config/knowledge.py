@@ -22,8 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.config.hydra_adapter import locate
-from transformer_lab.config.instantiate import HYDRA_KEYS
+from transformer_lab.config.instantiate import HYDRA_KEYS, locate
 
 # Keys of a config node that are not constructor arguments.
 _NOT_ARGUMENTS = ("name", "_target_", "_partial_", *HYDRA_KEYS)

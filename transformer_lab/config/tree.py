@@ -5,7 +5,7 @@ The tree lives in ``configs/`` at the repository root and is copied into the whe
 (``--config-dir``) are searched after it; in them a folder with a group's old name
 (``GROUP_ALIASES``: ``activation/``, ``norm/``) still holds choices of the new group until tlab
 0.3. The Python API's components are choices offered in this process, with no file
-(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``config_store_choices``),
+(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``store_choices``),
 as no folder of the group's name has them.
 """
 
@@ -27,6 +27,7 @@ GROUPS = ("experiment", "preset", "model", "pe", "block", "norm_layer", "ffn", "
 # Config groups renamed in 0.2, the old names accepted until 0.3: old -> new.
 GROUP_ALIASES = {"activation": "ffn", "norm": "block"}
 _IN_PROCESS_CHOICES: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> config node
+_SAVED_STORES: list[Any] = []  # per open config_store_kept block: the ConfigStore before it
 
 
 @contextmanager
@@ -101,13 +102,38 @@ def old_group_folder_notes(user_dirs: Iterable[Path | str]) -> list[str]:
             "old name works until tlab 0.3)" for folder in old_group_folders(user_dirs)]
 
 
-def config_store_choices(
-        user_dirs: Iterable[Path | str]) -> dict[str, dict[str, Path | dict[str, Any]]]:
-    """Group -> choice -> file or node of the choices that no folder of the group's name holds:
+@contextmanager
+def config_store_kept() -> Iterator[None]:
+    """Within the block (a command), ``store_choices`` may offer choices in Hydra's
+    ConfigStore; afterwards the ConfigStore is as it was before (through Hydra's singleton
+    state, ``hydra.core.singleton``, as launchers carry it), so that a later command in this
+    process finds none of them (Hydra would merge a stored node into a file of the same
+    name)."""
+    _SAVED_STORES.append(None)
+    try:
+        yield
+    finally:
+        saved = _SAVED_STORES.pop()
+        if saved is not None:
+            from hydra.core.config_store import ConfigStore
+            from hydra.core.singleton import Singleton
+
+            state = Singleton.get_state()
+            state["instances"][ConfigStore] = saved
+            Singleton.set_state(state)
+
+
+def store_choices(user_dirs: Iterable[Path | str]) -> None:
+    """Offer in Hydra's ConfigStore the choices that no folder of the group's name holds:
     those of old-named folders (the first tree's where several have one) and those offered in
-    this process. Hydra must find them in its ConfigStore. A choice that a folder of the group's
-    name holds too is left out: that file wins, as in ``choice_file`` (Hydra would merge a
-    stored node of the same name into it)."""
+    this process. A choice that a folder of the group's name holds too is left out: that file
+    wins, as in ``choice_file``. Hydra searches the store after every config folder, and a
+    launcher carries it to its worker processes. Inside ``config_store_kept`` the store is
+    restored when the block ends."""
+    from hydra.core.config_store import ConfigStore
+    from hydra.core.singleton import Singleton
+    from omegaconf import OmegaConf
+
     dirs = config_dirs(user_dirs)
     choices: dict[str, dict[str, Path | dict[str, Any]]] = {}
     for folder in old_group_folders(user_dirs):
@@ -117,6 +143,11 @@ def config_store_choices(
     for group, nodes in _IN_PROCESS_CHOICES.items():
         for choice, node in nodes.items():
             choices.setdefault(group, {}).setdefault(choice, node)
-    return {group: {choice: found for choice, found in options.items()
-                    if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)}
-            for group, options in choices.items()}
+    stored = [(group, choice, found) for group, options in choices.items()
+              for choice, found in options.items()
+              if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)]
+    if stored and _SAVED_STORES and _SAVED_STORES[-1] is None:
+        _SAVED_STORES[-1] = Singleton.get_state()["instances"].get(ConfigStore)
+    for group, choice, found in stored:
+        ConfigStore.instance().store(name=choice, group=group, provider="tlab", node=OmegaConf.load(
+            found) if isinstance(found, Path) else found)

@@ -254,8 +254,10 @@ def gather(root: Path) -> Gathered:
             skipped.append((run_dir / "seeds.csv", _reason(exc) + " (counted as one run)"))
         if per_seed:
             seeded.add(name)
+        # a job's number is its folder's (hydra.sweep.subdir: after earlier launches of a search)
+        job = int(run_dir.name) if run_dir.name.isdigit() else extra.get("job")
         for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
-            row = {"run_dir": name, "job": extra.get("job"), **summary}
+            row = {"run_dir": name, "job": job, **summary}
             if pd.isna(row.get("status")):
                 row["status"] = info.get("status", "unknown")
             rows.append(row)

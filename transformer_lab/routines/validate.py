@@ -175,14 +175,16 @@ def comparison_beside(cfg: DictConfig) -> bool:
     if not cfg.routine.get("parallel", True) or not sys.platform.startswith("linux"):
         return False
     import torch
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    from transformer_lab.config.hydra_adapter import in_multirun
     from transformer_lab.training.threads import available_cores
 
     for config in step_configs(cfg).values():
         if not str(config.train.device).startswith("cpu") or config.train.get("threads") != 1:
             return False
-    return not in_multirun() and torch.get_num_threads() == 1 and available_cores() >= 2
+    in_multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    return not in_multirun and torch.get_num_threads() == 1 and available_cores() >= 2
 
 
 def import_what_both_processes_use() -> None:

@@ -125,7 +125,7 @@ def decay_groups(params: Sequence[nn.Parameter], weight_decay: float) -> list[di
 def optimizer_class(settings: OptimizerSettings) -> type[torch.optim.Optimizer]:
     """The class ``settings.target`` names; ``ConfigError`` when it cannot be imported or is
     not a ``torch.optim.Optimizer`` subclass."""
-    from transformer_lab.config.hydra_adapter import locate
+    from transformer_lab.config.instantiate import locate
 
     try:
         found = locate(settings.target)
