@@ -14,7 +14,7 @@ from transformer_lab.cli import extrapolate, listing, run, smoke
 from transformer_lab.cli import report as report_command
 from transformer_lab.cli.budget import budget as budget_command
 from transformer_lab.cli.check import check as check_command
-from transformer_lab.cli.common import pass_hydra_flags
+from transformer_lab.cli.common import pass_hydra_flags, use_app
 from transformer_lab.cli.compare import compare
 from transformer_lab.cli.compare_activations import compare_activations
 from transformer_lab.cli.export import export as export_command
@@ -84,4 +84,5 @@ app.command("compare-activations")(compare_activations)
 app.command("validate")(validate)
 app.command("mutants")(mutants_command)
 pass_hydra_flags(app)  # after every app.command: --cfg job, --info ... on each command
+use_app(app)  # unknown options are checked against these commands' own
 

@@ -83,6 +83,12 @@ def pass_hydra_flags(app: typer.Typer) -> None:
 
 # Flags every command takes that the Hydra app reads (``hydra_app.quieted`` / ``forced``).
 APP_FLAGS = ("-q", "--quiet", "--force")
+_APP: list[typer.Typer] = []  # the tlab app, once its commands are registered (use_app)
+
+
+def use_app(app: typer.Typer) -> None:
+    """Tell ``refuse_unknown_options`` which app's commands to read (``cli/__init__.py``)."""
+    _APP[:] = [app]
 
 
 def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
@@ -96,10 +102,8 @@ def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
     flags, _ = split_arguments(overrides)
     if all(flag.split("=", 1)[0] in HYDRA_FLAGS | set(APP_FLAGS) for flag in flags):
         return
-    from transformer_lab.cli import app
-
     name = experiment.replace("_", "-")
-    command = typer.main.get_command(app).commands[name]  # type: ignore[attr-defined]
+    command = typer.main.get_command(_APP[0]).commands[name]  # type: ignore[attr-defined]
     known: dict[str, str | None] = dict.fromkeys(APP_FLAGS)
     for param in command.params:
         panel = getattr(param, "rich_help_panel", None)

@@ -21,7 +21,6 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-import transformer_lab
 from transformer_lab.components import attention, block, feedforward, moe, norms
 from transformer_lab.components.positional import (
     alibi,
@@ -43,6 +42,16 @@ BUNDLED: tuple[ModuleType, ...] = (base, rope_scaling, sinusoidal, learned, none
 MODEL_NAMES = ("embedding_scale", "TransformerModel", "next_token")  # taken from model.py
 COMPONENT_GROUPS = ("pe", "ffn", "block", "norm_layer")
 COMPONENTS_PACKAGE = "transformer_lab.components."
+
+
+def _tlab_version() -> str:
+    """The installed transformer_lab's version (its metadata: no import of the package)."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("transformer_lab")
+    except metadata.PackageNotFoundError:
+        return "unknown"
 
 WRAPPER = '''
 
@@ -244,7 +253,7 @@ def modeling_source() -> str:
         bodies.append(f"# --- {module.__name__} " + "-" * max(0, 80 - len(module.__name__))
                       + "\n\n" + body)
     unique = list(dict.fromkeys(imports))
-    return (HEADER.format(name=MODELING_FILE, version=transformer_lab.__version__)
+    return (HEADER.format(name=MODELING_FILE, version=_tlab_version())
             + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
 
 
