@@ -18,7 +18,7 @@ validate: setup
 	$(BIN)/tlab validate
 
 test: setup
-	$(BIN)/pytest
+	$(BIN)/pytest -n auto
 
 lint: setup
 	$(BIN)/ruff check .
