@@ -47,6 +47,16 @@ def tlab(capsys):
 
 
 @pytest.fixture(autouse=True)
+def _root_log_handlers_restored():
+    """A run configures logging as Hydra does (handlers on the root logger writing to the
+    streams of the moment): every test gets back the handlers it started with, so a later
+    test's log record never reaches a stream an earlier test's capture has closed."""
+    handlers = list(logging.root.handlers)
+    yield
+    logging.root.handlers[:] = handlers
+
+
+@pytest.fixture(autouse=True)
 def _wide_console(monkeypatch):
     """Rich wraps at the terminal width; make captured output predictable."""
     monkeypatch.setattr(console, "_width", 200, raising=False)
