@@ -46,14 +46,18 @@ def tlab(capsys):
     return call
 
 
+_ROOT_HANDLERS = list(logging.root.handlers)  # as the session starts
+
+
 @pytest.fixture(autouse=True)
 def _root_log_handlers_restored():
     """A run configures logging as Hydra does (handlers on the root logger writing to the
-    streams of the moment): every test gets back the handlers it started with, so a later
-    test's log record never reaches a stream an earlier test's capture has closed."""
-    handlers = list(logging.root.handlers)
+    streams of the moment), and so does a session fixture's run: every test starts and ends
+    with the session's first handlers, so no log record (a forked child's included) reaches a
+    stream that an earlier test's capture has closed."""
+    logging.root.handlers[:] = _ROOT_HANDLERS
     yield
-    logging.root.handlers[:] = handlers
+    logging.root.handlers[:] = _ROOT_HANDLERS
 
 
 @pytest.fixture(autouse=True)
