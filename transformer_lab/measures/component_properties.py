@@ -132,6 +132,18 @@ def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
     return torch.stack(rows)  # (rows, K, D)
 
 
+def first_ffn(model: nn.Module, name: str) -> nn.Module | PropertyResult:
+    """Block 0's FFN, or the SKIP row of property ``name`` when there is none or its class
+    declares ``is_linear = True``."""
+    blocks = getattr(model, "blocks", [])
+    if not len(blocks) or not hasattr(blocks[0], "feedforward"):
+        return PropertyResult(name, None, detail="no FFN")
+    ffn = blocks[0].feedforward
+    if getattr(type(ffn), "is_linear", False):
+        return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
+    return ffn
+
+
 def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
     """The FFN has a nonlinearity between its linear maps, unless its class declares
     ``is_linear = True``.
@@ -146,13 +158,10 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
     nearly linear around 0), in train mode without dropout.
     """
     name = "ffn_nonlinearity"
-    blocks = getattr(model, "blocks", [])
-    if not len(blocks) or not hasattr(blocks[0], "feedforward"):
-        return PropertyResult(name, None, detail="no FFN")
-    ffn = blocks[0].feedforward
+    ffn = first_ffn(model, name)
+    if isinstance(ffn, PropertyResult):
+        return ffn
     label = f"the FFN ({component(ffn)}) of block 0"
-    if getattr(type(ffn), "is_linear", False):
-        return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
     try:
         copied = amplified_copy(ffn)
         with train_mode_without_dropout(copied):
@@ -209,13 +218,10 @@ def ffn_interaction(model: nn.Module) -> PropertyResult:
     Jacobian turns with the input) but cannot compute any function of two features together:
     every mixed difference is 0. Measured on block 0's FFN like ``ffn_nonlinearity``."""
     name = "ffn_interaction"
-    blocks = getattr(model, "blocks", [])
-    if not len(blocks) or not hasattr(blocks[0], "feedforward"):
-        return PropertyResult(name, None, detail="no FFN")
-    ffn = blocks[0].feedforward
+    ffn = first_ffn(model, name)
+    if isinstance(ffn, PropertyResult):
+        return ffn
     label = f"the FFN ({component(ffn)}) of block 0"
-    if getattr(type(ffn), "is_linear", False):
-        return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
     d_model = model.token_embedding.weight.shape[1]
     if d_model < 2:
         return PropertyResult(name, None, detail="d_model 1: one input feature")
