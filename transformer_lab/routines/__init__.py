@@ -84,9 +84,13 @@ def check_settings(cfg: Any, name: str | None = None) -> None:
     name = name or OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
     if name not in ROUTINES:
         return  # get_routine reports it
-    rules = getattr(routine_module(name), "SETTINGS", {})
+    module = routine_module(name)
+    rules = getattr(module, "SETTINGS", {})
     check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
     check_known(cfg, "routine", {"name", *(key.split(".")[0] for key in rules)})
+    own = getattr(module, "check_values", None)  # values a rule cannot say (before any data)
+    if own is not None:
+        own(cfg)
 
 
 def workload(cfg: Any, task: Any) -> Workload:

@@ -243,6 +243,12 @@ SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
 UNVARIED = ("routine", "seed", "hydra", "experiment", "out_root", "config_dirs", "force")
 
 
+def check_values(cfg: DictConfig) -> None:
+    """Before the task is built (a corpus downloaded): ``routine.seeds`` is N or
+    auto[:MAX]."""
+    seed_plan(cfg)
+
+
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight: a variation is given, its key can vary, its values are listed once, the
     baseline is one of them, and every variant's config passes the checks the run's own did
