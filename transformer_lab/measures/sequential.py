@@ -219,10 +219,24 @@ class SequentialTest:
                 continue
             self._differences[name] += finite.tolist()
             self._looks[name].append(len(self._differences[name]))
-            up, down = self._e_process(name)
-            if (up[-1] + down[-1]) / 2 >= self.threshold:
-                higher = up[-1] >= down[-1]
+            higher = self._crossed(name)
+            if higher is not None:
                 self._decided[name] = WORSE if higher == self.lower_is_better else BETTER
+
+    def _crossed(self, name: str) -> bool | None:
+        """After the variant's latest group: None while undecided, else whether the variant is
+        higher than the baseline (the e-value reached the threshold)."""
+        up, down = self._e_process(name)
+        if (up[-1] + down[-1]) / 2 < self.threshold:
+            return None
+        return bool(up[-1] >= down[-1])
+
+    def statistics(self, variant: str) -> dict[str, float | None]:
+        """``comparison.csv``'s ``p_value`` (1 / e-value), ``p_adjusted`` (K / e-value), both
+        anytime-valid, and ``e_value``."""
+        e_value = self.e_value(variant)
+        return {"p_value": min(1.0, 1 / e_value), "e_value": e_value,
+                "p_adjusted": min(1.0, len(self.variants) / e_value)}
 
     def update_values(self, values: Mapping[str, Sequence[float]]) -> None:
         """One group as each name's values, the baseline's included, paired by position

@@ -404,7 +404,7 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
 
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
-                               ) -> tuple[list[SeedRun], SequentialTest | GroupSequentialTest]:
+                               ) -> tuple[list[SeedRun], SequentialTest]:
     """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP``; after
     each group the sequential paired test of every variant against the baseline (``auto``,
     ``anytime:MAX``: the anytime-valid ``SequentialTest``, e-value Bonferroni; ``auto:MAX``:
@@ -430,7 +430,7 @@ def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights:
     return trainer.runs, test
 
 
-def running_line(test: SequentialTest | GroupSequentialTest, trained: int) -> str:
+def running_line(test: SequentialTest, trained: int) -> str:
     """After a group: per variant, the running interval for ``variant - baseline`` (final
     loss), its statistic against the verdict threshold, and its state."""
     lines = [f"seeds auto ({test.design}), {trained} seeds trained:"]
@@ -626,8 +626,7 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
 STOPPED_FIXED = "fixed"  # stopped_because of a fixed --seeds N comparison
 
 
-def with_seed_columns(rows: list[dict],
-                      test: SequentialTest | GroupSequentialTest | None) -> list[dict]:
+def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dict]:
     """``seeds_used`` and ``stopped_because`` on every row. Fixed seeds (``test`` None): the
     seeds each variant trained, ``fixed``. ``--seeds auto``: the sequential test's verdict
     replaces the fixed test's (``verdict``; ``diff_ci_low/high``: its anytime-valid interval
@@ -641,17 +640,8 @@ def with_seed_columns(rows: list[dict],
         if test is None or name not in test.variants:
             continue
         low, high = test.interval(name)
-        if isinstance(test, GroupSequentialTest):
-            p_value = test.p_value(name)
-            level = test.nominal_level(name)
-            statistics = dict(p_value=p_value, e_value=None, p_adjusted=min(
-                1.0, p_value * ALPHA / level) if level > 0 else 1.0)
-        else:
-            e_value = test.e_value(name)
-            statistics = dict(p_value=min(1.0, 1 / e_value), e_value=e_value,
-                              p_adjusted=min(1.0, len(test.variants) / e_value))
         row.update(verdict=test.verdict(name) or NO_DIFFERENCE, diff_ci_low=low,
-                   diff_ci_high=high, **statistics, sequential_design=test.design,
+                   diff_ci_high=high, **test.statistics(name), sequential_design=test.design,
                    seeds_used=test.seeds_used(name),
                    stopped_because=test.stopped_because(name),
                    note=f"seeds auto: {test.design} test, {test.describe(name)} after "
