@@ -69,27 +69,6 @@ def nearest(name: str, candidates: list[str]) -> str | None:
     return by_leaf[close[0]] if close else None
 
 
-def refuse_unknown_options(args: list[str], options: dict[str, str | None],
-                           command: str) -> None:
-    """``ConfigError`` for the first argument among ``args`` (what Click passed on as
-    overrides) that looks like an option but is neither one of the command's ``options``
-    (name -> the override it sets, or None) nor Hydra's: it names the nearest option and its
-    override (``--lr`` / ``train.lr``)."""
-    flags, _ = split_arguments(args)
-    unknown = [f for f in flags if f.startswith("-") and f.split("=", 1)[0] not in HYDRA_FLAGS
-               and f.split("=", 1)[0] not in options]
-    if not unknown:
-        return
-    name = unknown[0].split("=", 1)[0]
-    guess = nearest(name, list(options))
-    if guess is None:
-        raise ConfigError(f"unknown option '{name}' for tlab {command}; its options are listed "
-                          f"by tlab {command} --help")
-    key = options[guess]
-    raise ConfigError(f"unknown option '{name}' for tlab {command}; did you mean {guess}"
-                      f"{f' (the override {key}=...)' if key else ''}?")
-
-
 def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
     """Separate Hydra flags (with their values) from overrides."""
     flags, overrides, i = [], [], 0
@@ -380,6 +359,8 @@ def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
 
     from omegaconf import DictConfig, OmegaConf
 
+    from transformer_lab.results.tracking import flatten
+
     match = re.match(r"Could not override '([^']+)'", message)
     if not match:
         return None
@@ -396,18 +377,8 @@ def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
     keys = ", ".join(str(k) for k in node)
     where = parent or "the top level"
     guess = nearest(key, [f"{parent}.{k}" if parent else str(k) for k in node]) or \
-        nearest(key, _leaf_keys(cfg))
+        nearest(key, list(flatten(OmegaConf.to_container(cfg, resolve=False))))
     hint = f"; did you mean {guess}?" if guess else ""
     return (f"unknown key '{key}'{hint} ('{leaf}' is not in {where}; its keys: {keys}); "
             f"to add a new key write +{key}=...")
 
-
-def _leaf_keys(cfg: DictConfig) -> list[str]:
-    """Every dotted key of ``cfg`` that holds a value (``train.lr``, ``model.d_model``)."""
-    from omegaconf import OmegaConf
-
-    def walk(node: dict, prefix: str) -> list[str]:
-        return [key for name, value in node.items() for key in (
-            walk(value, f"{prefix}{name}.") if isinstance(value, dict) else [f"{prefix}{name}"])]
-
-    return walk(OmegaConf.to_container(cfg, resolve=False), "")  # type: ignore[arg-type]

@@ -161,7 +161,6 @@ def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
             f"({setting})")
 
 
-
 def check_attention_work(cfg: DictConfig, task: Any) -> None:
     """``ConfigError`` naming ``task.seq_len`` (``--seq-len``) and its largest value when a
     training step (``train.batch_size`` sequences) or the held-out evaluation

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from inspect import Parameter, Signature, signature
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -93,14 +94,16 @@ def use_app(app: typer.Typer) -> None:
 
 def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
     """Exit 2 with one line naming the nearest option (and the override it sets) when an
-    argument Click passed on as an override is an option the command of ``experiment`` (its
-    name with '-' for '_') does not have."""
-    from transformer_lab.app.arguments import HYDRA_FLAGS, refuse_unknown_options, split_arguments
-    from transformer_lab.errors import EXIT_USAGE, ConfigError
+    argument Click passed on as an override looks like an option but is neither Hydra's nor one
+    the command of ``experiment`` (its name with '-' for '_') has."""
+    from transformer_lab.app.arguments import HYDRA_FLAGS, nearest, split_arguments
+    from transformer_lab.errors import EXIT_USAGE
     from transformer_lab.results.console import print_error
 
     flags, _ = split_arguments(overrides)
-    if all(flag.split("=", 1)[0] in HYDRA_FLAGS | set(APP_FLAGS) for flag in flags):
+    unknown = [f.split("=", 1)[0] for f in flags if f.startswith("-")]
+    unknown = [f for f in unknown if f not in HYDRA_FLAGS and f not in APP_FLAGS]
+    if not unknown:
         return
     name = experiment.replace("_", "-")
     command = typer.main.get_command(_APP[0]).commands[name]  # type: ignore[attr-defined]
@@ -109,11 +112,15 @@ def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
         panel = getattr(param, "rich_help_panel", None)
         known.update({option: f"train.{param.name}" if panel == TRAINING_PANEL else None
                       for option in param.opts + param.secondary_opts})
-    try:
-        refuse_unknown_options(overrides, known, name)
-    except ConfigError as exc:
-        print_error(str(exc))
-        raise typer.Exit(EXIT_USAGE) from None
+    unknown = [f for f in unknown if f not in known]
+    if not unknown:
+        return
+    guess = nearest(unknown[0], list(known))
+    key = known.get(guess or "")
+    hint = (f"did you mean {guess}{f' (the override {key}=...)' if key else ''}?" if guess
+            else f"its options are listed by tlab {name} --help")
+    print_error(f"unknown option '{unknown[0]}' for tlab {name}; {hint}")
+    raise typer.Exit(EXIT_USAGE)
 
 
 def hydra_list(text: str | None) -> str | None:
@@ -166,6 +173,7 @@ TRAINING_PANEL = "Training settings (train.*)"
 _NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer group (--optimizer)
 
 
+@functools.cache
 def train_settings_fields() -> list[tuple[str, str]]:
     """``(name, annotation)`` of each ``TrainSettings`` field a user sets (``train.<name>``),
     read from the dataclass's source: importing it would import torch into every command."""
@@ -184,19 +192,29 @@ def train_yaml_defaults(experiment: str) -> tuple[dict[str, object], dict[str, s
     """The ``train.*`` values an experiment runs with (``configs/train/default.yaml`` under
     ``configs/experiment/<experiment>.yaml``'s ``train:``) and each key's comment in
     ``configs/train/default.yaml`` (its description)."""
+    import yaml
+
+    from transformer_lab.config.tree import CONFIG_DIR
+
+    defaults, comments = _train_default_yaml()
+    values = dict(defaults)
+    experiment_file = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
+    if experiment_file.is_file():
+        values.update((yaml.safe_load(experiment_file.read_text(encoding="utf-8")) or {})
+                      .get("train") or {})
+    return values, comments
+
+
+@functools.cache
+def _train_default_yaml() -> tuple[dict[str, object], dict[str, str]]:
+    """``configs/train/default.yaml``'s values and each key's comment, read once."""
     import re
 
     import yaml
 
     from transformer_lab.config.tree import CONFIG_DIR
 
-    default_file = CONFIG_DIR / "train" / "default.yaml"
-    text = default_file.read_text(encoding="utf-8")
-    values = dict(yaml.safe_load(text))
-    experiment_file = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
-    if experiment_file.is_file():
-        values.update((yaml.safe_load(experiment_file.read_text(encoding="utf-8")) or {})
-                      .get("train") or {})
+    text = (CONFIG_DIR / "train" / "default.yaml").read_text(encoding="utf-8")
     comments: dict[str, str] = {}
     key = None
     for line in text.splitlines():
@@ -205,7 +223,7 @@ def train_yaml_defaults(experiment: str) -> tuple[dict[str, object], dict[str, s
             comments[key] = (match.group(2) or "").strip()
         elif key and (match := re.match(r"^\s+#\s*(.*)$", line)):  # a comment's next line
             comments[key] = f"{comments[key]} {match.group(1).strip()}".strip()
-    return values, comments
+    return dict(yaml.safe_load(text)), comments
 
 
 def _number_or_null(kind: type) -> object:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import typer
@@ -47,6 +48,7 @@ def command_defaults() -> dict[str, dict[str, str]]:
 
     from transformer_lab.config.tree import CONFIG_DIR
 
+    @functools.cache  # an experiment's parents and models are shared
     def read(path: Path) -> dict:
         return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 

@@ -20,10 +20,9 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
+from transformer_lab.config.instantiate import _IN_PROCESS_CLASSES, HYDRA_KEYS, in_process_target
 from transformer_lab.errors import ConfigError
 
-# instantiate() options tlab's tree never uses: refused in a saved config without --trust-code
-INSTANTIATE_OPTIONS = ("_args_", "_recursive_", "_convert_")
 # packages whose classes are components a config may name (besides the tree's targets)
 OWN_PACKAGES = ("transformer_lab.components", "transformer_lab.tasks")
 TRUST_HINT = ("if the run used your own component and you trust its code, load it with "
@@ -84,26 +83,15 @@ def _own_classes(package_name: str) -> set[str]:
 
 def is_registered(target: str) -> bool:
     """True for one of tlab's components, or a class given to the Python API in this process."""
-    from transformer_lab.config.instantiate import _IN_PROCESS_CLASSES, in_process_target
-
     prefix = in_process_target("")
     if target.startswith(prefix):
         return target[len(prefix):] in _IN_PROCESS_CLASSES
     return target in registered_targets()
 
 
-def _targets(node: Any, path: str = "") -> Iterator[tuple[str, Any]]:
-    """``(key path, value)`` of every ``_target_`` in a YAML tree of plain values."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            where = f"{path}.{key}" if path else str(key)
-            if key == "_target_":
-                yield where, value
-            else:
-                yield from _targets(value, where)
-    elif isinstance(node, list):
-        for i, value in enumerate(node):
-            yield from _targets(value, f"{path}[{i}]")
+def _targets(node: Any) -> Iterator[tuple[str, Any]]:
+    """``(key path, value)`` of every ``_target_`` in a tree of plain values."""
+    return ((where, value) for where, key, value, _ in _walk(node) if key == "_target_")
 
 
 def user_components(config: Any) -> list[str]:
@@ -154,7 +142,7 @@ def check_saved_config(config: Any, source: str, recorded: Sequence[str] = ()) -
                               f"{TRUST_HINT}")
         if key == "_partial_" and (not isinstance(value, bool) or "_target_" not in node):
             raise ConfigError(f"{where}={value!r}: _partial_ is a bool beside a _target_")
-        if key in INSTANTIATE_OPTIONS and not trusted:
+        if key in HYDRA_KEYS and not trusted:  # never in tlab's tree
             raise ConfigError(f"{where}: {key} is an instantiate option tlab's components never "
                               f"use; {TRUST_HINT}")
 

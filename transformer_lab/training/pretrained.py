@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.results.tracking import flatten
 from transformer_lab.training.checkpoint import choose_model, read_header
 
 # The config groups that make a model's architecture (``model`` has no choice: its keys do).
@@ -88,8 +89,8 @@ def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
     """``"; model.d_model is 64 here, 32 in the run"`` for the first key of the architecture
     (``model`` and ``ARCHITECTURE_GROUPS``, not ``NOT_COPIED``) that differs; ``""`` if none."""
     for group in ("model", *ARCHITECTURE_GROUPS):
-        ours = dict(_leaves(OmegaConf.to_container(cfg[group], resolve=True), group))
-        theirs = dict(_leaves(OmegaConf.to_container(run_cfg[group], resolve=True), group))
+        ours = flatten(OmegaConf.to_container(cfg[group], resolve=True), group)
+        theirs = flatten(OmegaConf.to_container(run_cfg[group], resolve=True), group)
         for key in sorted(set(ours) | set(theirs)):
             if key not in NOT_COPIED and ours.get(key) != theirs.get(key):
                 return (f"; {key} is {ours.get(key, 'absent')} here, "
@@ -120,22 +121,13 @@ def run_overrides(path: Path) -> list[str]:
             raise ConfigError(f"{path}: {group}.name={choice!r} names no choice of {group}")
         out.append(f"{group}={choice}")
     for group in ("model", *ARCHITECTURE_GROUPS):
-        for key, value in _leaves(OmegaConf.to_container(cfg[group], resolve=True), group):
+        for key, value in flatten(OmegaConf.to_container(cfg[group], resolve=True),
+                                  group).items():
             if not all(KEY.fullmatch(part) for part in key.split(".")):
                 raise ConfigError(f"{path}: {key!r} is not a config key")
             if key not in NOT_COPIED:
                 out.append(f"++{key}={hydra_value(value)}")
     return out
-
-
-def _leaves(node: dict, prefix: str) -> list[tuple[str, Any]]:
-    leaves = []
-    for key, value in node.items():
-        if isinstance(value, dict):
-            leaves += _leaves(value, f"{prefix}.{key}")
-        else:
-            leaves.append((f"{prefix}.{key}", value))
-    return leaves
 
 
 def hydra_value(value: Any) -> str:
