@@ -224,17 +224,20 @@ def _not_resumable(run_dir: Path, status: str | None, error: str | None) -> str:
     if status != FINISHED_STATUS:
         return (f"--resume {run_dir}: the run there ended with status {status} "
                 f"({error or 'no error'}); resuming would end the same way")
-    steps = _kept_steps(run_dir)
+    steps = _kept_steps(_checkpoint(run_dir))
     return (f"--resume {run_dir}: the run there finished its {steps} steps (status {status}); "
             f"to train it further give more steps: tlab train --resume {run_dir} "
             f"train.steps={2 * steps}")
 
 
-def _kept_steps(run_dir: Path) -> int:
-    """The most steps a seed of the run in ``run_dir`` has taken, by its checkpoint."""
+def _checkpoint(run_dir: Path) -> dict[str, Any]:
     from transformer_lab.training.checkpoint import load_state
 
-    state = load_state(run_dir / CHECKPOINT_FILE)
+    return load_state(run_dir / CHECKPOINT_FILE)
+
+
+def _kept_steps(state: dict[str, Any]) -> int:
+    """The most steps a seed has taken, by the run's checkpoint ``state``."""
     steps = [int(seed["result"]["steps"]) for seed in state["done"]]
     if state.get("current") is not None:
         steps.append(int(state["current"]["trainer"]["step"]))
@@ -245,15 +248,14 @@ def check_extension(run_dir: Path, override: str) -> None:
     """``train.steps=N`` given to ``--resume``: N must be a whole number above the steps the
     run has taken, and every finished seed must have kept its final state (a run checkpointed
     by an older tlab did not)."""
-    from transformer_lab.training.checkpoint import load_state
-
     value = override.split("=", 1)[1] if "=" in override else ""
-    done = _kept_steps(run_dir)
+    state = _checkpoint(run_dir)  # once: it holds every seed's weights
+    done = _kept_steps(state)
     if not value.strip().isdigit() or int(value) <= done:
         raise ConfigError(f"--resume {run_dir} {override}: the run there has taken {done} "
                           f"steps; give train.steps=N with N > {done}, e.g. "
                           f"train.steps={2 * max(done, 1)}")
-    if any(seed.get("trainer") is None for seed in load_state(run_dir / CHECKPOINT_FILE)["done"]):
+    if any(seed.get("trainer") is None for seed in state["done"]):
         raise ConfigError(f"--resume {run_dir} {override}: its checkpoint keeps no final state "
                           "of its finished seeds (an older tlab made it); it cannot be extended")
 
@@ -262,11 +264,11 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     """``ConfigError`` naming the first key whose value in ``cfg`` (composed and checked now)
     differs from the config ``run_dir``'s checkpoint was made with (config files changed since,
     or a component's defaults): the run could not go on with the same numbers."""
-    from transformer_lab.training.checkpoint import config_yaml, load_state
+    from transformer_lab.results.tracking import flatten
+    from transformer_lab.training.checkpoint import config_yaml
 
-    state = load_state(run_dir / CHECKPOINT_FILE)
-    then = _flat(OmegaConf.to_container(OmegaConf.create(state["config"])))
-    now = _flat(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
+    then = flatten(OmegaConf.to_container(OmegaConf.create(_checkpoint(run_dir)["config"])))
+    now = flatten(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
     for key in sorted(set(then) | set(now)):
         if key.startswith(HARMLESS_ON_RESUME) or then.get(key) == now.get(key) or \
                 key == "train.steps":  # a new length: run_arguments checked it
@@ -274,15 +276,3 @@ def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
         raise ConfigError(f"--resume {run_dir}: {key} is {now.get(key, 'absent')} now but was "
                           f"{then.get(key, 'absent')} when the run was checkpointed (config files "
                           "changed since?); it cannot go on with the same numbers")
-
-
-def _flat(node: dict, prefix: str = "") -> dict[str, object]:
-    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists kept as values)."""
-    flat: dict[str, object] = {}
-    for key, value in node.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_flat(value, name + "."))
-        else:
-            flat[name] = value
-    return flat

@@ -30,6 +30,7 @@ from typing import BinaryIO, Protocol
 import numpy as np
 
 from transformer_lab.data.corpus import cache_dir, file_sha256
+from transformer_lab.errors import ConfigError
 
 TOKENIZERS = ("char", "byte", "bpe")
 BYTE_ALPHABET = 256
@@ -207,25 +208,19 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
         return char_vocabulary(file)
     if kind == "byte":
         return ByteTokenizer()
-    check_bpe_vocab_size(bpe_vocab_size)
     return train_bpe(itertools.chain.from_iterable(text_lines(file)), bpe_vocab_size)
 
 
 def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
-    """Write the token ids of ``file`` to ``out`` as ``token_dtype``, a chunk at a time (BPE
-    through the library's batch encoder, a line per sequence); returns the number of ids."""
+    """Write the token ids of ``file`` to ``out`` as ``token_dtype``, a chunk at a time (BPE:
+    whole lines, few at once, the library's encodings being large); returns the number of ids."""
     dtype, count = token_dtype(tokenizer.vocab_size), 0
-    pieces: Iterable[str | list[str]] = text_chunks(file)
-    if isinstance(tokenizer, BpeTokenizer):  # the library's encodings are large: few at once
-        pieces = (lines[i:i + BPE_LINES] for lines in text_lines(file)
+    pieces: Iterable[str] = text_chunks(file)
+    if isinstance(tokenizer, BpeTokenizer):
+        pieces = ("".join(lines[i:i + BPE_LINES]) for lines in text_lines(file)
                   for i in range(0, len(lines), BPE_LINES))
     for piece in pieces:
-        if isinstance(tokenizer, BpeTokenizer):
-            encodings = tokenizer.tokenizer.encode_batch(piece)
-            ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype,
-                              count=sum(len(e) for e in encodings))
-        else:
-            ids = tokenizer.encode(piece).astype(dtype)
+        ids = tokenizer.encode(piece).astype(dtype)
         out.write(ids.tobytes())
         count += len(ids)
     return count
@@ -237,20 +232,39 @@ def check_bpe_vocab_size(vocab_size: int) -> None:
                          f"starts from the {BYTE_ALPHABET} byte values; use more (e.g. 512)")
 
 
-def _tokenizer_spec(tokenizer: Tokenizer) -> dict[str, object]:
+def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
+    """A task's tokenizer as JSON text (None for a task without one, e.g. synthetic tokens)."""
+    if tokenizer is None:
+        return None
     if isinstance(tokenizer, CharTokenizer):
-        return {"chars": "".join(tokenizer.chars)}
+        return json.dumps({"kind": "char", "chars": "".join(tokenizer.chars)})
+    if isinstance(tokenizer, ByteTokenizer):
+        return json.dumps({"kind": "byte"})
     if isinstance(tokenizer, BpeTokenizer):
-        return {"bpe": tokenizer.tokenizer.to_str()}
-    return {}
+        return json.dumps({"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
+    raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the weights; "
+                      "known: char, byte, bpe")
 
 
-def _tokenizer_of(kind: str, spec: dict[str, object]) -> Tokenizer:
-    if kind == "char":
-        return CharTokenizer(list(str(spec["chars"])))
-    if kind == "byte":
-        return ByteTokenizer()
-    return BpeTokenizer(_tokenizers_library().Tokenizer.from_str(str(spec["bpe"])))
+def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
+    """The tokenizer ``tokenizer_spec`` wrote (None where there was none)."""
+    if not spec:
+        return None
+    try:  # JSON from a file made elsewhere: data only
+        data = json.loads(spec)
+        if data["kind"] == "char":
+            return CharTokenizer(list(data["chars"]))
+        if data["kind"] == "byte":
+            return ByteTokenizer()
+        if data["kind"] == "bpe":
+            import tokenizers
+
+            return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
+    except Exception as exc:
+        raise ConfigError(f"the tokenizer kept with the weights cannot be read "
+                          f"({type(exc).__name__})") from None
+    raise ConfigError(f"the tokenizer kept with the weights is of kind {data['kind']!r}; "
+                      "known: char, byte, bpe")
 
 
 @dataclass(frozen=True)
@@ -296,15 +310,14 @@ def _mapped(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
 
 
-def _cached(bin_path: Path, meta_path: Path, sha256: str,
-            kind: str) -> tuple[np.ndarray, Tokenizer] | None:
+def _cached(bin_path: Path, meta_path: Path, sha256: str) -> tuple[np.ndarray, Tokenizer] | None:
     """The cache entry's ids and tokenizer, or None when it is missing or incomplete."""
     try:
         meta = json.loads(meta_path.read_text(encoding="utf-8"))
         dtype = np.dtype(meta["dtype"])
         if meta["sha256"] != sha256 or bin_path.stat().st_size != meta["tokens"] * dtype.itemsize:
             return None
-        return _mapped(bin_path, dtype, int(meta["tokens"])), _tokenizer_of(kind, meta)
+        return _mapped(bin_path, dtype, int(meta["tokens"])), tokenizer_from_spec(meta["spec"])
     except Exception:  # missing or damaged: tokenise again
         return None
 
@@ -340,7 +353,7 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
     file = Path(path)
     sha256 = content_sha256(file)
     bin_path, meta_path = cache_paths(sha256, kind, bpe_vocab_size)
-    hit = _cached(bin_path, meta_path, sha256, kind)
+    hit = _cached(bin_path, meta_path, sha256)
     if hit is not None:
         return hit
     tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
@@ -355,7 +368,7 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
     def write_meta(temp: str) -> None:
         meta = {"source": path, "sha256": sha256, "tokenizer": kind, "vocab_size":
                 tokenizer.vocab_size, "dtype": dtype.name, "tokens": count,
-                **_tokenizer_spec(tokenizer)}
+                "spec": tokenizer_spec(tokenizer)}
         Path(temp).write_text(json.dumps(meta), encoding="utf-8")
 
     try:  # ids first, then the entry's description: a killed run leaves no usable half

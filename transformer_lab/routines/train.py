@@ -337,8 +337,6 @@ class Utilisation:
 
     @classmethod
     def of(cls, cfg: DictConfig, task: Task) -> Utilisation:
-        import torch
-
         device = resolve_device(cfg.train.device)
         peak, source = peak_flops(device, str(cfg.train.precision), torch.get_num_threads())
         ranks = torch.distributed.get_world_size() if joined() else 1
@@ -385,17 +383,16 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     kept = RunCheckpoints(cfg, run, task, seeds)
     resumed = kept.resume_point()
     states = resumed.states(steps) if resumed is not None else {}  # seed -> state to go on from
-    earlier = {s.seed: s for s in resumed.done} if resumed is not None else {}  # kept before
-    finished = {seed: s for seed, s in earlier.items() if seed not in states}
+    latest = {s.seed: s for s in resumed.done} if resumed is not None else {}  # seed -> last
     if resumed is None and kept.periodic:
         kept.save_progress([], None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    training = [s for s in seeds if s not in finished]  # (a resumed seed counts its steps)
+    training = [s for s in seeds if s in states or s not in latest]  # (resumed: counts steps)
     with progress_bar(run.metrics, f"train: {which}, {steps} steps",
                       total=steps * len(training)), stop_between_steps():
         for seed in training:
             # kept with this seed's state: every other seed's latest (one to extend as it was)
-            done = [s for other, s in {**earlier, **finished}.items() if other != seed]
+            done = [s for other, s in latest.items() if other != seed]
             try:
                 numbers, model = train_seed(
                     cfg, task, seed, run.metrics,
@@ -404,10 +401,10 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
             except Interrupted as exc:
                 raise interrupted(exc, run, seed, seeds, steps, kept.enabled) from None
             kept.keep_weights(model, seed)
-            finished[seed] = numbers
+            latest[seed] = numbers
             if kept.periodic:
-                kept.save_progress(list({**earlier, **finished}.values()), None)
-    trained = [finished[seed] for seed in seeds]
+                kept.save_progress(list(latest.values()), None)
+    trained = [latest[seed] for seed in seeds]
     kept.finish(trained)
     utilisation = Utilisation.of(cfg, task)
     per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}

@@ -42,11 +42,10 @@ from torch import nn
 
 from transformer_lab.config.registry import check_saved_config, user_components
 from transformer_lab.data.tokenizer import (
-    BpeTokenizer,
-    ByteTokenizer,
-    CharTokenizer,
     Tokenizer,
     atomic_write,
+    tokenizer_from_spec,
+    tokenizer_spec,
 )
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import TransformerModel, build_model
@@ -55,45 +54,6 @@ from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE
 WEIGHTS_FORMAT = "1"  # the header's ``tlab_format``
 STATE_FORMAT = 1  # the resumable state's ``format``
 RUN_KEYS_DROPPED = ("hydra",)  # not part of a model's config
-
-
-# --------------------------------------------------------------------------------------------
-# tokenizers in a header
-
-
-def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
-    """A task's tokenizer as JSON text (None for a task without one, e.g. synthetic tokens)."""
-    if tokenizer is None:
-        return None
-    if isinstance(tokenizer, CharTokenizer):
-        return json.dumps({"kind": "char", "chars": "".join(tokenizer.chars)})
-    if isinstance(tokenizer, ByteTokenizer):
-        return json.dumps({"kind": "byte"})
-    if isinstance(tokenizer, BpeTokenizer):
-        return json.dumps({"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
-    raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the weights; "
-                      "known: char, byte, bpe")
-
-
-def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
-    """The tokenizer ``tokenizer_spec`` wrote (None where there was none)."""
-    if not spec:
-        return None
-    try:  # JSON from a file made elsewhere: data only
-        data = json.loads(spec)
-        if data["kind"] == "char":
-            return CharTokenizer(list(data["chars"]))
-        if data["kind"] == "byte":
-            return ByteTokenizer()
-        if data["kind"] == "bpe":
-            import tokenizers
-
-            return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
-    except Exception as exc:
-        raise ConfigError(f"the tokenizer kept with the weights cannot be read "
-                          f"({type(exc).__name__})") from None
-    raise ConfigError(f"the tokenizer kept with the weights is of kind {data['kind']!r}; "
-                      "known: char, byte, bpe")
 
 
 # --------------------------------------------------------------------------------------------
