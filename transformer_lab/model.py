@@ -228,20 +228,13 @@ class TransformerModel(nn.Module):
             raise ConfigError(f"prefix of shape {tuple(prefix.shape)} is empty; generation "
                               "needs at least one token to start from")
         window = self.context_window
-        cache = self.new_cache() if window is None or prefix.shape[1] <= window else None
-        context = prefix if window is None else prefix[:, -window:]  # (B, <= window)
-        logits = self.forward(context, cache=cache)[:, -1]  # (B, vocab)
-        sequence = prefix
-        for step in range(n_new):
-            token = next_token(logits, temperature, top_k, generator, top_p)  # (B, 1)
-            sequence = torch.cat([sequence, token], dim=1)  # (B, P + step + 1)
-            if step + 1 == n_new:
-                break
-            if cache is not None and (window is None or cache.length < window):
-                logits = self.forward(token, cache=cache)[:, -1]  # (B, vocab)
-            else:  # past the window: the last `window` tokens, positions from 0 again
-                cache = None
-                logits = self.forward(sequence[:, -window:])[:, -1]  # (B, vocab)
+        cache, sequence, fresh = self.new_cache(), prefix, prefix  # fresh: not yet in the cache
+        for _ in range(n_new):
+            if window is not None and sequence.shape[1] > window:  # positions from 0 again
+                cache, fresh = None, sequence[:, -window:]  # (B, window)
+            logits = self.forward(fresh, cache=cache)[:, -1]  # (B, vocab)
+            fresh = next_token(logits, temperature, top_k, generator, top_p)  # (B, 1)
+            sequence = torch.cat([sequence, fresh], dim=1)  # (B, P + tokens drawn)
         return sequence[:, prefix.shape[1]:]  # (B, n_new)
 
 

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from transformer_lab.interop.hf_common import State, flag, layers, rename, require, swapped
-from transformer_lab.interop.hf_gpt import regroup_qkv
+from transformer_lab.interop.hf_common import State, flag, layers, require, swapped
+from transformer_lab.interop.hf_gpt import fused_convert, fused_pairs
 
 
 def bloom_overrides(hc: Any) -> list[str]:
@@ -25,41 +25,24 @@ def bloom_overrides(hc: Any) -> list[str]:
             flag("model.tie_embeddings", hc.tie_word_embeddings)]
 
 
-def _bloom_pairs(n_layers: range) -> list[tuple[str, str]]:
-    pairs = [("transformer.word_embeddings.weight", "token_embedding.weight"),
-             ("lm_head.weight", "lm_head.weight")]
+def _bloom_pairs(n_layers: range) -> tuple[list, list]:
+    pairs, qkv = fused_pairs(n_layers, "transformer.h", "self_attention")
+    pairs += [("transformer.word_embeddings.weight", "token_embedding.weight"),
+              ("lm_head.weight", "lm_head.weight")]
     for old, new in (("transformer.word_embeddings_layernorm", "embed_norm"),
                      ("transformer.ln_f", "final_norm")):
         pairs += [(f"{old}.{w}", f"{new}.{w}") for w in ("weight", "bias")]
-    for i in n_layers:
-        hf, tl = f"transformer.h.{i}.", f"blocks.{i}."
-        for old, new in (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2"),
-                         ("self_attention.dense", "attention.out_proj"),
-                         ("mlp.dense_h_to_4h", "feedforward.up_proj"),
-                         ("mlp.dense_4h_to_h", "feedforward.down_proj")):
-            pairs += [(hf + f"{old}.{w}", tl + f"{new}.{w}") for w in ("weight", "bias")]
-    return pairs
+    return pairs, qkv
 
 
 def bloom_to_tlab(hc: Any, hf: State) -> State:
-    out = rename(hf, _bloom_pairs(layers(hc, "n_layer")))
-    for i in layers(hc, "n_layer"):
-        for w in ("weight", "bias"):
-            name = f"transformer.h.{i}.self_attention.query_key_value.{w}"
-            if name in hf:
-                out[f"blocks.{i}.attention.qkv_proj.{w}"] = regroup_qkv(hf[name], hc.n_head, 3)
-    return out
+    pairs, qkv = _bloom_pairs(layers(hc, "n_layer"))
+    return fused_convert(hf, pairs, qkv, hc.n_head, 3)
 
 
 def bloom_to_hf(cfg: Any, tl: State) -> State:
-    out = rename(tl, swapped(_bloom_pairs(layers(cfg))))
-    for i in layers(cfg):
-        for w in ("weight", "bias"):
-            name = f"blocks.{i}.attention.qkv_proj.{w}"
-            if name in tl:
-                out[f"transformer.h.{i}.self_attention.query_key_value.{w}"] = regroup_qkv(
-                    tl[name], 3, cfg.model.n_heads)
-    return out
+    pairs, qkv = _bloom_pairs(layers(cfg))
+    return fused_convert(tl, swapped(pairs), swapped(qkv), 3, cfg.model.n_heads)
 
 
 def bloom_config(cfg: Any) -> Any:

@@ -16,6 +16,8 @@ import torch
 State = dict[str, torch.Tensor]
 
 
+COMPONENTS = ("pe", "ffn", "block", "norm_layer")  # the groups a run chooses components in
+
 class Unsupported(ValueError):
     """A checkpoint setting tlab cannot express."""
 

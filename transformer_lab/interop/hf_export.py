@@ -28,11 +28,10 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf import preset_of, to_hf
-from transformer_lab.interop.hf_common import Family, Unsupported
+from transformer_lab.interop.hf_common import COMPONENTS, Family, Unsupported
 from transformer_lab.interop.hf_families import FAMILIES
 from transformer_lab.model import TransformerModel, embedding_scale
 
-COMPONENTS = ("pe", "ffn", "block", "norm_layer")
 # Keys of the model node that shape the forward pass (the others: training, sizes of tables).
 MODEL_KEYS = ("d_model", "n_heads", "n_layers", "d_ff", "n_kv_heads", "head_dim", "attn_scale",
               "qkv_bias", "out_bias", "ffn_bias", "tie_embeddings", "embed_norm",

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from transformer_lab.interop.hf_common import (
     State,
     Unsupported,
@@ -120,47 +118,50 @@ def neox_overrides(hc: Any) -> list[str]:
             flag("model.tie_embeddings", hc.tie_word_embeddings), *rope_overrides(hc)]
 
 
-def _neox_pairs(n_layers: range) -> list[tuple[str, str]]:
-    pairs = [("gpt_neox.embed_in.weight", "token_embedding.weight"),
-             ("lm_head.weight", "lm_head.weight")]
-    pairs += [(f"gpt_neox.final_layer_norm.{w}", f"final_norm.{w}") for w in ("weight", "bias")]
+def fused_pairs(n_layers: range, prefix: str, attn: str) -> tuple[list, list]:
+    """The (HF, tlab) names of a NeoX-like block (NeoX, BLOOM): ``prefix.{i}.`` layers whose
+    attention module is ``attn``. Returns the pairs only renamed and the fused Q/K/V pairs."""
+    pairs, qkv = [], []
     for i in n_layers:
-        hf, tl = f"gpt_neox.layers.{i}.", f"blocks.{i}."
+        hf, tl = f"{prefix}.{i}.", f"blocks.{i}."
         for old, new in (("input_layernorm", "norm1"), ("post_attention_layernorm", "norm2"),
-                         ("attention.dense", "attention.out_proj"),
+                         (f"{attn}.dense", "attention.out_proj"),
                          ("mlp.dense_h_to_4h", "feedforward.up_proj"),
                          ("mlp.dense_4h_to_h", "feedforward.down_proj")):
             pairs += [(hf + f"{old}.{w}", tl + f"{new}.{w}") for w in ("weight", "bias")]
-    return pairs
+        qkv += [(hf + f"{attn}.query_key_value.{w}", tl + f"attention.qkv_proj.{w}")
+                for w in ("weight", "bias")]
+    return pairs, qkv
 
 
-def regroup_qkv(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
-    """Rows grouped ``(first, second, Dh)`` -> ``(second, first, Dh)``: per head (H, 3) to
-    per projection (3, H) and back. ``t``: a weight ``(3 H Dh, D)`` or a bias ``(3 H Dh,)``."""
-    rows = t.view(first, second, -1, *t.shape[1:])
-    return rows.transpose(0, 1).reshape(t.shape)
+def fused_convert(state: State, pairs: list, qkv: list, first: int, second: int) -> State:
+    """``state`` renamed by ``pairs``, its fused Q/K/V tensors (``qkv`` pairs) regrouped from
+    ``(first, second, Dh)`` rows to ``(second, first, Dh)``: per head (H, 3) to per
+    projection (3, H) and back. A weight is ``(3 H Dh, D)``, a bias ``(3 H Dh,)``."""
+    out = rename(state, pairs)
+    for old, new in qkv:
+        if old in state:
+            t = state[old]
+            out[new] = t.view(first, second, -1, *t.shape[1:]).transpose(0, 1).reshape(t.shape)
+    return out
+
+
+def _neox_pairs(n_layers: range) -> tuple[list, list]:
+    pairs, qkv = fused_pairs(n_layers, "gpt_neox.layers", "attention")
+    pairs += [("gpt_neox.embed_in.weight", "token_embedding.weight"),
+              ("lm_head.weight", "lm_head.weight")]
+    pairs += [(f"gpt_neox.final_layer_norm.{w}", f"final_norm.{w}") for w in ("weight", "bias")]
+    return pairs, qkv
 
 
 def neox_to_tlab(hc: Any, hf: State) -> State:
-    out = rename(hf, _neox_pairs(layers(hc)))
-    heads = hc.num_attention_heads
-    for i in layers(hc):
-        for w in ("weight", "bias"):
-            name = f"gpt_neox.layers.{i}.attention.query_key_value.{w}"
-            if name in hf:
-                out[f"blocks.{i}.attention.qkv_proj.{w}"] = regroup_qkv(hf[name], heads, 3)
-    return out
+    pairs, qkv = _neox_pairs(layers(hc))
+    return fused_convert(hf, pairs, qkv, hc.num_attention_heads, 3)
 
 
 def neox_to_hf(cfg: Any, tl: State) -> State:
-    out = rename(tl, swapped(_neox_pairs(layers(cfg))))
-    for i in layers(cfg):
-        for w in ("weight", "bias"):
-            name = f"blocks.{i}.attention.qkv_proj.{w}"
-            if name in tl:
-                out[f"gpt_neox.layers.{i}.attention.query_key_value.{w}"] = regroup_qkv(
-                    tl[name], 3, cfg.model.n_heads)
-    return out
+    pairs, qkv = _neox_pairs(layers(cfg))
+    return fused_convert(tl, swapped(pairs), swapped(qkv), 3, cfg.model.n_heads)
 
 
 def neox_config(cfg: Any) -> Any:

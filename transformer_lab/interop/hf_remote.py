@@ -33,14 +33,14 @@ from transformer_lab.components.positional import (
     t5_bias,
 )
 from transformer_lab.errors import ConfigError
+from transformer_lab.interop.hf_common import COMPONENTS
 from transformer_lab.model import TransformerModel
 
 MODELING_FILE = "modeling_tlab.py"
 # In dependency order: a module's names are defined before a later one uses them.
 BUNDLED: tuple[ModuleType, ...] = (base, rope_scaling, sinusoidal, learned, none, rotary, alibi,
                                    t5_bias, attention, norms, feedforward, moe, block)
-MODEL_NAMES = ("embedding_scale", "TransformerModel", "next_token")  # taken from model.py
-COMPONENT_GROUPS = ("pe", "ffn", "block", "norm_layer")
+MODEL_NAMES = ("embedding_scale", "attention_knobs", "TransformerModel", "next_token")
 COMPONENTS_PACKAGE = "transformer_lab.components."
 
 
@@ -79,10 +79,8 @@ def build_tlab_model(settings: dict) -> TransformerModel:
     parallel = {"parallel": True} if m["parallel_block"] else {}
     blocks = []
     for _ in range(m["n_layers"]):
-        attention = MultiHeadAttention(
-            m["d_model"], m["n_heads"], bias=m["attn_bias"], n_kv_heads=m["n_kv_heads"],
-            head_dim=m["head_dim"], scale=m["attn_scale"], qkv_bias=m["qkv_bias"],
-            out_bias=m["out_bias"])
+        attention = MultiHeadAttention(m["d_model"], m["n_heads"], bias=m["attn_bias"],
+                                       **attention_knobs(m))
         blocks.append(_component(settings["block"], attention=attention,
                                  feedforward=_component(settings["ffn"]), make_norm=make_norm,
                                  **parallel))
@@ -157,8 +155,7 @@ class TlabForCausalLM(PreTrainedModel, GenerationMixin):
         if attention_mask is not None and not bool(attention_mask.bool().all()):
             raise ValueError("a tlab model attends to every earlier token: padding "
                              "(attention_mask zeros) is not supported; give rows of one length")
-        given = [c for c in (cache, past_key_values) if isinstance(c, TlabCache)]
-        kv = given[0] if given else None
+        kv = next((c for c in (cache, past_key_values) if isinstance(c, TlabCache)), None)
         if use_cache and kv is None:
             kv = TlabCache.empty(len(self.model.blocks))
         logits = self.model(input_ids, cache=kv)  # (B, T, vocab)
@@ -261,7 +258,7 @@ def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
     """The resolved settings ``build_tlab_model`` rebuilds the model from; ``ConfigError`` for a
     component of the user's own (its code is not tlab's to bundle)."""
     settings: dict[str, Any] = {}
-    for group in COMPONENT_GROUPS:
+    for group in COMPONENTS:
         node = OmegaConf.to_container(cfg[group], resolve=True)
         target = str(node.get("_target_", ""))
         if not target.startswith(COMPONENTS_PACKAGE):

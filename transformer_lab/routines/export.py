@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_export import Route
+from transformer_lab.interop.hf_export import Route, export_model
 from transformer_lab.training.checkpoint import WeightsHeader, choose_model, load_trained
 
 
@@ -49,7 +49,6 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
                model_seed: int | None = None) -> Export:
     """Export the model of run ``path`` (a run directory or one of its weights files) chosen by
     ``variant`` and ``model_seed`` to ``out_dir`` (module docstring)."""
-    from transformer_lab.interop.hf_export import export_model
     from transformer_lab.interop.hf_tokenizer import hf_tokenizer
 
     check_new_directory(out_dir)

@@ -147,16 +147,6 @@ class Sample:
     window: int | None  # the model's context window (cropped past it), or None
     joiner: str  # between the prompt and a continuation: "" (text) or " " (token ids)
 
-    @property
-    def tokens(self) -> list[int]:
-        """The first continuation's ids."""
-        return self.samples[0]
-
-    @property
-    def text(self) -> str:
-        """The first continuation, rendered."""
-        return self.texts[0]
-
 
 def require_decoder(trained: TrainedModel) -> None:
     """``ConfigError`` for an encoder: its tokens see later ones, so it continues nothing."""
