@@ -22,6 +22,7 @@ from transformer_lab.measures.property_result import (
     component,
     failed,
     train_mode_without_dropout,
+    verdict,
 )
 
 INPUT_SCALES = (1e-2, 1e-1, 1.0, 1e1, 1e2)  # input RMS values a norm layer is fed
@@ -110,12 +111,10 @@ def norm_scale_control(model: nn.Module) -> PropertyResult:
                                 f"input^-{shrink[0]:.2g}); divided by the variance instead of "
                                 "the standard deviation?")
     exponent, detail = worst
-    if exponent <= SCALE_EXPONENT_LIMIT:
-        labels = ", ".join(component(norm) for _, norm in layers)
-        return PropertyResult(name, True, exponent, SCALE_EXPONENT_LIMIT,
-                              f"{labels}: output RMS bounded for input RMS "
-                              f"{INPUT_SCALES[0]:g} to {INPUT_SCALES[-1]:g}")
-    return PropertyResult(name, False, exponent, SCALE_EXPONENT_LIMIT, detail)
+    labels = ", ".join(component(norm) for _, norm in layers)
+    return verdict(name, exponent <= SCALE_EXPONENT_LIMIT, exponent, SCALE_EXPONENT_LIMIT,
+                   f"{labels}: output RMS bounded for input RMS {INPUT_SCALES[0]:g} to "
+                   f"{INPUT_SCALES[-1]:g}", detail)
 
 
 def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
@@ -174,16 +173,13 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
         return PropertyResult(name, False, 0.0, NONLINEARITY_TOLERANCE,
                               f"{label}: its output does not depend on its input")
     turn = float((singular[informative, 1] / singular[informative, 0]).max())
-    if turn > NONLINEARITY_TOLERANCE:
-        return PropertyResult(name, True, turn, NONLINEARITY_TOLERANCE,
-                              f"{label}: its Jacobian turns with the input (sigma2/sigma1 "
-                              f"up to {turn:.2g})")
-    return PropertyResult(name, False, turn, NONLINEARITY_TOLERANCE,
-                          f"{label} has no hidden nonlinearity: at {JACOBIAN_INPUTS} inputs "
-                          f"each row of its Jacobian only rescales (sigma2/sigma1 {turn:.2g}): "
-                          "one linear map then an elementwise function (the activation after "
-                          "the down-projection?) or no activation; a linear FFN by design "
-                          "declares is_linear = True")
+    return verdict(name, turn > NONLINEARITY_TOLERANCE, turn, NONLINEARITY_TOLERANCE,
+                   f"{label}: its Jacobian turns with the input (sigma2/sigma1 up to {turn:.2g})",
+                   f"{label} has no hidden nonlinearity: at {JACOBIAN_INPUTS} inputs "
+                   f"each row of its Jacobian only rescales (sigma2/sigma1 {turn:.2g}): "
+                   "one linear map then an elementwise function (the activation after "
+                   "the down-projection?) or no activation; a linear FFN by design "
+                   "declares is_linear = True")
 
 
 def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.Tensor:
@@ -231,16 +227,14 @@ def ffn_interaction(model: nn.Module) -> PropertyResult:
             ratios = mixed_differences(copied, d_model)
     except Exception as exc:
         return failed(name, exc)
-    if not bool(torch.isfinite(ratios).all()):
+    largest = float(ratios.max())
+    if not math.isfinite(largest):  # some ratio is inf or NaN
         return PropertyResult(name, False, math.nan, INTERACTION_TOLERANCE,
                               f"{label} returns inf/NaN for Gaussian inputs")
-    largest = float(ratios.max())
-    if largest > INTERACTION_TOLERANCE:
-        return PropertyResult(name, True, largest, INTERACTION_TOLERANCE,
-                              f"{label}: its input features interact (mixed second difference "
-                              f"up to {largest:.2g} of a first difference)")
-    return PropertyResult(name, False, largest, INTERACTION_TOLERANCE,
-                          f"{label} is a sum of one-variable functions of its inputs: "
-                          f"at {INTERACTION_PAIRS} pairs of input features the mixed second "
-                          f"difference is {largest:.2g} of a first difference (rounding): no "
-                          "two features interact (the activation before the up-projection?)")
+    return verdict(name, largest > INTERACTION_TOLERANCE, largest, INTERACTION_TOLERANCE,
+                   f"{label}: its input features interact (mixed second difference up to "
+                   f"{largest:.2g} of a first difference)",
+                   f"{label} is a sum of one-variable functions of its inputs: at "
+                   f"{INTERACTION_PAIRS} pairs of input features the mixed second difference is "
+                   f"{largest:.2g} of a first difference (rounding): no two features interact "
+                   "(the activation before the up-projection?)")

@@ -12,6 +12,8 @@ auxiliary loss); an expert no token chose (it ran on 0 rows) is left out.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -21,6 +23,7 @@ from transformer_lab.measures.property_result import (
     failed,
     perturbed_copy,
     train_mode_without_dropout,
+    verdict,
 )
 
 GRADIENT_RATIO = 1e-4
@@ -29,9 +32,11 @@ GRADIENT_RATIO = 1e-4
 # (every built-in, preset and catalogue negative) are at 1e-2 or more. 1e-4 lies between.
 
 
-def idle_module_hooks(model: nn.Module) -> tuple[dict[nn.Module, bool], list]:
-    """Hooks that collect the modules called only on empty inputs (a Mixture of Experts runs
-    an expert no token chose on 0 rows): their parameters get no gradient from this batch."""
+@contextmanager
+def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
+    """Fills the set it yields, on leaving, with the names of the parameters of the modules
+    called only on empty inputs inside the block (a Mixture of Experts runs an expert no token
+    chose on 0 rows): they get no gradient from it."""
     called: dict[nn.Module, bool] = {}
 
     def hook(module: nn.Module, args: tuple, _out: object) -> None:
@@ -39,13 +44,14 @@ def idle_module_hooks(model: nn.Module) -> tuple[dict[nn.Module, bool], list]:
         called[module] = called.get(module, False) or not sizes or any(sizes)
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
-    return called, handles
-
-
-def idle_parameters(model: nn.Module, called: dict[nn.Module, bool]) -> set[str]:
-    """Names of the parameters of the modules :func:`idle_module_hooks` saw only idle."""
-    return {f"{name}.{p}" if name else p for name, module in model.named_modules()
-            if called.get(module) is False for p, _ in module.named_parameters()}
+    idle: set[str] = set()
+    try:
+        yield idle
+    finally:
+        for handle in handles:
+            handle.remove()
+    idle.update(f"{name}.{p}" if name else p for name, module in model.named_modules()
+                if called.get(module) is False for p, _ in module.named_parameters())
 
 
 def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
@@ -57,15 +63,10 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     without dropout. Parameters of modules that only saw empty inputs (an expert no token
     chose) are left out."""
     copied = perturbed_copy(model)
-    called, handles = idle_module_hooks(copied)
-    try:
-        with train_mode_without_dropout(copied), torch.random.fork_rng(devices=[]):
-            for inputs, targets in batches:
-                loss_fn(copied(inputs), targets).backward()
-    finally:
-        for handle in handles:
-            handle.remove()
-    idle = idle_parameters(copied, called)
+    with (idle_parameters(copied) as idle, train_mode_without_dropout(copied),
+          torch.random.fork_rng(devices=[])):
+        for inputs, targets in batches:
+            loss_fn(copied(inputs), targets).backward()
     rms = {name: (float(p.grad.double().pow(2).mean().sqrt()) if p.grad is not None else 0.0)
            for name, p in copied.named_parameters()
            if p.requires_grad and p.dim() >= 2 and name not in idle}
@@ -93,13 +94,11 @@ def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tens
         return PropertyResult(name, False, math.nan, GRADIENT_RATIO,
                               "no parameter gets a task-loss gradient (every gradient is 0)")
     weakest, ratio = min(ratios.items(), key=lambda item: item[1])
-    if ratio >= GRADIENT_RATIO:
-        return PropertyResult(name, True, ratio, GRADIENT_RATIO,
-                              f"every weight matrix gets a task-loss gradient (weakest {weakest}: "
-                              f"{ratio:.2g} of the median)")
     starved = [n for n, v in ratios.items() if v < GRADIENT_RATIO]
     others = f" ({len(starved)} such: {', '.join(starved[:3])})" if len(starved) > 1 else ""
-    return PropertyResult(name, False, ratio, GRADIENT_RATIO,
-                          f"the parameter {weakest} gets a task-loss gradient of {ratio:.2g} "
-                          f"times the median parameter's: the task does not train it{others}; "
-                          "a renormalised single weight, a detach, a scale that cancels?")
+    return verdict(name, ratio >= GRADIENT_RATIO, ratio, GRADIENT_RATIO,
+                   f"every weight matrix gets a task-loss gradient (weakest {weakest}: "
+                   f"{ratio:.2g} of the median)",
+                   f"the parameter {weakest} gets a task-loss gradient of {ratio:.2g} times the "
+                   f"median parameter's: the task does not train it{others}; a renormalised "
+                   "single weight, a detach, a scale that cancels?")

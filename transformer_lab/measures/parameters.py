@@ -74,20 +74,17 @@ def norms_per_layer(cfg: DictConfig) -> tuple[int | None, int | None]:
     """(norms inside one block, norms after the last block) as the block class declares them
     (``norms_per_block``; a final one when it ``needs_final_norm``); (None, None) if undeclared."""
     in_block = _count(declared(cfg.block, "norms_per_block"))
-    if in_block is None or _inherited_by_a_new_constructor(component_class(cfg.block),
-                                                            "norms_per_block"):
+    cls = component_class(cfg.block)  # not None where the count is declared
+    if in_block is None or _inherited_by_a_new_constructor(cls, "norms_per_block"):
         return None, None
-    final = bool(getattr(component_class(cfg.block), "needs_final_norm", False))
-    return in_block, int(final)
+    return in_block, int(bool(getattr(cls, "needs_final_norm", False)))
 
 
-def _inherited_by_a_new_constructor(cls: type | None, attribute: str) -> bool:
+def _inherited_by_a_new_constructor(cls: type, attribute: str) -> bool:
     """Whether ``cls`` inherits ``attribute`` from a parent class while defining an
     ``__init__`` of its own on the way: a subclass that may add parameters (a gate, per-head
     scales, QK norms) the parent's count does not know. Its count is then unknown (``param_count``
     SKIPs and counts the model) rather than the parent's."""
-    if cls is None:
-        return False
     for klass in cls.__mro__:
         if attribute in vars(klass):
             return False

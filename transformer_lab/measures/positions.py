@@ -21,7 +21,7 @@ import math
 import torch
 from torch import nn
 
-from transformer_lab.measures.property_result import PropertyResult, component, failed
+from transformer_lab.measures.property_result import PropertyResult, component, failed, verdict
 
 DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
 SAME_TOLERANCE = 1e-5  # two rows closer than this (relative to a row's norm) are the same:
@@ -144,11 +144,9 @@ def position_distinguishability(model: nn.Module, max_len: int | None = None) ->
                               f"{pe} gives positions {p} and {q} the same representation "
                               f"({len(same)} such pairs below {max_len})")
     ratio, p, q = aliasing(rows)
-    if ratio >= ALIASING_RATIO:
-        return PropertyResult(name, True, ratio, ALIASING_RATIO,
-                              f"every pair of positions below {max_len} at least "
-                              f"{ratio:.2g} of a neighbour step apart")
-    return PropertyResult(name, False, ratio, ALIASING_RATIO,
-                          f"{pe}: positions {p} and {q} are only {ratio:.2g} of a neighbour "
-                          f"step apart while neighbours differ clearly: far positions alias "
-                          f"(a frequency turning a whole number of times in {q - p} steps?)")
+    return verdict(name, ratio >= ALIASING_RATIO, ratio, ALIASING_RATIO,
+                   f"every pair of positions below {max_len} at least {ratio:.2g} of a "
+                   "neighbour step apart",
+                   f"{pe}: positions {p} and {q} are only {ratio:.2g} of a neighbour step apart "
+                   "while neighbours differ clearly: far positions alias (a frequency turning a "
+                   f"whole number of times in {q - p} steps?)")

@@ -32,6 +32,12 @@ class PropertyResult:
     detail: str = ""
 
 
+def verdict(name: str, ok: bool, value: float, tolerance: float | None, passed: str,
+            failed: str) -> PropertyResult:
+    """The row of a measured property: ``passed`` as its detail when ``ok``, else ``failed``."""
+    return PropertyResult(name, ok, value, tolerance, passed if ok else failed)
+
+
 def eval_outputs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) in eval mode, without gradients; the model's mode is restored."""
     was_training = model.training

@@ -169,15 +169,10 @@ def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInpu
         q, k = q_transform(q, k)
     if inputs.cache is not None:
         k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): cached tokens and these
-    if inputs.rotary is not None:
-        if inputs.cache is None:
-            q, k = inputs.rotary(q, k, inputs.positions)
-        else:
-            key_positions = inputs.key_positions
-            if key_positions is None:
-                key_positions = torch.arange(k.shape[-2], device=k.device)  # (T_k,)
-            q = inputs.rotary(q, q, inputs.positions)[0]
-            k = inputs.rotary(k, k, key_positions)[1]
+        if inputs.rotary is not None:
+            q, k = attention._rotate_separately(q, k, inputs)
+    elif inputs.rotary is not None:
+        q, k = inputs.rotary(q, k, inputs.positions)
     repeats = attention.n_heads // attention.n_kv_heads  # grouped-query attention
     k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
     scale = attention.scale if attention.scale is not None else 1 / math.sqrt(q.shape[-1])

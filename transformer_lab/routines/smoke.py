@@ -22,6 +22,7 @@ each of those rows as a seed.
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
@@ -29,11 +30,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
-from transformer_lab.measures.gradient_flow import (
-    idle_module_hooks,
-    idle_parameters,
-    task_gradient,
-)
+from transformer_lab.measures.gradient_flow import idle_parameters, task_gradient
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
 from transformer_lab.measures.property_result import PropertyResult
@@ -207,33 +204,30 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                            for _ in range(cfg.routine.n_batches)]
             log = TaggedLog(metrics, seed=seed) if several else metrics
             rows.append(_smoke_seed(cfg, model, task, settings, seed, batches, log, afters,
-                                    moved if seed == seeds[0] else None))
+                                    several, moved if seed == seeds[0] else None))
     return rows + moved, afters  # parameters_move: the first seed's
 
 
 def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: int,
                 fixed: list[Batch], metrics: CsvLog | TaggedLog, afters: dict[int, float],
-                moved: list[CheckRow] | None = None) -> CheckRow:
+                several: bool, moved: list[CheckRow] | None) -> CheckRow:
     """One seed's smoke training on its fixed batches and its check row (its loss after
     training goes into ``afters``; with ``moved``, its ``parameters_move`` row goes there)."""
     clock = Stopwatch()
-    several = len(seed_list(cfg)) > 1
     trainer = Trainer(model, task, settings, seed, metrics)
     before = _fixed_loss(trainer, fixed)
     # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
     # ratio after training hides a PE that swamped the tokens when training began
     ratio = pe_to_embedding_ratio(model, fixed[0])
     steps = int(cfg.routine.steps)
-    initial = {name: p.detach().clone() for name, p in model.named_parameters()}
-    called, handles = idle_module_hooks(model)  # an expert no token chose may stay as it was
-    try:
+    watch = moved is not None  # parameters_move is measured on this seed
+    initial = {name: p.detach().clone() for name, p in model.named_parameters()} if watch else {}
+    # an expert no token chose may stay as it was
+    with idle_parameters(model) if watch else nullcontext(set()) as idle:
         trainer.fit(steps, batches=fixed)
-    finally:
-        for handle in handles:
-            handle.remove()
     wall = clock.lap()
-    if moved is not None:
-        moved.append(parameters_move(model, initial, idle_parameters(model, called)))
+    if watch:
+        moved.append(parameters_move(model, initial, idle))
     after = afters[seed] = _fixed_loss(trainer, fixed)
     drop = (before - after) / before if before > 0 else 0.0
     ok = math.isfinite(after) and drop >= cfg.routine.min_drop
