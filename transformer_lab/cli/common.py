@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from inspect import Parameter, Signature, signature
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -123,6 +125,18 @@ def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
     raise typer.Exit(EXIT_USAGE)
 
 
+@contextmanager
+def trusted(trust_code: bool) -> Iterator[None]:
+    """Within the block, a run's saved config may name the user components it recorded, and
+    the working directory (where their modules live) is importable, only with ``--trust-code``."""
+    from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.config.registry import trusting_code
+
+    with trusting_code(trust_code), working_directory_importable() if trust_code \
+            else nullcontext():
+        yield
+
+
 def hydra_list(text: str | None) -> str | None:
     """``"1x, 2x,4x"`` -> ``"[1x,2x,4x]"`` (a Hydra list override value); None stays None."""
     if text is None:
@@ -173,19 +187,14 @@ TRAINING_PANEL = "Training settings (train.*)"
 _NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer group (--optimizer)
 
 
-@functools.cache
 def train_settings_fields() -> list[tuple[str, str]]:
-    """``(name, annotation)`` of each ``TrainSettings`` field a user sets (``train.<name>``),
-    read from the dataclass's source: importing it would import torch into every command."""
-    import ast
+    """``(name, annotation)`` of each ``TrainSettings`` field a user sets (``train.<name>``);
+    ``training.settings`` imports no torch, so every command may read it."""
+    from dataclasses import fields
 
-    source = Path(__file__).parents[1] / "training" / "trainer.py"
-    tree = ast.parse(source.read_text(encoding="utf-8"))
-    spec = next(node for node in tree.body
-                if isinstance(node, ast.ClassDef) and node.name == "TrainSettings")
-    return [(node.target.id, ast.unparse(node.annotation)) for node in spec.body
-            if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name)
-            and node.target.id not in _NOT_OPTIONS]
+    from transformer_lab.training.settings import TrainSettings
+
+    return [(f.name, str(f.type)) for f in fields(TrainSettings) if f.name not in _NOT_OPTIONS]
 
 
 def train_yaml_defaults(experiment: str) -> tuple[dict[str, object], dict[str, str]]:

@@ -3,13 +3,19 @@ work is in ``transformer_lab.routines.export``."""
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, TrustCode, Variant, other_models
+from transformer_lab.cli.common import (
+    ModelSeed,
+    RunPath,
+    TrustCode,
+    Variant,
+    other_models,
+    trusted,
+)
 
 
 def export(
@@ -28,16 +34,12 @@ def export(
     BLOOM where one of them computes the run's model, else with the run's own code beside the
     weights (modeling_tlab.py: from_pretrained(OUT_DIR, trust_remote_code=True), no tlab
     needed). The console says which and why."""
-    from transformer_lab.app.hydra_app import working_directory_importable
-    from transformer_lab.config.registry import trusting_code
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import console, print_error
     from transformer_lab.routines.export import export_run
 
     try:
-        # a run with your own components (_target_): --trust-code, the working directory
-        importable = working_directory_importable() if trust_code else nullcontext()
-        with trusting_code(trust_code), importable:
+        with trusted(trust_code):  # a run with your own components (_target_)
             result = export_run(run_dir, to_hf, variant, model_seed)
     except ConfigError as exc:
         print_error(str(exc))

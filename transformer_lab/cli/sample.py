@@ -3,12 +3,18 @@
 
 from __future__ import annotations
 
-from contextlib import nullcontext
 from typing import Annotated
 
 import typer
 
-from transformer_lab.cli.common import ModelSeed, RunPath, TrustCode, Variant, other_models
+from transformer_lab.cli.common import (
+    ModelSeed,
+    RunPath,
+    TrustCode,
+    Variant,
+    other_models,
+    trusted,
+)
 
 
 def sample(
@@ -47,8 +53,6 @@ def sample(
     compare); stderr says which model was used and the seed. Greedy, or sampled with
     --temperature/--top-k/--top-p; past the model's context window (a learned position
     table) the context is cropped to it."""
-    from transformer_lab.app.hydra_app import working_directory_importable
-    from transformer_lab.config.registry import trusting_code
     from transformer_lab.errors import EXIT_USAGE, ConfigError
     from transformer_lab.results.console import err_console, print_error
     from transformer_lab.routines.sample import Sampling
@@ -57,9 +61,7 @@ def sample(
     try:
         settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
                                          num_samples)
-        # a run with your own components (_target_): --trust-code, the working directory
-        importable = working_directory_importable() if trust_code else nullcontext()
-        with trusting_code(trust_code), importable:
+        with trusted(trust_code):  # a run with your own components (_target_)
             result = sample_run(run_dir, prompt, settings, variant, model_seed)
     except ConfigError as exc:
         print_error(str(exc))

@@ -29,43 +29,19 @@ elsewhere.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 import torch
 from torch import nn
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.training.settings import OptimizerSettings
 
 PARAMETER_SETS = ("all", "hidden_matrices")
 # Keys of an optimizer node that tlab reads itself (not constructor keywords).
 TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")
 # Constructor parameters tlab fills in itself.
 _FILLED_IN = ("self", "params", "lr")
-
-
-@dataclass(frozen=True)
-class OptimizerSettings:
-    """One optimiser of the ``optimizer`` group: its class's import path, its constructor's
-    keyword ``arguments``, which parameters it gets, its learning-rate ratio and, with
-    ``params="hidden_matrices"``, the optimiser of the ``rest``."""
-
-    name: str
-    target: str
-    arguments: Mapping[str, Any] = field(default_factory=dict)
-    params: str = "all"
-    lr_ratio: float = 1.0
-    rest: OptimizerSettings | None = None
-
-    @classmethod
-    def adamw(cls, betas: Sequence[float] = (0.9, 0.98),
-              weight_decay: float = 0.0) -> OptimizerSettings:
-        """tlab's default: ``torch.optim.AdamW``, fused where possible (``configs/optimizer/
-        adamw.yaml`` with ``train.betas`` and ``train.weight_decay``)."""
-        return cls("adamw", "torch.optim.AdamW", {"betas": tuple(float(b) for b in betas),
-                                                   "weight_decay": float(weight_decay),
-                                                   "fused": True})
 
 
 class OptimizerSet:

@@ -1,0 +1,92 @@
+"""What one training run is, typed and checked once: ``TrainSettings`` (the ``train.*`` keys)
+and ``OptimizerSettings`` (the ``optimizer`` group). No torch here: the command line reads the
+fields to make its options."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from transformer_lab.errors import ConfigError
+from transformer_lab.training.schedules import SCHEDULES
+
+
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """One optimiser of the ``optimizer`` group: its class's import path, its constructor's
+    keyword ``arguments``, which parameters it gets, its learning-rate ratio and, with
+    ``params="hidden_matrices"``, the optimiser of the ``rest``."""
+
+    name: str
+    target: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    params: str = "all"
+    lr_ratio: float = 1.0
+    rest: OptimizerSettings | None = None
+
+    @classmethod
+    def adamw(cls, betas: Sequence[float] = (0.9, 0.98),
+              weight_decay: float = 0.0) -> OptimizerSettings:
+        """tlab's default: ``torch.optim.AdamW``, fused where possible (``configs/optimizer/
+        adamw.yaml`` with ``train.betas`` and ``train.weight_decay``)."""
+        return cls("adamw", "torch.optim.AdamW", {"betas": tuple(float(b) for b in betas),
+                                                   "weight_decay": float(weight_decay),
+                                                   "fused": True})
+
+
+PRECISIONS = ("fp32", "bf16")
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train.*`` keys of a composed config, typed (``configs/train/default.yaml`` says
+    what each means), plus the model width the ``noam`` schedule scales by and the optimiser
+    (the ``optimizer`` group; ``train.betas`` and ``train.weight_decay`` reach it through the
+    node's interpolations)."""
+
+    d_model: int
+    steps: int = 200
+    batch_size: int = 64
+    lr: float = 3e-3
+    schedule: str = "constant"
+    warmup: int = 0
+    noam_factor: float = 1.0
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+    log_every: int = 10
+    eval_every: int = 0
+    threads: int | None = 1
+    checkpoint_every: int = 0  # resumable state every N steps (0: none); the caller saves it
+    device: str = "cpu"  # auto | cpu | cuda | cuda:K (auto: cuda when torch sees one)
+    precision: str = "fp32"
+    compile: bool = False  # torch.compile the model's forward
+    grad_accum: int = 1  # forwards of batch_size per optimiser step
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
+
+    def __post_init__(self) -> None:
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train.schedule='{self.schedule}' is not known; valid: "
+                              f"{', '.join(SCHEDULES)}")
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"train.precision='{self.precision}' is not valid; use "
+                              f"{' or '.join(PRECISIONS)}")
+        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
+                or self.grad_accum < 1:
+            raise ConfigError(f"train.grad_accum={self.grad_accum} is not valid; use an "
+                              "integer >= 1")
+        if not isinstance(self.compile, bool):
+            raise ConfigError(f"train.compile={self.compile} is not valid; use true or false")
+
+    @classmethod
+    def from_mapping(cls, train: Mapping[str, object], d_model: int,
+                     optimizer: OptimizerSettings | None = None) -> TrainSettings:
+        """From the ``train`` node as a plain mapping (keys this class does not know are
+        ignored) and the optimiser's settings (default: AdamW with ``train.betas`` and
+        ``train.weight_decay``, as ``configs/optimizer/adamw.yaml``)."""
+        known = {f.name for f in fields(cls)} - {"d_model", "optimizer"}
+        values = {key: value for key, value in train.items() if key in known}
+        if optimizer is None:
+            betas, decay = train.get("betas", (0.9, 0.98)), train.get("weight_decay", 0.0)
+            optimizer = OptimizerSettings.adamw(betas, decay)  # type: ignore[arg-type]
+        return cls(d_model=int(d_model), optimizer=optimizer, **values)  # type: ignore[arg-type]
