@@ -68,7 +68,8 @@ def sample(
         raise typer.Exit(EXIT_USAGE) from None
     choice = other_models(result.models)
     window = result.window
-    cropped = "" if window is None or len(result.prompt) + settings.tokens <= window else \
+    fed = len(result.prompt) + settings.tokens - 1  # the last token drawn is never fed back
+    cropped = "" if window is None or fed <= window else \
         f", context cropped to the model's last {window} tokens (its position table)"
     err_console.print(f"{result.header.path} ({result.header.name}{choice}): {len(result.prompt)}"
                       f" prompt tokens, {settings.tokens} new, {settings.describe()}{cropped}",
