@@ -190,6 +190,7 @@ def baseline_of(cfg: DictConfig) -> str | None:
 
 
 AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) two at a time
+GROUP_SEQUENTIAL_GROUP = 1  # --seeds auto:MAX: the planned design looks after every seed
 AUTO_MAX_SEEDS = 32   # --seeds auto: at most this many paired seeds per variant (auto:MAX)
 ALPHA = 0.05          # the verdicts' false-positive rate (over all variants together)
 
@@ -405,8 +406,8 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
                                ) -> tuple[list[SeedRun], SequentialTest]:
-    """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP``; after
-    each group the sequential paired test of every variant against the baseline (``auto``,
+    """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP`` (one
+    seed at a time for ``auto:MAX``); after each group the sequential paired test of every variant against the baseline (``auto``,
     ``anytime:MAX``: the anytime-valid ``SequentialTest``, e-value Bonferroni; ``auto:MAX``:
     the ``GroupSequentialTest`` planned to MAX, Bonferroni) takes the group's final losses, and
     the next group trains only the baseline and the variants still without a verdict; it stops
@@ -419,8 +420,9 @@ def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights:
             SequentialTest(names, baseline, alpha=ALPHA, max_seeds=plan.count))
     trainer = VariantTrainer(cfg, run, "compare", keep_weights)
     start, trained = int(cfg.seed), 0
+    group = GROUP_SEQUENTIAL_GROUP if plan.design == GROUP_SEQUENTIAL else AUTO_GROUP
     while not test.done():
-        seeds = [start + trained + i for i in range(min(AUTO_GROUP, plan.count - trained))]
+        seeds = [start + trained + i for i in range(min(group, plan.count - trained))]
         taking = {baseline, *test.running()}
         finals = {name: [r.final_loss for r in trainer.train(name, variant, seeds)]
                   for name, variant in configs if name in taking}
