@@ -280,7 +280,8 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
 
 
 def attention_knobs(m: DictConfig) -> dict:
-    """The attention keywords of ``cfg.model`` beyond the original Transformer's (GQA, ...)."""
+    """The attention keywords of ``cfg.model`` beyond the original Transformer's
+    (GQA, head size...)."""
     return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
             "scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
             "out_bias": m.get("out_bias")}

@@ -1,6 +1,6 @@
 """What a run keeps of the models it trains and how they come back: final weights as safetensors
-with the config that rebuilds them in the header (docs/export.md), and the resumable state of ``tlab
-train`` (``checkpoint.pt``)."""
+with the config that rebuilds them in the header (docs/export.md), and the resumable state of
+``tlab train`` (``checkpoint.pt``)."""
 
 from __future__ import annotations
 
