@@ -70,24 +70,25 @@ def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
 def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
     """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
 
-    Flat specs are built directly (``_target_(**spec, **kwargs)``, or a partial with
-    ``_partial_``); anything richer goes through ``hydra.utils.instantiate``. Any failure
+    Flat specs, and those of the components given in this process, are built directly
+    (``_target_(**spec, **kwargs)``, or a partial with ``_partial_``); anything richer goes
+    through ``hydra.utils.instantiate`` (which imports every ``_target_``). Any failure
     (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
     """
     spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
     given = given_component(spec)
     name = spec.pop("name", spec.get("_target_"))
     try:
-        if given is not None:  # the class, or a copy of the instance per call
-            spec["_target_"] = given if isinstance(given, type) else \
-                lambda *args, **kwargs: copy.deepcopy(given)
         nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
-        if nested or any(key in spec for key in HYDRA_KEYS):
+        if given is None and (nested or any(key in spec for key in HYDRA_KEYS)):
             from hydra.utils import instantiate
 
             return instantiate(spec, **kwargs)
         target = spec.pop("_target_")
-        target = locate(target) if given is None else target
+        if given is None:
+            target = locate(target)
+        else:  # the class, or a copy of the instance per call
+            target = given if isinstance(given, type) else lambda *a, **k: copy.deepcopy(given)
         partial = spec.pop("_partial_", False)
         return functools.partial(target, **spec, **kwargs) if partial else target(**spec, **kwargs)
     except Exception as exc:
