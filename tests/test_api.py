@@ -199,6 +199,32 @@ def test_instances_are_built_from_copies_of_themselves(tmp_path):
     assert list(compared.table.ffn_params) == own  # model=tiny: one layer
 
 
+def test_an_importable_class_given_to_the_api_loads_with_trust_code(tmp_path, monkeypatch):
+    """A run's weights file records a given class by its import path: refused as untrusted,
+    rebuilt from that class with --trust-code after the command."""
+    from transformer_lab.config.registry import trusting_code
+    from transformer_lab.training.checkpoint import load_trained, read_header
+
+    (tmp_path / "api_given_ffn.py").write_text(
+        "from torch import nn\n\n\n"
+        "class SizedFFN(nn.Sequential):\n"
+        "    def __init__(self, d_model: int, d_ff: int) -> None:\n"
+        "        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from api_given_ffn import SizedFFN
+
+    compared = tl.compare_activations(["relu", SizedFFN], steps=3, seeds=1,
+                                      overrides=["model=tiny", "task.eval_size=32"],
+                                      out=tmp_path / "run")
+    assert compared.passed, compared.table
+    (weights,) = (tmp_path / "run" / "models" / "SizedFFN").glob("*.safetensors")
+    with pytest.raises(ConfigError, match="ffn._target_=api_given_ffn.SizedFFN is not one"):
+        read_header(weights)
+    with trusting_code():
+        trained = load_trained(weights)
+    assert type(trained.model.blocks[0].feedforward) is SizedFFN
+
+
 def test_a_given_component_is_built_from_the_object():
     """A node given in this process is built from its class, with its keyword arguments only,
     or as a copy of its instance (for a partial too); by its _target_ and name only, and only
