@@ -259,11 +259,8 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     for name in names:
         interval = mean_interval(wide[name].to_numpy(), confidence)
         row = {f"{value}_ci_low": interval.low, f"{value}_ci_high": interval.high,
-               "diff_vs_baseline": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan,
-               "p_value": math.nan, "p_adjusted": math.nan, "verdict": BASELINE,
-               "p_improvement": math.nan, "p_improvement_low": math.nan,
-               "p_improvement_high": math.nan, "seeds_needed": None, "paired_seeds": None,
-               "note": ""}
+               **dict.fromkeys(VERDICT_COLUMNS, math.nan), "verdict": BASELINE,
+               "seeds_needed": None, "paired_seeds": None, "note": ""}
         if name != baseline:
             pair = paired_comparison(wide[name].to_numpy(), wide[baseline].to_numpy(),
                                      confidence)
