@@ -1,25 +1,5 @@
-"""Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, ``--resume``.
-
-Layout (README, "What a run writes")::
-
-    outputs/multirun/<experiment>/<timestamp>/   the sweep directory (hydra.sweep.dir)
-        multirun.yaml                            Hydra: the sweep's config and overrides
-        sweep.csv                                one row per finished job attempt (below)
-        <job>/                                   one run per job (hydra.job.num): run.json, ...
-        <job>.failed-<n>/                        an earlier failed attempt, moved aside by --resume
-
-Each job appends its own row to ``sweep.csv`` when it finishes, in whatever process the launcher
-ran it (joblib worker, submitit/SLURM job): the row is one ``write`` of a full line under an
-exclusive lock, so parallel jobs never interleave. The sweep's exit code is computed in the
-launching process from those recorded statuses (the latest row of each job), so it is right
-whichever process ran the jobs.
-
-``--resume DIR`` runs the sweep recorded in ``DIR/multirun.yaml`` again with
-``hydra.sweep.dir=DIR``: each job looks at its own directory and returns at once if its recorded
-status is ``passed``; a failed, diverged, crashed or interrupted attempt is renamed
-``<job>.failed-<n>`` (never deleted) and the job runs again. The job side of it is here
-(:func:`run_sweep_job`); the arguments that relaunch the sweep are in ``resume.py``.
-"""
+"""Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, a resumed
+job's skip or retry (``docs/cli.md``, "Sweeps")."""
 
 from __future__ import annotations
 
@@ -74,11 +54,8 @@ def recorded_status(run_dir: Path) -> str | None:
 
 
 def move_aside(run_dir: Path) -> Path:
-    """Rename the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n).
-
-    ``.hydra`` moves with them (a resumed sweep runs with ``hydra.output_subdir=null``, so it is
-    still the failed attempt's own; :func:`save_hydra_files` writes the new attempt's) and
-    ``*.log`` files are copied and stay, because the job's log handler is writing to them."""
+    """Move the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n); ``*.log``
+    files are copied (the job's log handler writes to them)."""
     n = 1
     while (target := run_dir.with_name(f"{run_dir.name}.failed-{n}")).exists():
         n += 1
@@ -206,8 +183,7 @@ def _code_of(row: dict[str, str]) -> int:
 
 
 def sweep_exit_code(sweep_dir: Path) -> int:
-    """Worst exit code over the sweep's jobs: their latest ``sweep.csv`` rows, plus job folders
-    that hold a run but no row (a job killed before it could record one)."""
+    """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
     codes = [_code_of(row) for row in rows.values()]
     if sweep_dir.is_dir():

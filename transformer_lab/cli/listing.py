@@ -5,9 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import typer
-
-from transformer_lab.cli.common import ConfigDir
+from transformer_lab.cli.common import ConfigDir, refuse
 
 
 def list_choices(config_dir: ConfigDir = None) -> None:
@@ -21,13 +19,11 @@ def list_choices(config_dir: ConfigDir = None) -> None:
         group_choices,
         old_group_folder_notes,
     )
-    from transformer_lab.errors import EXIT_USAGE
-    from transformer_lab.results.console import print_error, print_table, print_warning
+    from transformer_lab.results.console import print_table, print_warning
 
     if config_dir is not None and not config_dir.is_dir():
-        print_error(f"--config-dir '{config_dir}' is not a directory; give a folder holding "
-                    "config groups, e.g. DIR/pe/my_pe.yaml")
-        raise typer.Exit(EXIT_USAGE)
+        refuse(f"--config-dir '{config_dir}' is not a directory; give a folder holding config "
+               "groups, e.g. DIR/pe/my_pe.yaml")
     user_dirs = [config_dir.resolve()] if config_dir is not None else []
     for note in old_group_folder_notes(user_dirs):
         print_warning(note)

@@ -1,5 +1,5 @@
-"""Composing tlab's Hydra config outside a Hydra app (tests, pre-flight checks); the tree itself
-is in :mod:`transformer_lab.config.tree`."""
+"""Composing tlab's Hydra config outside a Hydra app (tests, pre-flight checks), its resolvers
+and the old group names."""
 
 from __future__ import annotations
 

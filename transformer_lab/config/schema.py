@@ -1,13 +1,5 @@
-"""The typed schema of tlab's config, in one place: every key with its type, range and whether a
-run needs it. :func:`check_schema` runs in pre-flight (``app.preflight.preflight``) on the
-composed config, before anything is built or written; a violation is one ``ConfigError`` line
-(exit code 2) naming the key, the value given and what is valid.
-
-A key of the table that the config does not have is only an error when it is ``required`` (e.g.
-``~train.lr`` or ``~model``); keys the table does not list (a user's own component's arguments)
-are left to the component's own checks. A routine's own keys (``routine.*``) are its module's
-``SETTINGS``, checked with :func:`check_keys` (``routines.check_settings``).
-"""
+"""The typed schema of tlab's config: every key's type, range and whether a run needs it, checked
+in the pre-flight with one ``ConfigError`` line per violation (``docs/cli.md``, "Config checks")."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ _ABSENT = object()
 @dataclass(frozen=True)
 class Rule:
     """What one key may hold. ``kind``: int, number, bool, str, list, embed_scale (sqrt, none
-    or a number) or any; ``low``/``high`` bound numbers (``open_low``/``open_high``: strictly);
-    ``choices`` for strings; ``item``: the rule of a list's items; ``min_items`` for lists."""
+    or a number) or any; ``open_low``/``open_high``: strict bounds; ``item``: a list's rule."""
 
     kind: str
     low: float | None = None
