@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
-                args = quieted(forced(args))
+                args = app_flag_overrides(args)
                 resumed_run = resume_dir if resume_dir is not None and \
                     resume.is_run_directory(resume_dir) else None
                 if resumed_run is not None:  # a single run, from its checkpoint
@@ -164,18 +164,15 @@ def one_line_errors() -> Iterator[None]:
                           "HYDRA_FULL_ERROR=1 for the traceback)") from exc
 
 
-def forced(args: list[str]) -> list[str]:
-    """``--force`` (any command) -> ``force=true``: run even if the memory estimate refuses."""
-    if "--force" not in args:
-        return args
-    return [*(a for a in args if a != "--force"), "force=true"]
+# Flags of every command, read here: run even if the memory estimate refuses; no progress bars.
+APP_FLAGS = {"--force": "force=true", "--quiet": "logger.progress=false",
+             "-q": "logger.progress=false"}
 
 
-def quieted(args: list[str]) -> list[str]:
-    """``--quiet`` / ``-q`` (any command) -> ``logger.progress=false``: no progress bars."""
-    if "--quiet" not in args and "-q" not in args:
-        return args
-    return [*(a for a in args if a not in ("--quiet", "-q")), "logger.progress=false"]
+def app_flag_overrides(args: list[str]) -> list[str]:
+    """``args`` with each of the ``APP_FLAGS`` given as its override, at the end."""
+    overrides = dict.fromkeys(APP_FLAGS[a] for a in args if a in APP_FLAGS)
+    return [*(a for a in args if a not in APP_FLAGS), *overrides]
 
 
 def pin_run_dir(cfg: DictConfig) -> Path:
@@ -200,6 +197,7 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
     from hydra.core.utils import configure_log, env_override
     from omegaconf import open_dict, read_write
 
+    from transformer_lab.app.isolation import save_hydra_files
     from transformer_lab.app.job import execute
 
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
@@ -211,11 +209,7 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
     if cfg.hydra.output_subdir is not None:
-        hydra_dir = run_dir / str(cfg.hydra.output_subdir)
-        hydra_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(job_cfg, hydra_dir / "config.yaml")
-        OmegaConf.save(HydraConfig.instance().cfg, hydra_dir / "hydra.yaml")
-        OmegaConf.save(cfg.hydra.overrides.task, hydra_dir / "overrides.yaml")
+        save_hydra_files(job_cfg, run_dir, str(cfg.hydra.output_subdir))
     with contextlib.chdir(run_dir) if cfg.hydra.job.chdir else contextlib.nullcontext(), \
             env_override(cfg.hydra.job.env_set):
         return execute(job_cfg, run_dir, inputs)

@@ -101,12 +101,13 @@ def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> N
         print_error(f"{run_dir}: could not record it ({exc.strerror or exc})")
 
 
-def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
-    """``.hydra/`` of a job run again in a resumed sweep (``hydra.output_subdir=null``)."""
+def save_hydra_files(cfg: DictConfig, run_dir: Path, subdir: str = ".hydra") -> None:
+    """``<subdir>/{config,hydra,overrides}.yaml`` of the current Hydra job, as Hydra writes them
+    (for a job run again in a resumed sweep, which runs with ``hydra.output_subdir=null``)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
-    target = run_dir / ".hydra"
+    target = run_dir / subdir
     target.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, target / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)}),

@@ -89,10 +89,6 @@ def _gb(n: float) -> str:
     return f"{n / _GB:.1f} GB" if n >= 0.1 * _GB else f"{n / 1024**2:.0f} MB"
 
 
-def _count(n: int) -> str:
-    return f"{n:,}" if n < 10**13 else f"{n:.2e}"
-
-
 # The reversal check (reverse-task, validate's step 3) on a CPU: query-key pairs one training
 # step or held-out evaluation may attend over (sequences x length^2); past it, minutes each.
 CHECK_ROUTINES = ("reverse_task", "validate")

@@ -78,19 +78,20 @@ def previous_attempts(run_dir: Path) -> int:
                if is_failed_attempt_dir(p))
 
 
-def _read_one_row(path: Path) -> dict[str, str]:
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file; ``[]`` when it is missing or unreadable."""
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            return next(csv.DictReader(f), {}) or {}
+            return list(csv.DictReader(f))
     except (OSError, csv.Error, UnicodeDecodeError):
-        return {}
+        return []
 
 
 def job_row(job: int | str, attempt: int, overrides: list[str], run_dir: Path,
             exit_code: int) -> dict[str, Any]:
     """The ``sweep.csv`` row of one finished job, read back from the files the run wrote."""
     info = read_json(run_dir / "run.json")
-    summary = _read_one_row(run_dir / "summary.csv")
+    summary = next(iter(_csv_rows(run_dir / "summary.csv")), {})
     row: dict[str, Any] = {key: summary.get(key, "") for key in NUMBER_COLUMNS}
     row.update(job=job, attempt=attempt, status=info.get("status", summary.get("status", "")),
                exit_code=exit_code, overrides=" ".join(overrides),
@@ -159,15 +160,8 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
 # --- the launching side ---------------------------------------------------------------------
 
 def read_sweep_csv(sweep_dir: Path) -> list[dict[str, str]]:
-    """Rows of ``sweep.csv`` (empty if missing); a malformed line is skipped."""
-    path = sweep_dir / SWEEP_FILE
-    if not path.exists():
-        return []
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return [row for row in csv.DictReader(f) if row.get("job")]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        return []
+    """Rows of ``sweep.csv`` (empty if missing or unreadable)."""
+    return [row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")]
 
 
 def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
@@ -186,15 +180,11 @@ def sweep_exit_code(sweep_dir: Path) -> int:
     """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
     codes = [_code_of(row) for row in rows.values()]
-    if sweep_dir.is_dir():
-        for job_dir in sweep_dir.iterdir():
-            if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir):
-                status = recorded_status(job_dir)
-                if status is not None:
-                    info = read_json(job_dir / "run.json")
-                    code = info.get("exit_code")
-                    codes.append(code if isinstance(code, int)
-                                 else _STATUS_CODES.get(status, EXIT_FAILED))
+    for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
+        if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir) \
+                and (status := recorded_status(job_dir)) is not None:  # killed before its row
+            code = read_json(job_dir / "run.json").get("exit_code")
+            codes.append(_code_of({"exit_code": str(code), "status": status}))
     return max(codes, default=EXIT_OK)
 
 

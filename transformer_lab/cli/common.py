@@ -81,8 +81,6 @@ def pass_hydra_flags(app: typer.Typer) -> None:
                                      **(info.context_settings or {})}
 
 
-# Flags every command takes that the Hydra app reads (``hydra_app.quieted`` / ``forced``).
-APP_FLAGS = ("-q", "--quiet", "--force")
 _APP: list[typer.Typer] = []  # the tlab app, once its commands are registered (use_app)
 
 
@@ -115,6 +113,7 @@ def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
     """Exit 2 naming the nearest option when an argument passed on as an override looks like an
     option but is neither Hydra's nor one of ``experiment``'s command."""
     from transformer_lab.app.arguments import HYDRA_FLAGS, nearest, split_arguments
+    from transformer_lab.app.hydra_app import APP_FLAGS
 
     flags, _ = split_arguments(overrides)
     unknown = [f.split("=", 1)[0] for f in flags if f.startswith("-")]

@@ -1,5 +1,4 @@
-"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained model as a Hugging Face checkpoint. The
-work is in ``transformer_lab.routines.export``."""
+"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained model as a Hugging Face checkpoint."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``tlab report DIR``: one CSV, a pivot table (markdown + terminal) and plots of every run under
-DIR (a sweep or any folder of runs). The work is in ``transformer_lab.results.report``."""
+"""``tlab report DIR``: every run under DIR in one CSV, a pivot table and plots."""
 
 from __future__ import annotations
 

@@ -1,5 +1,4 @@
-"""``tlab sample RUN_DIR``: print a trained model's continuation of a prompt. The work is in
-``transformer_lab.routines.sample``."""
+"""``tlab sample RUN_DIR``: a trained model's continuations of a prompt (``routines.sample``)."""
 
 from __future__ import annotations
 

@@ -44,8 +44,7 @@ class Rule:
             text = "true or false"
         elif self.kind == "str":
             text = ("one of " + ", ".join(self.choices)) if self.choices else "a string"
-        elif self.kind in ("int", "number") and self.low == 1 and self.kind == "int" \
-                and self.high is None:
+        elif self.kind == "int" and self.low == 1 and self.high is None:
             text = "a positive number (an integer)"
         elif self.kind == "number" and self.low == 0 and self.open_low and self.high is None:
             text = "a positive number"
