@@ -42,8 +42,7 @@ EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
 
 
 def nearest(name: str, candidates: list[str]) -> str | None:
-    """The candidate ``name`` most likely meant (by last word: initials, ``difflib``, a prefix),
-    or None."""
+    """The candidate ``name`` most likely meant (initials, ``difflib``, a prefix), or None."""
     import difflib
     import re
 

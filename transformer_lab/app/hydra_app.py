@@ -27,8 +27,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporti
 
 
 def hydra_job(cfg: DictConfig) -> int:
-    """A job started by Hydra's command line (a sweep's, in the launcher's process): its own
-    pre-flight, its run, its ``sweep.csv`` row."""
+    """A job started by Hydra's command line (a sweep's): pre-flight, run, ``sweep.csv`` row."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict
@@ -150,8 +149,7 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Any exception in the block as a one-line ``ConfigError`` (``HYDRA_FULL_ERROR=1``: as
-    raised)."""
+    """Any exception in the block as a one-line ``ConfigError``, unless ``HYDRA_FULL_ERROR=1``."""
     try:
         yield
     except ConfigError:

@@ -65,8 +65,7 @@ _RECORDED_HYDRA = {"hydra.launcher.": re.compile(r"[\w.\-]*"),
 
 
 def check_recorded(overrides: list[str], source: Path) -> None:
-    """``ConfigError`` naming ``source`` for a recorded override that could run code (above),
-    unless ``--trust-code`` was given."""
+    """``ConfigError`` for a recorded override that could run code, unless ``--trust-code``."""
     from transformer_lab.config.registry import TRUST_HINT, code_trusted
 
     if code_trusted():
@@ -93,8 +92,7 @@ def read_yaml(path: Path) -> Any:
 
 
 def is_run_directory(path: Path) -> bool:
-    """True for a single run's directory (its ``run.json``, no ``multirun.yaml``): ``--resume``
-    goes on with that run rather than a sweep."""
+    """True for a single run's directory (``run.json``, no ``multirun.yaml``)."""
     return (path / "run.json").is_file() and not (path / "multirun.yaml").exists()
 
 
@@ -223,8 +221,7 @@ def _kept_steps(state: dict[str, Any]) -> int:
 
 
 def check_extension(run_dir: Path, override: str) -> None:
-    """``train.steps=N`` given to ``--resume``: N above the steps taken, every finished seed's
-    final state kept."""
+    """``train.steps=N`` given to ``--resume``: N above the steps taken, final states kept."""
     value = override.split("=", 1)[1] if "=" in override else ""
     state = _checkpoint(run_dir)  # once: it holds every seed's weights
     done = _kept_steps(state)

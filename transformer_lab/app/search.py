@@ -91,8 +91,7 @@ if not OmegaConf.has_resolver("tlab.job_folder"):  # hydra_app imports this modu
 
 
 def study_counts(storage: str, study_name: str) -> tuple[int, int]:
-    """(finished trials, all trials) of a stored study, (0, 0) without one; trials left running
-    are marked failed."""
+    """(finished trials, all trials) of a stored study; trials left running marked failed."""
     import optuna
     from optuna.trial import TrialState
 

@@ -62,8 +62,7 @@ register_resolvers()
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path = CONFIG_DIR,
             return_hydra_config: bool = False) -> DictConfig:
-    """Compose the config outside a Hydra app (tests, pre-flight checks); old group names
-    (``GROUP_ALIASES``) are renamed silently."""
+    """Compose the config outside a Hydra app; old group names are renamed silently."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 

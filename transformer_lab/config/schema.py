@@ -157,8 +157,7 @@ GROUPS = ("model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train", 
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
-    """The value at ``key`` (interpolations resolved); ``_ABSENT`` if the key is not there or
-    is ``???``."""
+    """The value at ``key``, resolved; ``_ABSENT`` if the key is missing or ``???``."""
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, default=_ABSENT) if parent_key else cfg
     if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_missing(parent,
@@ -211,8 +210,7 @@ def _shown(value: Any) -> str:
 
 
 def check_schema(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` (one line) for the first key of ``cfg`` whose value breaks the
-    schema: wrong type, out of range, or a required key (or group) that is missing."""
+    """``ConfigError`` (one line) for the first key of ``cfg`` that breaks ``SCHEMA``."""
     for group in GROUPS:
         if OmegaConf.select(cfg, group, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"the config group '{group}' is required and cannot be deleted "
@@ -224,8 +222,7 @@ def check_schema(cfg: DictConfig) -> None:
 
 
 def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
-    """``ConfigError`` naming a key of ``cfg[node]`` that is not in ``known`` (e.g. one added
-    with ``+model.x=1``), and the valid ones."""
+    """``ConfigError`` naming a key of ``cfg[node]`` not in ``known`` (``+model.x=1``)."""
     found = OmegaConf.select(cfg, node, default=None)
     unknown = sorted(set(found.keys()) - known) if isinstance(found, DictConfig) else []
     if unknown:
@@ -234,8 +231,7 @@ def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
 
 
 def check_keys(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
-    """``ConfigError`` (one line) for the first key of ``rules`` (dotted, e.g.
-    ``routine.steps``) whose value in ``cfg`` breaks its rule."""
+    """``ConfigError`` (one line) for the first dotted key of ``rules`` that ``cfg`` breaks."""
     for key, rule in rules.items():
         value = _value(cfg, key)
         if value is _ABSENT:

@@ -27,8 +27,7 @@ def early_loss(steps: Sequence[int], losses: Sequence[float]) -> float:
 
 
 def late_loss_std(steps: Sequence[int], losses: Sequence[float]) -> float:
-    """Population std of the loss over the logged steps ``> floor((1 - LATE_FRACTION) * T)``
-    (NaN with fewer than two)."""
+    """Population std of the loss over the steps ``> floor((1 - LATE_FRACTION) * T)`` (2+)."""
     if not steps:
         return math.nan
     start = _window_end(max(steps), 1.0 - LATE_FRACTION)

@@ -140,15 +140,13 @@ class RunProgress:
 
     @classmethod
     def for_terminal(cls, quiet: bool = False) -> RunProgress:
-        """A live bar when stdout is a terminal, plain log lines when it is not; nothing when
-        ``quiet``."""
+        """A live bar on a terminal, plain log lines elsewhere; nothing when ``quiet``."""
         from transformer_lab.results.console import console
 
         return cls(enabled=not quiet, console=console, plain=not console.is_terminal)
 
     def on_row(self, row: Mapping[str, Any]) -> None:
-        """A metrics row was written: move the bar of the current phase (if any), or print its
-        line."""
+        """A metrics row was written: move the current phase's bar, or print its line."""
         if self._phase is None:
             return
         with self._lock:

@@ -291,8 +291,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
-        """A new run's directory; one that holds a run is refused unless this process is
-        resuming it (``reopen``)."""
+        """A new run's directory; one holding a run is refused unless resumed here (``reopen``)."""
         path = Path(path)
         if holds_run(path):
             if resumed_here(path):
@@ -320,8 +319,7 @@ class RunDirectory:
 
     @classmethod
     def reopen(cls, path: Path, cfg: DictConfig) -> RunDirectory:
-        """An interrupted run's directory to go on in: ``run.json`` running again, this process
-        in its ``resumes``."""
+        """An interrupted run's directory to go on in (this process added to ``resumes``)."""
         run = cls(path, cfg)
         run.info = read_json(path / "run.json")
         resumes = run.info.get("resumes") or []

@@ -56,8 +56,7 @@ def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> 
 
 def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
                     baseline: str | None = None, alpha: float = 0.05) -> pd.DataFrame:
-    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` appended;
-    unchanged when the runs have no seed key."""
+    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` (seeds)."""
     if not has_seeds(gathered):
         return pivot
     keys = gathered.group_keys
