@@ -1,9 +1,5 @@
-"""Check a command line before anything is written: it is parsed once (``check_arguments``)
-and the first job's config composed once (``compose_first_job``); unknown choices or keys,
-malformed overrides and an output directory that already holds a run all become one
-``ConfigError`` line (exit code 2) instead of a Hydra traceback or a half-made run directory.
-The composed config then goes through the pre-flight once (:mod:`transformer_lab.app.preflight`).
-"""
+"""Parse and check a command line once, before anything is written; compose the first job once.
+Every problem is one ``ConfigError`` line (exit code 2)."""
 
 from __future__ import annotations
 
@@ -46,10 +42,7 @@ EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
 
 
 def nearest(name: str, candidates: list[str]) -> str | None:
-    """The candidate ``name`` most likely meant, or None: the same last word
-    (``learning_rate`` -> ``train.lr`` by its initials, ``lrr`` -> ``lr``, ``--batch`` ->
-    ``--batch-size``) by ``difflib``'s closest match, compared without leading dashes or the
-    dotted parent."""
+    """The candidate ``name`` most likely meant (initials, ``difflib``, a prefix), or None."""
     import difflib
     import re
 
@@ -159,8 +152,7 @@ def _installed(module: str) -> bool:
 
 
 def group_choices_hydra(kind: str) -> list[str]:
-    """Choices of a Hydra group such as hydra/launcher (installed plugins included), as
-    Hydra's config loader sees them from tlab's tree."""
+    """Choices of a Hydra group such as hydra/launcher, installed plugins included."""
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -170,8 +162,7 @@ def group_choices_hydra(kind: str) -> list[str]:
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:
-    """Refuse an output directory that holds a run, a sweep, anything else (a user's files), or
-    is claimed by a running one."""
+    """Refuse an output directory that holds a run, a sweep, a user's files, or a claim."""
     if holds_run(path) or (sweep and (path / "sweep.csv").exists()):
         raise ConfigError(f"'{path}' already holds a run; choose another output directory "
                           f"(runs are never overwritten){resume_hint(path)}")
@@ -207,12 +198,8 @@ class Arguments:
 
 
 def check_arguments(args: list[str], resume: bool = False) -> Arguments:
-    """Parse the command line once and check it; raise ``ConfigError`` for arguments that
-    cannot make a valid run (unknown flags, malformed overrides, unknown choices, an output
-    directory that already holds a run).
-
-    ``resume``: the sweep or run directory is an earlier sweep or run being resumed
-    (``--resume``), so it may hold runs."""
+    """Parse the command line once; ``ConfigError`` for arguments that cannot make a valid run.
+    ``resume``: the output directory is being resumed, so it may hold runs."""
     flags, overrides = split_arguments(args)
     overrides = expand_pretrained(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
@@ -256,13 +243,8 @@ PRETRAINED_KEYS = ("from_hf", "from_run")  # --from-hf DIR, --from-run RUN
 
 
 def expand_pretrained(overrides: list[str]) -> list[str]:
-    """``from_hf=DIR`` (``--from-hf``: a local Hugging Face model) or ``from_run=RUN``
-    (``--from-run``: a tlab run with one model, or one of its weights files) -> the overrides
-    of the source's architecture (``interop.hf.hf_overrides``: a preset and knob values;
-    ``training.pretrained.run_overrides``) followed by ``+from_hf=DIR`` / ``+from_run=FILE``, in
-    its place, so later overrides still win; the pre-flight and the routines then load its
-    weights. ``ConfigError`` (one line) for both given, a source tlab cannot read, or (a run) a
-    component choice of the command's own that its weights would not fit."""
+    """``from_hf=DIR`` / ``from_run=RUN`` -> the source's architecture overrides, then
+    ``+from_hf=DIR`` / ``+from_run=FILE``, in its place (later overrides still win)."""
     given = {o.lstrip("+").split("=", 1)[0] for o in overrides} & set(PRETRAINED_KEYS)
     if len(given) > 1:
         raise ConfigError("--from-hf and --from-run both give the weights to start from; "
@@ -291,8 +273,7 @@ def expand_pretrained(overrides: list[str]) -> list[str]:
 
 
 def refuse_other_components(overrides: list[str], built: list[str]) -> None:
-    """``ConfigError`` for a component choice among ``overrides`` (``pe=alibi``) that differs
-    from the run's own in ``built``: its weights would not fit that component."""
+    """``ConfigError`` for a component choice (``pe=alibi``) the run's weights would not fit."""
     from transformer_lab.training.pretrained import ARCHITECTURE_GROUPS
 
     for other in overrides:
@@ -305,10 +286,8 @@ def refuse_other_components(overrides: list[str], built: list[str]) -> None:
 
 
 def compose_first_job(arguments: Arguments) -> DictConfig:
-    """Compose the config of the (first) job once, as Hydra's app will (``hydra.compose`` with
-    the ``hydra`` node; the ``--config-dir`` trees on its search path, the choices of
-    old-named folders offered under their new group first); its ``config_dirs`` filled in.
-    Errors become one ``ConfigError`` line (an unknown key lists the keys its parent has)."""
+    """Compose the (first) job's config once, as Hydra's app will, with ``config_dirs`` filled
+    in; an error is one ``ConfigError`` line (an unknown key lists its parent's keys)."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra

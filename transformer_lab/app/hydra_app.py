@@ -1,15 +1,6 @@
-"""The Hydra application. ``tlab run ARGS`` and ``python -m transformer_lab.run ARGS`` are the
-same program; every other command builds Hydra overrides and comes through here, so ``-m``,
-``--cfg job``, ``--info``, ``hydra/launcher=...`` work everywhere as in any Hydra app.
-
-One pass per run (``main``): the command line is parsed once and checked
-(``arguments.check_arguments``), the first job's config is composed once
-(``arguments.compose_first_job``) and goes through the pre-flight once, which builds the task
-and the model once (``preflight.preflight``). A single run (``run_single``, which the Python
-API calls too) then goes straight to its job with those (``job.execute``); a sweep, or a flag
-that only prints (``--cfg``, ``--info``), goes through Hydra's own command line, where each
-job composes its own config and runs its own pre-flight.
-"""
+"""The Hydra application every command runs through (``tlab run``): one parse, one compose, one
+pre-flight per run; sweeps and printing flags go through Hydra's own command line
+(``docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -36,8 +27,7 @@ FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporti
 
 
 def hydra_job(cfg: DictConfig) -> int:
-    """One job started by Hydra's command line (a sweep's job, in whichever process the
-    launcher runs it): runs its own pre-flight, runs, records its ``sweep.csv`` row."""
+    """A job started by Hydra's command line (a sweep's): pre-flight, run, ``sweep.csv`` row."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
     from omegaconf import open_dict
@@ -71,7 +61,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
-                args = quieted(forced(args))
+                args = app_flag_overrides(args)
                 resumed_run = resume_dir if resume_dir is not None and \
                     resume.is_run_directory(resume_dir) else None
                 if resumed_run is not None:  # a single run, from its checkpoint
@@ -104,16 +94,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
-    """Run the composed config of a single run: its pre-flight, its run directory claimed
-    (``hydra.run.dir``, pinned in ``cfg``), then its job there, as Hydra runs one (``.hydra/``,
-    ``run.log``) with the task and model the pre-flight built (``run.json``, ``config.yaml``,
-    the routine's files, ``summary.csv``); returns the job's exit code. ``ConfigError`` (one
-    line, nothing written) when the pre-flight refuses the config or the directory is taken.
-    ``resumed``: the directory of an interrupted run this one goes on with (``--resume``): the
-    config must be the one its checkpoint was made with, and its claim is taken over.
-    The CLI and the Python API both run a single run with this. Under torchrun, only rank 0
-    claims and writes the run directory; the other ranks run in directories of their own that
-    are thrown away (``training.distributed``)."""
+    """A single run of the composed ``cfg``: pre-flight, claim ``hydra.run.dir``, run its job
+    there as Hydra would; the exit code. ``resumed``: an interrupted run's directory to go on in
+    (``--resume``). ``ConfigError`` (nothing written) when refused."""
     from transformer_lab.app.preflight import preflight
     from transformer_lab.training import distributed
 
@@ -134,8 +117,7 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
 
 
 def _run_follower(cfg: DictConfig, inputs: object, resumed: Path | None) -> int:
-    """A rank > 0 of a torchrun job: the job in a throwaway directory, quiet, in the process
-    group."""
+    """A rank > 0 of a torchrun job: the job in a throwaway directory, in the process group."""
     from transformer_lab.app.job import execute
     from transformer_lab.training import distributed
 
@@ -146,8 +128,8 @@ def _run_follower(cfg: DictConfig, inputs: object, resumed: Path | None) -> int:
 
 
 def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
-    """Before a sweep (or a printing flag): the first job's pre-flight, a search's objective;
-    the sweep directory, claimed unless the sweep is resumed (None when nothing runs)."""
+    """The first job's pre-flight; the sweep directory, claimed unless resumed (None when
+    nothing runs: ``--cfg``, ``--info``)."""
     from transformer_lab.app import search
     from transformer_lab.app.preflight import check_unbuilt, preflight
 
@@ -167,9 +149,7 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
 
 @contextmanager
 def one_line_errors() -> Iterator[None]:
-    """Within the block, an exception that no check names (a bad value deep in a library)
-    becomes a one-line ``ConfigError`` too; ``HYDRA_FULL_ERROR=1`` lets it through instead,
-    with its traceback."""
+    """Any exception in the block as a one-line ``ConfigError``, unless ``HYDRA_FULL_ERROR=1``."""
     try:
         yield
     except ConfigError:
@@ -182,24 +162,19 @@ def one_line_errors() -> Iterator[None]:
                           "HYDRA_FULL_ERROR=1 for the traceback)") from exc
 
 
-def forced(args: list[str]) -> list[str]:
-    """``--force`` (any command) -> the override ``force=true``: run even when the pre-flight
-    estimate says the run cannot fit in memory."""
-    if "--force" not in args:
-        return args
-    return [*(a for a in args if a != "--force"), "force=true"]
+# Flags of every command, read here: run even if the memory estimate refuses; no progress bars.
+APP_FLAGS = {"--force": "force=true", "--quiet": "logger.progress=false",
+             "-q": "logger.progress=false"}
 
 
-def quieted(args: list[str]) -> list[str]:
-    """``--quiet`` / ``-q`` (any command) -> ``logger.progress=false``: no progress bars."""
-    if "--quiet" not in args and "-q" not in args:
-        return args
-    return [*(a for a in args if a not in ("--quiet", "-q")), "logger.progress=false"]
+def app_flag_overrides(args: list[str]) -> list[str]:
+    """``args`` with each of the ``APP_FLAGS`` given as its override, at the end."""
+    overrides = dict.fromkeys(APP_FLAGS[a] for a in args if a in APP_FLAGS)
+    return [*(a for a in args if a not in APP_FLAGS), *overrides]
 
 
 def pin_run_dir(cfg: DictConfig) -> Path:
-    """Resolve ``hydra.run.dir`` once (its ``${now:}`` would give a new time on each read) and
-    write it back, so the directory claimed is the one Hydra runs the job in."""
+    """Resolve ``hydra.run.dir`` once (``${now:}`` changes on each read) and write it back."""
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import open_dict, read_write
 
@@ -211,10 +186,8 @@ def pin_run_dir(cfg: DictConfig) -> Path:
 
 
 def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
-    """The job of ``cfg`` in ``run_dir`` with the task and model its pre-flight built, as
-    Hydra's ``hydra.core.utils.run_job`` runs a single run's job: the Hydra config of the job
-    set, ``.hydra/{config,hydra,overrides}.yaml``, the job's logging (``run.log``), its
-    ``hydra.job.env_set`` and ``hydra.job.chdir``; ``cfg`` is not composed again."""
+    """The job of ``cfg`` in ``run_dir``, as ``hydra.core.utils.run_job`` runs one (``.hydra/``,
+    ``run.log``, ``env_set``, ``chdir``), without composing ``cfg`` again."""
     import contextlib
     import copy
 
@@ -222,6 +195,7 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
     from hydra.core.utils import configure_log, env_override
     from omegaconf import open_dict, read_write
 
+    from transformer_lab.app.isolation import save_hydra_files
     from transformer_lab.app.job import execute
 
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
@@ -233,20 +207,15 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     configure_log(cfg.hydra.job_logging, cfg.hydra.verbose)
     if cfg.hydra.output_subdir is not None:
-        hydra_dir = run_dir / str(cfg.hydra.output_subdir)
-        hydra_dir.mkdir(parents=True, exist_ok=True)
-        OmegaConf.save(job_cfg, hydra_dir / "config.yaml")
-        OmegaConf.save(HydraConfig.instance().cfg, hydra_dir / "hydra.yaml")
-        OmegaConf.save(cfg.hydra.overrides.task, hydra_dir / "overrides.yaml")
+        save_hydra_files(job_cfg, run_dir, str(cfg.hydra.output_subdir))
     with contextlib.chdir(run_dir) if cfg.hydra.job.chdir else contextlib.nullcontext(), \
             env_override(cfg.hydra.job.env_set):
         return execute(job_cfg, run_dir, inputs)
 
 
 def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
-    """The sweep through Hydra; if a worker process of its launcher dies and breaks the pool
-    (loky's ``TerminatedWorkerError``), the jobs are settled and the ones not finished run
-    again into the same sweep directory, while that makes progress (``app.recovery``)."""
+    """The sweep through Hydra, relaunched while that makes progress when a launcher worker's
+    death breaks its pool (``app.recovery``)."""
     from transformer_lab.app import recovery, search
     from transformer_lab.results.console import print_error
 
@@ -267,9 +236,8 @@ def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
 def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
                cfg: DictConfig | None = None,
                reraise: tuple[type[BaseException], ...] = ()) -> int:
-    """Hydra's own command line (help, printing, sweeps); a sweep is pinned to ``sweep_dir``
-    (the directory the checked config names), so its jobs' statuses can be read afterwards.
-    An Optuna search (``cfg``: the first job's config) gets tlab's study settings."""
+    """Hydra's own command line (help, printing, sweeps); a sweep pinned to ``sweep_dir``, an
+    Optuna search given tlab's study settings (``cfg``: the first job's config)."""
     from transformer_lab.app import search
     from transformer_lab.app.isolation import LAUNCHER_ENV
     from transformer_lab.app.sweeps import quote_value
@@ -288,11 +256,9 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
 
 def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
               reraise: tuple[type[BaseException], ...] = ()) -> int:
-    """``hydra.main`` on ``argv`` (this process's arguments while it runs): a run, a sweep,
-    ``--cfg``, ``--info``, ``--help``; returns its exit code (Hydra reports its errors and exits
-    1). An exception of a type in ``reraise`` reaches the caller instead: Hydra then runs with
-    ``HYDRA_FULL_ERROR=1`` (it raises what it would report) and any other error is reported
-    here as Hydra would (raised too if the user set ``HYDRA_FULL_ERROR=1``)."""
+    """``hydra.main`` with ``sys.argv`` set to ``argv``; its exit code. An exception in
+    ``reraise`` reaches the caller (Hydra runs with ``HYDRA_FULL_ERROR=1``; any other error is
+    then reported here as Hydra would)."""
     import hydra
 
     user_full_error = os.environ.get(FULL_ERROR)
@@ -322,9 +288,7 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
 
 
 class WithCommandLine:
-    """A task function that runs with ``sys.argv`` the command line of the process that called
-    ``run_hydra`` (``run.json`` records it), not the arguments given to Hydra; picklable, for
-    launchers that run jobs in other processes."""
+    """A picklable task function run with ``sys.argv`` the launching process's command line."""
 
     def __init__(self, task_function: Callable[[DictConfig], object], argv: list[str]) -> None:
         self.task_function, self.argv = task_function, list(argv)
@@ -339,8 +303,7 @@ class WithCommandLine:
 
 
 def _report_like_hydra(exc: Exception) -> None:
-    """What Hydra prints for an error it reports: the message of its own errors (and their
-    OmegaConf cause), the traceback of any other."""
+    """Print ``exc`` as Hydra reports an error: its message, or a traceback if not Hydra's."""
     import traceback
 
     from hydra.errors import CompactHydraException
@@ -355,8 +318,7 @@ def _report_like_hydra(exc: Exception) -> None:
 
 
 def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
-    """``check_arguments`` on ``args`` with old config-group names renamed; one line on stderr
-    for each of them and for each old-named folder of the ``--config-dir`` trees."""
+    """``check_arguments`` with old group names renamed, warning about each (and old folders)."""
     from transformer_lab.config.tree import old_group_folder_notes
     from transformer_lab.results.console import print_warning
 
@@ -367,8 +329,7 @@ def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
 
 
 def renamed_group_aliases(args: list[str]) -> list[str]:
-    """The arguments with old config-group names renamed (``activation=`` -> ``ffn=``,
-    ``norm=`` -> ``block=``), saying so once per old name on stderr."""
+    """``activation=`` -> ``ffn=``, ``norm=`` -> ``block=``, one warning per old name."""
     from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
     from transformer_lab.results.console import print_warning
 
@@ -382,8 +343,7 @@ def renamed_group_aliases(args: list[str]) -> list[str]:
 
 @contextmanager
 def working_directory_importable() -> Iterator[None]:
-    """The working directory on ``sys.path`` while a command runs (removed afterwards), so a
-    ``_target_`` such as ``my_module.MyPE`` next to the user imports, in pre-flight too."""
+    """The working directory on ``sys.path`` meanwhile (``_target_: my_module.MyPE``)."""
     cwd = os.getcwd()
     added = cwd not in sys.path
     if added:

@@ -1,15 +1,5 @@
-"""A sweep job in a process of its own, so that its death (``kill -9``, the OOM killer, a
-segfault) is one failed job, not a dead launcher worker that takes the whole sweep with it.
-
-In a launcher's worker process (joblib, submitit: any process other than the one that started
-the sweep) each job runs in a forked child; the worker waits for it and, if a signal killed it,
-records the job as ``error`` with the signal in its ``run.json``. Jobs of the basic launcher run
-in the launching process itself, as before.
-
-If the worker process itself dies (``kill -9`` of a joblib/loky worker), its job's child records
-the job ``error`` naming the worker's death and exits (:func:`stop_with_worker`); the launching
-process then settles the broken sweep and runs the rest (``app.recovery``).
-"""
+"""A sweep job in a forked child of the launcher's worker, so a signal that kills it fails one
+job, not the sweep (``docs/cli.md``, "Sweeps")."""
 
 from __future__ import annotations
 
@@ -73,9 +63,8 @@ POOL_STOPPED = "stopped_with_pool"  # run.json key: stopped when another worker'
 
 
 def stop_with_worker(run_dir: Path, worker: int) -> None:
-    """In a job's forked child (Linux): when its worker process dies (``kill -9``), record the
-    job ``error`` naming the worker's death and exit, instead of running on as an orphan. The
-    launching process then sees which job lost its worker (``app.recovery``)."""
+    """In a job's forked child (Linux): when its worker dies, record the job ``error`` naming
+    the worker's death and exit, instead of running on as an orphan."""
     if not sys.platform.startswith("linux"):
         return
 
@@ -97,8 +86,7 @@ def record_dead_job(run_dir: Path, signum: int, pid: int) -> None:
 
 
 def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> None:
-    """Mark the run in ``run_dir`` ``error`` with ``reason`` (and ``extra`` keys in its
-    ``run.json``, made if the job died before writing one)."""
+    """Mark the run in ``run_dir`` ``error`` with ``reason`` and ``extra`` keys in ``run.json``."""
     from transformer_lab.results.console import print_error
 
     print_error(f"{run_dir.name}: {reason}")
@@ -113,14 +101,13 @@ def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> N
         print_error(f"{run_dir}: could not record it ({exc.strerror or exc})")
 
 
-def save_hydra_files(cfg: DictConfig, run_dir: Path) -> None:
-    """``.hydra/{config,hydra,overrides}.yaml`` of a job that runs again in a resumed sweep
-    (which runs with ``hydra.output_subdir=null``, so that Hydra writes nothing into the folders
-    of jobs that are skipped or kept)."""
+def save_hydra_files(cfg: DictConfig, run_dir: Path, subdir: str = ".hydra") -> None:
+    """``<subdir>/{config,hydra,overrides}.yaml`` of the current Hydra job, as Hydra writes them
+    (for a job run again in a resumed sweep, which runs with ``hydra.output_subdir=null``)."""
     from hydra.core.hydra_config import HydraConfig
 
     hydra_cfg = HydraConfig.get()
-    target = run_dir / ".hydra"
+    target = run_dir / subdir
     target.mkdir(parents=True, exist_ok=True)
     OmegaConf.save(cfg, target / "config.yaml")
     OmegaConf.save(OmegaConf.create({"hydra": OmegaConf.to_container(hydra_cfg)}),

@@ -1,9 +1,5 @@
-"""Run one job: create its run directory, pre-flight its config (a sweep's job), run the routine,
-record the outcome.
-
-Statuses: ``passed``, ``failed`` (a check failed), ``diverged`` (NaN/inf loss), ``error``
-(invalid configuration or a crash), ``interrupted`` (Ctrl-C). Exit codes as in the README.
-"""
+"""Run one job in its run directory and record its status (``passed``, ``failed``,
+``diverged``, ``error``, ``interrupted``) and exit code."""
 
 from __future__ import annotations
 
@@ -42,10 +38,8 @@ def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
 
 
 def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> int:
-    """Run the routine named by ``cfg.routine.name`` in ``run_dir``; return the exit code.
-
-    ``inputs``: the task and model that the launching process built in ``cfg``'s pre-flight
-    (a single run); without them (a sweep's job) the pre-flight runs here, once."""
+    """Run ``cfg.routine.name`` in ``run_dir``; the exit code. ``inputs``: what the pre-flight
+    built (a single run); without them (a sweep's job) the pre-flight runs here."""
     from transformer_lab.app.preflight import preflight
     from transformer_lab.routines import get_routine
     from transformer_lab.routines.objective import objective_value
@@ -111,9 +105,8 @@ def final_numbers(numbers: dict[str, Any]) -> list[str]:
 
 def _record(run: RunDirectory, cfg: DictConfig, numbers: dict[str, Any], status: str,
             error: str | None, code: int) -> None:
-    """Write the run's config, summary row and final ``run.json``; each write that fails (a
-    full disk) is reported in one line and the run still ends ``error`` with the reason where
-    ``run.json`` can be written."""
+    """Write the config, summary row and final ``run.json``; a failed write (a full disk) is one
+    line and makes the run ``error``."""
     try:
         run.write_config()
         row = summary_row(cfg, **numbers, status=status, error=error)

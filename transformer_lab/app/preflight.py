@@ -1,11 +1,5 @@
-"""The pre-flight: a composed config checked once, before a run writes anything: sizes,
-settings, the task and the model (built once, each component run at the task's length), the
-optimiser over that model's parameters, then the routine's own settings. The task and the model
-built here are handed to the routine (``JobInputs``): nothing is built twice.
-
-Raises ``ConfigError`` with a one-line message naming the bad value (exit code 2). Not to be
-confused with the validation routine (``tlab validate``, ``routines/validate.py``), which trains.
-"""
+"""The pre-flight: a composed config checked once before a run writes anything; the task and
+model it builds are handed to the routine. Not the validation routine (``tlab validate``)."""
 
 from __future__ import annotations
 
@@ -26,11 +20,7 @@ from transformer_lab.training.threads import check_threads
 
 
 def preflight(cfg: DictConfig) -> JobInputs:
-    """Check ``cfg`` before its run: sizes, settings, the task and the model, each built once
-    and returned for the routine.
-
-    Raises ``ConfigError`` with a one-line message naming the bad value.
-    """
+    """Check ``cfg`` before its run; the task and model, built once. ``ConfigError`` (one line)."""
     check_unbuilt(cfg)
     requested_vocab = cfg.model.vocab_size
     task = build_task(cfg)
@@ -50,8 +40,7 @@ def preflight(cfg: DictConfig) -> JobInputs:
 
 
 def check_unbuilt(cfg: DictConfig) -> None:
-    """The pre-flight's checks that need neither data nor a model: all that ``--cfg`` and
-    ``--info`` run (printing a default run's config downloads no corpus)."""
+    """The checks that need neither data nor a model (all that ``--cfg`` and ``--info`` run)."""
     check_schema(cfg)  # types, ranges, required keys (config/schema.py)
     check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
     check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds

@@ -1,19 +1,9 @@
-"""A sweep that outlives the death of a launcher worker process.
-
-When a joblib (loky) worker process dies (``kill -9``, the OOM killer), loky breaks its whole
-pool: it kills the other workers with the jobs they were running, fails the jobs not started yet
-and raises ``TerminatedWorkerError`` in the launching process. There, :func:`settle_jobs` waits
-for job processes still alive, records the job whose worker died (its child wrote ``error``
-naming the worker, ``app.isolation.stop_with_worker``), marks the jobs stopped with the pool, and
-adds the ``sweep.csv`` rows the dead workers could not write. The launcher then runs again into
-the same sweep directory (:func:`retry_arguments`): jobs that already finished are skipped, the
-stopped ones (kept as ``<job>.failed-<n>``) and the ones never started run, as ``--resume`` would.
-"""
+"""A sweep that outlives the death of a launcher worker (loky breaks its whole pool): settle the
+jobs, then run the unfinished ones again (``docs/cli.md``, "Sweeps")."""
 
 from __future__ import annotations
 
 import dataclasses
-import os
 import socket
 import time
 from concurrent.futures import BrokenExecutor
@@ -32,7 +22,12 @@ from transformer_lab.app.sweeps import (
     latest_rows,
     previous_attempts,
 )
-from transformer_lab.results.run_directory import holds_run, is_failed_attempt_dir, read_json
+from transformer_lab.results.run_directory import (
+    holds_run,
+    is_failed_attempt_dir,
+    process_alive,
+    read_json,
+)
 
 BROKEN_POOL = (BrokenExecutor,)  # loky's TerminatedWorkerError is one
 
@@ -45,23 +40,11 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
                    and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
 
 
-def _alive(info: dict) -> bool:
-    """Whether the job process ``info`` names still runs on this host."""
-    pid = info.get("pid")
-    if not isinstance(pid, int) or info.get("host", socket.gethostname()) != socket.gethostname():
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _wait_while_running(job_dir: Path, poll_s: float = 0.2) -> dict:
-    """``run.json`` of ``job_dir`` once its process has finished or is gone."""
-    while (info := read_json(job_dir / "run.json")).get("status") == "running" and _alive(info):
+    """``run.json`` of ``job_dir`` once its process (on this host) has finished or is gone."""
+    here = socket.gethostname()
+    while (info := read_json(job_dir / "run.json")).get("status") == "running" \
+            and info.get("host", here) == here and process_alive(info.get("pid")):
         time.sleep(poll_s)
     return info
 

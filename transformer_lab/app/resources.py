@@ -1,19 +1,5 @@
-"""Will the run fit? A pre-flight estimate of the memory a run needs, from the budget formulas
-(:mod:`transformer_lab.measures.parameters`), against the memory available (``/proc/meminfo``
-or ``os.sysconf``; the GPU's free memory on CUDA). A run that cannot fit is refused with the
-numbers (exit code 2) before anything is allocated; ``force=true`` (``--force``) runs it anyway.
-
-    model state      16 bytes per parameter (fp32 weights, gradients, Adam's two moments)
-    activations      ``layer_activation_terms`` per layer at the training batch and length,
-                     plus logits (and their softmax and gradient) at the vocabulary size
-    evaluation       the held-out batch's largest layer, without gradients
-    Python objects   about 256 KB per model (a tiny module alone measures 60 KB)
-
-model state and Python objects times the models a routine holds in memory at once
-(``routines.workload``: its batch, lengths and models; extrapolate evaluates at longer lengths);
-activations once: models and seeds train one after another, never two steps at once.
-The estimate is rough on purpose: it refuses what cannot fit, not what is merely close.
-"""
+"""Will the run fit? The pre-flight's rough memory estimate against the memory available;
+``--force`` runs anyway (the parts: ``docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -103,10 +89,6 @@ def _gb(n: float) -> str:
     return f"{n / _GB:.1f} GB" if n >= 0.1 * _GB else f"{n / 1024**2:.0f} MB"
 
 
-def _count(n: int) -> str:
-    return f"{n:,}" if n < 10**13 else f"{n:.2e}"
-
-
 # The reversal check (reverse-task, validate's step 3) on a CPU: query-key pairs one training
 # step or held-out evaluation may attend over (sequences x length^2); past it, minutes each.
 CHECK_ROUTINES = ("reverse_task", "validate")
@@ -114,9 +96,8 @@ CPU_CHECK_ATTENTION_PAIRS = 2**25
 
 
 def check_resources(cfg: DictConfig, task: Any) -> None:
-    """Raise ``ConfigError`` with the numbers when the run cannot fit in memory (RAM, and the
-    GPU's free memory on CUDA) or, a reversal check on a CPU, cannot finish in minutes; unless
-    ``force`` is true."""
+    """``ConfigError`` with the numbers when the run cannot fit in memory or (a reversal check
+    on a CPU) finish in minutes; unless ``force`` is true."""
     if _get(cfg, "force", False) is True:
         return
     from transformer_lab.training.distributed import resolve_device
@@ -162,9 +143,8 @@ def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
 
 
 def check_attention_work(cfg: DictConfig, task: Any) -> None:
-    """``ConfigError`` naming ``task.seq_len`` (``--seq-len``) and its largest value when a
-    training step (``train.batch_size`` sequences) or the held-out evaluation
-    (``task.eval_size``) attends over more than ``CPU_CHECK_ATTENTION_PAIRS`` query-key pairs."""
+    """``ConfigError`` naming the largest ``--seq-len`` when a step or the held-out evaluation
+    attends over more than ``CPU_CHECK_ATTENTION_PAIRS`` query-key pairs."""
     import math
 
     load = workload(cfg, task)

@@ -1,19 +1,5 @@
-"""``--resume DIR``: the arguments that run again what ``DIR`` recorded, into ``DIR``.
-
-A sweep (``DIR/multirun.yaml`` holds its overrides): they run again with
-``hydra.sweep.dir=DIR`` and ``TLAB_RESUME=1`` in each job, which then skips a passed job or
-moves a failed attempt aside (``sweeps.run_sweep_job``). Hydra rewrites ``multirun.yaml`` on
-every launch, so the earlier one is kept first (:func:`keep_multirun_yaml`).
-
-A single run (``DIR/run.json``) that kept its resumable state (``checkpoint.pt``: ``tlab train``
-keeps it at the end and when stopped): its recorded overrides (``.hydra/overrides.yaml``) run
-again with ``hydra.run.dir=DIR`` (:func:`run_arguments`); before anything is written the
-composed config must equal the one the checkpoint was made with (:func:`check_resumable`), then
-the app takes over the directory's claim (``run_directory.reclaim_directory``) and the job
-reopens the run there: the routine goes on from its checkpoint, appending to the run's own
-files. ``train.steps=N`` (N above the steps taken) replaces the recorded length: a finished run
-is trained on to N steps (:func:`check_extension`).
-"""
+"""``--resume DIR``: the arguments that run again, into ``DIR``, the sweep or the single run it
+recorded (``docs/cli.md``, "Resume")."""
 
 from __future__ import annotations
 
@@ -79,8 +65,7 @@ _RECORDED_HYDRA = {"hydra.launcher.": re.compile(r"[\w.\-]*"),
 
 
 def check_recorded(overrides: list[str], source: Path) -> None:
-    """``ConfigError`` naming ``source`` for a recorded override that could run code (above),
-    unless ``--trust-code`` was given."""
+    """``ConfigError`` for a recorded override that could run code, unless ``--trust-code``."""
     from transformer_lab.config.registry import TRUST_HINT, code_trusted
 
     if code_trusted():
@@ -107,17 +92,13 @@ def read_yaml(path: Path) -> Any:
 
 
 def is_run_directory(path: Path) -> bool:
-    """True for a single run's directory (its ``run.json``, no ``multirun.yaml``): ``--resume``
-    goes on with that run rather than a sweep."""
+    """True for a single run's directory (``run.json``, no ``multirun.yaml``)."""
     return (path / "run.json").is_file() and not (path / "multirun.yaml").exists()
 
 
 def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
-    """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it.
-
-    ``args`` may repeat the recorded overrides (or a subset, e.g. the ``experiment=`` a command
-    adds) and may change Hydra settings such as the launcher; a task override that is not part
-    of the recorded sweep is refused."""
+    """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it; ``args``
+    may repeat recorded overrides and change Hydra settings, nothing else."""
     from transformer_lab.app.arguments import split_arguments
 
     recorded_file = sweep_dir / "multirun.yaml"
@@ -161,8 +142,7 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
 
 
 def keep_multirun_yaml(sweep_dir: Path) -> None:
-    """Hydra rewrites ``multirun.yaml`` on every launch: keep the earlier one as
-    ``multirun-<n>.yaml`` before a resume."""
+    """Keep ``multirun.yaml`` as ``multirun-<n>.yaml`` (Hydra rewrites it on every launch)."""
     source = sweep_dir / "multirun.yaml"
     if not source.exists():
         return
@@ -172,13 +152,9 @@ def keep_multirun_yaml(sweep_dir: Path) -> None:
     shutil.copy2(source, target)
 
 
-
 def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
-    """The Hydra arguments that run the single run recorded in ``run_dir`` again, into it, to
-    go on from its checkpoint. ``args`` may repeat the recorded overrides (or a subset) and add
-    only ``HARMLESS_ON_RESUME`` ones and ``train.steps=N``; ``ConfigError`` (one line) for a run
-    with no checkpoint, one that finished (without more steps), failed or diverged, another
-    override, ``-m`` or another directory."""
+    """The Hydra arguments that go on with the run recorded in ``run_dir`` from its checkpoint;
+    ``args`` may add only ``HARMLESS_ON_RESUME`` overrides and ``train.steps=N``."""
     from transformer_lab.app.arguments import split_arguments
 
     info = read_json(run_dir / "run.json")
@@ -245,9 +221,7 @@ def _kept_steps(state: dict[str, Any]) -> int:
 
 
 def check_extension(run_dir: Path, override: str) -> None:
-    """``train.steps=N`` given to ``--resume``: N must be a whole number above the steps the
-    run has taken, and every finished seed must have kept its final state (a run checkpointed
-    by an older tlab did not)."""
+    """``train.steps=N`` given to ``--resume``: N above the steps taken, final states kept."""
     value = override.split("=", 1)[1] if "=" in override else ""
     state = _checkpoint(run_dir)  # once: it holds every seed's weights
     done = _kept_steps(state)
@@ -261,9 +235,8 @@ def check_extension(run_dir: Path, override: str) -> None:
 
 
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
-    """``ConfigError`` naming the first key whose value in ``cfg`` (composed and checked now)
-    differs from the config ``run_dir``'s checkpoint was made with (config files changed since,
-    or a component's defaults): the run could not go on with the same numbers."""
+    """``ConfigError`` naming the first key of ``cfg`` that differs from the config of
+    ``run_dir``'s checkpoint."""
     from transformer_lab.results.tracking import flatten
     from transformer_lab.training.checkpoint import config_yaml
 

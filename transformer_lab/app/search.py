@@ -1,21 +1,5 @@
-"""Hyper-parameter search with Optuna's Hydra sweeper (``hydra/sweeper=optuna``, extra ``optuna``).
-
-    tlab reverse-task -m hydra/sweeper=optuna hydra.sweeper.n_trials=20 \\
-        'train.lr=interval(1e-4,1e-2)' 'model.d_model=choice(8,16,32)'
-
-What tlab adds to the stock sweeper (``sweeper_overrides``, unless given on the command line):
-the study is ``optuna.db`` (SQLite) in the sweep directory, named ``tlab``; the direction is the
-routine's (``routines/objective.py``); a failed job is a failed trial and the search goes on
-(``max_failure_rate=1``); trials run one at a time (``n_jobs=1``) unless asked otherwise. Each job
-returns its routine's objective (``trial_value``) to the sweeper.
-
-``--resume DIR`` continues the study (``ContinuedStudy``, a Hydra callback that tlab adds to the
-sweep): the trials already in ``optuna.db`` count towards ``n_trials`` (so an interrupted
-20-trial search runs the ones missing, and ``--resume DIR hydra.sweeper.n_trials=30`` adds ten),
-and new trials get job folders after the existing ones (``hydra.sweep.subdir`` of tlab's config
-is ``${tlab.job_folder:...}``: the job's number after those of earlier launches). ``tlab report
-DIR`` lists the trials and the best parameters.
-"""
+"""Hyper-parameter search with Optuna's Hydra sweeper (``hydra/sweeper=optuna``): tlab's study
+settings and a study ``--resume`` continues (``docs/cli.md``, "Optuna search")."""
 
 from __future__ import annotations
 
@@ -28,12 +12,11 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
 from transformer_lab.results.run_directory import read_json
+from transformer_lab.results.search_report import STUDY_FILE, STUDY_NAME
 from transformer_lab.routines.objective import require_objective
 
 __all__ = ["require_objective", "sweeper_overrides", "trial_value", "uses_optuna"]
 
-STUDY_FILE = "optuna.db"
-STUDY_NAME = "tlab"
 LAUNCH_FILE = "search.json"  # in the sweep directory: the first job number of this launch
 STUDY_CALLBACK = "hydra.callbacks.tlab_study._target_"  # the override that adds ContinuedStudy
 
@@ -49,9 +32,8 @@ def study_storage(sweep_dir: Path) -> str:
 
 
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
-    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search (module docstring) and
-    the callback that continues a stored study; the sweep directory is created so that the
-    study file can be opened there."""
+    """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search and the callback that
+    continues a stored study; the sweep directory is created for the study file."""
     from transformer_lab.app.sweeps import quote_value
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
     sweep_dir.mkdir(parents=True, exist_ok=True)
@@ -71,8 +53,7 @@ def uses_optuna_sweeper(hydra_cfg: Any) -> bool:
 
 
 def trial_value(run_dir: Path) -> float:
-    """The objective recorded in ``run_dir/run.json``; NaN (a failed trial) when the run
-    errored, diverged or recorded none."""
+    """The objective in ``run_dir/run.json``; NaN (a failed trial) when there is none."""
     info = read_json(run_dir / "run.json")
     objective = info.get("objective") or {}
     if info.get("status") not in ("passed", "failed") or objective.get("value") is None:
@@ -82,13 +63,8 @@ def trial_value(run_dir: Path) -> float:
 
 
 class ContinuedStudy(Callback):
-    """The Hydra callback of an Optuna search (``hydra.callbacks.tlab_study``): before the
-    sweeper starts, in the launching process, it saves ``multirun.yaml`` (as Hydra's basic
-    sweeper does; ``--resume`` and the trackers read the sweep from it) and continues the study
-    already in the storage, which the stock sweeper would run ``n_trials`` more of, numbering
-    its jobs from 0 again: the sweeper gets the trials still missing (Hydra makes it from this
-    config next), and the first job number of this launch (the trials stored so far) is
-    written to ``search.json``, from which ``hydra.sweep.subdir`` numbers the job folders."""
+    """Before the sweeper starts: save ``multirun.yaml``, give the sweeper only the trials still
+    missing from the stored study, and write this launch's first job number to ``search.json``."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
@@ -104,9 +80,7 @@ class ContinuedStudy(Callback):
 
 
 def job_folder(sweep_dir: str, job_num: int) -> int:
-    """``${tlab.job_folder:SWEEP_DIR,NUM}`` (``hydra.sweep.subdir``): the folder number of
-    job ``NUM`` of a sweep; in an Optuna search, after the jobs of its earlier launches
-    (``search.json``)."""
+    """``${tlab.job_folder:SWEEP_DIR,NUM}``: job ``NUM``'s folder number, after earlier launches."""
     first = read_json(Path(sweep_dir) / LAUNCH_FILE).get("first_job", 0)
     return int(first) + int(job_num)
 
@@ -117,8 +91,7 @@ if not OmegaConf.has_resolver("tlab.job_folder"):  # hydra_app imports this modu
 
 
 def study_counts(storage: str, study_name: str) -> tuple[int, int]:
-    """(finished trials, all trials) of a stored study; (0, 0) if there is none yet. Trials
-    left running by an interrupted sweep are marked failed (they will not finish)."""
+    """(finished trials, all trials) of a stored study; trials left running marked failed."""
     import optuna
     from optuna.trial import TrialState
 

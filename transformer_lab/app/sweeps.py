@@ -1,25 +1,5 @@
-"""Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, ``--resume``.
-
-Layout (README, "What a run writes")::
-
-    outputs/multirun/<experiment>/<timestamp>/   the sweep directory (hydra.sweep.dir)
-        multirun.yaml                            Hydra: the sweep's config and overrides
-        sweep.csv                                one row per finished job attempt (below)
-        <job>/                                   one run per job (hydra.job.num): run.json, ...
-        <job>.failed-<n>/                        an earlier failed attempt, moved aside by --resume
-
-Each job appends its own row to ``sweep.csv`` when it finishes, in whatever process the launcher
-ran it (joblib worker, submitit/SLURM job): the row is one ``write`` of a full line under an
-exclusive lock, so parallel jobs never interleave. The sweep's exit code is computed in the
-launching process from those recorded statuses (the latest row of each job), so it is right
-whichever process ran the jobs.
-
-``--resume DIR`` runs the sweep recorded in ``DIR/multirun.yaml`` again with
-``hydra.sweep.dir=DIR``: each job looks at its own directory and returns at once if its recorded
-status is ``passed``; a failed, diverged, crashed or interrupted attempt is renamed
-``<job>.failed-<n>`` (never deleted) and the job runs again. The job side of it is here
-(:func:`run_sweep_job`); the arguments that relaunch the sweep are in ``resume.py``.
-"""
+"""Sweep bookkeeping around Hydra's launchers: ``sweep.csv``, the sweep's exit code, a resumed
+job's skip or retry (``docs/cli.md``, "Sweeps")."""
 
 from __future__ import annotations
 
@@ -74,11 +54,8 @@ def recorded_status(run_dir: Path) -> str | None:
 
 
 def move_aside(run_dir: Path) -> Path:
-    """Rename the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n).
-
-    ``.hydra`` moves with them (a resumed sweep runs with ``hydra.output_subdir=null``, so it is
-    still the failed attempt's own; :func:`save_hydra_files` writes the new attempt's) and
-    ``*.log`` files are copied and stay, because the job's log handler is writing to them."""
+    """Move the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n); ``*.log``
+    files are copied (the job's log handler writes to them)."""
     n = 1
     while (target := run_dir.with_name(f"{run_dir.name}.failed-{n}")).exists():
         n += 1
@@ -101,19 +78,20 @@ def previous_attempts(run_dir: Path) -> int:
                if is_failed_attempt_dir(p))
 
 
-def _read_one_row(path: Path) -> dict[str, str]:
+def _csv_rows(path: Path) -> list[dict[str, str]]:
+    """The rows of a CSV file; ``[]`` when it is missing or unreadable."""
     try:
         with path.open(newline="", encoding="utf-8") as f:
-            return next(csv.DictReader(f), {}) or {}
+            return list(csv.DictReader(f))
     except (OSError, csv.Error, UnicodeDecodeError):
-        return {}
+        return []
 
 
 def job_row(job: int | str, attempt: int, overrides: list[str], run_dir: Path,
             exit_code: int) -> dict[str, Any]:
     """The ``sweep.csv`` row of one finished job, read back from the files the run wrote."""
     info = read_json(run_dir / "run.json")
-    summary = _read_one_row(run_dir / "summary.csv")
+    summary = next(iter(_csv_rows(run_dir / "summary.csv")), {})
     row: dict[str, Any] = {key: summary.get(key, "") for key in NUMBER_COLUMNS}
     row.update(job=job, attempt=attempt, status=info.get("status", summary.get("status", "")),
                exit_code=exit_code, overrides=" ".join(overrides),
@@ -182,15 +160,8 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
 # --- the launching side ---------------------------------------------------------------------
 
 def read_sweep_csv(sweep_dir: Path) -> list[dict[str, str]]:
-    """Rows of ``sweep.csv`` (empty if missing); a malformed line is skipped."""
-    path = sweep_dir / SWEEP_FILE
-    if not path.exists():
-        return []
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            return [row for row in csv.DictReader(f) if row.get("job")]
-    except (OSError, csv.Error, UnicodeDecodeError):
-        return []
+    """Rows of ``sweep.csv`` (empty if missing or unreadable)."""
+    return [row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")]
 
 
 def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
@@ -206,19 +177,14 @@ def _code_of(row: dict[str, str]) -> int:
 
 
 def sweep_exit_code(sweep_dir: Path) -> int:
-    """Worst exit code over the sweep's jobs: their latest ``sweep.csv`` rows, plus job folders
-    that hold a run but no row (a job killed before it could record one)."""
+    """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
     codes = [_code_of(row) for row in rows.values()]
-    if sweep_dir.is_dir():
-        for job_dir in sweep_dir.iterdir():
-            if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir):
-                status = recorded_status(job_dir)
-                if status is not None:
-                    info = read_json(job_dir / "run.json")
-                    code = info.get("exit_code")
-                    codes.append(code if isinstance(code, int)
-                                 else _STATUS_CODES.get(status, EXIT_FAILED))
+    for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
+        if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir) \
+                and (status := recorded_status(job_dir)) is not None:  # killed before its row
+            code = read_json(job_dir / "run.json").get("exit_code")
+            codes.append(_code_of({"exit_code": str(code), "status": status}))
     return max(codes, default=EXIT_OK)
 
 

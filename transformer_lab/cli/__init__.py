@@ -1,8 +1,5 @@
-"""The ``tlab`` command line (Typer): one module per command in this package.
-
-A command turns its options into Hydra overrides and hands them to the Hydra app
-(:mod:`transformer_lab.app`); see ``docs/architecture.md``.
-"""
+"""The ``tlab`` command line (Typer), one module per command: options become Hydra overrides
+for the app (``docs/cli.md``)."""
 
 from __future__ import annotations
 

@@ -66,26 +66,21 @@ ModelSeed = Annotated[int | None, typer.Option(
 
 
 def other_models(models: list) -> str:
-    """``"; 3 other models in the run: --variant, --model-seed"`` when a run kept more models
-    than the one used (``sample``, ``export``), else ``""``."""
+    """``"; 3 other models in the run: --variant, --model-seed"``, or ``""`` for one model."""
     others = len(models) - 1
     return (f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, "
             "--model-seed") if others else ""
 
 
 def pass_hydra_flags(app: typer.Typer) -> None:
-    """Let every command that takes overrides also take Hydra's own flags (``--cfg job``,
-    ``--info``, ...): Click hands an option it does not know to the overrides argument, and
-    ``app.arguments.check_arguments`` refuses one that is not Hydra's. Call after all commands
-    are registered."""
+    """Let every command that takes overrides take Hydra's flags (``--cfg job``, ...) too: Click
+    hands an unknown option to the overrides. Call after all commands are registered."""
     for info in app.registered_commands:
         if info.callback is not None and "overrides" in signature(info.callback).parameters:
             info.context_settings = {"ignore_unknown_options": True,
                                      **(info.context_settings or {})}
 
 
-# Flags every command takes that the Hydra app reads (``hydra_app.quieted`` / ``forced``).
-APP_FLAGS = ("-q", "--quiet", "--force")
 _APP: list[typer.Typer] = []  # the tlab app, once its commands are registered (use_app)
 
 
@@ -94,13 +89,31 @@ def use_app(app: typer.Typer) -> None:
     _APP[:] = [app]
 
 
-def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
-    """Exit 2 with one line naming the nearest option (and the override it sets) when an
-    argument Click passed on as an override looks like an option but is neither Hydra's nor one
-    the command of ``experiment`` (its name with '-' for '_') has."""
-    from transformer_lab.app.arguments import HYDRA_FLAGS, nearest, split_arguments
+def refuse(message: str) -> NoReturn:
+    """Bad usage: ``message`` in one line on stderr, exit code 2."""
     from transformer_lab.errors import EXIT_USAGE
     from transformer_lab.results.console import print_error
+
+    print_error(message)
+    raise typer.Exit(EXIT_USAGE)
+
+
+@contextmanager
+def usage_errors() -> Iterator[None]:
+    """A ``ConfigError`` in the block is ``refuse``d."""
+    from transformer_lab.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        refuse(str(exc))
+
+
+def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
+    """Exit 2 naming the nearest option when an argument passed on as an override looks like an
+    option but is neither Hydra's nor one of ``experiment``'s command."""
+    from transformer_lab.app.arguments import HYDRA_FLAGS, nearest, split_arguments
+    from transformer_lab.app.hydra_app import APP_FLAGS
 
     flags, _ = split_arguments(overrides)
     unknown = [f.split("=", 1)[0] for f in flags if f.startswith("-")]
@@ -121,14 +134,13 @@ def refuse_unknown_options(experiment: str, overrides: list[str]) -> None:
     key = known.get(guess or "")
     hint = (f"did you mean {guess}{f' (the override {key}=...)' if key else ''}?" if guess
             else f"its options are listed by tlab {name} --help")
-    print_error(f"unknown option '{unknown[0]}' for tlab {name}; {hint}")
-    raise typer.Exit(EXIT_USAGE)
+    refuse(f"unknown option '{unknown[0]}' for tlab {name}; {hint}")
 
 
 @contextmanager
 def trusted(trust_code: bool) -> Iterator[None]:
-    """Within the block, a run's saved config may name the user components it recorded, and
-    the working directory (where their modules live) is importable, only with ``--trust-code``."""
+    """With ``--trust-code``: a run's config may name its recorded user components, and the
+    working directory is importable."""
     from transformer_lab.app.hydra_app import working_directory_importable
     from transformer_lab.config.registry import trusting_code
 
@@ -153,12 +165,8 @@ def launch(experiment: str, options: dict[str, object], overrides: list[str] | N
            multirun: bool = False, out: Path | None = None,
            resume: Path | None = None, config_dir: Path | None = None,
            trust_code: bool = False, nproc: int = 1) -> NoReturn:
-    """Run ``experiment`` through the Hydra app and exit with its code.
-
-    ``resume``: an earlier sweep directory to complete, or an interrupted run's directory to go
-    on with from its checkpoint (``--resume``; the app tells which). ``trust_code``: a run read
-    (``--from-run``, ``--resume``) may name the user components it recorded (``--trust-code``).
-    ``nproc`` > 1: the app on that many processes (``training.distributed.launch``)."""
+    """Run ``experiment`` through the Hydra app and exit with its code; ``nproc`` > 1: on that
+    many processes (``training.distributed.launch``)."""
     refuse_unknown_options(experiment, overrides or [])
     args = [f"experiment={experiment}", *overrides_from(options), *(overrides or [])]
     if resume is not None:
@@ -188,8 +196,7 @@ _NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer grou
 
 
 def train_settings_fields() -> list[tuple[str, str]]:
-    """``(name, annotation)`` of each ``TrainSettings`` field a user sets (``train.<name>``);
-    ``training.settings`` imports no torch, so every command may read it."""
+    """``(name, annotation)`` of each ``TrainSettings`` field a user sets (imports no torch)."""
     from dataclasses import fields
 
     from transformer_lab.training.settings import TrainSettings
@@ -198,9 +205,8 @@ def train_settings_fields() -> list[tuple[str, str]]:
 
 
 def train_yaml_defaults(experiment: str) -> tuple[dict[str, object], dict[str, str]]:
-    """The ``train.*`` values an experiment runs with (``configs/train/default.yaml`` under
-    ``configs/experiment/<experiment>.yaml``'s ``train:``) and each key's comment in
-    ``configs/train/default.yaml`` (its description)."""
+    """The ``train.*`` values ``experiment`` runs with, and each key's comment in
+    ``configs/train/default.yaml``."""
     import yaml
 
     from transformer_lab.config.tree import CONFIG_DIR
@@ -249,9 +255,8 @@ def _number_or_null(kind: type) -> object:
 
 
 def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[Parameter]:
-    """One keyword parameter per ``TrainSettings`` field (``--batch-size`` for ``batch_size``)
-    with its type, the default ``experiment`` runs with and its YAML comment as help; each sets
-    ``train.<field>`` (``train_overrides``). ``leave_out``: fields the command sets otherwise."""
+    """One keyword option per ``TrainSettings`` field (``--batch-size`` sets
+    ``train.batch_size``), its YAML comment and ``experiment``'s default as help."""
     kinds = {"int": int, "float": float, "str": str, "bool": bool}
     defaults, comments = train_yaml_defaults(experiment)
     parameters = []
@@ -268,15 +273,11 @@ def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[P
         flag = f"--{name.replace('_', '-')}"
         if kind is bool:  # --compile / --no-compile
             flag = f"{flag}/--no-{name.replace('_', '-')}"
-        if optional:
-            option = typer.Option(flag, help=help_text,
-                                  show_default=False, rich_help_panel=TRAINING_PANEL,
-                                  metavar=f"{kind.__name__.upper()}|null",
-                                  parser=_number_or_null(kind))
-            kind = str
-        else:
-            option = typer.Option(flag, help=help_text,
-                                  show_default=False, rich_help_panel=TRAINING_PANEL)
+        nullable = {"metavar": f"{kind.__name__.upper()}|null",
+                    "parser": _number_or_null(kind)} if optional else {}
+        option = typer.Option(flag, help=help_text, show_default=False,
+                              rich_help_panel=TRAINING_PANEL, **nullable)
+        kind = str if optional else kind
         parameters.append(Parameter(name, Parameter.KEYWORD_ONLY, default=None,
                                     annotation=Annotated[kind | None, option]))
     return parameters
@@ -295,7 +296,6 @@ def with_training_options(experiment: str, leave_out: tuple[str, ...] = ()):
 
 
 def train_overrides(settings: dict[str, object]) -> dict[str, object]:
-    """``{"lr": 0.001, "steps": None}`` -> ``{"train.lr": 0.001}`` (options not given are left
-    out, so a preset's or config's value stays)."""
+    """``{"lr": 0.001, "steps": None}`` -> ``{"train.lr": 0.001}`` (options not given left out)."""
     return {f"train.{name}": str(value).lower() if isinstance(value, bool) else value
             for name, value in settings.items() if value is not None}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 
@@ -14,6 +14,7 @@ from transformer_lab.cli.common import (
     Resume,
     SeedsOrAuto,
     launch,
+    refuse,
     train_overrides,
     with_training_options,
 )
@@ -47,15 +48,6 @@ def vary_overrides(texts: list[str] | None) -> dict[str, str | None]:
         refuse(f"--vary '{texts[0]}' is not KEY=V1,V2,...; e.g. --vary pe=rope,alibi,t5 or "
                "--vary train.lr=1e-3,3e-3")
     return {"routine.vary.key": key, "routine.vary.values": f"[{values.strip()}]"}
-
-
-def refuse(message: str) -> NoReturn:
-    """Bad usage: ``message`` in one line on stderr, exit code 2."""
-    from transformer_lab.errors import EXIT_USAGE
-    from transformer_lab.results.console import print_error
-
-    print_error(message)
-    raise typer.Exit(EXIT_USAGE)
 
 
 @with_training_options("compare", leave_out=("steps",))

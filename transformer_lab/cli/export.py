@@ -1,5 +1,4 @@
-"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained model as a Hugging Face checkpoint. The
-work is in ``transformer_lab.routines.export``."""
+"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained model as a Hugging Face checkpoint."""
 
 from __future__ import annotations
 
@@ -15,6 +14,7 @@ from transformer_lab.cli.common import (
     Variant,
     other_models,
     trusted,
+    usage_errors,
 )
 
 
@@ -34,16 +34,11 @@ def export(
     BLOOM where one of them computes the run's model, else with the run's own code beside the
     weights (modeling_tlab.py: from_pretrained(OUT_DIR, trust_remote_code=True), no tlab
     needed). The console says which and why."""
-    from transformer_lab.errors import EXIT_USAGE, ConfigError
-    from transformer_lab.results.console import console, print_error
+    from transformer_lab.results.console import console
     from transformer_lab.routines.export import export_run
 
-    try:
-        with trusted(trust_code):  # a run with your own components (_target_)
-            result = export_run(run_dir, to_hf, variant, model_seed)
-    except ConfigError as exc:
-        print_error(str(exc))
-        raise typer.Exit(EXIT_USAGE) from None
+    with usage_errors(), trusted(trust_code):  # trusted: a run with your own components
+        result = export_run(run_dir, to_hf, variant, model_seed)
     choice = other_models(result.models)
     tokenizer = f"{result.tokenizer} tokenizer" if result.tokenizer else \
         "no tokenizer (a synthetic task's tokens are their ids)"

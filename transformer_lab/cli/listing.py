@@ -5,9 +5,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
-import typer
-
-from transformer_lab.cli.common import ConfigDir
+from transformer_lab.cli.common import ConfigDir, usage_errors
 
 
 def list_choices(config_dir: ConfigDir = None) -> None:
@@ -15,20 +13,17 @@ def list_choices(config_dir: ConfigDir = None) -> None:
     (--config-dir) included, then the choices each command runs with by default."""
     from rich.table import Table
 
+    from transformer_lab.app.arguments import user_config_dirs_of
     from transformer_lab.config.tree import (
         CONFIG_DIR,
         GROUPS,
         group_choices,
         old_group_folder_notes,
     )
-    from transformer_lab.errors import EXIT_USAGE
-    from transformer_lab.results.console import print_error, print_table, print_warning
+    from transformer_lab.results.console import print_table, print_warning
 
-    if config_dir is not None and not config_dir.is_dir():
-        print_error(f"--config-dir '{config_dir}' is not a directory; give a folder holding "
-                    "config groups, e.g. DIR/pe/my_pe.yaml")
-        raise typer.Exit(EXIT_USAGE)
-    user_dirs = [config_dir.resolve()] if config_dir is not None else []
+    with usage_errors():  # the message of any command's --config-dir
+        user_dirs = user_config_dirs_of(["--config-dir", str(config_dir)] if config_dir else [])
     for note in old_group_folder_notes(user_dirs):
         print_warning(note)
     table = Table(title=f"config groups ({', '.join(map(str, [CONFIG_DIR, *user_dirs]))})")

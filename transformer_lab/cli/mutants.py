@@ -1,5 +1,4 @@
-"""``tlab mutants``: the validation routine's confusion matrix on broken and correct
-components (the mutation score)."""
+"""``tlab mutants``: the validation routine's mutation score on broken and correct components."""
 
 from __future__ import annotations
 

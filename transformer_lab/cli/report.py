@@ -1,5 +1,4 @@
-"""``tlab report DIR``: one CSV, a pivot table (markdown + terminal) and plots of every run under
-DIR (a sweep or any folder of runs). The work is in ``transformer_lab.results.report``."""
+"""``tlab report DIR``: every run under DIR in one CSV, a pivot table and plots."""
 
 from __future__ import annotations
 
@@ -29,10 +28,9 @@ def report(
     grouped by the swept keys; with a seed key the metric's 95% CI and a verdict against the
     baseline group, paired by seed), report-<metric>.png and report-loss.png; an earlier
     report is never overwritten (the next one is report-2.*)."""
-    from transformer_lab.errors import EXIT_USAGE, ConfigError
+    from transformer_lab.cli.common import usage_errors
     from transformer_lab.results.console import (
         console,
-        print_error,
         print_final_line,
         print_table,
         print_warning,
@@ -41,11 +39,8 @@ def report(
     from transformer_lab.results.verdicts import verdict_lines
 
     started = time.perf_counter()
-    try:
+    with usage_errors():
         result = make_report(directory, out, metric, baseline)
-    except ConfigError as exc:
-        print_error(str(exc))
-        raise typer.Exit(EXIT_USAGE) from None
     for path, why in result.gathered.skipped:
         print_warning(f"skipped {path}: {why}")
     print_table(rich_table(result))

@@ -1,5 +1,4 @@
-"""``tlab reverse-task``: step 3 of the validation routine, sequence reversal beside a NoPE
-control."""
+"""``tlab reverse-task``: step 3 of the validation routine, reversal beside a NoPE control."""
 
 from __future__ import annotations
 

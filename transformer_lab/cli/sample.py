@@ -1,5 +1,4 @@
-"""``tlab sample RUN_DIR``: print a trained model's continuation of a prompt. The work is in
-``transformer_lab.routines.sample``."""
+"""``tlab sample RUN_DIR``: a trained model's continuations of a prompt (``routines.sample``)."""
 
 from __future__ import annotations
 
@@ -14,6 +13,7 @@ from transformer_lab.cli.common import (
     Variant,
     other_models,
     trusted,
+    usage_errors,
 )
 
 
@@ -53,19 +53,14 @@ def sample(
     compare); stderr says which model was used and the seed. Greedy, or sampled with
     --temperature/--top-k/--top-p; past the model's context window (a learned position
     table) the context is cropped to it."""
-    from transformer_lab.errors import EXIT_USAGE, ConfigError
-    from transformer_lab.results.console import err_console, print_error
+    from transformer_lab.results.console import err_console
     from transformer_lab.routines.sample import Sampling
     from transformer_lab.routines.sample import sample as sample_run
 
-    try:
+    with usage_errors(), trusted(trust_code):  # trusted: a run with your own components
         settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
                                          num_samples)
-        with trusted(trust_code):  # a run with your own components (_target_)
-            result = sample_run(run_dir, prompt, settings, variant, model_seed)
-    except ConfigError as exc:
-        print_error(str(exc))
-        raise typer.Exit(EXIT_USAGE) from None
+        result = sample_run(run_dir, prompt, settings, variant, model_seed)
     choice = other_models(result.models)
     window = result.window
     fed = len(result.prompt) + settings.tokens - 1  # the last token drawn is never fed back

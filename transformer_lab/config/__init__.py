@@ -1,3 +1,2 @@
-"""Configs: the Hydra tree (``tree``), composing it (``compose``), turning a config group into
-an object (``instantiate``), the plug-in protocols of user components (``protocols``). Hydra is
-used through its public API only."""
+"""Configs: the Hydra tree, composing it, instantiating its nodes, the checks of a composed config
+and the protocols of user components; Hydra through its public API only."""

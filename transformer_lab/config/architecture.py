@@ -1,8 +1,5 @@
-"""Pre-flight checks that tie several keys of the architecture knobs together (one key's type
-and range is :mod:`transformer_lab.config.schema`'s job): GQA head counts, the head size, the
-parallel block, YaRN's and Llama 3's bounds, the Mixture of Experts' top_k. Each problem is one
-``ConfigError`` line naming the value and what is valid (exit code 2), before anything is built.
-"""
+"""Pre-flight checks that tie several architecture keys together (GQA heads, head size, parallel
+block, YaRN's and Llama 3's bounds, MoE top_k); one key's type and range is ``schema``'s job."""
 
 from __future__ import annotations
 

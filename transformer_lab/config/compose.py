@@ -1,5 +1,5 @@
-"""Composing tlab's Hydra config outside a Hydra app (tests, pre-flight checks); the tree itself
-is in :mod:`transformer_lab.config.tree`."""
+"""Composing tlab's Hydra config outside a Hydra app (tests, pre-flight checks), its resolvers
+and the old group names."""
 
 from __future__ import annotations
 
@@ -50,14 +50,11 @@ def register_resolvers() -> None:
     """``${tlab.div:a,b}`` integer division, ``${tlab.not:x}`` boolean negation,
     ``${tlab.head_dim:d_model,n_heads,head_dim}`` the per-head size,
     ``${tlab.per_width:total,width}`` a width-scaled learning rate."""
-    if not OmegaConf.has_resolver("tlab.head_dim"):
-        OmegaConf.register_new_resolver("tlab.head_dim", _head_dim)
-    if not OmegaConf.has_resolver("tlab.div"):
-        OmegaConf.register_new_resolver("tlab.div", _div)
-    if not OmegaConf.has_resolver("tlab.per_width"):
-        OmegaConf.register_new_resolver("tlab.per_width", _per_width)
-    if not OmegaConf.has_resolver("tlab.not"):
-        OmegaConf.register_new_resolver("tlab.not", lambda x: not x)
+    resolvers = {"tlab.head_dim": _head_dim, "tlab.div": _div, "tlab.per_width": _per_width,
+                 "tlab.not": lambda x: not x}
+    for name, resolver in resolvers.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, resolver)
 
 
 register_resolvers()
@@ -65,8 +62,7 @@ register_resolvers()
 
 def compose(overrides: list[str] | tuple[str, ...] = (), config_dir: Path = CONFIG_DIR,
             return_hydra_config: bool = False) -> DictConfig:
-    """Compose the config outside a Hydra app (tests, pre-flight checks); old group names
-    (``GROUP_ALIASES``) are renamed silently."""
+    """Compose the config outside a Hydra app; old group names are renamed silently."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
 

@@ -1,18 +1,5 @@
-"""What a component class says about itself, asked through its config node.
-
-A component declares what the rest of tlab needs to know about it on its own class (see
-``docs/custom_components.md``): a parameter-count formula, the property checks that apply, what
-it is expected to do on reversal, whether it keeps module state, ... tlab finds the class from
-the node's ``_target_`` and asks it:
-
-* a plain class attribute is returned as it is (``SandwichNormBlock.norms_per_block`` -> 4);
-* a classmethod is called with the node's keyword arguments (interpolations resolved; ``name``,
-  ``_target_``, ``_partial_`` and any argument the method does not take left out) plus the
-  caller's extras (``d_model`` for a norm layer, ``arch`` for a reversal expectation).
-
-A class that declares nothing, or a ``_target_`` that cannot be imported, gives ``None``: the
-caller then treats the component as unknown (your own component: no formula, SKIP).
-"""
+"""Ask a component class, found by its node's ``_target_``, what it declares about itself
+(``docs/custom_components.md``, "What a component declares"); None when it declares nothing."""
 
 from __future__ import annotations
 
@@ -85,9 +72,9 @@ def call_with_accepted(method: Any, arguments: Mapping[str, Any]) -> Any:
 
 
 def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
-    """What the class of ``node`` declares as ``attribute``: the attribute itself, or, for a
-    method, its result for the node's keyword arguments and ``extra``. None when undeclared.
-    An instance given to the Python API counts its own parameters (``count_parameters``)."""
+    """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
+    for the node's keyword arguments (those it takes) and ``extra``. None when undeclared. An
+    instance given to the Python API counts its own parameters (``count_parameters``)."""
     given = given_component(node) if node is not None else None
     if attribute == "count_parameters" and hasattr(given, "parameters") \
             and not isinstance(given, type):

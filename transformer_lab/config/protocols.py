@@ -1,21 +1,5 @@
-"""Does a component built from the config follow its protocol? (A user's own ``_target_``.)
-
-Run once on the built model before a run starts (``app.preflight``), on tiny inputs,
-so a component that cannot work stops the run with one line (exit code 2) instead of a shape
-error deep inside training:
-
-    pe          the table of :mod:`transformer_lab.components.positional.base`, per ``kind``:
-                additive ``pe(positions (T,)) -> (T, d_model)``; rotary
-                ``pe(q, k, positions) -> (q, k)`` with the shapes of q and k; bias
-                ``pe(T, T) -> (n_heads, T, T)`` (or ``(1, T, T)``, shared by the heads)
-    activation  the FFN: an ``nn.Module`` built with ``d_model`` and ``d_ff`` keywords,
-                ``(B, T, d_model) -> (B, T, d_model)``
-    norm_layer  a callable ``d_model -> nn.Module`` whose module maps ``(B, T, d_model)`` to
-                the same shape
-
-Whether the component is *correct* (e.g. uses its positions) is what the validation routine
-finds out; this module only checks that it plugs in.
-"""
+"""Does a built component plug in? Each is run once on tiny inputs against its group's protocol
+(``docs/custom_components.md``), before the run starts; correctness is ``tlab validate``'s job."""
 
 from __future__ import annotations
 
@@ -99,8 +83,9 @@ def check_norm(cfg: DictConfig, norm: object, d_model: int, seq_len: int) -> Non
 
 
 def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
-    """Raise ``ConfigError`` naming the group and class of the first component of ``model``
-    that does not follow its protocol (see the module docstring)."""
+    """``ConfigError`` naming the group and class of the first component of ``model`` that does
+    not follow its protocol: pe (additive ``(T,) -> (T, d_model)``, rotary ``(q, k, positions)
+    -> (q, k)``, bias ``(T, T) -> (n_heads or 1, T, T)``), ffn and norm ``(B, T, d_model)`` kept."""
     m = cfg.model
     head_dim = m.get("head_dim") or m.d_model // m.n_heads  # model.head_dim (T5 d_kv, ...)
     check_positional(cfg, model.positional, m.d_model, m.n_heads, head_dim, seq_len)

@@ -1,13 +1,5 @@
-"""The typed schema of tlab's config, in one place: every key with its type, range and whether a
-run needs it. :func:`check_schema` runs in pre-flight (``app.preflight.preflight``) on the
-composed config, before anything is built or written; a violation is one ``ConfigError`` line
-(exit code 2) naming the key, the value given and what is valid.
-
-A key of the table that the config does not have is only an error when it is ``required`` (e.g.
-``~train.lr`` or ``~model``); keys the table does not list (a user's own component's arguments)
-are left to the component's own checks. A routine's own keys (``routine.*``) are its module's
-``SETTINGS``, checked with :func:`check_keys` (``routines.check_settings``).
-"""
+"""The typed schema of tlab's config: every key's type, range and whether a run needs it, checked
+in the pre-flight with one ``ConfigError`` line per violation (``docs/cli.md``, "Config checks")."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ _ABSENT = object()
 @dataclass(frozen=True)
 class Rule:
     """What one key may hold. ``kind``: int, number, bool, str, list, embed_scale (sqrt, none
-    or a number) or any; ``low``/``high`` bound numbers (``open_low``/``open_high``: strictly);
-    ``choices`` for strings; ``item``: the rule of a list's items; ``min_items`` for lists."""
+    or a number) or any; ``open_low``/``open_high``: strict bounds; ``item``: a list's rule."""
 
     kind: str
     low: float | None = None
@@ -53,8 +44,7 @@ class Rule:
             text = "true or false"
         elif self.kind == "str":
             text = ("one of " + ", ".join(self.choices)) if self.choices else "a string"
-        elif self.kind in ("int", "number") and self.low == 1 and self.kind == "int" \
-                and self.high is None:
+        elif self.kind == "int" and self.low == 1 and self.high is None:
             text = "a positive number (an integer)"
         elif self.kind == "number" and self.low == 0 and self.open_low and self.high is None:
             text = "a positive number"
@@ -167,8 +157,7 @@ GROUPS = ("model", "pe", "block", "norm_layer", "ffn", "arch", "task", "train", 
 
 
 def _value(cfg: DictConfig, key: str) -> Any:
-    """The value at ``key`` (interpolations resolved); ``_ABSENT`` if the key is not there or
-    is ``???``."""
+    """The value at ``key``, resolved; ``_ABSENT`` if the key is missing or ``???``."""
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, default=_ABSENT) if parent_key else cfg
     if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_missing(parent,
@@ -221,8 +210,7 @@ def _shown(value: Any) -> str:
 
 
 def check_schema(cfg: DictConfig) -> None:
-    """Raise ``ConfigError`` (one line) for the first key of ``cfg`` whose value breaks the
-    schema: wrong type, out of range, or a required key (or group) that is missing."""
+    """``ConfigError`` (one line) for the first key of ``cfg`` that breaks ``SCHEMA``."""
     for group in GROUPS:
         if OmegaConf.select(cfg, group, default=_ABSENT) is _ABSENT:
             raise ConfigError(f"the config group '{group}' is required and cannot be deleted "
@@ -234,8 +222,7 @@ def check_schema(cfg: DictConfig) -> None:
 
 
 def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
-    """``ConfigError`` naming a key of ``cfg[node]`` that is not in ``known`` (e.g. one added
-    with ``+model.x=1``), and the valid ones."""
+    """``ConfigError`` naming a key of ``cfg[node]`` not in ``known`` (``+model.x=1``)."""
     found = OmegaConf.select(cfg, node, default=None)
     unknown = sorted(set(found.keys()) - known) if isinstance(found, DictConfig) else []
     if unknown:
@@ -244,8 +231,7 @@ def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
 
 
 def check_keys(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
-    """``ConfigError`` (one line) for the first key of ``rules`` (dotted, e.g.
-    ``routine.steps``) whose value in ``cfg`` breaks its rule."""
+    """``ConfigError`` (one line) for the first dotted key of ``rules`` that ``cfg`` breaks."""
     for key, rule in rules.items():
         value = _value(cfg, key)
         if value is _ABSENT:

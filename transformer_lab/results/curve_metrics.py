@@ -1,18 +1,5 @@
-"""Numbers read off a training-loss curve: how low it starts and how much it shakes at the end.
-
-    early_loss      mean training loss over the logged steps in the first ``EARLY_FRACTION``
-                    (10%) of the run: steps 1 .. floor(0.1 T), T the last logged step
-    late_loss_std   standard deviation (population) of the training loss over the logged steps
-                    in the last ``LATE_FRACTION`` (30%): steps floor(0.7 T) + 1 .. T; the
-                    oscillation figure (a still-falling curve adds its trend to it)
-
-With ``train.log_every=1`` (compare-activations' default) every step counts; a coarser log uses
-the logged steps in each window, and a window without one gives NaN (as does a late window with
-fewer than two). ``compare-activations`` writes both per (activation, seed) to
-``compare_runs.csv`` and their seed means to ``comparison.csv``; ``tlab report --metric
-early_loss`` (or ``late_loss_std``) computes them from each run's ``metrics.csv``: one
-definition, so the two agree.
-"""
+"""Numbers read off a training-loss curve: ``early_loss`` (mean over the first 10% of the steps)
+and ``late_loss_std`` (std over the last 30%), for compare-activations and ``tlab report``."""
 
 from __future__ import annotations
 
@@ -40,8 +27,7 @@ def early_loss(steps: Sequence[int], losses: Sequence[float]) -> float:
 
 
 def late_loss_std(steps: Sequence[int], losses: Sequence[float]) -> float:
-    """Population std of the loss over the logged steps ``> floor((1 - LATE_FRACTION) * T)``
-    (NaN with fewer than two)."""
+    """Population std of the loss over the steps ``> floor((1 - LATE_FRACTION) * T)`` (2+)."""
     if not steps:
         return math.nan
     start = _window_end(max(steps), 1.0 - LATE_FRACTION)

@@ -1,18 +1,5 @@
-"""Reading the runs under a folder for ``tlab report`` (``report.py``): which folders are runs,
-their ``summary.csv``, ``metrics.csv`` loss curves, ``run.json`` status and Hydra overrides, and
-which settings were swept (keys whose value differs between runs; see ``report.py``).
-
-A run that trained several seeds together (``--seeds N``) and wrote ``seeds.csv`` (2+ rows) is
-one row per seed: its settings and status from ``summary.csv``, each seed's ``seed`` and
-numbers from ``seeds.csv``; a number seeds.csv lacks (``wall_s``, ``tokens_per_s``: the
-seeds shared them) is the run's.
-
-Seed sources: a run may set ``seed_init`` (the initial weights) and ``seed_data`` (the data
-order) apart from ``seed``, which sets both. When any run does, every row gets both columns: the
-row's own ``seed_init`` / ``seed_data`` (summary.csv, seeds.csv), else its ``config.yaml``'s
-(not for a run counted per seed: its seeds.csv rows only), else the row's ``seed``. They are
-samples, like ``seed``, never grouped by.
-"""
+"""Read the runs under a folder for ``tlab report``: which folders are runs, their summaries,
+loss curves, statuses and overrides, a row per seed of ``seeds.csv``, and the swept keys."""
 
 from __future__ import annotations
 
@@ -69,9 +56,7 @@ class Gathered:
 
 
 def find_run_dirs(root: Path) -> tuple[list[Path], int]:
-    """Run folders under ``root`` (``root`` itself included) and the count of superseded ones.
-
-    The walk does not go into a run folder, Hydra's own folders or ``<job>.failed-<n>``."""
+    """Run folders under ``root`` (itself included) and the count of ``<job>.failed-<n>``."""
     runs, superseded = [], 0
     for current, dirs, _files in os.walk(root):
         path = Path(current)
@@ -96,8 +81,7 @@ def _natural_key(path: Path) -> list[Any]:
 
 
 def _load_yaml(path: Path) -> Any:
-    """A run's YAML file as plain data (a run may come from elsewhere: no interpolation is
-    resolved, nothing named in it is imported); None when missing or unreadable."""
+    """A run's YAML file as plain data (nothing resolved or imported); None if unreadable."""
     from omegaconf import OmegaConf
 
     try:
@@ -140,8 +124,7 @@ def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
 
 
 def read_summary(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of ``summary.csv`` (raises a ``_CSV_ERRORS`` member if the file is corrupt), or a
-    row made from ``run.json`` for a run that has not written its summary yet."""
+    """Rows of ``summary.csv``, or one from ``run.json`` for a run without it yet."""
     path = run_dir / "summary.csv"
     info = read_json(run_dir / "run.json")
     if path.exists():
@@ -156,8 +139,7 @@ def read_summary(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_seeds(run_dir: Path) -> list[dict[str, Any]]:
-    """Rows of ``seeds.csv`` (one per seed a ``--seeds N`` run trained), ``[]`` when there is
-    none or it has fewer than 2 rows; raises a ``_CSV_ERRORS`` member if it is corrupt."""
+    """Rows of ``seeds.csv`` (one per seed of a ``--seeds N`` run); ``[]`` under 2 rows."""
     path = run_dir / "seeds.csv"
     if not path.exists():
         return []
@@ -170,14 +152,9 @@ def read_seeds(run_dir: Path) -> list[dict[str, Any]]:
 
 
 def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | None:
-    """Training-loss rows (step, loss, curve) of ``metrics.csv``; ``None`` if absent. ``curve``
-    names the model a row belongs to (its ``stage/variant/seed`` tags: seeds trained together).
-
-    A run that trains several models (a PE beside its NoPE control, tagged by the ``variant``
-    column) contributes only the rows of ``own_variant`` (the run's PE, also as its table label
-    such as ``alibi(abs)``; else every variant but the control's), of its reversal stage when
-    it has several stages: the control's curve is not the run's. ``seed``: the
-    row's ``seed`` column (NaN without one)."""
+    """Training-loss rows (step, loss, curve, seed) of ``metrics.csv``, None if absent;
+    ``curve``: the row's ``stage/variant/seed`` tags. Beside a NoPE control only the rows of
+    ``own_variant`` (the run's PE), of its reversal stage."""
     path = run_dir / "metrics.csv"
     if not path.exists():
         return None
@@ -287,9 +264,8 @@ def gather(root: Path) -> Gathered:
 
 def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series],
                        seeded: set[str], configs: dict[Path, Any]) -> pd.DataFrame:
-    """``runs`` with a ``seed_init`` and a ``seed_data`` column when any row or run sets one
-    (the module docstring says from where), else unchanged. ``own``: the columns as the
-    summary.csv / seeds.csv rows had them, before the swept keys' values were filled in."""
+    """``runs`` with ``seed_init`` and ``seed_data`` columns when any row or run sets one: the
+    row's own (``own``, before the swept keys were filled in), its config's, else its seed."""
     columns: dict[str, list[Any]] = {key: [] for key in SEED_SOURCES}
     set_anywhere = False
     seeds = runs["seed"] if "seed" in runs.columns else pd.Series(math.nan, index=runs.index)
@@ -300,21 +276,19 @@ def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series]
                 value = _config_value(root / run_dir, key, configs)
             unset = value is None or pd.isna(value)
             set_anywhere |= not unset
-            columns[key].append(_as_seed(seed if unset else value))
+            columns[key].append(as_seed(seed if unset else value))
     return runs.assign(**columns) if set_anywhere else runs
 
 
-def _as_seed(value: Any) -> Any:
-    """A whole float as an int (a seed read from a CSV with gaps is 3.0): one spelling per
-    seed."""
+def as_seed(value: Any) -> Any:
+    """A whole float as an int (3.0 from a CSV with gaps -> 3): one spelling per seed."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],
                 choices_by_run: dict[str, dict[str, Any]],
                 config_cache: dict[Path, Any]) -> dict[str, dict[str, Any]]:
-    """key -> {run_dir: value} for every key whose value differs between runs
-    (``config_cache``: each run's config.yaml, read once)."""
+    """key -> {run_dir: value} for every key whose value differs between runs."""
     keys = sorted({k for overrides in overrides_by_run.values() for k in overrides},
                   key=lambda k: (k == "seed", k))
     swept: dict[str, dict[str, Any]] = {}

@@ -16,9 +16,10 @@ import numpy as np  # noqa: E402
 DPI = 120
 
 
-def save(fig: plt.Figure, path: Path) -> Path:
+def save(fig: plt.Figure, path: Path, tight: bool = True) -> Path:
     """Write ``fig`` to ``path`` (PNG) and close it."""
-    fig.tight_layout()
+    if tight:  # not for a figure with constrained layout
+        fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
     return path
@@ -83,9 +84,7 @@ def heatmap_grid(path: Path, matrices: Sequence[np.ndarray], titles: Sequence[st
     for ax in list(axes.flat)[len(matrices):]:
         ax.axis("off")
     fig.suptitle(suptitle)
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return save(fig, path, tight=False)
 
 
 def length_curves(path: Path, panels: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
@@ -98,8 +97,8 @@ def length_curves(path: Path, panels: Mapping[str, Mapping[str, Sequence[tuple[i
     get a [0, 1] y range."""
     bases = list(dict.fromkeys(label.split(" ft")[0] for curves in panels.values()
                                for label in curves))
-    cmap = plt.get_cmap("tab10" if len(bases) <= 10 else "tab20")
-    colours = {base: cmap(i % cmap.N) for i, base in enumerate(bases)}
+    colours = {base: style["color"]
+               for base, style in zip(bases, distinct_styles(len(bases)), strict=True)}
     fig, axes = plt.subplots(1, len(panels), figsize=(4.4 * len(panels) + 1.6, 3.6),
                              squeeze=False)
     for ax, (title, curves) in zip(axes[0], panels.items(), strict=True):

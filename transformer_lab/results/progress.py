@@ -1,22 +1,5 @@
-"""Live progress of training, fed by the metrics rows: one ``rich`` bar per training phase on a
-terminal, plain log lines elsewhere (nohup, SLURM, ``| tee``).
-
-Every training loop already writes a metrics row every ``train.log_every`` steps (and a held-out
-row every ``train.eval_every``) into the run's ``metrics.csv``; ``RunProgress`` listens to those
-rows (``CsvLog.listeners``), so the loops need no hook of their own and the bar costs one dict
-update per logged row (``benchmarks/progress_overhead.py``). A routine wraps a training phase
-in ``progress_bar(log, label, total)`` (where it used to show a spinner)::
-
-    with progress_bar(run.metrics, "reversal: pe=rope", total=2 * max_steps):
-        trainer.fit(...)  # rows written to run.metrics (or a TaggedLog of it) move the bar
-
-Steps are counted from the ``train`` rows only (a held-out row repeats its step), per series:
-rows of several models (tagged ``seed``, ``variant``, ...) each count their own steps; the count
-never exceeds ``total``. The bar shows steps done / total, the latest training loss, the latest
-held-out loss and exact match (where the task has one), tokens/s and the time left. When stdout
-is not a terminal, each ``train`` row prints one flushed line with the same numbers instead.
-Nothing is shown with ``--quiet`` (``logger.progress=false``).
-"""
+"""Live progress of training, fed by the metrics rows: a ``rich`` bar per training phase on a
+terminal, plain log lines elsewhere (``docs/cli.md``, "Progress and trackers")."""
 
 from __future__ import annotations
 
@@ -157,15 +140,13 @@ class RunProgress:
 
     @classmethod
     def for_terminal(cls, quiet: bool = False) -> RunProgress:
-        """A live bar when stdout is a terminal, plain log lines when it is not; nothing when
-        ``quiet``."""
+        """A live bar on a terminal, plain log lines elsewhere; nothing when ``quiet``."""
         from transformer_lab.results.console import console
 
         return cls(enabled=not quiet, console=console, plain=not console.is_terminal)
 
     def on_row(self, row: Mapping[str, Any]) -> None:
-        """A metrics row was written: move the bar of the current phase (if any), or print its
-        line."""
+        """A metrics row was written: move the current phase's bar, or print its line."""
         if self._phase is None:
             return
         with self._lock:

@@ -1,62 +1,5 @@
-"""``tlab report DIR``: gather every run under a folder (a sweep, or any folder of runs) into one
-table, a pivot over the swept settings, and plots.
-
-A run is a folder holding ``run.json``, ``summary.csv`` or ``metrics.csv``
-(``run_directory.holds_run``). For each run the report reads ``summary.csv`` (one row per run:
-choices, sizes, numbers, status), ``run.json`` (the status of a run that has not finished:
-partial sweeps work) and Hydra's ``.hydra/overrides.yaml`` + ``.hydra/hydra.yaml`` (the
-overrides and group choices it ran with).
-
-Multi-seed jobs: a run that trained several seeds together (``--seeds N``, ``routine.seeds``)
-writes ``seeds.csv``; with 2+ rows it counts as one sample per seed, its settings and status from
-``summary.csv`` and each seed's ``seed`` and numbers from ``seeds.csv`` (the numbers a one-seed
-run of that seed would have; ``wall_s``, ``tokens_per_s`` and others it lacks are the job's).
-So a seed is a seed: ``--seeds 3`` jobs, ``seed=0,1,2`` jobs and a folder mixing both give the
-same pivot, verdicts paired by seed (``routine.seeds`` is never a grouped key). Without
-``seeds.csv`` a run is one sample, as always.
-
-Swept keys are the override keys whose value differs between runs (a group key such as ``pe``
-takes the group's choice, a value key such as ``model.n_heads`` the resolved config value, so a
-run that left a key at its default still gets a value). The pivot groups the runs by the swept
-keys other than ``seed`` and gives, per group, the number of run folders (``n_runs``), how many
-passed (``n_passed``), the number of samples (``n_seeds``: one per run, or per seed of a run's
-``seeds.csv``), the seeds and ``mean ± std`` over the samples of each summary number (sample std,
-ddof=1).
-
-Files (into DIR or ``--out``; an earlier report is never overwritten: the first report is
-``report.*``, later ones ``report-2.*``, ``report-3.*``, ...):
-
-    report.csv              one row per run (per seed of a multi-seed run): run_dir, job,
-                            status, swept keys, summary columns
-    report-pivot.csv        the pivot as numbers (<metric>_mean, <metric>_std, n_runs, n_passed,
-                            n_seeds);
-                            with a seed key also the plotted metric's 95% CI and, against a
-                            baseline group paired by seed, the verdict columns (``verdicts.py``)
-    report.md               the pivot as a markdown table, plus failed and skipped runs
-    report-variance.csv     when the runs vary both ``seed_init`` and ``seed_data``: per group,
-                            the metric's variance from each (``variance_table``)
-    report-<metric>.png     the final metric per group (mean, std error bars)
-    report-loss.png         training-loss curves, one line per group (mean over seeds, std band)
-
-``--metric early_loss`` or ``--metric late_loss_std`` (``curve_metrics.py``: mean training loss
-over the first 10% of the steps, std over the last 30%) computes both numbers from each run's
-training-loss curves (several in one run, e.g. seeds trained together: the mean of each curve's
-number, as comparison.csv; a run counted per seed gets each seed's own) and reports them like
-summary numbers, with the verdicts on the one asked for.
-
-Runs moved aside by ``--resume`` (``<job>.failed-<n>``) are superseded attempts: not gathered.
-A run whose ``summary.csv`` cannot be parsed is skipped and named; an unreadable ``metrics.csv``
-only drops that run's loss curve, an unreadable ``seeds.csv`` makes the run one sample (named).
-
-Variance by source: when the runs vary both ``seed_init`` (initial weights) and ``seed_data``
-(data order; ``gather.py`` says where each row's come from), each group's runs should cross them
-(one run per pair) and the report metric's variance is split into the two and a residual
-(``statistics.variance_by_source``: a two-way random-effects ANOVA by the method of moments; the
-residual holds their interaction too) in ``report-variance.csv`` and a section of ``report.md``.
-
-Files: ``gather.py`` reads the runs and finds the swept keys; this file summarises them and
-writes the report; ``report_plots.py`` draws its two plots.
-"""
+"""``tlab report DIR``: every run under a folder in one table, a pivot over the swept settings with
+verdicts, and plots (``docs/cli.md``, "tlab report"); ``gather.py`` reads the runs."""
 
 from __future__ import annotations
 
@@ -71,7 +14,7 @@ import pandas as pd
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import variance_by_source
 from transformer_lab.results.curve_metrics import CURVE_METRICS, curve_metric
-from transformer_lab.results.gather import METRICS, SEED_SOURCES, Gathered, gather
+from transformer_lab.results.gather import METRICS, SEED_SOURCES, Gathered, as_seed, gather
 from transformer_lab.results.report_plots import plot_loss_curves, plot_metric
 from transformer_lab.results.verdicts import verdict_columns, verdict_lines
 
@@ -92,10 +35,8 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
 
 
 def with_curve_metrics(gathered: Gathered) -> Gathered:
-    """``gathered`` with a column per ``CURVE_METRICS`` read off each run's training-loss curves:
-    the number of each curve (a run that trains several seeds together has one per seed), then
-    their mean, as ``comparison.csv`` has it; a run counted per seed (``seeds.csv``) gets on
-    each seed's row the mean over that seed's curves only. NaN without a curve."""
+    """``gathered`` with a ``CURVE_METRICS`` column: the mean over a run's curves (over a seed's,
+    for a run counted per seed); NaN without a curve."""
     numbers: dict[tuple, list[dict[str, float]]] = {}  # (run_dir, seed or None) -> per curve
     for (run_dir, _), curve in gathered.curves.groupby(["run_dir", "curve"], sort=False):
         curve = curve.sort_values("step")
@@ -134,8 +75,7 @@ def pivot_table(gathered: Gathered) -> pd.DataFrame:
                         n_seeds=("run_dir", "size"))  # run folders; samples (seeds)
     if "seed" in runs.columns:
         table["seeds"] = grouped["seed"].agg(
-            lambda s: ",".join(str(int(v)) if isinstance(v, float) and v.is_integer() else str(v)
-                               for v in sorted(s.dropna().unique())))
+            lambda s: ",".join(str(as_seed(v)) for v in sorted(s.dropna().unique())))
     for metric in metrics:
         table[f"{metric}_mean"] = grouped[metric].mean()
         table[f"{metric}_std"] = grouped[metric].std(ddof=1)
@@ -149,11 +89,8 @@ VARIANCE_COLUMNS = ["metric", "n_init", "n_data", "mean", "var_init", "var_data"
 
 
 def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | None:
-    """Per group of the swept keys, ``metric``'s variance from ``seed_init``, from
-    ``seed_data`` and the residual (``statistics.variance_by_source`` over the group's
-    ``seed_init x seed_data`` table), with their shares of the total; None unless the runs
-    vary both. A group whose runs do not cross the two (a pair missing or twice, a failed run,
-    under 2 x 2) gets a ``note`` saying so instead of numbers."""
+    """Per group, ``metric``'s variance from ``seed_init``, ``seed_data`` and the residual, with
+    shares; a ``note`` for a group that does not cross them; None unless both vary."""
     runs = gathered.runs
     if metric is None or not set(SEED_SOURCES) <= set(runs.columns) \
             or any(runs[k].dropna().astype(str).nunique() < 2 for k in SEED_SOURCES):
@@ -275,8 +212,7 @@ def free_prefix(out_dir: Path) -> str:
 
 def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None,
                 baseline: str | None = None) -> Report:
-    """Gather, summarise and write the report files; return what was written. ``baseline``:
-    the group the others are tested against (``verdicts.py``)."""
+    """Gather, summarise and write the report files; ``baseline`` as ``--baseline``."""
     gathered = gather(Path(root))
     if metric in CURVE_METRICS:  # asked for one: both, so report.csv has every number
         gathered = with_curve_metrics(gathered)

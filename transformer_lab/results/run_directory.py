@@ -1,17 +1,5 @@
-"""Run directories and the files a run writes (README, "What a run writes").
-
-    config.yaml        resolved config            run.json     seed, commit, versions, status
-    metrics.csv        one row per logged step    summary.csv  one row per run
-    <table>.csv        command-specific tables    *.png        plots
-    model.safetensors  a one-model run's final weights (``weights_path``)
-    models/[<variant>/]seed<k>.safetensors        the final weights of each of several models
-    checkpoint.pt      the resumable state of a tlab train run (``--resume``; ``train.checkpoint``)
-
-CSV rows are flushed as they are written, so an interrupted run keeps what it logged. A run
-directory is claimed (``.tlab-claim``) before anything is written in it; ``--resume`` takes over
-the claim of an interrupted run (``reclaim_directory``) and appends to its files
-(``RunDirectory.create`` reopens it).
-"""
+"""Run directories, their claim and the files a run writes (README, "What a run writes";
+``docs/cli.md``, "Run directories")."""
 
 from __future__ import annotations
 
@@ -60,11 +48,8 @@ def _format(value: Any) -> Any:
 
 
 class CsvLog:
-    """Append-only CSV. The header is ``columns`` plus any other keys of the first row written;
-    a later row with keys the header lacks widens it (the file is rewritten once with the new
-    columns, earlier rows empty there), so no column is lost, e.g. the ``moe_expert{i}_fraction``
-    of an MoE model trained after a dense one. ``listeners`` are called with each row after it
-    is on disk (trackers, the progress bar): they never stop a row being written."""
+    """Append-only CSV, flushed per row; a row with new keys widens the header. ``listeners``
+    get each row once it is on disk."""
 
     def __init__(self, path: Path, columns: Iterable[str],
                  listeners: Iterable[Callable[[Mapping[str, Any]], None]] = ()) -> None:
@@ -94,17 +79,22 @@ class CsvLog:
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
 
     def _widen(self, extra: list[str]) -> None:
-        """Rewrite the file with ``extra`` added to the header (atomically), then append again."""
+        """Rewrite the file with ``extra`` added to the header, then append again."""
         self._file.close()
         with self.path.open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
-        self.columns += extra
-        partial = self.path.with_name(self.path.name + ".widening")
+        columns = self.columns + extra
+        self._rewrite(columns, [[row.get(c) for c in columns] for row in rows], ".widening")
+
+    def _rewrite(self, header: list[str], rows: list[list[Any]], suffix: str) -> None:
+        """Replace the file with ``header`` and ``rows`` (atomically), then append again."""
+        partial = self.path.with_name(self.path.name + suffix)
         with partial.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.DictWriter(f, fieldnames=self.columns)
-            writer.writeheader()
+            writer = csv.writer(f)
+            writer.writerow(header)
             writer.writerows(rows)
         os.replace(partial, self.path)
+        self.columns = list(header)
         self._open("a")
 
     def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
@@ -112,9 +102,7 @@ class CsvLog:
             self.write(row)
 
     def keep_first(self, rows: int) -> None:
-        """Continue the file an earlier process wrote (a resumed run): its header and its first
-        ``rows`` rows are kept (rewritten atomically; rows written after the state the run
-        resumes from are dropped), and later rows are appended."""
+        """Continue a resumed run's file: keep its header and first ``rows`` rows, append."""
         self.close()
         if rows == 0 and not self.path.exists():
             return  # nothing was written: the first row writes the header
@@ -125,14 +113,8 @@ class CsvLog:
         if header is None or len(kept) < rows:
             raise ConfigError(f"{self.path} has {len(kept)} rows where its checkpoint counted "
                               f"{rows}: it was changed since; cannot resume from it")
-        partial = self.path.with_name(self.path.name + ".resuming")
-        with partial.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(kept)
-        os.replace(partial, self.path)
-        self.columns, self.rows = header, rows
-        self._open("a")
+        self._rewrite(header, kept, ".resuming")
+        self.rows = rows
 
     def close(self) -> None:
         if self._file is not None:
@@ -140,9 +122,8 @@ class CsvLog:
 
 
 class TaggedLog:
-    """Writes rows to ``log`` (if there is one) with the same extra columns, e.g.
-    ``TaggedLog(run.metrics, stage="reverse", variant="rope", seed=0)``: several models of one
-    run share its ``metrics.csv`` and these columns tell them apart."""
+    """Rows to ``log`` (if any) with extra columns, e.g. ``TaggedLog(run.metrics, seed=0)``:
+    several models of one run share its ``metrics.csv``."""
 
     def __init__(self, log: CsvLog | TaggedLog | None, **tags: Any) -> None:
         self.log = log
@@ -159,8 +140,7 @@ def holds_run(path: Path) -> bool:
 
 
 def resume_hint(path: Path) -> str:
-    """``; to go on with that run: tlab train --resume PATH`` when ``path`` holds a run's
-    resumable state (``checkpoint.pt``), else ``""``: for a refusal of that directory."""
+    """How to resume the run in ``path`` if it kept a checkpoint, for a refusal message."""
     if not (Path(path) / CHECKPOINT_FILE).is_file():
         return ""
     return f"; to go on with that run: tlab train --resume {path}"
@@ -168,11 +148,8 @@ def resume_hint(path: Path) -> str:
 
 def weights_path(run_dir: Path, seed: int, variant: str | None = None,
                  several: bool = False) -> Path:
-    """Where a run keeps one trained model's final weights: ``model.safetensors`` when it trains
-    one model, else ``models/seed<k>.safetensors`` (seeds of one config) or
-    ``models/<variant>/seed<k>.safetensors`` (a comparison's variants; the variant's name with
-    any character but letters, digits and ``._=+-`` as ``_``: the file's header has it as
-    given)."""
+    """Where a run keeps a model's final weights: ``model.safetensors`` (one model), else
+    ``models/[<variant>/]seed<k>.safetensors``."""
     if variant is None and not several:
         return run_dir / WEIGHTS_FILE
     folder = run_dir / MODELS_DIR
@@ -185,8 +162,7 @@ CLAIM_FILE = ".tlab-claim"  # who claimed a run / sweep directory: {"pid", "host
 
 
 def claimed_by(path: Path) -> str | None:
-    """"pid 123 on host h (since ...)" if ``path`` was claimed by a run or sweep, else None.
-    A claim being written right now is waited for briefly, so the owner is named."""
+    """"pid 123 on host h (since ...)" if ``path`` is claimed, else None."""
     marker = Path(path) / CLAIM_FILE
     if not marker.exists():
         return None
@@ -210,10 +186,8 @@ def _claim(resuming: bool = False) -> str:
 
 
 def claim_directory(path: str | Path) -> Path:
-    """Claim ``path`` for one run or sweep before anything is written there: the directory is
-    made if needed and ``.tlab-claim`` created with an exclusive create (``O_EXCL``), so of two
-    runs started together exactly one gets it. Raises ``ConfigError`` naming the owner for the
-    loser, and for a path that cannot be a directory (a file, below a file, not writable)."""
+    """Claim ``path`` for one run or sweep by creating ``.tlab-claim`` exclusively;
+    ``ConfigError`` naming the owner, or why ``path`` cannot be a directory."""
     path = Path(path)
     for parent in (path, *path.parents):
         if parent.exists() and not parent.is_dir():
@@ -234,18 +208,15 @@ def claim_directory(path: str | Path) -> Path:
 
 
 def reclaim_directory(path: Path) -> None:
-    """Take over the claim of an interrupted run's directory, to resume the run in it
-    (``--resume RUN_DIR``). Refused (``ConfigError``) while the claiming process still runs on
-    this host, and for the loser of two resumes started together: the takeover is locked by an
-    exclusive create of a file named after the claim taken over, and the claim is replaced
-    (``os.replace``) only if it is still that one."""
+    """Take over the claim of an interrupted run's directory (``--resume RUN_DIR``);
+    ``ConfigError`` while its owner runs, or for the loser of two resumes."""
     import hashlib
     import socket
 
     marker = path / CLAIM_FILE
     before = marker.read_text(encoding="utf-8") if marker.exists() else ""
     owner = read_json(marker)
-    if owner.get("host") == socket.gethostname() and _alive(owner.get("pid")):
+    if owner.get("host") == socket.gethostname() and process_alive(owner.get("pid")):
         raise ConfigError(f"'{path}' is still being run: {claimed_by(path)}; stop it first "
                           "(its checkpoint is resumed from where it stops)")
     lock = path / f"{CLAIM_FILE}.taking-{hashlib.sha256(before.encode()).hexdigest()[:16]}"
@@ -264,8 +235,8 @@ def reclaim_directory(path: Path) -> None:
         lock.unlink(missing_ok=True)
 
 
-def _alive(pid: Any) -> bool:
-    """True when a process ``pid`` runs on this host (another one than this process)."""
+def process_alive(pid: Any) -> bool:
+    """True when a process ``pid`` (not this one) runs on this host."""
     if not isinstance(pid, int) or pid == os.getpid() or pid <= 0:
         return False
     try:
@@ -320,8 +291,7 @@ class RunDirectory:
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
-        """A new run's directory; one that holds a run is refused, unless this process claimed
-        it to resume that run (``--resume``): it is then reopened (``reopen``)."""
+        """A new run's directory; one holding a run is refused unless resumed here (``reopen``)."""
         path = Path(path)
         if holds_run(path):
             if resumed_here(path):
@@ -349,9 +319,7 @@ class RunDirectory:
 
     @classmethod
     def reopen(cls, path: Path, cfg: DictConfig) -> RunDirectory:
-        """An interrupted run's directory, to go on in it: ``run.json`` keeps what it recorded,
-        with status ``running`` again and this process in its ``resumes`` list; the CSV files
-        are continued by the routine (``CsvLog.keep_first``) or written anew."""
+        """An interrupted run's directory to go on in (this process added to ``resumes``)."""
         run = cls(path, cfg)
         run.info = read_json(path / "run.json")
         resumes = run.info.get("resumes") or []

@@ -1,10 +1,4 @@
-"""``tlab report`` on an Optuna search: its trials and the best parameters.
-
-A sweep run with ``hydra/sweeper=optuna`` keeps its study in ``optuna.db`` (``app/search.py``);
-``study_rows`` reads it back (one row per trial: number, job folder, state, objective value,
-parameters) and ``write_study_report`` writes ``search-trials.csv`` and prints the table and the
-best trial.
-"""
+"""``tlab report`` on an Optuna search (``app/search.py``): its trials and the best parameters."""
 
 from __future__ import annotations
 
@@ -12,7 +6,7 @@ import csv
 from pathlib import Path
 from typing import Any
 
-STUDY_FILE = "optuna.db"
+STUDY_FILE = "optuna.db"  # in the sweep directory
 STUDY_NAME = "tlab"
 
 

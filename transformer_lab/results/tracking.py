@@ -1,14 +1,5 @@
-"""Experiment trackers beside the CSV files: ``logger=csv|tensorboard|mlflow``.
-
-``csv`` (the default) is the run directory's own files and nothing else. ``tensorboard`` also
-writes event files into the run directory (``tensorboard --logdir outputs``). ``mlflow`` logs to
-``logger.tracking_uri`` (default ``outputs/mlruns``, a local store): the flattened config as
-params, every metrics row as metrics, the CSV/PNG/YAML/JSON files as artifacts; one MLflow run
-per run directory, and the jobs of a sweep in one MLflow experiment named after the sweep.
-
-A tracker never costs the CSV files: rows are written to CSV first, and a tracker that raises is
-switched off for the rest of the run with one warning (``SafeTracker``).
-"""
+"""Experiment trackers beside the CSV files (``logger=csv|tensorboard|mlflow``); a tracker that
+fails is switched off, the CSV files never are."""
 
 from __future__ import annotations
 

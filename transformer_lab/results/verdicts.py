@@ -1,13 +1,5 @@
-"""The verdict columns of ``tlab report`` over a sweep with a ``seed`` key (``report.py``).
-
-The compared key is the first grouped key (``pe`` in ``pe=none,rope seed=0,1,2``) or the one
-``--baseline KEY=VALUE`` names; the baseline group is its first value, or ``VALUE``. Runs are
-compared only within groups that differ in the compared key alone (a stratum: the same values
-of every other grouped key), paired by seed (by ``seed``, ``seed_init`` and ``seed_data`` together
-where runs set the last two: ``sample_ids``), on the report's metric (``measures.statistics``):
-per group ``<metric>_ci_low/high`` and, against the stratum's baseline group, the columns of
-``VERDICT_COLUMNS`` (Holm over the groups of a stratum), plus ``baseline`` (``key=value``).
-"""
+"""The verdict columns of ``tlab report`` over runs with a seed key: groups of one stratum tested
+against its baseline group, paired by seed (``docs/cli.md``, "tlab report")."""
 
 from __future__ import annotations
 
@@ -20,38 +12,30 @@ from transformer_lab.measures.statistics import (
     has_verdict,
     verdict_table,
 )
-from transformer_lab.results.gather import SEED_SOURCES, Gathered
+from transformer_lab.results.gather import SEED_SOURCES, Gathered, as_seed
 
 # Summary numbers where a larger value is better; every other one is better lower.
 HIGHER_IS_BETTER = {"best_exact_match", "tokens_per_s"}
 
 
 def sample_ids(runs: pd.DataFrame) -> pd.Series:
-    """Per row, what pairs it with the other groups' runs: its ``seed``, or
-    ``seed/seed_init/seed_data`` when the runs set those (``gather.SEED_SOURCES``); NaN
-    without a seed."""
+    """Per row, what pairs it across groups: ``seed``, or ``seed/seed_init/seed_data``."""
     if not set(SEED_SOURCES) <= set(runs.columns):
         return runs["seed"]
     parts = runs[["seed", *SEED_SOURCES]]
-    labels = ["/".join(_seed_text(v) for v in row) for row in parts.itertuples(index=False)]
+    labels = ["/".join(str(as_seed(v)) for v in row) for row in parts.itertuples(index=False)]
     return pd.Series(labels, index=runs.index).where(parts.notna().any(axis=1))
 
 
-def _seed_text(value: object) -> str:
-    return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
-
-
 def has_seeds(gathered: Gathered) -> bool:
-    """True when the runs are grouped and carry more than one seed (a sweep with a seed key,
-    or with ``seed_init`` / ``seed_data``)."""
+    """True when the runs are grouped and carry more than one seed."""
     runs = gathered.runs
     return bool(gathered.group_keys) and "seed" in runs.columns \
         and sample_ids(runs).dropna().astype(str).nunique() > 1
 
 
 def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> tuple[str, str]:
-    """(key, baseline value) from ``--baseline`` (``KEY=VALUE``, ``VALUE`` or None); a key or
-    value that no group has is a ``ConfigError`` naming the valid ones."""
+    """(key, baseline value) from ``--baseline`` (``KEY=VALUE``, ``VALUE`` or None)."""
     if baseline is None:
         return keys[0], str(pivot[keys[0]].iloc[0])
     key, _, value = baseline.rpartition("=")
@@ -72,8 +56,7 @@ def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> 
 
 def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
                     baseline: str | None = None, alpha: float = 0.05) -> pd.DataFrame:
-    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` appended
-    (see the module docstring); unchanged when the runs have no seed key."""
+    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` (seeds)."""
     if not has_seeds(gathered):
         return pivot
     keys = gathered.group_keys
