@@ -1,15 +1,5 @@
-"""Which component made a step-1 property fail? Swap it for the default and look again.
-
-When step-1 properties fail, each of the run's components (``pe``, ``ffn``, ``norm_layer``,
-``block``) that is not already its group's default (``configs/config.yaml``: rope, gelu,
-layernorm, pre) is replaced by that default, the model rebuilt with the run's seed and every
-property measured again. A swap after which a failing property holds names its culprit:
-
-    the norm layer (MyNorm): with layernorm the property holds
-
-A failure that no single swap repairs says so (two broken components, or a broken default).
-This runs only when something failed: a passing step 1 pays nothing for it.
-"""
+"""Which component made a step-1 property fail? Swap each for its group's default and measure
+again (docs/routines.md)."""
 
 from __future__ import annotations
 

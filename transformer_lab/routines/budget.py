@@ -1,26 +1,5 @@
-"""``tlab budget``: parameters, activation memory and FLOPs of a configuration, by formula,
-checked against the model actually built from it.
-
-Parameters per component (token embedding, PE, attention Q/K/V/O, FFN, norms, output head; per
-layer and total) come from :mod:`transformer_lab.measures.parameters` and are compared with
-``sum(p.numel())`` of the built model's modules: any mismatch is a FAIL (exit 1). With the
-defaults (d_model 768, d_ff 3072, 12 heads, FFN with bias, attention without) the table shows
-the article's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
-
-Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
-measured on the built model on CPU with
-:func:`transformer_lab.measures.memory.saved_activation_bytes` (saved-tensor hooks). It
-measures one forward at batch 1 and one at batch 2 and extrapolates exactly to B, since saved
-bytes are affine in B. The source article's first FFN
-activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
-
-FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
-:func:`transformer_lab.measures.parameters.training_flops_per_token`); the ``6 N`` part is checked
-against ``torch.utils.flop_counter`` on a short pass.
-
-In this order: the settings, a ``budget.csv`` row, the parameter rows, activation memory, FLOPs,
-the article's figures, the terminal table and the routine.
-"""
+"""``tlab budget``: parameters, activation memory and FLOPs of a configuration by formula,
+checked against the model built from it (docs/routines.md)."""
 
 from __future__ import annotations
 

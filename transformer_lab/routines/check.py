@@ -1,34 +1,5 @@
-"""``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``;
-and the rotary relative-position row of step 3 (``tlab validate``, ``tlab reverse-task``).
-
-Which checks apply to a PE is what its class declares (``property_checks``: names of the
-registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property_checks =
-("sinusoidal_shift", "permutation")``); ``routine.pe=all`` runs them for every choice of the
-``pe`` group whose class declares some, ``--pe NAME`` for one. The measurements are in
-:mod:`transformer_lab.measures.properties`:
-
-    rope_relative            RoPE scores depend only on m - n: several offsets, bases
-                             (``routine.rope_bases`` plus the configured one) and both pairings
-    rope_pairing_mismatch    half-pairing on q with interleaved on k: the relative property
-                             must break, and the detector must see it break
-    sinusoidal_shift         PE(pos + k) is one linear map of PE(pos) for every pos
-    permutation_equivariant  the NoPE encoder: f(P x) = P f(x)
-    pe_breaks_permutation    every PE: f(P x) != P f(x)
-    swap_attention           the article's test: swap two tokens; NoPE attention rows and columns
-                             permute exactly, a PE's do not. With ``--trained`` also on a model
-                             just trained on reversal (``routine.train_steps`` steps).
-
-Every check runs on an encoder built from the run's config (``model``, ``block``, ``norm_layer``,
-``ffn`` groups), in eval mode. Exit 1 if any check fails.
-
-Step 3's ``rotary_relative`` row (:func:`rotary_relative_check`) measures the RoPE property
-with the same function as ``rope_relative``, on the run's own PE: every position pair of a
-short sequence against the pair one position further.
-
-In this order: a row of ``checks.csv`` and the tolerances, the model and tokens a check runs
-on, one section per property (its rows, its check), the registry and which checks a PE gets,
-``--trained``, the routine and its table.
-"""
+"""``tlab check``: correctness checks of the positional encodings (``checks.csv``), and step 3's
+``rotary_relative`` row (docs/routines.md)."""
 
 from __future__ import annotations
 

@@ -1,27 +1,5 @@
-"""``tlab mutants``: the validation routine as a bug detector, measured like a classifier.
-
-Runs every component of a suite through ``tlab validate``'s own step functions, in process:
-
-* the broken components (``transformer_lab.mutants.MUTANTS``, or the ``MUTANTS`` lists of the
-  ``*.py`` files in ``routine.dir``), each expected to be caught at a named step/check;
-* the built-in correct components (``routine.negatives``): every PE x arch (``pe=none`` is the
-  control, not a component, and is left out), every FFN, every block x norm layer. A mutant
-  whose ``expected`` is ``harmless`` counts as correct too.
-
-For each: the pre-flight's component checks (:func:`preflight`: exit 2 in ``tlab validate``),
-steps 1-2 (``validate.smoke_steps``), then step 3's rotary check
-(``check.rotary_relative_check``); with ``routine.reversal=true`` step 3's reversal training
-and NoPE control too (minutes per PE on a CPU; the built-in reversal results are in
-``benchmarks/validate_matrix.csv``). Step 4 compares
-relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
-
-The first failing row names the step/check that caught a component; an exception is
-``crash:<type>`` (``tlab validate`` would exit 1). Outcomes: ``correct-passed``,
-``correct-failed``, ``caught-expected``, ``caught-elsewhere``, ``missed``. The mutation score
-is the fraction of broken components caught at all. Writes ``mutants.csv``
-(:data:`MUTANT_COLUMNS`) and the smoke-training rows in ``metrics.csv`` (column ``component``).
-PASS: no false alarm and every mutant caught at its expected step.
-"""
+"""``tlab mutants``: the validation routine as a bug detector, measured like a classifier over
+broken and correct components (docs/routines.md)."""
 
 from __future__ import annotations
 

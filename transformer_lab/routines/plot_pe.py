@@ -1,22 +1,5 @@
-"""``tlab plot-pe``: what a positional encoding looks like, as PNG files in the run directory.
-
-By the PE's ``kind`` (one registry, ``PLOTTERS``):
-
-    additive  pe_curves.png   PE value vs position for ``routine.dims`` (the article's figure:
-                              dims 0, 1, 3, 7, 15, 31 of a 128-wide table, 100 positions);
-                              low dims oscillate fast, high dims slowly
-              pe_heatmap.png  position x dimension
-    rotary    pe_curves.png   cos(m theta_i) vs position m for the pairs i = dim // 2
-              pe_heatmap.png  cos(m theta_i), position x pair
-              rope_score_vs_distance.png   q . R(d) k / |q||k| for q = k = (1, ..., 1): the
-                              RoFormer long-range decay, at the configured base and
-                              ``routine.rope_bases``
-    bias      pe_bias_vs_distance.png  bias of the last query to each key vs distance, one
-                              line per head (ALiBi: -m_h * distance)
-              pe_bias_heads.png  the (T x T) bias of every head
-
-The numbers behind the curves go to ``pe_values.csv`` (one row per position).
-"""
+"""``tlab plot-pe``: what a positional encoding looks like, as PNG files and ``pe_values.csv``
+(the files per PE kind: docs/routines.md)."""
 
 from __future__ import annotations
 

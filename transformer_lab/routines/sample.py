@@ -1,22 +1,5 @@
-"""``tlab sample RUN_DIR``: a trained model's continuation of a prompt.
-
-Not a Hydra routine: it reads the final weights a finished (or interrupted) run kept
-(``training.checkpoint``: the header's config rebuilds the model, its tokenizer encodes the
-prompt) and writes nothing. A run with several models (``--seeds N``, ``tlab compare``) is
-narrowed by variant and seed; the first model left is used, and ``Sample.header`` says which.
-
-The prompt is text on a text task (``task=text``: the run's char, byte or BPE tokenizer) and
-token ids separated by spaces on a synthetic one (``task=lm``, ``reverse``, ``copy``); the
-continuations are ``model.generate``'s with the KV cache: greedy (``temperature`` 0) or drawn
-from ``softmax(logits / temperature)`` over the ``top_k`` most likely tokens and the ``top_p``
-nucleus, ``num_samples`` of them from one generator seeded by ``seed`` (the same seed, the same
-tokens; a fresh seed unless one is given). Past the model's context window (a learned
-position table's ``max_len``) the context is cropped to its last tokens, as nanoGPT does.
-Refused in one line (``ConfigError``): an encoder, a prompt the tokenizer cannot encode (naming
-the characters), token ids outside the vocabulary.
-
-In this order: the settings, the prompt, the continuation.
-"""
+"""``tlab sample RUN_DIR``: a trained model's continuation of a prompt (not a Hydra routine;
+docs/routines.md)."""
 
 from __future__ import annotations
 

@@ -1,23 +1,4 @@
-"""``tlab smoke``: steps 1 and 2 of the source article's validation routine.
-
-Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
-and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
-finite gradient and the parameter count equals the formula (``parameter_count``). Before that,
-the model's forward-pass properties (``measures.model_properties``, one row each: dtype, device,
-eval determinism, norm scale control, FFN nonlinearity, attention masks, causality in decoders,
-finiteness, injectivity and distinguishability of positions up to ``routine.max_len``, bf16
-behaviour, batch independence, train/eval agreement, FFN gain); a failing one fails step 1 and
-its row names the culprit component (``routines.attribution``).
-Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
-PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
-it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
-and parameters whose gradient is all zeros.
-
-Writes ``smoke.csv`` (the check rows) and, with ``--seeds N`` > 1, ``seeds.csv``: one row per
-seed (``seed, steps, final_loss``), the numbers a one-seed run of that seed puts in its
-``summary.csv`` (whose ``final_loss`` is then the mean over the seeds); ``tlab report`` counts
-each of those rows as a seed.
-"""
+"""``tlab smoke``: steps 1 and 2 of the validation routine (docs/routines.md)."""
 
 from __future__ import annotations
 

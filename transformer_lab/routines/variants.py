@@ -1,14 +1,5 @@
-"""Variants of one run's config, and metrics rows tagged with the variant they belong to.
-
-The validation routine trains several models in one run directory: the chosen PE and its NoPE
-control (step 3), one model per activation and seed (step 4); ``tlab compare --vary`` one per
-value and seed. Each is the run's own config with one config group swapped
-(``with_choice(cfg, "pe", "none")``), one value set (``with_value(cfg, "train.lr", 1e-3)``: a
-group's choice or a key's value, as ``KEY=VALUE`` on the command line) or a block of settings
-merged over it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the
-columns ``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
-``train.*`` keys and its ``optimizer`` node into the trainer's typed settings.
-"""
+"""Variants of one run's config (another group choice or key value, a merged block), their
+typed training settings, seeds, and metrics rows tagged with the variant."""
 
 from __future__ import annotations
 

@@ -1,13 +1,4 @@
-"""``tlab extrapolate``'s configs, tasks and models at each length (moved out of
-``routine.py``, which trains and evaluates with them):
-
-    config_for           ``cfg`` with another PE node, ``task.seq_len`` and ``model.max_len``
-    task_at              the task at one length (same ``data_seed``); ``ConfigError`` if it cannot
-    tasks_by_length      the training task and one task per evaluation length
-    positions_reachable  None, or why the model's PE cannot encode that many positions
-    scaled_model         the trained model with its RoPE rebuilt for a scaling (weights shared)
-    evaluate             held-out loss, token accuracy and exact match
-"""
+"""``tlab extrapolate``'s configs, tasks and (scaled) models at each length."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""What ``tlab extrapolate`` trains and evaluates, read and checked from ``cfg.routine``.
-
-``make_plan(cfg)`` -> :class:`Plan`: the PEs (and their config nodes), the training length, the
-evaluation lengths (``"2x"`` or a token count), the RoPE scalings (:class:`Scaling`, ``name`` or
-``name:value``), the seeds and the fine-tune settings. Bad input raises ``ConfigError`` with one
-line naming the value and the valid ones. The routine is in ``routine.py``.
-"""
+"""What ``tlab extrapolate`` trains and evaluates (``make_plan``), read and checked from
+``cfg.routine``."""
 
 from __future__ import annotations
 

@@ -1,53 +1,5 @@
-"""``tlab extrapolate``: train at one length, evaluate at longer ones (the article's pitfall 6.2).
-
-For every positional encoding in ``routine.pes`` and every seed, one model is trained on the task
-at ``routine.train_len`` (``task.seq_len``; for ``reverse``/``copy`` under ``arch=decoder`` the
-model sees ``2 * train_len`` positions, ``source SEP target``). The trained model is then
-evaluated, without retraining, on a task made with the same ``data_seed`` at each length of
-``routine.eval_lens`` (``"2x"`` = twice ``train_len``, ``24`` = 24 tokens): held-out loss, token
-accuracy and (reverse/copy) exact match by greedy decoding.
-
-RoPE models are evaluated once per entry of ``routine.scalings`` (context-extension remedies,
-see :func:`transformer_lab.components.positional.rope_inverse_frequencies`), with
-``original_max_len`` = the training model length ``L`` and, at an evaluation length ``L'``:
-
-======================= =================================================================
-entry                   what the model's RoPE becomes at ``L'``
-======================= =================================================================
-``none``                unchanged: plain extrapolation
-``linear``              position interpolation (Chen et al. 2023): ``theta_i / s``
-``ntk``                 NTK-aware base ``base * s^(d/(d-2))`` (bloc97 2023)
-``dynamic``             dynamic NTK: ``s`` recomputed from the current length (factor 1)
-``yarn``                YaRN (Peng et al. 2023): per-pair ramp + attention temperature
-``base:N``              a plain larger base ``N`` (e.g. 500000, the LLaMA 3 value)
-======================= =================================================================
-
-with ``s = max(1, L'/L)`` unless a factor is written after a colon (``yarn:4``). Positional
-encodings without a ``scaling`` setting (sinusoidal, learned, ALiBi, T5, NoPE) are evaluated as
-trained (``scaling=none``) only. Training with a larger base from the start is ``pe.base=500000``.
-
-With ``routine.finetune_steps > 0`` each (model, scaling) pair is also fine-tuned for that many
-steps at every evaluation length longer than ``train_len`` and evaluated again (the position
-interpolation recipe: PI + a short fine-tune; with ``none`` it is plain fine-tuning at the longer
-length, the paper's baseline).
-
-Every model is built for its training length: ``model.max_len`` (the learned table size) is the
-training model length unless ``routine.max_len`` is set. A learned table asked for positions it
-does not have (``pe.interpolate=false``) cannot be evaluated there: its rows in
-``extrapolation.csv`` get ``status=error`` and the reason, the other encodings still run (this is
-the article's "learned PE fails past its max length"). Bad requests stop the run before anything is
-trained (``ConfigError``, exit 2): an evaluation length below 1, an unknown scaling, a factor
-<= 0, a scaling with no RoPE encoding in ``routine.pes``, a length the task cannot generate.
-
-Writes ``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`, one row per pe, scaling, seed,
-evaluation length and fine-tune setting), ``extrapolation.png`` (metric vs length per encoding)
-and the training rows of every model in ``metrics.csv`` (tagged with ``pe``, ``scaling``,
-``seed``, ``phase``).
-
-Files: ``plan.py`` reads and checks ``cfg.routine`` (the plan), ``lengths.py`` makes the configs,
-tasks and (scaled) models at each length, this file trains and evaluates, ``tables.py`` makes the
-curves, the plot and the terminal table.
-"""
+"""``tlab extrapolate``: train at one length, evaluate at longer ones, with RoPE scalings and
+fine-tuning (the article's pitfall 6.2; docs/routines.md)."""
 
 from __future__ import annotations
 

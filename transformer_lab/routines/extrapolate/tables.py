@@ -1,13 +1,5 @@
-"""The outputs of ``tlab extrapolate`` besides its CSV: curves averaged over seeds, the plot
-(metric against evaluation length), the terminal table and the verdict columns. Rows are those of
-``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`).
-
-Verdicts (``with_verdicts``): at each evaluation length, each curve's held-out loss against its
-baseline curve, paired by seed (``measures.statistics``). A pe's reference curve is its
-``none`` scaling without fine-tuning (else its first curve); a scaled or fine-tuned curve is
-tested against its own pe's reference, a reference against the first pe's. Holm runs over the
-curves that share a baseline. The ``baseline`` column names the curve each row is tested
-against."""
+"""``tlab extrapolate``'s curves (mean over seeds), plot, terminal table and verdict columns
+(each curve against its baseline curve, paired by seed: docs/routines.md)."""
 
 from __future__ import annotations
 
