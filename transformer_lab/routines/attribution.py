@@ -20,8 +20,7 @@ Measure = Callable[[TransformerModel], list[PropertyResult]]
 
 
 def default_choices() -> dict[str, str]:
-    """The default choice of each swapped group (in :data:`SWAPPED_GROUPS` order), from the
-    primary config's defaults list."""
+    """The default choice of each swapped group, from the primary config's defaults list."""
     defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
     found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
              for group, choice in entry.items()}
@@ -53,8 +52,8 @@ def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
 
 def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
              measure: Measure) -> dict[str, str]:
-    """For each failing property name: what the swaps found, a phrase for its row's detail
-    (``""`` when no group was swapped). ``measure``: the properties of a model."""
+    """Failing property name -> what the swaps found, for its row's detail (``""`` when no
+    group was swapped); ``measure``: the properties of a model."""
     tried, found = [], {name: [] for name in failing}
     for group, choice, variant in swaps(cfg):
         try:

@@ -36,8 +36,8 @@ def check_new_directory(out_dir: Path) -> None:
 
 def export_run(path: Path, out_dir: Path, variant: str | None = None,
                model_seed: int | None = None) -> Export:
-    """Export the model of run ``path`` (a run directory or one of its weights files) chosen by
-    ``variant`` and ``model_seed`` to ``out_dir`` (module docstring)."""
+    """Export the model of run ``path`` (a run directory or a weights file) chosen by
+    ``variant`` and ``model_seed`` to ``out_dir``."""
     from transformer_lab.interop.hf_tokenizer import hf_tokenizer
 
     check_new_directory(out_dir)

@@ -28,8 +28,7 @@ OUTCOMES = ("correct-passed", "correct-failed", "caught-expected", "caught-elsew
 
 @dataclass
 class Candidate:
-    """One component of the suite: its config (composed from ``experiment=validate``) and
-    where it should be caught (``none`` for a correct component)."""
+    """One component of the suite: its config and where it should be caught (``none``)."""
 
     name: str
     kind: str  # correct | broken
@@ -64,8 +63,7 @@ class Verdict:
 
 
 def load_mutants(directory: Path) -> list[Mutant]:
-    """The ``MUTANTS`` lists of every ``*.py`` file in ``directory`` (added to ``sys.path`` so
-    that ``_target_: my_module.MyBrokenPE`` imports)."""
+    """The ``MUTANTS`` lists of every ``*.py`` file in ``directory`` (put on ``sys.path``)."""
     if not directory.is_dir():
         raise ConfigError(f"routine.dir={directory} is not a directory (--dir: a directory of "
                           "Python files defining MUTANTS)")
@@ -85,9 +83,7 @@ def load_mutants(directory: Path) -> list[Mutant]:
 
 
 def suite(cfg: DictConfig) -> list[Candidate]:
-    """The candidates of this run: the mutants (``routine.dir`` or the built-in catalogue),
-    then the built-in correct components (``routine.negatives``); ``routine.only`` keeps the
-    named ones."""
+    """The mutants, then the built-in correct components; ``routine.only`` keeps those named."""
     directory = cfg.routine.get("dir")
     mutants = load_mutants(Path(directory).expanduser().resolve()) if directory else MUTANTS
     extra = list(cfg.routine.get("overrides") or [])
@@ -128,9 +124,8 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
 
 
 def preflight(cfg: DictConfig) -> None:
-    """The component part of the app's pre-flight (``app.preflight``, exit 2 in ``tlab
-    validate``): build the task and the model, run each component at the task's length
-    against its protocol (shapes); ``ConfigError`` names the component."""
+    """The component part of the app's pre-flight: each component run against its protocol
+    (``ConfigError`` names it)."""
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_checked_model
 
@@ -139,8 +134,8 @@ def preflight(cfg: DictConfig) -> None:
 
 
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
-    """The pre-flight, steps 1-2 and step 3 (rotary check; reversal if asked) on one
-    candidate; the first failure names where it was caught."""
+    """The pre-flight, steps 1-2 and step 3 on one candidate; the first failure names where
+    it was caught."""
     from transformer_lab.routines import check, validate
 
     clock = Stopwatch()

@@ -130,8 +130,7 @@ SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
-    and dimensions that the PE has."""
+    """Pre-flight: a PE kind that has a plot, and dimensions that the PE has."""
     pe = instantiate_component(cfg, "pe")
     kind, hf = getattr(pe, "kind", None), bool(pretrained_option(cfg))
     if kind not in PLOTTERS:

@@ -40,9 +40,8 @@ class Sampling:
     def from_options(cls, tokens: int, greedy: bool, temperature: float | None,
                      top_k: int | None, seed: int | None, top_p: float | None = None,
                      num_samples: int = 1) -> Sampling:
-        """The command's options: ``--greedy`` or ``--temperature T [--top-k K] [--top-p P]``
-        (default: temperature 1 over every token) and ``--seed`` (default: a fresh one);
-        ``ConfigError`` when they contradict."""
+        """The command's options (default: temperature 1, a fresh seed); ``ConfigError`` when
+        they contradict."""
         if greedy and (temperature not in (None, 0.0) or top_k is not None or top_p is not None):
             given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
                 f"--top-k {top_k}" if top_k is not None else f"--top-p {top_p}"
@@ -73,9 +72,8 @@ class Sampling:
 # --- the prompt -----------------------------------------------------------------------------
 
 def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
-    """The prompt as token ids (1, P): encoded by the run's tokenizer, or read as ids on a
-    synthetic task. Default: a newline (the first character of a char vocabulary without one),
-    or token 0."""
+    """The prompt as token ids (1, P), by the run's tokenizer or read as ids on a synthetic
+    task (default: a newline, or token 0)."""
     tokenizer, vocab = trained.tokenizer, int(trained.model.token_embedding.num_embeddings)
     if tokenizer is None:
         return torch.tensor([token_prompt(prompt if prompt is not None else "0", vocab)])
@@ -141,9 +139,8 @@ def require_decoder(trained: TrainedModel) -> None:
 
 def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
                     sampling: Sampling) -> list[list[int]]:
-    """``model.generate``'s ``sampling.num_samples`` continuations of ``ids`` (1, P), one
-    generator seeded by ``sampling.seed`` for all: ``sampling.tokens`` ids each. Past the
-    model's context window the context is cropped to it (``generate``)."""
+    """``sampling.num_samples`` continuations of ``ids`` (1, P), ``sampling.tokens`` ids each,
+    from one generator seeded by ``sampling.seed``."""
     generator = torch.Generator().manual_seed(sampling.seed)
     rows = ids.repeat(sampling.num_samples, 1)  # (N, P)
     try:

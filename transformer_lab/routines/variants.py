@@ -29,9 +29,8 @@ def stage_log(log: CsvLog | None, stage: str, variant: str = "",
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
-    """The typed training settings of ``cfg``: its ``train.*`` keys, ``model.d_model`` and
-    its ``optimizer`` node (a config without one, e.g. an older run's: AdamW with
-    ``train.betas`` and ``train.weight_decay``)."""
+    """The typed training settings of ``cfg`` (without an ``optimizer`` node, as an older
+    run's: AdamW)."""
     node = cfg.get("optimizer")
     return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
                                       int(cfg.model.d_model),
@@ -39,14 +38,13 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
 
 
 def optimizer_settings(node: DictConfig) -> OptimizerSettings:
-    """An ``optimizer`` node (``configs/optimizer/*.yaml``, interpolations resolved) as typed
-    settings."""
+    """An ``optimizer`` node (interpolations resolved) as typed settings."""
     return _optimizer_settings(OmegaConf.to_container(node, resolve=True))
 
 
 def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
-    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists become
-    tuples, as torch's signatures have them); ``rest`` in the same way."""
+    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists as
+    tuples); ``rest`` in the same way."""
     rest = values.get("rest")
     return OptimizerSettings(
         name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
@@ -57,11 +55,8 @@ def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
 
 
 def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
-    """(initialisation seed, data-order seed) of the run's seed ``seed`` (one of
-    ``seed_list``): both ``seed``, unless ``seed_init`` / ``seed_data`` set one apart, which
-    then moves by the same offset (``seed_init=5 --seeds 3``: initial weights of 5, 6, 7, data
-    orders of 0, 1, 2). The model is built with the first, the trainer's batches drawn with
-    the second."""
+    """(initialisation seed, data-order seed) of the run's seed ``seed``: both ``seed`` unless
+    ``seed_init`` / ``seed_data`` set one apart, which then moves by the same offset."""
     offset = seed - int(cfg.seed)
     init, data = cfg.get("seed_init"), cfg.get("seed_data")
     return (seed if init is None else int(init) + offset,
@@ -74,8 +69,7 @@ def seed_list(cfg: DictConfig) -> list[int]:
 
 
 def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:
-    """The node of ``group=choice`` (``config.tree.choice_node``: interpolations left
-    unresolved); ``user_dirs``: the user's ``--config-dir`` trees, searched after tlab's."""
+    """The node of ``group=choice`` (unresolved), in tlab's tree then ``user_dirs``."""
     node = choice_node(group, choice, user_dirs)
     if node is None:
         valid = ", ".join(group_choices(group, user_dirs))
@@ -84,8 +78,7 @@ def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> Dict
 
 
 def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``),
-    found in tlab's tree or the ``--config-dir`` trees ``cfg`` was composed with."""
+    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
     variant = copy.deepcopy(cfg)
     with open_dict(variant):
         variant[group] = load_choice(group, choice, user_config_dirs(cfg))
@@ -93,17 +86,13 @@ def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
 
 
 def is_group(cfg: DictConfig, key: str) -> bool:
-    """True when ``key`` names a config group (a folder of choices in tlab's tree or the
-    ``--config-dir`` trees ``cfg`` was composed with), not a key."""
+    """True when ``key`` names a config group, not a key."""
     return "." not in key and bool(group_choices(key, user_config_dirs(cfg)))
 
 
 def with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
-    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it, for a group or a
-    key. A group's choice brings its own node (``with_choice``; the settings you gave inside
-    the group do not carry over), a ``# @package _global_`` choice such as a preset its group
-    choices and keys (``with_global_choice``); a key must exist and takes ``value`` as it is.
-    ``ConfigError`` (one line) for an unknown choice or key."""
+    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it: a group's choice
+    (a ``_global_`` one such as a preset: ``with_global_choice``) or an existing key's value."""
     if is_group(cfg, key):
         path = choice_file(key, str(value), user_config_dirs(cfg))
         if path is not None and _package(path) == "_global_":
@@ -132,8 +121,8 @@ def _package(path: Path) -> str | None:
 
 
 def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """``cfg`` with a ``_global_`` choice applied as Hydra applies it after the experiment (a
-    preset: its ``override /group: choice`` entries, then its keys merged over the config)."""
+    """``cfg`` with a ``_global_`` choice (a preset) applied as Hydra applies it after the
+    experiment: its ``override /group: choice`` entries, then its keys."""
     node = load_choice(group, choice, user_config_dirs(cfg))
     variant = cfg
     for entry in node.get("defaults", []):
@@ -151,11 +140,8 @@ def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
 
 
 def merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
-    """A copy of ``cfg`` with ``patch`` merged over it; ``patch.routine`` replaces the routine.
-
-    Interpolations stay live, so ``pe.head_dim: ${tlab.div:${model.d_model},...}`` follows a
-    patched ``model.d_model``.
-    """
+    """A copy of ``cfg`` with ``patch`` merged over it (interpolations live); ``patch.routine``
+    replaces the routine."""
     variant = copy.deepcopy(cfg)
     if patch is None:
         return variant

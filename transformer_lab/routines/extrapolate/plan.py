@@ -25,7 +25,7 @@ _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$")
 
 @dataclass(frozen=True)
 class Scaling:
-    """One entry of ``routine.scalings``: ``name`` or ``name:value`` (see module docstring)."""
+    """One entry of ``routine.scalings``: ``name`` or ``name:value``."""
 
     name: str  # none | linear | ntk | dynamic | yarn | base
     value: float | None = None  # fixed factor, or the base for ``base``
@@ -122,8 +122,7 @@ def supports_scaling(pe_node: DictConfig) -> bool:
 
 
 def pe_node(cfg: DictConfig, name: str) -> DictConfig:
-    """The config node of PE ``name``: the composed ``cfg.pe`` (with the user's ``pe.*``
-    overrides) when it is that PE, else ``<config tree>/pe/<name>.yaml``."""
+    """The config node of PE ``name``: ``cfg.pe`` when it is that PE, else its choice file."""
     if cfg.pe.get("name") == name:
         return cfg.pe
     try:
@@ -133,8 +132,7 @@ def pe_node(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def make_plan(cfg: DictConfig) -> Plan:
-    """Read ``cfg.routine`` (its keys checked by the routine's ``SETTINGS``) and check what
-    ties them to each other and to the task; ``ConfigError`` with one line on bad input."""
+    """Read ``cfg.routine`` and check what ties its keys to each other and to the task."""
     r = cfg.routine
     if "seq_len" not in cfg.task:
         raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "

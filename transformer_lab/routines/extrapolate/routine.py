@@ -8,7 +8,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -45,7 +44,7 @@ from transformer_lab.routines.extrapolate.tables import (
 from transformer_lab.routines.variants import train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
-from transformer_lab.training.trainer import Trainer, count_parameters
+from transformer_lab.training.trainer import Trainer, TrainSettings, count_parameters
 
 # The routine's own keys (``routines.check_settings``; what ties them together: ``make_plan``).
 SETTINGS = {"pes": Rule("list", nullable=True), "train_len": int_rule(1, nullable=True),
@@ -66,8 +65,7 @@ def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight checks (``routines.check_routine``): the plan parses, every evaluation length
-    can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
+    """Pre-flight: the plan parses, every evaluation length can be made, every PE builds."""
     plan = make_plan(cfg)
     train_task = tasks_by_length(cfg, plan)[plan.train_len]
     option = pretrained_option(cfg)
@@ -83,7 +81,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 def model_max_len(cfg: DictConfig, plan: Plan, train_model_len: int) -> int | None:
     """``model.max_len`` of the models built: ``routine.max_len`` or the training model
-    length; None (the config's, i.e. the checkpoint's) with ``--from-hf`` or ``--from-run``."""
+    length; None (the checkpoint's) with ``--from-hf`` or ``--from-run``."""
     return None if pretrained_option(cfg) else plan.max_len or train_model_len
 
 
@@ -131,8 +129,7 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
 
 
 def rewrite(table: CsvLog, rows: list[dict[str, Any]]) -> None:
-    """Write ``table``'s file again with ``rows`` (its rows were written as they came, without
-    the verdict columns, which need every seed)."""
+    """Write ``table``'s file again with ``rows`` (now with the verdict columns)."""
     table.close()
     CsvLog(table.path, table.columns).write_all(rows)
 
@@ -140,8 +137,8 @@ def rewrite(table: CsvLog, rows: list[dict[str, Any]]) -> None:
 def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
                      device: torch.device, run: RunDirectory, table: CsvLog
                      ) -> tuple[list[dict[str, Any]], int]:
-    """Train one model at ``plan.train_len``; evaluate it at every length and scaling. Each row
-    is written to ``table`` as soon as it exists (an interrupted run keeps them)."""
+    """Train one model at ``plan.train_len``; evaluate it at every length and scaling, each
+    row written to ``table`` as soon as it exists."""
     node = plan.pe_nodes[pe]
     train_task = tasks[plan.train_len]
     original_max_len = train_task.model_seq_len
@@ -156,14 +153,10 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
-    trainer = Trainer(model, train_task, train_settings(cfg), seed, log)
-    try:
-        with progress_bar(log, f"extrapolate: training pe={pe} seed={seed} at length "
-                          f"{plan.train_len}", total=steps) if steps else nullcontext():
-            if steps:
-                trainer.fit(steps)
-    except Diverged as exc:
-        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
+    diverged = _fit(model, train_task, train_settings(cfg), seed, log, steps,
+                    f"extrapolate: training pe={pe} seed={seed} at length {plan.train_len}")
+    if diverged is not None:
+        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {diverged}")
                 for scaling in plan.scalings_for(pe) for length in plan.eval_lens]
         table.write_all(rows)
         return rows, 0
@@ -201,13 +194,23 @@ def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, 
     settings = dataclasses.replace(train_settings(cfg), lr=float(plan.finetune_lr), warmup=0)
     log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed, phase="finetune",
                     seq_len=length)
+    diverged = _fit(model, task, settings, seed, log, int(plan.finetune_steps),
+                    f"extrapolate: fine-tuning pe={pe} {scaling.label} at length {length}")
+    return None if diverged is None else f"fine-tuning diverged: {diverged}"
+
+
+def _fit(model: TransformerModel, task: Task, settings: TrainSettings, seed: int, log: TaggedLog,
+         steps: int, title: str) -> str | None:
+    """Train ``model`` in place for ``steps`` steps (0: its trainer only built); why it
+    diverged, or None."""
     trainer = Trainer(model, task, settings, seed, log)
+    if not steps:
+        return None
     try:
-        with progress_bar(log, f"extrapolate: fine-tuning pe={pe} {scaling.label} at "
-                          f"length {length}", total=int(plan.finetune_steps)):
-            trainer.fit(plan.finetune_steps)
+        with progress_bar(log, title, total=steps):
+            trainer.fit(steps)
     except Diverged as exc:
-        return f"fine-tuning diverged: {exc}"
+        return str(exc)
     return None
 
 
