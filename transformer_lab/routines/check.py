@@ -165,14 +165,8 @@ def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
 
 
 def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
-    """Step 3's row (``tlab validate``, ``tlab reverse-task``; also ``tlab mutants`` and
-    ``testing.assert_rope_relative``): for a rotary PE, is ``q_m . k_n`` a function of ``n - m``
-    only?
-
-    One random q and k, rotated by the run's PE at every position pair (m, n) with
-    ``m, n < n_positions - 1`` and at (m + 1, n + 1): ``q_m . k_n`` must equal
-    ``q_{m+1} . k_{n+1}`` (:func:`rope_relative_violation`). Returns None for other kinds of PE.
-    """
+    """Step 3's row: for a rotary PE, ``q_m . k_n`` must equal ``q_{m+1} . k_{n+1}`` at every
+    position pair below ``n_positions - 1`` (None for other kinds of PE)."""
     clock = Stopwatch()
     pe = instantiate_component(cfg, "pe")
     if getattr(pe, "kind", None) != "rotary":
@@ -278,8 +272,8 @@ PROPERTY_CHECKS: dict[str, Check] = {
 
 
 def declared_checks(pe: DictConfig) -> tuple[str, ...]:
-    """The check names the class of the pe node ``pe`` declares (``property_checks``); () when
-    it declares none. ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
+    """The ``property_checks`` the class of the pe node ``pe`` declares (() without any);
+    ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
     names = declared(pe, "property_checks")
     if isinstance(names, str):
         names = (names,)

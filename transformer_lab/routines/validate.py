@@ -57,10 +57,8 @@ def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with a step's block (``routine.smoke`` / ``routine.compare``: a smaller model,
-    its training settings, its routine) merged over it; where the run's components cannot be
-    built at that model size (a preset's partial rotary at a head size of 4), the block without
-    its ``model`` sizes, and a note saying so ("" otherwise)."""
+    """``cfg`` with a step's block merged over it; where the run's components cannot be built
+    at that size, the block without its ``model`` sizes and a note saying so ("" otherwise)."""
     from transformer_lab.config.architecture import check_architecture
     from transformer_lab.model import build_model
 
@@ -202,9 +200,8 @@ class StagedRun(RunDirectory):
 
 
 class StepBeside:
-    """``step(staged_run)`` in a forked process on another core (threads would share the GIL,
-    which a tiny model's step mostly holds); ``collect`` its result into the run, or ``cancel``
-    it. The child is quiet; Ctrl-C ends it at once, and it dies with the parent."""
+    """``step(staged_run)`` in a forked process on another core; ``collect`` its result into
+    the run, or ``cancel`` it."""
 
     STAGING = ".step-beside"  # the step's folder in the run directory, until collected
 
