@@ -21,8 +21,6 @@ SCALING_CHOICES = (*ROPE_SCALINGS, "base")
 _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$")
 
 
-
-
 @dataclass(frozen=True)
 class Scaling:
     """One entry of ``routine.scalings``: ``name`` or ``name:value``."""
@@ -155,6 +153,5 @@ def make_plan(cfg: DictConfig) -> Plan:
     finetune_steps = r.get("finetune_steps", 0) or 0
     finetune_lr = r.get("finetune_lr") or cfg.train.lr
     max_len = r.get("max_len")
-    return Plan(pes, nodes, train_len, eval_lens, scalings,
-                seeds, finetune_steps, float(finetune_lr),
-                max_len)
+    return Plan(pes, nodes, train_len, eval_lens, scalings, seeds, finetune_steps,
+                float(finetune_lr), max_len)
