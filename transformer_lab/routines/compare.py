@@ -46,6 +46,7 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.train import perplexity
 from transformer_lab.routines.variants import (
+    as_list,
     is_group,
     seed_list,
     seed_sources,
@@ -87,12 +88,7 @@ def value_name(value: Any) -> str:
     return str(value)
 
 
-def activation_list(cfg: DictConfig) -> list[str]:
-    """``routine.activations`` as a list (a list, or a comma-separated string)."""
-    value = cfg.routine.get("activations")
-    if isinstance(value, ListConfig | list | tuple):
-        return [str(v).strip() for v in value]
-    return [a.strip() for a in str(value or "").split(",") if a.strip()]
+
 
 
 def variation(cfg: DictConfig) -> Variation:
@@ -104,7 +100,7 @@ def variation(cfg: DictConfig) -> Variation:
             if isinstance(values, ListConfig) else []
         return Variation(str(vary.key), tuple(listed), f"--vary {vary.key}")
     if "activations" in cfg.routine:
-        return Variation("ffn", tuple(activation_list(cfg)), "--activations")
+        return Variation("ffn", tuple(as_list(cfg.routine.get("activations"))), "--activations")
     return Variation("", (), "--vary")
 
 

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from transformer_lab.config.tree import (
     choice_file,
@@ -66,6 +66,13 @@ def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
 def seed_list(cfg: DictConfig) -> list[int]:
     """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1)."""
     return [int(cfg.seed) + offset for offset in range(int(cfg.routine.get("seeds", 1)))]
+
+
+def as_list(value: Any) -> list[str]:
+    """A list, or a comma-separated string, as a list of stripped strings (None: [])."""
+    if isinstance(value, ListConfig | list | tuple):
+        return [str(v).strip() for v in value]
+    return [v.strip() for v in str(value or "").split(",") if v.strip()]
 
 
 def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:

@@ -8,12 +8,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.tree import user_config_dirs
 from transformer_lab.errors import ConfigError
-from transformer_lab.routines.variants import load_choice, seed_list
+from transformer_lab.routines.variants import as_list, load_choice, seed_list
 
 # Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
 RATIO_SCALINGS = ("linear", "ntk", "yarn")
@@ -88,13 +88,7 @@ def parse_eval_length(entry: Any, train_len: int) -> int:
     return length
 
 
-def _as_list(value: Any) -> list[Any]:
-    """A Hydra list, or a comma-separated string, as a Python list (None -> [])."""
-    if value is None:
-        return []
-    if isinstance(value, ListConfig | list | tuple):
-        return list(value)
-    return [v for v in str(value).split(",") if v.strip()]
+
 
 
 @dataclass
@@ -135,14 +129,14 @@ def make_plan(cfg: DictConfig) -> Plan:
     if "seq_len" not in cfg.task:
         raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "
                           "whose length can be set (reverse, copy, lm, text)")
-    pes = [str(p).strip() for p in _as_list(r.get("pes"))] or [str(cfg.pe.get("name"))]
+    pes = as_list(r.get("pes")) or [str(cfg.pe.get("name"))]
     if len(set(pes)) != len(pes):
         raise ConfigError(f"routine.pes={pes} names a pe twice; list each once")
     nodes = {pe: pe_node(cfg, pe) for pe in pes}
     train_len = r.get("train_len") or cfg.task.seq_len
-    entries = _as_list(r.get("eval_lens")) or ["1x"]
+    entries = as_list(r.get("eval_lens")) or ["1x"]
     eval_lens = sorted({parse_eval_length(e, train_len) for e in entries})
-    scalings = [parse_scaling(s) for s in _as_list(r.get("scalings"))] or [Scaling("none")]
+    scalings = [parse_scaling(s) for s in as_list(r.get("scalings"))] or [Scaling("none")]
     if len({s.label for s in scalings}) != len(scalings):
         raise ConfigError(f"routine.scalings={[s.label for s in scalings]} lists one twice")
     scaled = [s.label for s in scalings if s.name != "none"]
