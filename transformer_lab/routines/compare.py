@@ -44,7 +44,7 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
-from transformer_lab.routines.train import perplexity
+from transformer_lab.routines.train import mean_or_nan, perplexity
 from transformer_lab.routines.variants import (
     as_list,
     is_group,
@@ -440,7 +440,7 @@ class SeedRun:
                 "tokens_per_s": self.tokens_per_s, "final_loss": _exact(self.final_loss),
                 "final_train_loss": self.smoothed[-1] if self.train_losses else math.nan,
                 "first_loss": self.train_losses[0] if self.train_losses else math.nan,
-                "grad_norm_mean": _mean(self.grad_norms),
+                "grad_norm_mean": mean_or_nan(self.grad_norms),
                 "grad_norm_std": _std(self.grad_norms), "steps": self.steps,
                 "wall_s": self.wall_s, "early_loss": _exact(self.early_loss),
                 "late_loss_std": _exact(self.late_loss_std)}
@@ -457,10 +457,6 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 def _exact(value: float) -> float | str:
     """``value`` in full precision (the CSV's 6 digits would blur small paired differences)."""
     return repr(float(value)) if math.isfinite(value) else value
-
-
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
 
 
 def _std(values: Sequence[float]) -> float:
@@ -498,15 +494,15 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
         rows.append({
             "variant": name, "activation": seed_runs[0].activation,
             "params": seed_runs[0].params, "ffn_params": seed_runs[0].ffn_params,
-            "tokens_per_s": _mean([r.tokens_per_s for r in seed_runs]),
-            "final_loss": _mean(final), "final_ppl": perplexity(_mean(final)),
-            "grad_norm_mean": _mean(norms), "grad_norm_std": _std(norms),
+            "tokens_per_s": mean_or_nan([r.tokens_per_s for r in seed_runs]),
+            "final_loss": mean_or_nan(final), "final_ppl": perplexity(mean_or_nan(final)),
+            "grad_norm_mean": mean_or_nan(norms), "grad_norm_std": _std(norms),
             "steps_to_target": None if None in reached else statistics.median(reached),
             "seeds": len(seed_runs), "loss_target": target, "final_loss_std": _std(final),
-            "first_loss": _mean([r.train_losses[0] for r in seed_runs if r.train_losses]),
+            "first_loss": mean_or_nan([r.train_losses[0] for r in seed_runs if r.train_losses]),
             "steps": seed_runs[0].steps,
-            "early_loss": _mean([r.early_loss for r in seed_runs]),
-            "late_loss_std": _mean([r.late_loss_std for r in seed_runs]), "varied": varied,
+            "early_loss": mean_or_nan([r.early_loss for r in seed_runs]),
+            "late_loss_std": mean_or_nan([r.late_loss_std for r in seed_runs]), "varied": varied,
         })
     first_speed = rows[0]["tokens_per_s"] if rows else math.nan
     for row in rows:

@@ -226,12 +226,13 @@ def is_language(task: Task) -> bool:
 def run_summary(seeds: list[TrainedSeed], language: bool) -> dict[str, Any]:
     """Each seed's ``TrainedSeed.numbers`` averaged; ``steps`` the longest."""
     rows = [s.numbers(language) for s in seeds]
-    summary = {key: _mean([row[key] for row in rows]) for key in rows[0]}
+    summary = {key: mean_or_nan([row[key] for row in rows]) for key in rows[0]}
     summary.update(params=rows[0]["params"], steps=max(row["steps"] for row in rows))
     return summary
 
 
-def _mean(values: list[Any]) -> float:
+def mean_or_nan(values: Sequence[Any]) -> float:
+    """The mean of the values that are not None; NaN without any."""
     numbers = [float(v) for v in values if v is not None]
     return statistics.fmean(numbers) if numbers else math.nan
 
