@@ -300,14 +300,45 @@ def simulate(family: Family, sims: int, group: int, most: int, alpha: float, res
 
 # --- the group-sequential design at a planned effect -------------------------------------------
 
-def planned_rows(sims: int, group: int, alpha: float, rng: np.random.Generator,
-                 fixed_sizes: tuple[int, ...] = (8, 12, 16, 24),
-                 powers: tuple[float, ...] = (0.8, 0.9)) -> list[dict]:
+def t_design_decisions(differences: np.ndarray, most: int, alpha: float, spend: str,
+                       rng: np.random.Generator, null_runs: int = 100_000
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """The same spending on the paired t statistic instead of the sign-flip sum (boundaries
+    from ``null_runs`` normal null runs, looks from 3 seeds): a parametric group-sequential
+    t-test, measured beside the sign-flip design. (runs, most) -> (look index of the verdict,
+    -1 for none; direction), each (runs,)."""
+    def t_statistics(x: np.ndarray) -> np.ndarray:  # (runs, most) -> (runs, most - 2)
+        n = np.arange(1, x.shape[1] + 1)
+        mean = np.cumsum(x, axis=1) / n
+        var = (np.cumsum(x * x, axis=1) - n * mean ** 2) / np.maximum(n - 1, 1)
+        return (mean / np.sqrt(np.maximum(var, 1e-300) / n))[:, 2:]
+
+    null = np.abs(t_statistics(rng.normal(size=(null_runs, most))))
+    spent = np.cumsum(increments(list(range(3, most + 1)), most, alpha, spend))
+    bounds, active = [], np.ones(null_runs, dtype=bool)
+    for k, level in enumerate(spent):
+        allowed = math.floor(level * null_runs + 1e-9) - int((~active).sum())
+        ordered = np.sort(null[active, k])[::-1]
+        bounds.append(ordered[allowed - 1] if allowed >= 1 else np.inf)
+        active &= null[:, k] < bounds[-1]
+    t = t_statistics(differences)
+    crossed = np.abs(t) >= np.asarray(bounds)
+    crossing = np.where(crossed.any(axis=1), crossed.argmax(axis=1), -1)
+    at = np.maximum(crossing, 0)[:, None]
+    return crossing, np.where(np.take_along_axis(t, at, 1)[:, 0] > 0, 1, -1)
+
+
+def planned_rows(sims: int, alpha: float, rng: np.random.Generator,
+                 fixed_sizes: tuple[int, ...] = (8, 12, 16, 24, 32),
+                 powers: tuple[float, ...] = (0.8, 0.9), spend: str = SPEND) -> list[dict]:
     """Normal paired differences (sd 1) at the effect a fixed t-test of ``n`` seeds detects
-    with the given power (one variant, two-sided ``alpha``): the smallest MAX (a multiple of
-    ``group``) whose group-sequential design reaches that power, its mean seeds, and the
-    false-positive rate of that design under H0; beside it, the seeds the fixed sign-flip test
-    (``--seeds N``'s) needs for the same power."""
+    with the given power (one variant, two-sided ``alpha``). The group-sequential design looks
+    after every seed, as ``--seeds auto:MAX`` does; MAX is planned as a designer would: of
+    MAX in [n, 1.5 n], the one with the fewest mean seeds among those reaching the power. Per
+    row: that MAX, its power, mean seeds and false-positive rate (normal null); the seeds the
+    fixed sign-flip test (``--seeds N``'s) needs for the same power; and the parametric
+    group-sequential t-test at the same spending (``t_design_decisions``) planned the same way.
+    """
     from scipy.optimize import brentq
 
     rows = []
@@ -315,35 +346,43 @@ def planned_rows(sims: int, group: int, alpha: float, rng: np.random.Generator,
         for n in fixed_sizes:
             critical = stats.t.isf(alpha / 2, n - 1)
             effect = brentq(lambda e, n=n, c=critical, power=power: stats.nct.sf(
-                c, n - 1, e * math.sqrt(n))
-                            - power, 1e-3, 10.0)
-            found = None
-            for most in range(n - n % group or group, 3 * n, group):
-                looks = list(range(group, most + 1, group))
-                d = rng.normal(effect, 1.0, size=(sims, 1, most))
-                crossing, direction = group_decisions(d, looks, most, alpha)
-                right = (crossing >= 0) & (direction > 0)
-                if right.mean() >= power:
-                    seeds = np.where(crossing >= 0, np.asarray(looks)[np.maximum(crossing, 0)],
-                                     most)
-                    null = rng.normal(0.0, 1.0, size=(sims, 1, most))
-                    false = (group_decisions(null, looks, most, alpha)[0] >= 0).mean()
-                    found = dict(max_seeds=most, power_group=float(right.mean()),
-                                 mean_seeds_group=float(seeds.mean()),
-                                 fpr_group=float(false))
-                    break
+                c, n - 1, e * math.sqrt(n)) - power, 1e-3, 10.0)
+            longest = math.ceil(1.5 * n)
+            d = rng.normal(effect, 1.0, size=(sims, 1, longest))
+            found, found_t = None, None
+            for most in range(n, longest + 1):
+                looks = list(range(1, most + 1))
+                crossing, direction = group_decisions(d[..., :most], looks, most, alpha,
+                                                      draws=4_096, spend=spend)
+                right = float(((crossing >= 0) & (direction > 0)).mean())
+                seeds = float(np.where(crossing >= 0, np.maximum(crossing, 0) + 1, most).mean())
+                if right >= power and (found is None or seeds < found["mean_seeds_group"]):
+                    found = dict(max_seeds=most, power_group=right, mean_seeds_group=seeds)
+                crossing, direction = t_design_decisions(d[:, 0, :most], most, alpha, spend, rng)
+                right = float(((crossing >= 0) & (direction > 0)).mean())
+                seeds = float(np.where(crossing >= 0, crossing + 3, most).mean())
+                if right >= power and (found_t is None or seeds < found_t["mean_seeds_t"]):
+                    found_t = dict(max_seeds_t=most, power_t=right, mean_seeds_t=seeds)
+            if found:
+                most = found["max_seeds"]
+                null = rng.normal(0.0, 1.0, size=(sims, 1, most))
+                found["fpr_group"] = float((group_decisions(
+                    null, list(range(1, most + 1)), most, alpha, draws=4_096,
+                    spend=spend)[0] >= 0).mean())
             sign_flip = None
-            for m in range(n, 3 * n):
-                d = rng.normal(effect, 1.0, size=(min(sims, 4000), m))
-                if (sign_flip_p_values(d) <= alpha).mean() >= power:
+            for m in range(n, 2 * n):
+                diffs = rng.normal(effect, 1.0, size=(8_000, m))
+                if (sign_flip_p_values(diffs) <= alpha).mean() >= power:
                     sign_flip = m
                     break
-            row = dict(power=power, fixed_t_seeds=n, effect_sd=effect, group=group,
-                       fixed_sign_flip_seeds=sign_flip, **(found or {}))
+            row = dict(power=power, fixed_t_seeds=n, effect_sd=effect, spending=spend,
+                       fixed_sign_flip_seeds=sign_flip, **(found or {}), **(found_t or {}))
             if found:
                 row["ratio_vs_fixed_t"] = found["mean_seeds_group"] / n
                 if sign_flip:
                     row["ratio_vs_fixed_sign_flip"] = found["mean_seeds_group"] / sign_flip
+            if found_t:
+                row["ratio_t_design_vs_fixed_t"] = found_t["mean_seeds_t"] / n
             rows.append(row)
     return rows
 
@@ -445,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
           f"mean_seeds={total['mean_seeds_group']:.2f} fixed_seeds_same_power="
           f"{total['fixed_seeds_group']}")
     if args.planned_sims:
-        planned = planned_rows(args.planned_sims, args.group, args.alpha, rng)
+        planned = planned_rows(args.planned_sims, args.alpha, rng)
         write_csv(args.planned_out, planned)
         print("at a planned effect (normal differences, one variant):")
         for row in planned:

@@ -108,11 +108,11 @@ def test_testing_assertions_say_what_failed():
 
 def test_notebook_classes_run_without_a_config_file(tmp_path, monkeypatch):
     """Classes defined in a function (no import path) for pe, ffn and norm_layer: chosen
-    in-process, no temporary config directory; config.yaml names each class; nothing of them
-    is left in the process after the run."""
+    in-process, no temporary config directory; config.yaml names each class by its module and
+    qualified name; nothing of them is left in the process after the run."""
     import tempfile
 
-    from transformer_lab.config.instantiate import locate
+    from transformer_lab.config.instantiate import given_targets
     from transformer_lab.config.tree import group_choices
 
     class NotebookPE(nn.Module):
@@ -153,21 +153,104 @@ def test_notebook_classes_run_without_a_config_file(tmp_path, monkeypatch):
     assert (summary.pe, summary.activation, summary.norm_layer) == \
         ("NotebookPE", "NotebookFFN", "NotebookNorm")
     config = (tmp_path / "run" / "config.yaml").read_text()
-    scope = "test_notebook_classes_run_without_a_config_file.<locals>"
-    for name in ("NotebookPE", "NotebookFFN", "NotebookNorm"):
-        assert f"{scope}.{name}\n" in config
+    for cls in (NotebookPE, NotebookFFN, NotebookNorm):
+        assert f"_target_: {cls.__module__}.{cls.__qualname__}\n" in config
     assert "base: 2.0" in config and "eps: 1.0e-06" in config
     assert "pe=NotebookPE" in (tmp_path / "run" / ".hydra" / "overrides.yaml").read_text()
-    assert "NotebookPE" not in group_choices("pe")
-    target = next(line.split(": ")[1] for line in config.splitlines()
-                  if line.endswith(f"{scope}.NotebookPE"))
-    with pytest.raises(ImportError):  # resolvable only while the run lasts
-        locate(target)
+    assert "NotebookPE" not in group_choices("pe") and given_targets() == set()
 
     compared = tl.compare_activations(["relu", NotebookFFN], steps=3, seeds=1,
                                       overrides=["model=tiny", "task.eval_size=32"],
                                       out=tmp_path / "compare")
     assert compared.passed and list(compared.table.activation) == ["relu", "NotebookFFN"]
+
+
+class HiddenFFN(nn.Module):
+    """An FFN of its own hidden width (not the model's d_ff)."""
+
+    def __init__(self, d_model: int, hidden: int) -> None:
+        super().__init__()
+        self.up, self.down = nn.Linear(d_model, hidden), nn.Linear(hidden, d_model)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down(torch.relu(self.up(x)))  # (B, T, D) -> (B, T, hidden) -> (B, T, D)
+
+
+def test_instances_are_built_from_copies_of_themselves(tmp_path):
+    """Two instances of one class in one command are two choices, each model built from a
+    copy of its own instance (its parameter count, its weights); config.yaml names the class's
+    import path; the instances are left as they were."""
+    narrow, wide = HiddenFFN(8, 4), HiddenFFN(8, 24)
+    before = {k: v.clone() for k, v in narrow.state_dict().items()}
+    own = [sum(p.numel() for p in ffn.parameters()) for ffn in (narrow, wide)]
+
+    smoke = tl.smoke(ffn=narrow, overrides=["model=tiny"], out=tmp_path / "smoke")
+    assert smoke.passed, smoke.table
+    row = smoke.table.set_index("check").loc["param_count"]
+    assert row.status == "PASS", row.detail  # the formula counts the instance's own parameters
+    config = (tmp_path / "smoke" / "config.yaml").read_text()
+    assert f"_target_: {HiddenFFN.__module__}.HiddenFFN\n" in config
+    assert all(torch.equal(before[k], v) for k, v in narrow.state_dict().items())
+
+    compared = tl.compare_activations([narrow, wide], steps=3, seeds=1,
+                                      overrides=["model=tiny", "task.eval_size=32"],
+                                      out=tmp_path / "compare")
+    assert list(compared.table.activation) == ["HiddenFFN", "HiddenFFN_2"]
+    assert list(compared.table.ffn_params) == own  # model=tiny: one layer
+
+
+def test_an_importable_class_given_to_the_api_loads_with_trust_code(tmp_path, monkeypatch):
+    """A run's weights file records a given class by its import path: refused as untrusted,
+    rebuilt from that class with --trust-code after the command."""
+    from transformer_lab.config.registry import trusting_code
+    from transformer_lab.training.checkpoint import load_trained, read_header
+
+    (tmp_path / "api_given_ffn.py").write_text(
+        "from torch import nn\n\n\n"
+        "class SizedFFN(nn.Sequential):\n"
+        "    def __init__(self, d_model: int, d_ff: int) -> None:\n"
+        "        super().__init__(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    from api_given_ffn import SizedFFN
+
+    compared = tl.compare_activations(["relu", SizedFFN], steps=3, seeds=1,
+                                      overrides=["model=tiny", "task.eval_size=32"],
+                                      out=tmp_path / "run")
+    assert compared.passed, compared.table
+    (weights,) = (tmp_path / "run" / "models" / "SizedFFN").glob("*.safetensors")
+    with pytest.raises(ConfigError, match="ffn._target_=api_given_ffn.SizedFFN is not one"):
+        read_header(weights)
+    with trusting_code():
+        trained = load_trained(weights)
+    assert type(trained.model.blocks[0].feedforward) is SizedFFN
+
+
+def test_a_given_component_is_built_from_the_object():
+    """A node given in this process is built from its class, with its keyword arguments only,
+    or as a copy of its instance (for a partial too); by its _target_ and name only, and only
+    within the block."""
+    from transformer_lab.config.instantiate import components_given, instantiate_component
+
+    class Local(HiddenFFN):  # defined in a function: its _target_ cannot be imported
+        pass
+
+    instance = Local(8, 4)
+    target = f"{Local.__module__}.{Local.__qualname__}"
+    with components_given({(target, "A"): Local, (target, "B"): instance}):
+        built = instantiate_component({"_target_": target, "name": "A", "hidden": 3}, "ffn",
+                                      d_model=5)
+        assert type(built) is Local and built.up.weight.shape == (3, 5)  # (hidden, d_model)
+        with pytest.raises(ConfigError, match="ffn=A: .*'_convert_'"):  # keyword arguments
+            instantiate_component({"_target_": target, "name": "A", "d_model": 5,
+                                   "hidden": 2, "_convert_": "all"}, "ffn")
+        make = instantiate_component({"_target_": target, "name": "B", "_partial_": True}, "ffn")
+        copied = make(8)
+        assert copied is not instance and torch.equal(copied.up.weight, instance.up.weight)
+        with pytest.raises(ConfigError, match="ffn=C: .*<locals>"):  # another name: imported
+            instantiate_component({"_target_": target, "name": "C", "hidden": 3}, "ffn",
+                                  d_model=5)
+    with pytest.raises(ConfigError, match="ffn=A: .*<locals>"):
+        instantiate_component({"_target_": target, "name": "A", "hidden": 3}, "ffn", d_model=5)
 
 
 def test_the_preflight_refuses_as_in_the_cli(tlab, tmp_path):

@@ -28,7 +28,8 @@ from typer.testing import CliRunner
 
 from transformer_lab.app.hydra_app import main
 from transformer_lab.cli import app
-from transformer_lab.config.registry import check_saved_config, trusting_code
+from transformer_lab.config.instantiate import components_given
+from transformer_lab.config.registry import check_saved_config, trusting_code, user_components
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
 from transformer_lab.results.run_directory import WEIGHTS_FILE
@@ -332,8 +333,8 @@ def test_saved_config_check_by_name():
             ({"a": [{"b": {"_target_": "os.getcwd"}}]}, "a[0].b._target_=os.getcwd"),
             ({"pe": {"_target_": "transformer_lab.config.instantiate.functools.partial"}},
              "functools.partial"),  # an attribute path through one of tlab's modules
-            ({"pe": {"_target_": "transformer_lab.config.instantiate.in_process.x.Y"}},
-             "in_process.x.Y"),  # a Python API class not given in this process
+            ({"pe": {"_target_": "__main__.MyPE"}},
+             "__main__.MyPE"),  # a Python API class not given in this process
             ({"norm_layer": {"_target_": "transformer_lab.components.norms.RMSNorm",
                              "_partial_": "yes"}}, "_partial_"),
             ({"pe": {"_partial_": True}}, "_partial_"),
@@ -341,6 +342,12 @@ def test_saved_config_check_by_name():
         with pytest.raises(ConfigError, match="saved.yaml") as refused:
             check_saved_config(bad, "saved.yaml")
         assert named in str(refused.value)
+    given = {**cfg, "pe": {"_target_": "__main__.MyPE", "name": "MyPE"}}
+    with components_given({("__main__.MyPE", "MyPE"): torch.nn.Identity}):
+        check_saved_config(given, "saved.yaml")  # given to the Python API in this process
+        assert user_components(given) == ["__main__.MyPE"]  # recorded for --trust-code
+    with pytest.raises(ConfigError, match="__main__.MyPE"):  # and only while it is given
+        check_saved_config(given, "saved.yaml")
     with trusting_code():  # trusted: only what the run recorded
         check_saved_config({"pe": {"_target_": "mine.PE"}}, "saved.yaml", recorded=["mine.PE"])
         with pytest.raises(ConfigError, match="recorded"):

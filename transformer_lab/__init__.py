@@ -1,11 +1,5 @@
-"""tlab: a command-line experiment runner for Transformer components.
-
-The Python API (``transformer_lab.api``) is loaded on first use, so that ``import
-transformer_lab`` (and ``tlab --help``) stays cheap::
-
-    import transformer_lab as tl
-    tl.validate(pe=MyPE, arch="decoder")     # also smoke, reverse_task, compare_activations, check
-"""
+"""tlab: a command-line experiment runner for Transformer components. The Python API
+(docs/python_api.md) loads on first use, so ``import transformer_lab`` stays cheap."""
 
 from typing import Any
 

@@ -17,8 +17,9 @@ one-line message (nothing is written).
 A component (``pe=``, ``ffn=``, ``norm_layer=``, an item of ``activations=``) may be the name of
 a choice (``"rope"``), a class, or an instance, defined anywhere, a notebook, ``__main__`` or a
 test function included: while the command runs it is a choice of its group offered in this
-process (``OfferedComponents``: no file), whose config node names its class by its qualified
-name. A class gets its size arguments from the model (``d_model``, ``d_ff``, ``n_heads``,
+process (``OfferedComponents``: no file), whose config node names its class by its import path
+(``module.qualname``, as ``config.yaml`` records it) and which is built from the object given.
+A class gets its size arguments from the model (``d_model``, ``d_ff``, ``n_heads``,
 ``head_dim``, ``max_len``), keeps its plain defaults (an override may change them), and any
 other argument must be given: ``overrides=["pe.alpha=0.5"]``; a norm layer class is called with
 ``d_model``. An instance is deep-copied for every model built (its sizes must match the run's
@@ -27,7 +28,6 @@ model). Runs are single runs (no ``-m`` sweeps) in this process.
 
 from __future__ import annotations
 
-import copy
 import inspect
 import logging
 from collections.abc import Callable, Iterator, Sequence
@@ -116,24 +116,6 @@ def _class_arguments(cls: type, group: str) -> dict[str, Any]:
     return arguments
 
 
-def _instance_class(instance: object) -> type:
-    """A subclass of ``type(instance)`` whose construction returns a deep copy of
-    ``instance`` (constructor arguments ignored); the class's declarations are inherited and
-    ``count_parameters`` is the instance's own count."""
-    cls = type(instance)
-    count = sum(p.numel() for p in instance.parameters()) if hasattr(instance, "parameters") \
-        else None
-
-    def new(klass: type, *args: Any, **kwargs: Any) -> object:
-        return copy.deepcopy(instance)  # not a ``klass``: __init__ is not called again
-
-    namespace: dict[str, Any] = {"__new__": new, "__module__": cls.__module__,
-                                 "__qualname__": cls.__qualname__}
-    if count is not None:
-        namespace["count_parameters"] = classmethod(lambda klass, **kwargs: count)
-    return type(cls.__name__, (cls,), namespace)
-
-
 def _unused(name: str, taken: Any) -> str:
     """``name``, else the first of ``name_2``, ``name_3``, ... not in ``taken``."""
     candidate, n = name, 1
@@ -145,13 +127,13 @@ def _unused(name: str, taken: Any) -> str:
 
 class OfferedComponents:
     """The classes and instances one command was given, each a choice of its group offered in
-    this process: its config node (``nodes``) names its class by the class's qualified name
-    (``classes``), through ``config.instantiate.in_process_target``."""
+    this process: its config node (``nodes``) names its class by ``module.qualname``, and
+    ``given`` holds the class or instance that builds it (``config.instantiate``)."""
 
     def __init__(self, user_dirs: Sequence[Path] = ()) -> None:
         self.user_dirs = list(user_dirs)
         self.nodes: dict[str, dict[str, dict[str, Any]]] = {}  # group -> choice -> node
-        self.classes: dict[str, type] = {}  # qualified name -> class
+        self.given: dict[tuple[str, str], object] = {}  # (_target_, choice) -> class or instance
         self._choices: dict[tuple[str, int], str] = {}  # (group, id(component)) -> choice
 
     def choice(self, group: str, component: Component) -> str | None:
@@ -165,16 +147,16 @@ class OfferedComponents:
         return self._choices[key]
 
     def _offer(self, group: str, component: object) -> str:
-        from transformer_lab.config.instantiate import in_process_target
         from transformer_lab.config.tree import group_choices
 
         is_class = isinstance(component, type)
         cls = component if is_class else type(component)
+        target = f"{cls.__module__}.{cls.__qualname__}"
         name = _unused(cls.__name__, {*group_choices(group, self.user_dirs),
-                                      *self.nodes.get(group, {})})
-        qualified = _unused(f"{cls.__module__}.{cls.__qualname__}", self.classes)
-        self.classes[qualified] = cls if is_class else _instance_class(component)
-        node = {"name": name, "_target_": in_process_target(qualified)}
+                                      *self.nodes.get(group, {}),
+                                      *(choice for t, choice in self.given if t == target)})
+        self.given[target, name] = component
+        node = {"name": name, "_target_": target}
         if group == "norm_layer":
             node["_partial_"] = True  # called with d_model
         if is_class:
@@ -184,12 +166,12 @@ class OfferedComponents:
 
     @contextmanager
     def offered(self) -> Iterator[None]:
-        """Within the block, the components are choices of their groups and their classes are
-        what their nodes' ``_target_`` names."""
-        from transformer_lab.config.instantiate import in_process_targets
+        """Within the block, the components are choices of their groups, built from the
+        objects given."""
+        from transformer_lab.config.instantiate import components_given
         from transformer_lab.config.tree import offered_in_process
 
-        with in_process_targets(self.classes), offered_in_process(self.nodes):
+        with components_given(self.given), offered_in_process(self.nodes):
             yield
 
 

@@ -1,20 +1,7 @@
-"""Assemble a Transformer from a composed Hydra config.
+"""A Transformer assembled from a composed config (components: the ``pe``, ``ffn``, ``block``,
+``norm_layer`` groups' ``_target_``); KV-cache positions: docs/custom_components.md.
 
-    tokens (B, T) -> token embedding * embed_scale (+ pe_scale * PE if additive) -> dropout
-                  -> n_layers blocks (attention with rotary/bias hooks, FFN, norms)
-                  -> final norm (pre/sandwich) -> output head -> logits (B, T, vocab)
-
-Decoders decode with a KV cache (``model.new_cache()``, ``forward(tokens, cache=cache)``): the
-new tokens sit at positions ``offset .. offset + T - 1`` (offset = tokens already cached), and
-each kind of PE is told so: an additive PE gets those positions, a rotary PE rotates the new
-queries at them and every cached key (held before rotation) at its own, a bias PE is asked for
-``pe(T, offset + T)`` (its rows for the last T positions) and the causal mask is aligned
-bottom-right (the query at position p sees the keys at positions <= p).
-
-Which positional encoding, FFN, block wiring and norm layer are used is decided by the config
-groups ``pe``, ``ffn``, ``block`` and ``norm_layer`` through their ``_target_``: there is no
-if/elif over component names here. The model is plain torch: it knows nothing of how it is
-trained (seeds, compilation, the optimiser).
+tokens (B, T) -> embedding (+ additive PE) -> blocks -> final norm -> head -> logits (B, T, V)
 """
 
 from __future__ import annotations
@@ -106,10 +93,9 @@ class TransformerModel(nn.Module):
 
     def attention_mask(self, q_len: int, k_len: int,
                        device: torch.device) -> torch.Tensor | None:
-        """Additive mask shared by every layer, for the last ``q_len`` of ``k_len`` positions:
-        the PE bias (H, T_q, T_k) plus the causal -inf mask, or the causal mask alone (T_q, T_k)
-        when T_q differs from T_k (cached decoding: SDPA's ``is_causal`` aligns top-left); None
-        where SDPA's ``is_causal`` or no mask does."""
+        """The additive mask of every layer for the last ``q_len`` of ``k_len`` positions: PE bias
+        (H, T_q, T_k) plus the causal mask, the causal mask alone (T_q, T_k) in cached decoding, or
+        None where SDPA's ``is_causal`` (or no mask) does."""
         if self.pe_kind == "bias":
             mask = self.positional(q_len, k_len)  # (H, T_q, T_k)
             return mask + self._causal_mask(q_len, k_len, device) if self.causal else mask
@@ -119,14 +105,13 @@ class TransformerModel(nn.Module):
 
     @staticmethod
     def _causal_mask(q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
-        """(T_q, T_k), queries at the last T_q positions: 0 where the key's position is at most
-        the query's, -inf after it (aligned bottom-right: each query sees itself)."""
+        """(T_q, T_k) with queries at the last T_q positions: 0 where the key is not after the
+        query, else -inf."""
         future = torch.ones(q_len, k_len, dtype=torch.bool, device=device).triu(k_len - q_len + 1)
         return torch.zeros(q_len, k_len, device=device).masked_fill(future, float("-inf"))
 
     def new_cache(self) -> KVCache:
-        """An empty KV cache for :meth:`forward` (decoders only: an encoder's tokens attend to
-        later ones, which a cache of earlier tokens cannot give)."""
+        """An empty KV cache for :meth:`forward` (decoders only)."""
         if not self.causal:
             raise ConfigError("a KV cache (cached decoding, generate) needs a decoder "
                               "(arch=decoder); this model is an encoder (arch=encoder)")
@@ -134,12 +119,10 @@ class TransformerModel(nn.Module):
 
     def forward(self, tokens: torch.Tensor, cache: KVCache | None = None,
                 need_weights: bool = False) -> torch.Tensor:
-        """tokens (B, T) -> logits (B, T, vocab), or the final hidden states (B, T, D) when the
-        model has no ``output_head`` (imported without one). With a ``cache`` (decoders,
-        :meth:`new_cache`) the tokens follow the ``cache.length`` tokens already in it, at
-        positions ``cache.length .. cache.length + T - 1``, and their keys and values are added
-        to it. With ``need_weights`` each attention module keeps its probabilities
-        (B, H, T, T_k) in ``last_weights``."""
+        """tokens (B, T) -> logits (B, T, vocab), or hidden states (B, T, D) without
+        ``output_head``. With a ``cache`` the tokens sit after the ``cache.length`` cached ones and
+        their keys and values are added to it; ``need_weights``: each attention keeps (B, H, T, T_k)
+        in ``last_weights``."""
         q_len = tokens.shape[1]
         offset = 0 if cache is None else cache.length
         k_len = offset + q_len
@@ -162,16 +145,13 @@ class TransformerModel(nn.Module):
         return self.lm_head(self.final_norm(x))  # (B, T, vocab)
 
     def auxiliary_loss(self) -> torch.Tensor | None:
-        """Sum of the ``aux_loss`` the modules left from the last forward (e.g. a Mixture of
-        Experts' load-balancing loss, already weighted), to add to the training loss; None
-        when no module has one."""
+        """Sum of the modules' ``aux_loss`` from the last forward (MoE load balancing), or None."""
         losses = [m.aux_loss for m in self._reporters()
                   if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
         return torch.stack(losses).sum() if losses else None
 
     def auxiliary_metrics(self) -> dict[str, float]:
-        """Numbers the modules report about the last forward (``aux_metrics``), averaged over
-        the modules that report the same name (e.g. per-expert token fractions)."""
+        """The modules' ``aux_metrics`` from the last forward, averaged per name."""
         gathered: dict[str, list[float]] = {}
         for module in self._reporters():
             for name, value in (getattr(module, "aux_metrics", None) or {}).items():
@@ -179,8 +159,7 @@ class TransformerModel(nn.Module):
         return {name: sum(v) / len(v) for name, v in gathered.items()}
 
     def _reporters(self) -> list[nn.Module]:
-        """The modules with an ``aux_loss`` or ``aux_metrics`` (found once, not every step: most
-        models have none)."""
+        """The modules with an ``aux_loss`` or ``aux_metrics``, found once."""
         if self._aux_sources is None:
             self._aux_sources = [m for m in self.modules()
                                  if hasattr(m, "aux_loss") or hasattr(m, "aux_metrics")]
@@ -193,8 +172,8 @@ class TransformerModel(nn.Module):
 
     @property
     def context_window(self) -> int | None:
-        """The most positions the model can encode, where its PE holds a table it cannot
-        extend (a learned table without ``interpolate``: its ``max_len``); None: no limit."""
+        """The most positions the model can encode where its PE is a table it cannot extend (a
+        learned table without ``interpolate``); None: no limit."""
         if self.pe_kind != "additive" or getattr(self.positional, "interpolate", False):
             return None
         window = getattr(self.positional, "max_len", None)
@@ -204,21 +183,11 @@ class TransformerModel(nn.Module):
     def generate(self, prefix: torch.Tensor, n_new: int, *, temperature: float = 0.0,
                  top_k: int | None = None, top_p: float | None = None,
                  generator: torch.Generator | None = None) -> torch.Tensor:
-        """The ``n_new`` tokens that follow ``prefix`` (decoders): (B, P) -> (B, n_new).
+        """The ``n_new`` tokens after ``prefix``, with a KV cache: (B, P) -> (B, n_new).
 
-        One forward over the prefix fills a KV cache, then one forward per new token.
-        ``temperature`` 0 is greedy decoding (argmax); above 0 each token is drawn from
-        ``softmax(logits / temperature)``, over the ``top_k`` most likely tokens and the
-        smallest set of them whose probability reaches ``top_p`` when given, with ``generator``
-        (a seeded ``torch.Generator`` makes it reproducible). Dropout is whatever the model's
-        mode makes it: call ``model.eval()`` first. The logits are those of a full forward over
-        the tokens so far (step 1's ``cached_decoding``), except with a PE whose numbers follow
-        the sequence's length (RoPE ``scaling=dynamic``) in a model of several layers: a deeper
-        layer's cached keys were computed at a shorter length, as in any KV cache. Past the
-        model's ``context_window`` the context is cropped to its last ``context_window`` tokens
-        (as nanoGPT does), each step a full forward over them: the positions of cached keys
-        would shift.
-        """
+        ``temperature`` 0 is greedy; above 0 see :func:`next_token`. Call ``model.eval()`` first.
+        Past ``context_window`` the context is cropped to its last tokens (as nanoGPT), each step a
+        full forward."""
         if n_new < 0:
             raise ConfigError(f"n_new={n_new} is not valid; generate 0 or more tokens")
         if not self.output_head:
@@ -241,10 +210,9 @@ class TransformerModel(nn.Module):
 def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None = None,
                generator: torch.Generator | None = None,
                top_p: float | None = None) -> torch.Tensor:
-    """One token per row of ``logits`` (B, vocab) -> (B, 1): the argmax at ``temperature`` 0,
-    else a draw from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest and
-    then to the nucleus: the most likely tokens whose probabilities, added in decreasing
-    order, first reach ``top_p`` (Holtzman et al. 2019; the first token always stays)."""
+    """One token per row of ``logits`` (B, vocab) -> (B, 1): the argmax at ``temperature`` 0, else a
+    draw from ``softmax(logits / temperature)`` over the ``top_k`` largest, then the ``top_p``
+    nucleus (Holtzman et al. 2019; the first token always stays)."""
     if temperature < 0:
         raise ConfigError(f"temperature={temperature} is not valid; use 0 (greedy) or more")
     if top_k is not None and top_k < 1:
@@ -269,13 +237,8 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
 
 
 def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
-    """Build the model described by ``cfg`` (groups model, pe, block, norm_layer, ffn, arch).
-
-    With ``seed`` torch's global generator is seeded first (``torch.manual_seed(seed)``), so the
-    same seed gives the same initial weights; without it the caller's generator state is used.
-    Initialisation is N(0, model.init_std) for every weight matrix and embedding, zero biases,
-    ones for norm gains.
-    """
+    """The model ``cfg`` describes; with ``seed``, ``torch.manual_seed(seed)`` first. Weights and
+    embeddings N(0, model.init_std), zero biases, unit norm gains."""
     if seed is not None:
         torch.manual_seed(int(seed))
     m = cfg.model
@@ -317,8 +280,8 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
 
 
 def attention_knobs(m: DictConfig) -> dict:
-    """The attention keywords of ``cfg.model`` beyond the original Transformer's (GQA, head
-    size, logit scale, separate biases); a model config without them gets the defaults."""
+    """The attention keywords of ``cfg.model`` beyond the original Transformer's
+    (GQA, head size...)."""
     return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
             "scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
             "out_bias": m.get("out_bias")}
@@ -326,10 +289,8 @@ def attention_knobs(m: DictConfig) -> dict:
 
 def build_checked_model(cfg: DictConfig, seq_len: int) -> TransformerModel:
     """``build_model(cfg, seed=cfg.seed)`` with each component run at ``seq_len`` against its
-    protocol (``config.protocols``: e.g. a learned PE asked for more positions than its table
-    has raises ``ConfigError`` naming the group). The checks draw from their own generator in
-    eval mode, so the model and torch's global generator are left as a run that builds the model
-    itself would have them. Used by the app's pre-flight and by ``tlab mutants``."""
+    protocol (``config.protocols``), leaving the model and torch's generator as ``build_model``
+    leaves them."""
     from transformer_lab.config.protocols import check_protocols
 
     model = build_model(cfg, seed=cfg.seed)

@@ -1,19 +1,5 @@
-"""Assertions for your own pytest suite: tlab's checks on your component, failing with the
-table rows that failed and what to look at, as the CLI prints them.
-
-    from transformer_lab.testing import assert_positional_encoding, assert_rope_relative
-
-    def test_my_pe():
-        assert_positional_encoding(MyPE, arch="encoder")   # tlab validate: all four steps
-
-    def test_my_rope_is_relative():
-        assert_rope_relative(MyRoPE)                        # q_m . k_n depends on n - m only
-
-``assert_positional_encoding`` and ``assert_trains`` run the command (``tlab validate``,
-``tlab smoke``) through ``transformer_lab.api``; their run directory is a temporary one (removed
-when the assertion passes, kept and named in the message when it fails) unless ``out=`` says
-where. A component may be a class, an instance or a choice name, as in the API.
-"""
+"""Assertions for your own pytest suite: tlab's checks on your component, failing with the rows that
+failed and what to look at (docs/python_api.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +19,7 @@ def _label(component: Component) -> str:
 
 
 def _failed_rows(result: Result, hints: dict[int, str] | None = None) -> list[str]:
-    """One line per FAIL row of the result's table (``step check: detail``), then the hint
-    of each failing step."""
+    """One line per FAIL row (``step check: detail``), then each failing step's hint."""
     table = result.table
     if table.empty or "status" not in table:
         return [f"{result.table_name}.csv was not written; see {result.run_dir / 'run.log'}"]
@@ -52,8 +37,8 @@ def _failed_rows(result: Result, hints: dict[int, str] | None = None) -> list[st
 
 def _run_checked(command: Any, what: str, out: str | Path | None,
                  hints: dict[int, str] | None, **kwargs: Any) -> Result:
-    """Run ``command`` into ``out`` (a temporary directory when None, removed if it passes);
-    raise ``AssertionError`` listing the failed rows when it does not pass."""
+    """Run ``command`` into ``out`` (default: a temporary directory, removed if it passes);
+    ``AssertionError`` listing the failed rows otherwise."""
     temp = None if out is not None else Path(tempfile.mkdtemp(prefix="tlab-test-"))
     result = command(out=out if out is not None else temp / "run", **kwargs)
     if result.passed:
@@ -79,8 +64,8 @@ def assert_positional_encoding(pe: Component, arch: str = "encoder", *,
 def assert_trains(pe: Component = None, *, ffn: Component = None,
                   norm_layer: Component = None, arch: str = "encoder",
                   overrides: Sequence[str] = (), out: str | Path | None = None) -> Result:
-    """``tlab smoke`` with these components: a tiny model runs forward and backward (finite
-    loss and gradients) and its loss falls within 10 steps on fixed batches."""
+    """``tlab smoke`` with these components: a tiny model runs forward and backward and its loss
+    falls within 10 steps."""
     from transformer_lab.routines.validate import STEP_HINTS
 
     chosen = [f"{group}={_label(c)}" for group, c in
@@ -92,9 +77,8 @@ def assert_trains(pe: Component = None, *, ffn: Component = None,
 
 def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
                          n_positions: int = 16) -> None:
-    """A rotary PE (``kind = "rotary"``) rotates q and k so that the score ``q_m . k_n``
-    depends on ``n - m`` only: validate's step-3 check, run here in-process (no run
-    directory). Class arguments are filled from ``d_model`` and ``n_heads`` as in a run."""
+    """A rotary PE makes ``q_m . k_n`` depend on ``n - m`` only: validate's step-3 check,
+    in-process; class arguments follow ``d_model`` and ``n_heads``."""
     from omegaconf import OmegaConf
 
     from transformer_lab.config.compose import compose  # noqa: F401  (registers ${tlab.div:...})

@@ -1,35 +1,7 @@
-"""Multi-head self-attention on ``torch.nn.functional.scaled_dot_product_attention``.
+"""Multi-head self-attention on SDPA (Vaswani et al. 2017, sec. 3.2), with GQA, a KV cache and the
+knobs of real architectures (docs/custom_components.md).
 
-Vaswani et al. 2017 (arXiv 1706.03762), sec. 3.2:
-    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_head) + M) V
-where M is an additive mask: ALiBi / T5 biases and the causal -inf mask, prepared once per forward
-by the model. Rotary encodings are applied to Q and K before the product (Su et al. 2021).
-
-Q, K and V come from one fused projection (fewer kernel launches); the output projection follows.
-With ``need_weights`` the product is written out (two matmuls and an fp32 softmax) so that the
-probabilities can be kept: the same numbers as SDPA (tested).
-
-Knobs of real architectures (defaults keep the original Transformer):
-* ``n_kv_heads``: grouped-query attention (Ainslie et al. 2023, arXiv 2305.13245): K and V have
-  H_kv heads, each shared by H / H_kv query heads (H_kv = 1: multi-query, Shazeer 2019);
-* ``head_dim``: per-head size Dh independent of D / H (T5 ``d_kv``, HF ``head_dim``);
-* ``scale``: the logit scale (default 1 / sqrt(Dh); T5 uses 1);
-* ``qkv_bias`` / ``out_bias``: biases of the Q/K/V and output projections (Qwen2: Q/K/V only).
-Parameters: D (H + 2 H_kv) Dh + H Dh D (+ (H + 2 H_kv) Dh and D biases); 4 D^2 (+ 4 D) by default.
-
-Cached decoding (decoders): with a :class:`LayerKV` in ``inputs.cache`` the new tokens' keys and
-values are appended to those of the earlier tokens and the new queries attend to all of them.
-The cache holds the keys *before* the rotary PE: at every step the PE rotates the new queries at
-their positions (``pe(q, q, positions)[0]``) and every cached key at its own
-(``pe(k, k, key_positions)[1]``). A PE whose frequencies depend on the length (RoPE
-``scaling=dynamic``) then gives the numbers of a full forward over the same tokens, and a PE that
-ignores its ``positions`` is caught by step 1's ``cached_decoding``. The cost: each step rotates
-all ``T_k`` cached keys again (and the rotary call rotates its two arguments, one of which is
-dropped), where caching rotated keys would rotate only the new ones.
-
-Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T, Dh) -> out (B, T, D); with a cache
-q (B, H, T_q, Dh) against k, v (B, H_kv, T_k, Dh), T_k = cached + new tokens.
-"""
+Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T_k, Dh) -> out (B, T, D)."""
 
 from __future__ import annotations
 
@@ -66,8 +38,7 @@ class LayerKV:
 
 @dataclass
 class KVCache:
-    """The keys and values of a decoder's earlier tokens, one :class:`LayerKV` per layer
-    (``TransformerModel.new_cache()``); ``length`` tokens are held, at positions
+    """A decoder's keys and values, one :class:`LayerKV` per layer, for positions
     ``0 .. length - 1``."""
 
     layers: list[LayerKV]
@@ -196,9 +167,8 @@ class MultiHeadAttention(nn.Module):
     @staticmethod
     def _rotate_separately(q: torch.Tensor, k: torch.Tensor,
                            inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """With a cache: the new queries (B, H, T_q, Dh) rotated at their positions and every
-        key (B, H_kv, T_k, Dh) at its own; the rotary protocol takes q and k of one length, so
-        each goes in twice and the other output is dropped."""
+        """With a cache: the new queries (B, H, T_q, Dh) rotated at their positions and every key
+        (B, H_kv, T_k, Dh) at its own (each goes in twice; the other output is dropped)."""
         key_positions = inputs.key_positions
         if key_positions is None:
             key_positions = torch.arange(k.shape[-2], device=k.device)  # (T_k,)

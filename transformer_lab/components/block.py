@@ -1,18 +1,5 @@
-"""Transformer blocks: where the normalisation sits around the two sublayers.
-
-With f = attention or FFN, s = residual-branch scale, N = the chosen norm layer:
-    post     (Vaswani et al. 2017):          x = N(x + s * f(x))
-    pre      (Xiong et al. 2020, 2002.04745): x = x + s * f(N(x))          (+ a final norm)
-             parallel (GPT-J / GPT-NeoX, ``parallel=True``):
-                                              x = x + s * attn(N1(x)) + s * ffn(N2(x))
-    sandwich (Ding et al. 2021, CogView):     x = x + s * N_out(f(N_in(x))) (+ a final norm)
-    deepnorm (Wang et al. 2022, 2203.00555):  x = N(alpha * x + f(x)), alpha = (2L)^(1/4),
-              and the FFN, V and output projections initialised with gain beta = (8L)^(-1/4)
-              (the encoder-only / decoder-only constants of the paper, L = number of layers).
-
-Each block maps (B, T, D) -> (B, T, D). ``needs_final_norm`` tells the model whether to add a
-norm after the last block.
-"""
+"""Transformer blocks: where the norms sit around attention and FFN (post, pre, sandwich, deepnorm);
+each maps (B, T, D) -> (B, T, D). Formulas: docs/custom_components.md."""
 
 from __future__ import annotations
 
@@ -49,8 +36,7 @@ class TransformerBlock(nn.Module):
         self.dropout = nn.Dropout(residual_dropout)
 
     def scale_and_drop(self, y: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """``scale * dropout(y)``, skipping the no-op cases (p = 0 or eval; scale 1) so a tiny
-        model does not pay two extra ops (and their backward nodes) per sublayer."""
+        """``scale * dropout(y)``, skipping the no-op cases (p = 0 or eval; scale 1)."""
         if self.training and self.dropout.p > 0.0:
             y = self.dropout(y)
         scale = self.residual_scale if scale is None else scale
@@ -66,8 +52,7 @@ class TransformerBlock(nn.Module):
 class PostNormBlock(TransformerBlock):
     """Original Transformer: ``x = N(x + s * f(x))`` after each sublayer."""
 
-    #: norm layers inside one block (the parameter and activation-memory formulas); whether a
-    #: final norm follows is ``needs_final_norm``
+    #: norm layers inside one block (parameter and memory formulas: docs/custom_components.md)
     norms_per_block = 2
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
@@ -76,14 +61,10 @@ class PostNormBlock(TransformerBlock):
 
 
 class PreNormBlock(TransformerBlock):
-    """Pre-LN: ``x = x + s * f(N(x))``; the model adds a final norm.
-
-    ``parallel=True`` (GPT-J, GPT-NeoX ``use_parallel_residual``): attention and FFN both read
-    the block's input, ``x = x + s * attn(N1(x)) + s * ffn(N2(x))``.
-    """
+    """Pre-LN (Xiong et al. 2020, arXiv:2002.04745): ``x = x + s * f(N(x))``, a final norm;
+    ``parallel=True`` (GPT-J): ``x + s * attn(N1(x)) + s * ffn(N2(x))``."""
 
     needs_final_norm = True
-    #: norm layers inside one block (the parameter and activation-memory formulas)
     norms_per_block = 2
     #: accepts ``parallel=True`` (``model.parallel_block``)
     supports_parallel = True
@@ -112,10 +93,9 @@ class PreNormBlock(TransformerBlock):
 
 
 class SandwichNormBlock(TransformerBlock):
-    """Sandwich-LN: a norm before and after each sublayer, ``x = x + s * N_out(f(N_in(x)))``."""
+    """Sandwich-LN (Ding et al. 2021, CogView): ``x = x + s * N_out(f(N_in(x)))``."""
 
     needs_final_norm = True
-    #: norm layers inside one block (the parameter and activation-memory formulas)
     norms_per_block = 4
 
     def __init__(
@@ -139,13 +119,9 @@ class SandwichNormBlock(TransformerBlock):
 
 
 class DeepNormBlock(TransformerBlock):
-    """DeepNorm: post-LN with the residual up-weighted by alpha and sublayers down-scaled by beta.
+    """DeepNorm (Wang et al. 2022, arXiv:2203.00555): ``x = N(alpha x + f(x))``; alpha and beta
+    default to the paper's values for ``n_layers`` (``residual_scale`` unused)."""
 
-    ``alpha``/``beta`` default to the paper's values for an encoder-only or decoder-only stack of
-    ``n_layers``; ``residual_scale`` is not used (alpha plays that role).
-    """
-
-    #: norm layers inside one block (the parameter and activation-memory formulas); no final norm
     norms_per_block = 2
 
     def __init__(
@@ -167,8 +143,7 @@ class DeepNormBlock(TransformerBlock):
 
     @torch.no_grad()
     def _scale_init(self, beta: float) -> None:
-        """Multiply the V slice of the fused QKV weight, the output projection and every FFN
-        weight matrix by beta (the paper scales their Xavier init by beta; Q and K keep gain 1)."""
+        """Multiply the V, output-projection and FFN weights by beta (Q and K keep gain 1)."""
         v_rows = self.attention.kv_size  # V is the last slice of the fused QKV weight
         self.attention.qkv_proj.weight[-v_rows:].mul_(beta)
         self.attention.out_proj.weight.mul_(beta)

@@ -1,12 +1,7 @@
-"""Position-wise feed-forward networks: the two-matrix FFN and the gated (GLU) family.
+"""Position-wise FFNs: ``act(x W1 + b1) W2 + b2`` (Vaswani et al. 2017, eq. 2) and the GLU family
+``(act(x W_gate) * (x W_up)) W_down`` (Shazeer 2020, arXiv:2002.05202).
 
-Vaswani et al. 2017 (arXiv 1706.03762), eq. 2:   FFN(x) = act(x W1 + b1) W2 + b2
-Shazeer 2020 (arXiv 2002.05202), GLU variants:   FFN(x) = (act(x W_gate) * (x W_up)) W_down
-    swiglu: act = Swish/SiLU, geglu: act = GELU, reglu: act = ReLU.
-
-Shapes: input (B, T, d_model) -> hidden (B, T, d_ff) -> output (B, T, d_model).
-Initialisation as in the source article: weights N(0, init_std=0.02), biases zero.
-"""
+Shapes: (B, T, d_model) -> hidden (B, T, d_ff) -> (B, T, d_model)."""
 
 from __future__ import annotations
 
@@ -39,15 +34,11 @@ def _init_linear(layer: nn.Linear, std: float) -> None:
 
 
 class FeedForward(nn.Module):
-    """Two-matrix FFN: ``down(dropout(act(up(x))))``.
-
-    Parameters: 2 * d_model * d_ff (+ d_ff + d_model with bias). For d_model 768, d_ff 3072 with
-    bias that is 4,722,432 (the source article prints 4,721,664, which leaves out the output bias).
-    """
+    """Two-matrix FFN: ``down(dropout(act(up(x))))``."""
 
     gated = False
     # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
-    #: weight matrices that multiply activations (up, down): the ``6N`` FLOPs rule counts them
+    #: weight matrices that multiply activations (the ``6N`` FLOPs rule counts them)
     weight_matrices = 2
 
     @classmethod
@@ -83,24 +74,16 @@ class FeedForward(nn.Module):
 
 
 def gated_hidden_size(d_ff: int, match_params: bool) -> int:
-    """Hidden size of a gated FFN: ``d_ff``, or ``round(2/3 * d_ff)`` when ``match_params``.
-
-    Three matrices of ``2/3 d_ff`` hold as many weights as two of ``d_ff`` (Shazeer 2020, sec. 2).
-    """
+    """``d_ff``, or ``round(2/3 d_ff)`` with ``match_params`` (as many weights as two matrices)."""
     return max(1, int(round(2 * d_ff / 3))) if match_params else d_ff
 
 
 class GatedFeedForward(nn.Module):
-    """GLU-family FFN (SwiGLU, GeGLU, ReGLU): ``down(dropout(act(gate(x)) * up(x)))``.
-
-    Named as in LLaMA / Hugging Face: ``gate_proj``, ``up_proj``, ``down_proj``.
-    Parameters: 3 * d_model * d_hidden (+ 2 * d_hidden + d_model with bias), where
-    ``d_hidden = gated_hidden_size(d_ff, match_params)``.
-    """
+    """GLU-family FFN (SwiGLU, GeGLU, ReGLU): ``down(dropout(act(gate(x)) * up(x)))``, named as in
+    LLaMA."""
 
     gated = True
     # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
-    #: weight matrices that multiply activations (gate, up, down): the ``6N`` FLOPs rule
     weight_matrices = 3
 
     @classmethod

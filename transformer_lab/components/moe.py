@@ -1,33 +1,8 @@
-"""Mixture-of-Experts feed-forward layer: a router sends each token to ``top_k`` of
-``n_experts`` FFNs and adds their outputs, weighted by the router's probabilities.
+"""Mixture-of-Experts FFN: a router sends each token to ``top_k`` of ``n_experts`` FFNs (Shazeer et
+al. 2017, arXiv:1701.06538; Switch, arXiv:2101.03961; Mixtral, arXiv:2401.04088), with the
+load-balance and z-loss as ``aux_loss`` (docs/custom_components.md).
 
-Shazeer et al. 2017 (arXiv 1701.06538), Switch Transformer (Fedus et al. 2021, arXiv 2101.03961),
-Mixtral (Jiang et al. 2024, arXiv 2401.04088). For a token x with router logits l = x W_r (E,):
-
-    softmax_then_topk (Mixtral, Switch):  p = softmax(l); keep the top_k p_i;
-                                          with ``normalize_topk`` divide them by their sum
-    topk_then_softmax:                    keep the top_k l_i; softmax over those k
-    y = sum_{i in top_k} w_i * expert_i(x)
-
-(``softmax_then_topk`` with ``normalize_topk`` and ``topk_then_softmax`` are the same function,
-computed in a different order; without ``normalize_topk`` the weights sum to less than 1.)
-With ``top_k = 1`` both routers give the chosen expert its full softmax probability ``p_i``
-(Switch, eq. 2): renormalising a single weight would make it 1 whatever the logits, and the
-router would get no gradient from the task loss (only from the auxiliary losses).
-
-Auxiliary losses, left on the module after each forward as ``aux_loss`` (already weighted) for
-the trainer to add (``TransformerModel.auxiliary_loss``):
-
-    load balance (Switch eq. 4, as HF Mixtral):  coef * E * sum_i F_i P_i,
-        F_i = fraction of tokens with expert i among their top_k, P_i = mean router probability
-    router z-loss (ST-MoE, Zoph et al. 2022, arXiv 2202.08906):  coef_z * mean(logsumexp(l)^2)
-
-``aux_metrics`` holds each expert's share of the token assignments (they sum to 1), which the
-trainer logs to ``metrics.csv`` as ``moe_expert{i}_fraction``.
-
-Parameters: D E (router, no bias) + E * expert parameters; per token only the router and
-``top_k`` experts are active. Shapes: x (B, T, D) -> (B, T, D).
-"""
+Shapes: x (B, T, D) -> (B, T, D)."""
 
 from __future__ import annotations
 
@@ -64,12 +39,12 @@ def make_expert(expert: str, d_model: int, d_ff: int, bias: bool, dropout: float
     return FeedForward(d_model, d_ff, expert, bias, dropout, init_std)
 
 
-def _expert_arguments(d_model: int, d_ff: int, expert: str, bias: bool,
-                      match_params: bool) -> dict:
+def _expert_parameters(d_model: int, d_ff: int, expert: str, bias: bool,
+                       match_params: bool) -> int:
     arguments = {"d_model": d_model, "d_ff": d_ff, "bias": bias}
     if expert_class(expert) is GatedFeedForward:
         arguments["match_params"] = match_params
-    return arguments
+    return expert_class(expert).count_parameters(**arguments)
 
 
 class MoEFeedForward(nn.Module):
@@ -81,18 +56,16 @@ class MoEFeedForward(nn.Module):
                          expert: str = "swiglu", bias: bool = True,
                          match_params: bool = False) -> int:
         """``D E`` (router) + ``E`` times the expert's own ``count_parameters``."""
-        one = expert_class(expert).count_parameters(
-            **_expert_arguments(d_model, d_ff, expert, bias, match_params))
-        return d_model * n_experts + n_experts * one
+        return d_model * n_experts + n_experts * _expert_parameters(d_model, d_ff, expert, bias,
+                                                                    match_params)
 
     @classmethod
     def active_parameters(cls, d_model: int, d_ff: int, n_experts: int = 8, top_k: int = 2,
                           expert: str = "swiglu", bias: bool = True,
                           match_params: bool = False) -> int:
         """Parameters one token uses: the router and ``top_k`` experts."""
-        one = expert_class(expert).count_parameters(
-            **_expert_arguments(d_model, d_ff, expert, bias, match_params))
-        return d_model * n_experts + top_k * one
+        return d_model * n_experts + top_k * _expert_parameters(d_model, d_ff, expert, bias,
+                                                                match_params)
 
     @classmethod
     def hidden_size(cls, d_ff: int, top_k: int = 2, expert: str = "swiglu",

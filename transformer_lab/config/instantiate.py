@@ -2,14 +2,14 @@
 task of a config.
 
 A group's node is ``{_target_: dotted.path, name: label, **keyword arguments}``; ``name`` is a
-label for tables and messages, not an argument. A ``_target_`` may also name a class given in
-this process (the Python API's components, defined in a notebook or a function, with no import
-path): ``in_process_targets`` makes it reachable, while a run lasts, as
-``in_process_target("<its module>.<its qualified name>")``, an attribute path of this module.
+label for tables and messages, not an argument. The Python API's components (a class or an
+instance, defined anywhere, a notebook or a function included) are named by their class's
+``module.qualname`` and built from the object given (``components_given``), not imported.
 """
 
 from __future__ import annotations
 
+import copy
 import functools
 import logging
 from collections.abc import Iterator, Mapping
@@ -21,27 +21,30 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.errors import ConfigError
 
 HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")  # instantiate() options, not arguments
-_IN_PROCESS_CLASSES: dict[str, Any] = {}  # dotted name -> the class given in this process
+_GIVEN: dict[tuple[str, str], Any] = {}  # (_target_, name) -> the class or instance given
 
 
-class InProcessTargets:
-    """The classes given in this process, one attribute per part of their dotted names, so that
-    any ``_target_`` lookup (Hydra's: import the module, then follow the attributes) finds
-    them."""
-
-    def __init__(self, prefix: str = "") -> None:
-        self._prefix = prefix
-
-    def __getattr__(self, part: str) -> Any:
-        path = self.__dict__.get("_prefix", "") + part
-        if path in _IN_PROCESS_CLASSES:
-            return _IN_PROCESS_CLASSES[path]
-        if any(name.startswith(f"{path}.") for name in _IN_PROCESS_CLASSES):
-            return InProcessTargets(f"{path}.")
-        raise AttributeError(f"no component '{path}' was given in this process")
+@contextmanager
+def components_given(given: Mapping[tuple[str, str], Any]) -> Iterator[None]:
+    """Within the block, a node whose ``_target_`` and ``name`` are a key of ``given`` is built
+    from the value: a class is called, an instance deep-copied (whatever the arguments)."""
+    _GIVEN.update(given)
+    try:
+        yield
+    finally:
+        for key in given:
+            _GIVEN.pop(key, None)
 
 
-in_process = InProcessTargets()
+def given_component(node: Mapping[str, Any]) -> Any:
+    """The class or instance given in this process for ``node`` (by its ``_target_`` and
+    ``name``); None for any other node."""
+    return _GIVEN.get((str(node.get("_target_")), str(node.get("name"))))
+
+
+def given_targets() -> set[str]:
+    """The ``_target_`` of every component given in this process."""
+    return {target for target, _ in _GIVEN}
 
 
 def locate(path: str) -> Any:
@@ -59,23 +62,6 @@ def locate(path: str) -> Any:
         hydra_log.setLevel(level)
 
 
-def in_process_target(name: str) -> str:
-    """The ``_target_`` of the class given in this process as dotted ``name``."""
-    return f"{__name__}.in_process.{name}"
-
-
-@contextmanager
-def in_process_targets(classes: Mapping[str, type]) -> Iterator[None]:
-    """Within the block, each of ``classes`` (dotted name -> class) is the object that
-    ``in_process_target(name)`` names."""
-    _IN_PROCESS_CLASSES.update(classes)
-    try:
-        yield
-    finally:
-        for name in classes:
-            _IN_PROCESS_CLASSES.pop(name, None)
-
-
 def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
     """The node of config group ``group`` as a plain dict with interpolations resolved."""
     return OmegaConf.to_container(cfg[group], resolve=True)
@@ -84,19 +70,25 @@ def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
 def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
     """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
 
-    Flat specs are built directly (``_target_(**spec, **kwargs)``, or a partial with
-    ``_partial_``); anything richer goes through ``hydra.utils.instantiate``. Any failure
+    Flat specs, and those of the components given in this process, are built directly
+    (``_target_(**spec, **kwargs)``, or a partial with ``_partial_``); anything richer goes
+    through ``hydra.utils.instantiate`` (which imports every ``_target_``). Any failure
     (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
     """
     spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
+    given = given_component(spec)
     name = spec.pop("name", spec.get("_target_"))
     try:
         nested = any(isinstance(v, dict) and "_target_" in v for v in spec.values())
-        if nested or any(key in spec for key in HYDRA_KEYS):
+        if given is None and (nested or any(key in spec for key in HYDRA_KEYS)):
             from hydra.utils import instantiate
 
             return instantiate(spec, **kwargs)
-        target = locate(spec.pop("_target_"))
+        target = spec.pop("_target_")
+        if given is None:
+            target = locate(target)
+        else:  # the class, or a copy of the instance per call
+            target = given if isinstance(given, type) else lambda *a, **k: copy.deepcopy(given)
         partial = spec.pop("_partial_", False)
         return functools.partial(target, **spec, **kwargs) if partial else target(**spec, **kwargs)
     except Exception as exc:

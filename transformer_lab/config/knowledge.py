@@ -22,7 +22,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from transformer_lab.config.instantiate import HYDRA_KEYS, locate
+from transformer_lab.config.instantiate import HYDRA_KEYS, given_component, locate
 
 # Keys of a config node that are not constructor arguments.
 _NOT_ARGUMENTS = ("name", "_target_", "_partial_", *HYDRA_KEYS)
@@ -31,9 +31,13 @@ Node = DictConfig | Mapping[str, Any]
 
 
 def component_class(node: Node | None) -> type | None:
-    """The class named by ``node._target_``; None without one or when it cannot be imported."""
+    """The class named by ``node._target_`` (that of a Python API component: the class or
+    instance given); None without one or when it cannot be imported."""
     if node is None:
         return None
+    given = given_component(node)
+    if given is not None:
+        return given if isinstance(given, type) else type(given)
     target = node.get("_target_")
     if not isinstance(target, str) or not target:
         return None
@@ -82,7 +86,12 @@ def call_with_accepted(method: Any, arguments: Mapping[str, Any]) -> Any:
 
 def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
     """What the class of ``node`` declares as ``attribute``: the attribute itself, or, for a
-    method, its result for the node's keyword arguments and ``extra``. None when undeclared."""
+    method, its result for the node's keyword arguments and ``extra``. None when undeclared.
+    An instance given to the Python API counts its own parameters (``count_parameters``)."""
+    given = given_component(node) if node is not None else None
+    if attribute == "count_parameters" and hasattr(given, "parameters") \
+            and not isinstance(given, type):
+        return sum(p.numel() for p in given.parameters())
     cls = component_class(node)
     value = getattr(cls, attribute, None) if cls is not None else None
     if value is None or not callable(value) or isinstance(value, type):

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any
 
-from transformer_lab.config.instantiate import _IN_PROCESS_CLASSES, HYDRA_KEYS, in_process_target
+from transformer_lab.config.instantiate import HYDRA_KEYS, given_targets
 from transformer_lab.errors import ConfigError
 
 # packages whose classes are components a config may name (besides the tree's targets)
@@ -83,10 +83,7 @@ def _own_classes(package_name: str) -> set[str]:
 
 def is_registered(target: str) -> bool:
     """True for one of tlab's components, or a class given to the Python API in this process."""
-    prefix = in_process_target("")
-    if target.startswith(prefix):
-        return target[len(prefix):] in _IN_PROCESS_CLASSES
-    return target in registered_targets()
+    return target in registered_targets() or target in given_targets()
 
 
 def _targets(node: Any) -> Iterator[tuple[str, Any]]:
@@ -96,9 +93,10 @@ def _targets(node: Any) -> Iterator[tuple[str, Any]]:
 
 def user_components(config: Any) -> list[str]:
     """The ``_target_`` names of a config (plain values or an OmegaConf node) that are not
-    tlab's: what a run records it was trained with, for ``--trust-code``."""
+    tlab's (a Python API component's too): what a run records it was trained with, for
+    ``--trust-code``."""
     plain = _plain(config)
-    return sorted({str(t) for _, t in _targets(plain) if not is_registered(str(t))})
+    return sorted({str(t) for _, t in _targets(plain) if str(t) not in registered_targets()})
 
 
 def _plain(config: Any) -> Any:

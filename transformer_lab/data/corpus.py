@@ -1,16 +1,5 @@
-"""Named text corpora, downloaded once into a cache directory and checked by sha256.
-
-``corpus_path(name)`` returns the cached file, downloading it first when it is missing or does
-not match its checksum. The download goes to a temporary file in the cache directory and is
-renamed into place only after its size and sha256 match (``os.replace`` is atomic), so a
-partial or corrupt file is never used, and two processes downloading at once cannot see each
-other's half-written file. Offline, the error (exit code 2) names ``task.path=FILE`` as the
-way to use a local copy.
-
-The cache directory is ``$TLAB_CACHE`` when set, else the platform's user cache directory
-(``~/.cache/tlab`` on Linux, ``~/Library/Caches/tlab`` on macOS, ``%LOCALAPPDATA%\\tlab\\Cache``
-on Windows).
-"""
+"""Named text corpora, downloaded once into a cache directory, atomically, and checked by sha256
+(docs/data.md)."""
 
 from __future__ import annotations
 
@@ -73,9 +62,8 @@ def file_sha256(path: Path) -> str:
 
 
 def corpus_path(name: str, url: str | None = None) -> Path:
-    """The cached file of corpus ``name`` (downloaded from ``url`` or its own address when it
-    is missing or corrupt). Raises ``ValueError`` with a one-line message: unknown name,
-    download failed (offline), or a downloaded file that does not match its checksum."""
+    """The cached file of corpus ``name``, downloaded (from ``url`` or its own address) when missing
+    or corrupt; ``ValueError`` in one line otherwise."""
     if name not in CORPORA:
         raise ValueError(f"task.corpus='{name}' is not known; valid: {', '.join(CORPORA)} "
                          "(or your own file: task.path=FILE)")

@@ -1,15 +1,5 @@
-"""Tokenizers for ``task=text`` (``task.tokenizer=char|byte|bpe``) and the token cache.
-
-    char  one token per character; the vocabulary is the text's characters, sorted
-    byte  one token per UTF-8 byte; the vocabulary is the 256 byte values
-    bpe   byte-level BPE (GPT-2 style) trained on the text itself with the ``tokenizers``
-          library, ``bpe_vocab_size`` tokens (the 256 bytes plus merges)
-
-Every tokenizer round-trips: ``decode(encode(text)) == text``. ``load_tokens`` reads a file
-once, in chunks, and writes its token ids to a memmap in ``<cache dir>/tokens`` (``uint16``
-when the vocabulary fits, else ``uint32``), keyed by the file's sha256 and the tokenizer; a
-second run maps that file and reads only the windows it trains on (docs/data.md).
-"""
+"""Tokenizers for ``task=text`` (``char``, ``byte``, ``bpe``: byte-level BPE trained on the text
+with ``tokenizers``), all round-tripping, and the token cache of ``load_tokens`` (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -130,8 +120,8 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
 
 
 def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
-    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: a
-    reader (or a process killed while writing) never sees a partial file."""
+    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: nobody
+    sees a partial file."""
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
     os.close(handle)
@@ -157,8 +147,8 @@ class NotUtf8Error(ValueError):
 
 
 def text_chunks(file: Path) -> Iterator[str]:
-    """The UTF-8 text of ``file`` in pieces, newlines translated as ``Path.read_text`` does
-    (``\\r\\n`` and ``\\r`` -> ``\\n``), so that the pieces join to ``read_text()``."""
+    """The UTF-8 text of ``file`` in pieces that join to ``read_text()`` (newlines translated the
+    same way)."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(),
                                            translate=True)
     offset = 0  # bytes read before this block
@@ -212,8 +202,8 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
 
 
 def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
-    """Write the token ids of ``file`` to ``out`` as ``token_dtype``, a chunk at a time (BPE:
-    whole lines, few at once, the library's encodings being large); returns the number of ids."""
+    """Write ``file``'s token ids to ``out`` as ``token_dtype``, a chunk at a time (BPE: a few whole
+    lines at once); returns the number of ids."""
     dtype, count = token_dtype(tokenizer.vocab_size), 0
     pieces: Iterable[str] = text_chunks(file)
     if isinstance(tokenizer, BpeTokenizer):
@@ -269,10 +259,8 @@ def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
 
 @dataclass(frozen=True)
 class TokenFile:
-    """Token ids ``[start, stop)`` of a cache entry's file (a memmap from ``load_tokens``),
-    read a window at a time with ``seek`` and ``readinto``: resident memory stays what the
-    windows take, however large the file. (Indexing the memory map itself would bring whole
-    large pages of the file into the process, and a long run would come to hold all of it.)"""
+    """Token ids ``[start, stop)`` of a cache file, read a window at a time with ``seek`` and
+    ``readinto`` (indexing the memmap would bring whole pages into memory)."""
 
     path: str
     dtype: np.dtype
@@ -330,9 +318,8 @@ def cache_paths(sha256: str, kind: str, bpe_vocab_size: int) -> tuple[Path, Path
 
 
 def content_sha256(file: Path) -> str:
-    """The sha256 of ``file``'s bytes, streamed; remembered in ``<cache dir>/tokens/seen`` under
-    the file's path, inode, size and modification and change times, so that an unchanged file
-    is not read again (writing to a file changes its change time, which no tool can set)."""
+    """The sha256 of ``file``, remembered in ``<cache dir>/tokens/seen`` by its path, inode, size
+    and modification and change times, so an unchanged file is not read again."""
     stat = file.stat()
     seen = hashlib.sha256(repr((str(file.resolve()), stat.st_ino, stat.st_size,
                                 stat.st_mtime_ns, stat.st_ctime_ns)).encode()).hexdigest()
@@ -384,10 +371,9 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
 
 def load_tokens(file: Path, kind: str = "char",
                 bpe_vocab_size: int = 512) -> tuple[np.ndarray, Tokenizer]:
-    """Token ids ``(N,)`` of the UTF-8 text ``file`` (a read-only memmap of ``token_dtype``,
-    shared by every task built from the same file; an array in memory where the cache cannot
-    be written) and the tokenizer that made them. Raises ``NotUtf8Error`` for a file that is
-    not UTF-8."""
+    """Token ids ``(N,)`` of the UTF-8 ``file`` (a read-only memmap of ``token_dtype``, or an array
+    where the cache cannot be written) and their tokenizer; ``NotUtf8Error`` for a file not
+    UTF-8."""
     if kind not in TOKENIZERS:
         raise ValueError(f"task.tokenizer='{kind}' is not known; valid: {', '.join(TOKENIZERS)}")
     if kind == "bpe":

@@ -1,13 +1,6 @@
-"""Hugging Face ``transformers`` models in and out of tlab (the optional extra ``hf``).
-
-    from_hf(model_or_local_dir) -> (cfg, model)   a tlab config (preset + knobs) and the
-                                                  TransformerModel holding the same weights
-    to_hf(model, cfg) -> transformers model       the other way
-
-Offline by design: a directory is read with ``local_files_only=True``, never downloaded. A
-checkpoint using something tlab cannot express is refused with ``ConfigError`` (exit code 2)
-naming it. Families: ``hf_families.FAMILIES`` (model_type -> preset).
-"""
+"""Hugging Face ``transformers`` models in and out of tlab (extra ``hf``): ``from_hf`` ->
+(cfg, TransformerModel), ``to_hf`` back. Local directories only (``local_files_only``); a setting
+tlab cannot express is a ``ConfigError`` naming it. Families: ``hf_families.FAMILIES``."""
 
 from __future__ import annotations
 
@@ -43,8 +36,8 @@ def _family(model_type: str) -> Family:
 
 
 def hf_config(model_or_dir: Any) -> Any:
-    """The ``transformers`` config of a model, or read from a local directory's config.json
-    (no weights are read); ``ConfigError`` for a directory that is not a model's."""
+    """The ``transformers`` config of a model, or of a local directory's config.json
+    (no weights read)."""
     transformers = _transformers()
     if not isinstance(model_or_dir, str | Path):
         return model_or_dir.config
@@ -84,8 +77,7 @@ def _load_dir(path: str) -> Any:
 
 
 def hf_overrides(model_or_dir: Any) -> list[str]:
-    """The tlab overrides that describe a checkpoint (a preset plus the knob values); reads
-    only the config of a directory."""
+    """The tlab overrides (a preset plus knob values) that describe a checkpoint."""
     config = hf_config(model_or_dir)
     try:
         return _family(config.model_type).overrides(config)
@@ -94,9 +86,8 @@ def hf_overrides(model_or_dir: Any) -> list[str]:
 
 
 def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any) -> None:
-    """Copy a checkpoint's weights into ``model`` (built from ``cfg`` with ``hf_overrides``).
-    The token embedding and output head keep the first ``model.vocab_size`` rows when the
-    task's vocabulary is smaller than the checkpoint's; a larger one is a ``ConfigError``."""
+    """Copy a checkpoint's weights into ``model`` (built with ``hf_overrides``), the vocabulary cut
+    to the task's."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
     headless = cfg.model.tie_embeddings or not family.output_head  # lm_head: tied, or none
@@ -106,9 +97,8 @@ def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any)
 
 def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
                 may_miss: tuple[str, ...] = ()) -> None:
-    """Load ``state`` (weights from ``source``, e.g. "the checkpoint") into ``model``, its
-    vocabulary cut to the model's (``fit_vocabulary``); ``ConfigError`` naming the first tensor
-    whose shape differs, or those missing (but ``may_miss``) or unexpected."""
+    """Load ``state`` into ``model``, its vocabulary cut to the model's; ``ConfigError`` naming the
+    first tensor of another shape, or those missing (but ``may_miss``) or unexpected."""
     own = model.state_dict()
     fit_vocabulary(state, own)
     wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
@@ -124,9 +114,8 @@ def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
 
 
 def fit_vocabulary(state: dict[str, Any], own: dict[str, Any]) -> None:
-    """Cut a checkpoint's token embedding and output head (``state``, in place) to the first
-    rows of the model's (``own``): the task's vocabulary may be smaller than the checkpoint's;
-    a larger one is a ``ConfigError``."""
+    """Cut ``state``'s embedding and head (in place) to the first rows of the model's (``own``);
+    ``ConfigError`` for a vocabulary larger than the checkpoint's."""
     for name in ("token_embedding.weight", "lm_head.weight"):
         if name not in state or name not in own:
             continue
@@ -140,9 +129,9 @@ def fit_vocabulary(state: dict[str, Any], own: dict[str, Any]) -> None:
 
 def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()
             ) -> tuple[DictConfig, TransformerModel]:
-    """(cfg, model): the tlab config of a ``transformers`` model (or local directory) and a
-    tlab model with its weights; tokens (B, T) -> logits (B, T, vocab), or the final hidden
-    states (B, T, D) for a model without an output head."""
+    """(cfg, model): the tlab config of a ``transformers`` model (or local directory) and a tlab
+    model with its weights: tokens (B, T) -> logits (B, T, vocab), or hidden states (B, T, D)
+    without an output head."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
     cfg = compose([*hf_overrides(hf), *overrides])
@@ -175,8 +164,8 @@ def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
 
 
 def preset_of(cfg: DictConfig) -> str:
-    """Which family a config belongs to, from its components (for a config that did not
-    come from ``from_hf``, e.g. ``compose(["preset=gpt2"])``)."""
+    """Which family a config's components belong to (a config that did not come from
+    ``from_hf``)."""
     ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))
     if pe == "alibi":
         return "bloom"

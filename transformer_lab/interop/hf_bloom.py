@@ -1,13 +1,5 @@
-"""BLOOM between ``transformers`` and tlab (see ``hf_families``): ALiBi, the only causal LM
-family of ``transformers`` with it that tlab maps.
-
-BLOOM's slopes are tlab's ``alibi_slopes`` with ``slope_power`` 8 (for a head count that is
-no power of two too: every other slope of the next power's set). It adds ``slope * j`` (the
-key's position) where tlab adds ``-slope * (i - j)``: the two differ by ``slope * i``, one
-number per query row, which the softmax ignores. It fuses Q/K/V per head, ``(H, 3, Dh, D)``
-rows, where tlab fuses them per projection, ``(3, H, Dh, D)``; its FFN is ``4 D`` wide with
-GELU in the tanh form; a LayerNorm on the embeddings (tlab ``model.embed_norm``) comes first.
-"""
+"""BLOOM (ALiBi) between ``transformers`` and tlab (``hf_families``; why the slopes and Q/K/V layout
+match: docs/export.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""What every family map of :mod:`transformer_lab.interop.hf_families` shares: the
-``Family`` record, the ``Unsupported`` error and small helpers over state dicts.
-
-A state dict is ``{name: tensor}``; ``L`` layers, ``D`` hidden size, ``H`` heads, ``Dh`` head
-size. Linear weights are ``(out, in)`` as in ``torch.nn.Linear`` unless said otherwise.
-"""
+"""What the family maps of :mod:`.hf_families` share: ``Family``, ``Unsupported`` and helpers over
+state dicts (``{name: tensor}``, linear weights ``(out, in)``)."""
 
 from __future__ import annotations
 
@@ -103,9 +99,8 @@ def rope_overrides(hc: Any) -> list[str]:
 
 
 def max_positions(cfg: Any) -> int:
-    """HF ``max_position_embeddings`` of a tlab config: ``pe.original_max_len`` under dynamic
-    NTK scaling (transformers' starts past it; ``rope_overrides`` reads it back), else
-    ``model.max_len``."""
+    """HF ``max_position_embeddings`` of a tlab config: ``pe.original_max_len`` under dynamic NTK
+    (transformers' starts past it), else ``model.max_len``."""
     return cfg.pe.original_max_len if cfg.pe.scaling == "dynamic" else cfg.model.max_len
 
 

@@ -1,12 +1,5 @@
-"""BERT and the T5 encoder between ``transformers`` and tlab (see ``hf_families``). Both are
-imported without an output head: the tlab model returns the final hidden states (B, T, D).
-
-BERT adds a token-type embedding; tlab has none, so row 0 (the type of every token when no
-``token_type_ids`` are given) is folded into the learned position table (exported back as a
-zero token-type table). T5 has one relative-position bias table, in its first layer, shared by
-all layers (tlab ``pe=t5``), no attention-logit scale (``model.attn_scale=1``) and a head size
-``d_kv`` of its own (``model.head_dim``).
-"""
+"""BERT and the T5 encoder between ``transformers`` and tlab (``hf_families``), imported without an
+output head (layouts: docs/export.md)."""
 
 from __future__ import annotations
 

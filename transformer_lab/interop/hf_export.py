@@ -1,18 +1,6 @@
-"""A trained tlab decoder as a Hugging Face causal language model (``tlab export --to-hf``).
-
-    route = export_model(model, cfg, directory)   # writes the checkpoint, says which and why
-
-A run whose components are a ``transformers`` family's is written as that family's model
-(``to_hf``, no special tokens), after folding what its weights can absorb (``fold_scales``:
-an embedding scale into an untied table). What the family's HF config cannot hold is named
-in one line (``check_expressible``): a component it has no setting for, then every setting of
-the forward pass that does not survive the way there and back (tlab config -> HF config ->
-the tlab overrides that HF config stands for, ``Family.overrides``), e.g. a RoPE ``pe.style``
-or ``model.parallel_block``; settings of training only (dropout, initialisation, an MoE's
-auxiliary losses) are not compared. Such a run, and one no family has, is written with its
-own code instead (``hf_remote``). Either way the exported model's logits must equal tlab's on
-a probe batch within fp32 rounding.
-"""
+"""A trained tlab decoder as a Hugging Face causal LM (``tlab export --to-hf``): its
+``transformers`` family where one expresses it, else its own code (``hf_remote``); the logits are
+checked either way (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -49,7 +37,7 @@ PROBE_LENGTH = 8  # tokens of the logits check (fewer where model.max_len is sho
 
 def causal_family(cfg: DictConfig) -> Family:
     """The HF causal-LM family of a decoder's components (``ConfigError`` for an encoder or
-    components no family has)."""
+    none)."""
     if not cfg.arch.causal:
         raise ConfigError("tlab export writes causal language models (AutoModelForCausalLM); "
                           "this run's model is an encoder (arch=encoder), whose output head "
@@ -69,8 +57,7 @@ def components_text(cfg: DictConfig) -> str:
 
 
 def forward_settings(cfg: DictConfig) -> dict[str, Any]:
-    """The settings of ``cfg`` that shape the forward pass, with tlab's defaults made explicit
-    (``n_kv_heads`` null = ``n_heads``, ``embed_scale`` as the number it multiplies by, ...)."""
+    """The settings of ``cfg`` that shape the forward pass, tlab's defaults made explicit."""
     m = cfg.model
     head_dim = m.get("head_dim") or m.d_model // m.n_heads
     explicit = {"n_kv_heads": m.get("n_kv_heads") or m.n_heads, "head_dim": head_dim,
@@ -95,8 +82,7 @@ def _first_set(value: Any, default: Any) -> Any:
 
 def check_expressible(cfg: DictConfig, family: Family) -> Any:
     """The family's HF config of ``cfg``, or ``ConfigError`` naming what it cannot hold: a
-    component its HF config has no setting for (told by the family's preset), then every
-    forward setting lost on the way there and back."""
+    component, then every forward setting lost on the way there and back."""
     try:
         hf_config = family.hf_config(cfg)
         back = compose(family.overrides(hf_config))
@@ -136,9 +122,7 @@ def _shown(value: Any) -> str:
 
 
 def without_special_tokens(hf: Any) -> Any:
-    """tlab's tokenizers have no special tokens: no BOS, EOS or padding id in the model's
-    config or its generation config (a family's defaults, e.g. LLaMA's EOS id 2, would end
-    ``generate`` at a text's own token 2)."""
+    """No BOS, EOS or padding id in the model's (generation) config: tlab's tokenizers have none."""
     for config in (hf.config, getattr(hf, "generation_config", None)):
         if config is not None:
             config.bos_token_id = config.eos_token_id = config.pad_token_id = None
@@ -146,9 +130,8 @@ def without_special_tokens(hf: Any) -> Any:
 
 
 def check_same_logits(model: TransformerModel, hf: Any, cfg: DictConfig) -> float:
-    """The largest difference between tlab's and the HF model's logits on a seeded probe batch
-    (2, ``PROBE_LENGTH``); ``ConfigError`` when it exceeds fp32 rounding of logits of that size
-    (relative 1e-4, summed over a few layers' matmuls and norms)."""
+    """The largest logit difference from tlab's on a seeded probe batch; ``ConfigError`` beyond fp32
+    rounding (relative 1e-4)."""
     length = min(PROBE_LENGTH, int(cfg.model.max_len))
     vocab = int(cfg.model.vocab_size)
     tokens = torch.randint(0, vocab, (2, length), generator=torch.Generator().manual_seed(0))
@@ -175,10 +158,8 @@ class Route:
 
 def fold_scales(model: TransformerModel, cfg: DictConfig
                 ) -> tuple[TransformerModel, DictConfig, list[str]]:
-    """(model, cfg, what was folded): ``model.embed_scale`` multiplied into an untied token
-    embedding table (s E[t] is a row of s E; tied, the output head s E would scale the logits
-    too) and ``model.pe_scale`` into a learned position table; the model and config unchanged
-    where nothing folds."""
+    """(model, cfg, what was folded): ``embed_scale`` into an untied embedding table and
+    ``pe_scale`` into a learned position table; unchanged where nothing folds."""
     folds, scale = [], float(model.embed_scale)
     tied = model.lm_head.weight is model.token_embedding.weight
     learned = isinstance(getattr(model.positional, "weight", None), torch.nn.Parameter)
@@ -201,9 +182,8 @@ def fold_scales(model: TransformerModel, cfg: DictConfig
 
 
 def family_export(model: TransformerModel, cfg: DictConfig) -> tuple[Any, list[str]]:
-    """(the ``transformers`` model of the run's family with no special tokens and tlab's
-    logits, what was folded into its weights); ``ConfigError`` naming what the family cannot
-    express."""
+    """(the family's ``transformers`` model with tlab's logits, what was folded); ``ConfigError``
+    naming what the family cannot express."""
     family = causal_family(cfg)
     folded_model, folded_cfg, folds = fold_scales(model, cfg)
     try:
@@ -219,10 +199,8 @@ def family_export(model: TransformerModel, cfg: DictConfig) -> tuple[Any, list[s
 
 
 def export_model(model: TransformerModel, cfg: DictConfig, directory: Path) -> Route:
-    """Write a trained decoder into ``directory`` as a Hugging Face causal LM: its family's
-    class where one expresses it (after ``fold_scales``), else the run's own code
-    (``hf_remote``, loaded with ``trust_remote_code=True``); the logits are checked either way.
-    ``ConfigError`` for an encoder or a component of the user's own."""
+    """Write a trained decoder into ``directory`` as a HF causal LM (family class, else the run's
+    own code); ``ConfigError`` for an encoder or a component of your own."""
     from transformer_lab.interop.hf_remote import load_remote, write_remote_code
 
     family = causal_family_or_none(cfg)  # an encoder is refused here

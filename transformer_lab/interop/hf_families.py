@@ -1,11 +1,6 @@
-"""Per-family maps between Hugging Face ``transformers`` models and tlab: the tlab overrides a
-checkpoint's config stands for, and its weights renamed (and reshaped) both ways.
-
-Each ``Family`` gives ``overrides(hf_config) -> list[str]`` (a preset plus the knob values),
-``to_tlab(hf_config, hf_state) -> tlab_state`` and ``to_hf(cfg, tlab_state) -> hf_state``. A
-setting tlab cannot express raises ``Unsupported`` naming it. Shapes are those of the state
-dicts; ``L`` layers, ``D`` hidden size, ``H`` heads.
-"""
+"""Per-family maps between ``transformers`` and tlab: each ``Family`` gives the overrides a
+checkpoint's config stands for and its weights renamed (and reshaped) both ways; a setting tlab
+cannot express raises ``Unsupported``."""
 
 from __future__ import annotations
 

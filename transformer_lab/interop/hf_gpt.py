@@ -1,10 +1,5 @@
-"""GPT-2 and GPT-NeoX (Pythia) between ``transformers`` and tlab (see ``hf_families``).
-
-GPT-2 stores its projections as ``Conv1D`` weights ``(in, out)``: transposed to tlab's
-``nn.Linear`` ``(out, in)``. GPT-NeoX fuses Q/K/V per head, ``(H, 3, Dh, D)`` rows, where tlab
-fuses them per projection, ``(3, H, Dh, D)``; it rotates the first ``partial_rotary_factor`` of
-each head (tlab ``pe.rotary_fraction``) and may run attention and FFN in parallel.
-"""
+"""GPT-2 and GPT-NeoX (Pythia) between ``transformers`` and tlab (``hf_families``; layouts:
+docs/export.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +28,7 @@ HF_ACTIVATIONS = {"gelu_tanh": "gelu_new", "gelu": "gelu", "relu": "relu"}
 
 
 def hf_activation(cfg: Any) -> str:
-    """The HF activation name of tlab's ``ffn`` choice (``gelu_tanh`` -> ``gelu_new``);
-    ``Unsupported`` for another FFN."""
+    """The HF activation name of tlab's ``ffn`` choice; ``Unsupported`` for another FFN."""
     if cfg.ffn.name not in HF_ACTIVATIONS:
         raise Unsupported(f"ffn={cfg.ffn.name} (GPT-2 and GPT-NeoX have "
                           f"{', '.join(HF_ACTIVATIONS)})")
@@ -119,8 +113,8 @@ def neox_overrides(hc: Any) -> list[str]:
 
 
 def fused_pairs(n_layers: range, prefix: str, attn: str) -> tuple[list, list]:
-    """The (HF, tlab) names of a NeoX-like block (NeoX, BLOOM): ``prefix.{i}.`` layers whose
-    attention module is ``attn``. Returns the pairs only renamed and the fused Q/K/V pairs."""
+    """(pairs only renamed, fused Q/K/V pairs) of a NeoX-like block (NeoX, BLOOM) whose layers are
+    ``prefix.{i}.`` and whose attention module is ``attn``."""
     pairs, qkv = [], []
     for i in n_layers:
         hf, tl = f"{prefix}.{i}.", f"blocks.{i}."
@@ -135,9 +129,8 @@ def fused_pairs(n_layers: range, prefix: str, attn: str) -> tuple[list, list]:
 
 
 def fused_convert(state: State, pairs: list, qkv: list, first: int, second: int) -> State:
-    """``state`` renamed by ``pairs``, its fused Q/K/V tensors (``qkv`` pairs) regrouped from
-    ``(first, second, Dh)`` rows to ``(second, first, Dh)``: per head (H, 3) to per
-    projection (3, H) and back. A weight is ``(3 H Dh, D)``, a bias ``(3 H Dh,)``."""
+    """``state`` renamed by ``pairs``, its fused Q/K/V regrouped from ``(first, second, Dh)`` rows
+    to ``(second, first, Dh)``: per head (H, 3) to per projection (3, H) and back."""
     out = rename(state, pairs)
     for old, new in qkv:
         if old in state:

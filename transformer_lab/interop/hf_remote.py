@@ -1,14 +1,6 @@
-"""Any tlab decoder as a Hugging Face checkpoint with its own code (``trust_remote_code``).
-
-Where no ``transformers`` family computes a run's function, ``tlab export`` writes beside the
-weights ``modeling_tlab.py``: the source of tlab's model and built-in components, bundled into
-one file that imports only torch and transformers, with a ``PreTrainedModel`` around it. The
-run's resolved component settings go into ``config.json`` (key ``tlab``), with an ``auto_map``,
-so that ``AutoModelForCausalLM.from_pretrained(DIR, trust_remote_code=True)`` builds the very
-modules tlab built, without tlab installed.
-
-    write_remote_code(model, cfg, directory)   # modeling_tlab.py, config.json, model.safetensors
-"""
+"""Any tlab decoder as a Hugging Face checkpoint with its own code: ``modeling_tlab.py`` bundles the
+source of tlab's model and built-in components (torch and transformers only), ``config.json`` holds
+the run's components (key ``tlab``) and an ``auto_map`` for ``trust_remote_code``."""
 
 from __future__ import annotations
 
@@ -195,8 +187,8 @@ from __future__ import annotations
 
 def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
                   ) -> tuple[list[str], str, set[str]]:
-    """(import lines from outside tlab, the module's code without its imports and docstring,
-    the top-level names it defines); ``names`` keeps only those top-level definitions."""
+    """(imports from outside tlab, the module's code without imports and docstring, its top-level
+    names); ``names`` keeps only those definitions."""
     source = inspect.getsource(module)
     tree = ast.parse(source)
     lines = source.splitlines()

@@ -1,17 +1,5 @@
-"""tlab's tokenizers (``data.tokenizer``: char, byte, BPE) as ``transformers`` tokenizers, so that
-``AutoTokenizer.from_pretrained(DIR)`` encodes a text to the ids tlab's tokenizer gives it and
-decodes them back to the text.
-
-Each is a ``tokenizers`` model in a ``PreTrainedTokenizerFast`` (no network, no special tokens):
-
-    char  a BPE model with the vocabulary's characters as its alphabet and no merges: every
-          character is its own token (a text is not pre-split), decoded by concatenation
-    byte  a BPE model over GPT-2's byte-to-character alphabet with no merges, after a
-          byte-level pre-tokenizer without its word-splitting regex: token = the byte's value
-    bpe   tlab's own byte-level BPE (its vocabulary and merges), split first at line breaks
-          as tlab encodes a text (one line at a time, ``str.splitlines``), then by GPT-2's
-          byte-level regex
-"""
+"""tlab's tokenizers (char, byte, BPE) as ``transformers`` fast tokenizers that encode to tlab's ids
+and decode back (how each maps: docs/export.md)."""
 
 from __future__ import annotations
 
@@ -25,9 +13,8 @@ LINE_BREAKS = r"\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]"
 
 
 def byte_alphabet() -> dict[int, str]:
-    """GPT-2's map of the 256 byte values to printable characters (Radford et al. 2019,
-    ``bytes_to_unicode``): printable Latin-1 bytes stand for themselves, the others for
-    ``chr(256 + n)`` in order; the alphabet of ``tokenizers``' byte-level pre-tokenizer."""
+    """GPT-2's ``bytes_to_unicode``: printable Latin-1 bytes stand for themselves, the others for
+    ``chr(256 + n)`` in order."""
     printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
                  *range(ord("®"), ord("ÿ") + 1)]
     others = [b for b in range(256) if b not in printable]
@@ -36,7 +23,7 @@ def byte_alphabet() -> dict[int, str]:
 
 
 def tokenizers_model(tokenizer: Tokenizer) -> Any:
-    """The ``tokenizers.Tokenizer`` that encodes as ``tokenizer`` does (module docstring)."""
+    """The ``tokenizers.Tokenizer`` that encodes as ``tokenizer`` does."""
     import tokenizers
     from tokenizers import Regex, decoders, models, pre_tokenizers
 
@@ -62,8 +49,7 @@ def tokenizers_model(tokenizer: Tokenizer) -> Any:
 
 
 def hf_tokenizer(tokenizer: Tokenizer) -> Any:
-    """A ``transformers`` fast tokenizer with ``tokenizer``'s ids (``save_pretrained(DIR)``
-    writes ``tokenizer.json`` and ``tokenizer_config.json``)."""
+    """A ``transformers`` fast tokenizer with ``tokenizer``'s ids."""
     from transformers import PreTrainedTokenizerFast
 
     return PreTrainedTokenizerFast(tokenizer_object=tokenizers_model(tokenizer),

@@ -1,15 +1,5 @@
-"""Properties of the attention patterns a model makes (step 1):
-
-    query_sees_a_key       every query of every attention pattern sees at least one key, at
-                           every length up to ``max_len``; its weights are finite (and sum
-                           to one where the attention normalises: softmax)
-    attention_paths_agree  SDPA and tlab's written-out attention (``need_weights=True``, the
-                           path of attention maps) give the same outputs
-
-A bias that masks each token from itself leaves the first query of a decoder with no key:
-``F.scaled_dot_product_attention`` returns 0 for such a row and every other check passes, while
-the written-out softmax gives NaN (and a model trained that way never learns from it).
-"""
+"""Step 1's properties of the attention patterns: ``query_sees_a_key`` and
+``attention_paths_agree`` (SDPA vs the written-out attention); docs/detector.md."""
 
 from __future__ import annotations
 
@@ -23,16 +13,13 @@ from transformer_lab.measures.property_result import (
     PropertyResult,
     amplified_copy,
     component,
+    evaluating,
     failed,
     random_tokens,
     relative_change,
 )
 
-PATHS_TOLERANCE = 1e-4
-# The two paths sum the same terms in another order: each output rounds at most ~n * 6e-8 with
-# n the longest fp32 sum (keys, head or hidden width: <= 256 here), so they differ by < 1e-4
-# (measured <= 1e-6 on every built-in and preset); a NaN, a 0 row or a bias applied on one path
-# only is far above it.
+PATHS_TOLERANCE = 1e-4  # two orders of fp32 sums of <= 256 terms differ by < 256 * 6e-8
 WEIGHTS_TOLERANCE = 1e-4  # a probability row sums to 1 up to fp32 rounding of T terms
 
 
@@ -63,21 +50,19 @@ def _keyless_queries(model: nn.Module, max_len: int) -> tuple[list[int], tuple[i
 
 
 def sums_to_one(attention: nn.Module) -> bool:
-    """Whether an attention module's weights are normalised to sum to one over the keys:
-    tlab's softmax attention, or a module whose class declares ``weights_sum_to_one = True``.
-    Sigmoid attention, softmax plus one or ReLU attention do not (and need not) declare it."""
+    """Whether an attention module's weights sum to one over the keys: tlab's softmax
+    attention, or a class declaring ``weights_sum_to_one = True``."""
     return isinstance(attention, MultiHeadAttention) or bool(
         getattr(type(attention), "weights_sum_to_one", False))
 
 
 def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
-    """Where the written-out attention's weights are not finite, or (for attention that
-    normalises, :func:`sums_to_one`) do not sum to 1 over the keys (measured in eval mode; each
-    attention module's ``last_weights`` is left as it was)."""
+    """Where the written-out attention's weights are not finite, or (where
+    :func:`sums_to_one`) do not sum to 1 over the keys; ``last_weights`` are left as they were."""
     kept = [(block.attention, block.attention.last_weights) for block in model.blocks]
     try:
-        with torch.no_grad():
-            maps = model.eval().attention_maps(tokens)  # each (B, H, T, T)
+        with evaluating(model):
+            maps = model.attention_maps(tokens)  # each (B, H, T, T)
     finally:
         for attention, weights in kept:
             attention.last_weights = weights
@@ -98,22 +83,16 @@ def _bad_probability_rows(model: nn.Module, tokens: torch.Tensor) -> str:
 
 def query_sees_a_key(model: nn.Module, vocab_size: int, max_len: int,
                      seq_len: int = 16) -> PropertyResult:
-    """Every query sees at least one key: the model's additive mask (bias PE and causal mask)
-    has a finite entry in every row at every length of :func:`mask_lengths` up to
-    ``max_len``, and the written-out attention's weights (``attention_maps``) are finite at
-    ``seq_len`` tokens (any PE, any block), rows summing to 1 where the attention normalises
-    (:func:`sums_to_one`: softmax attention; sigmoid attention, softmax plus one and other
-    unnormalised weightings mix the keys without summing to one and are not held to it)."""
+    """Every query sees at least one key: the model's additive mask has a finite entry in every
+    row at every length of :func:`mask_lengths`, and the written-out attention's weights at
+    ``seq_len`` tokens are finite (rows summing to 1 where :func:`sums_to_one`)."""
     name = "query_sees_a_key"
-    was_training = model.training
     try:
         lengths, first = _keyless_queries(model, max_len)
         bad_rows = _bad_probability_rows(model, random_tokens(vocab_size, 2, min(seq_len,
                                                                                  max_len)))
     except Exception as exc:
         return failed(name, exc)
-    finally:
-        model.train(was_training)
     if lengths:
         head, query = first
         at = (f"every length from {lengths[0]} to {lengths[-1]}" if len(lengths) > 1
@@ -131,9 +110,8 @@ def query_sees_a_key(model: nn.Module, vocab_size: int, max_len: int,
 
 
 def attention_paths_agree(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """SDPA and tlab's written-out attention (``model(tokens, need_weights=True)``) give the
-    same outputs, on :func:`amplified_copy` (attention far from uniform), within
-    :data:`PATHS_TOLERANCE`."""
+    """SDPA and tlab's written-out attention (``need_weights=True``) give the same outputs on
+    :func:`amplified_copy`, within :data:`PATHS_TOLERANCE`."""
     name = "attention_paths_agree"
     tokens = random_tokens(vocab_size, 2, seq_len, seed=11)
     try:

@@ -1,15 +1,6 @@
-"""Step 1's bf16 row: where the run (``train.precision=bf16``, autocast) or the positional
-encoding itself (a table, a buffer or an intermediate in bfloat16/float16) uses half precision,
-positions must stay distinct up to ``max_len`` and the loss finite.
-
-Two public bugs it is modelled on: EleutherAI gpt-neox #1016 (a bf16 ``inv_freq`` makes the
-positions themselves bf16, which holds integers exactly only up to 256: positions 256 and 257
-become one) and KellerJordan/modded-nanogpt #39 (cos/sin tables stored in bf16: every angle is
-rounded to 8 bits). The PE's representations (:func:`~.positions.position_representations`)
-are computed as the run computes them and again as a *float32 twin*: on a copy of the model,
-without autocast, every cast to half precision turned into float32 (:class:`KeepFloat32`; a
-table cached in half precision that the PE does not rebuild stays as it is).
-"""
+"""Step 1's ``bf16_behaviour``: where the run or the PE uses half precision, positions stay
+distinct up to ``max_len`` and the loss finite (gpt-neox #1016, modded-nanogpt #39;
+docs/detector.md)."""
 
 from __future__ import annotations
 
@@ -28,6 +19,7 @@ from transformer_lab.measures.property_result import (
     PropertyResult,
     called_from,
     component,
+    evaluating,
     failed,
     flat_tensors,
     random_tokens,
@@ -36,9 +28,7 @@ from transformer_lab.measures.property_result import (
 
 HALF = (torch.bfloat16, torch.float16)
 FLOAT32_TOLERANCE = 1e-5  # a float32 computation and its float32 twin differ by rounding only
-BF16_TOLERANCE = 2.0 ** -7
-# under bf16 autocast a correct PE's output is rounded once to bf16 (8-bit mantissa: 2^-9
-# relative); an angle or a table computed in bf16 is off by far more at long positions
+BF16_TOLERANCE = 2.0 ** -7  # 4 x one bf16 rounding of the output (2^-9 relative)
 BF16_LENGTH = 512  # bf16 spaces integers 2 apart from 256 on: look past it where the PE can
 
 
@@ -84,15 +74,10 @@ def _finite_loss(model: nn.Module, vocab_size: int, length: int, bf16: bool) -> 
     autocast when ``bf16``."""
     tokens = random_tokens(vocab_size, 2, length, seed=12)
     targets = random_tokens(vocab_size, 2, length, seed=13)
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad(), _autocast(bf16):
-            logits = model(tokens)  # (B, T, V)
-            return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                         targets.reshape(-1)))
-    finally:
-        model.train(was_training)
+    with evaluating(model), _autocast(bf16):
+        logits = model(tokens)  # (B, T, V)
+        return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
+                                     targets.reshape(-1)))
 
 
 def _autocast(bf16: bool) -> Any:
@@ -101,19 +86,9 @@ def _autocast(bf16: bool) -> Any:
 
 def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
                    precision: str = "fp32", given: bool = False) -> PropertyResult:
-    """Where half precision is used, positions stay distinct and the loss finite at ``max_len``.
-
-    Applies when ``precision`` is ``bf16`` (the run's autocast) or the PE's forward makes a
-    bfloat16/float16 tensor (:class:`HalfPrecisionAudit`); else a SKIP. Then, at ``max_len``
-    positions (at least :data:`BF16_LENGTH` for a PE without a ``max_len`` of its own, unless
-    ``max_len`` is ``given``: the range its constructor was given or the user asked for): no
-    two positions share a representation that the float32 twin tells apart, and the loss of a
-    forward at that length is finite. In a float32 run a PE that rounds to half precision
-    fails (the run did not ask for it: 8-bit mantissas instead of 24); under bf16 autocast its
-    representations may differ from the twin's by :data:`BF16_TOLERANCE` (one rounding of the
-    output). Not caught: cos/sin stored in bf16 within a bf16 run (its error is the size of
-    bf16's own rounding).
-    """
+    """Where half precision is used (``precision`` bf16, or the PE makes a half tensor), no two
+    positions below ``max_len`` (at least :data:`BF16_LENGTH` unless ``given``) share a
+    representation that the float32 twin tells apart, and the loss there is finite."""
     name = "bf16_behaviour"
     bf16_run = precision == "bf16"
     if not given and not getattr(model.positional, "max_len", None):

@@ -1,43 +1,9 @@
-"""Step 1's ``cached_decoding``: decoding with a KV cache gives the logits of the full forward.
-
-The largest class of real RoPE / ALiBi bugs shows only when a decoder generates with a KV cache,
-where the new tokens sit at positions ``offset .. offset + T - 1``: a PE that rotates by
-``arange`` of its input instead of the positions it is given (Megatron-LM #453, llama2.c #286),
-a dynamic NTK RoPE whose frequencies do not follow the sequence's length (HF transformers
-#25104), a bias or causal mask aligned top-left when ``q_len < k_len`` (PyTorch #108108). The
-full forward is right, so training and teacher-forced evaluation look fine; generation is wrong.
-
-One random sequence of ``max_len`` tokens is decoded twice with a cache (``model.new_cache()``):
-one token per step and ``chunk`` tokens per step. Each compared step is checked against the
-full forward over the same prefix (the tokens up to the step's end) at the step's positions: the
-full forward on the prefix, not on the whole sequence, so that a PE whose numbers depend on the
-length (RoPE ``scaling=dynamic``) is held to what it gives at that length. The compared steps
-(:func:`decoding_spans`) are the first 8 tokens, the tokens on each side of every power of two
-from 16 (a scaling that starts past ``original_max_len`` shows at once) and the last tokens;
-between them one step feeds the tokens in between, so the cache's offsets reach ``max_len`` in
-a few dozen forwards.
-
-A PE whose numbers follow the sequence's length (RoPE ``scaling=dynamic``: a prefix's logits
-change when the sequence grows, :func:`depends_on_length`) cannot give a cache the full
-forward's numbers past the first layer: the keys a deeper layer cached were computed from hidden
-states of a shorter sequence (true of every KV cache; the full forward recomputes them). In a
-model of several layers such a PE is compared on a copy holding the first layer only
-(:func:`first_layer_only`), where the cache must equal the full forward; the row's detail says
-so. Step 1's tiny model has one layer.
-
-Tolerance: the two paths sum the same products in a different order (matrix products of other
-shapes, a softmax over the cached keys), a few float32 roundings (eps = 1.2e-7) times the square
-root of the sums' lengths: a few 1e-6 of the logits' norm at 256 keys. A difference above
-``RELATIVE_TOLERANCE`` (1e-5) is a bug. Encoders: SKIP (no cache: every token attends to later
-ones). :func:`.model_properties.model_properties` runs it on its amplified copy of the model
-(visible attention, as for the other invariance checks).
-"""
+"""Step 1's ``cached_decoding``: decoding with a KV cache gives the logits of the full forward
+(Megatron-LM #453, llama2.c #286, HF transformers #25104, PyTorch #108108; docs/detector.md)."""
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -45,12 +11,13 @@ from torch import nn
 
 from transformer_lab.measures.property_result import (
     PropertyResult,
+    evaluating,
     failed,
     random_tokens,
     relative_change,
 )
 
-RELATIVE_TOLERANCE = 1e-5  # float32 summation-order noise is a few 1e-6 of the logits' norm
+RELATIVE_TOLERANCE = 1e-5  # a few fp32 roundings of reordered sums, times sqrt(their length)
 CHUNK = 3  # tokens per step of the chunked decoding
 FIRST_LAYER_NOTE = (" (first layer only: the logits depend on the sequence's length, and a "
                     "deeper layer's cached keys come from a shorter sequence)")
@@ -60,9 +27,8 @@ ADVICE = ("cached decoding (a KV cache) disagrees with the full forward: check h
 
 def decoding_spans(max_len: int, step: int) -> list[tuple[int, int, bool]]:
     """``(start, end, compared)`` token spans covering ``0 .. max_len``, one forward each: the
-    compared ones hold ``step`` tokens (the first 8 tokens, those from positions ``p - 1`` and
-    ``p`` for each power of two ``p >= 16``, the last ones), the others feed the tokens between
-    them."""
+    compared ones hold ``step`` tokens (the first 8, from ``p - 1`` and ``p`` for each power of
+    two ``p >= 16``, the last), the others feed the tokens between them."""
     starts = list(range(0, min(8, max_len), step))
     power = 16
     while power <= max_len:
@@ -92,24 +58,11 @@ class Mismatch:
     steps: str  # how the tokens were fed: "one token at a time", "3 tokens at a time"
 
 
-@contextmanager
-def _evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode without gradients; the model's mode is restored."""
-    was_training = model.training
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        model.train(was_training)
-
-
 def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
                     full: dict[int, torch.Tensor]) -> tuple[float, Mismatch | None]:
     """Decode ``tokens`` (1, L) along ``decoding_spans(L, step)`` with a cache; compare each
-    compared span with ``full[end]``, the full forward's logits (end, V) over the tokens up to
-    its end. Returns the worst relative difference and the first position past the
-    tolerance."""
+    compared span with ``full[end]`` (end, V). Returns the worst relative difference and the
+    first position past the tolerance."""
     worst, cache = 0.0, model.new_cache()
     label = "one token at a time" if step == 1 else f"{step} tokens at a time"
     for start, end, compared in decoding_spans(tokens.shape[1], step):
@@ -134,8 +87,8 @@ def _full_forwards(model: nn.Module, tokens: torch.Tensor,
 
 
 def depends_on_length(full: dict[int, torch.Tensor]) -> bool:
-    """Whether a prefix's logits change when the sequence grows (a PE whose numbers follow the
-    length, such as RoPE ``scaling=dynamic``): ``full`` maps lengths to full-forward logits."""
+    """Whether a prefix's logits change when the sequence grows (RoPE ``scaling=dynamic``):
+    ``full`` maps lengths to full-forward logits."""
     longest = full[max(full)]  # (L, V)
     return any(float(relative_change(logits - longest[:end], longest[:end]).max())
                > RELATIVE_TOLERANCE for end, logits in full.items())
@@ -151,9 +104,7 @@ def first_layer_only(model: nn.Module) -> nn.Module:
 def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
                     chunk: int = CHUNK) -> PropertyResult:
     """Decoders: the logits of decoding with a KV cache, one token and ``chunk`` tokens at a
-    time up to ``max_len`` tokens, equal those of the full forward on the same prefix (the
-    module docstring says which lengths, why this tolerance, and why a length-dependent PE is
-    compared on the first layer only)."""
+    time up to ``max_len`` tokens, equal those of the full forward on the same prefix."""
     name = "cached_decoding"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: no KV cache (every token attends "
@@ -164,7 +115,7 @@ def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
             if compared}
     scope = ""
     try:
-        with _evaluating(model):
+        with evaluating(model):
             full = _full_forwards(model, tokens, ends)
             if not bool(torch.isfinite(full[max_len]).all()):
                 return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,

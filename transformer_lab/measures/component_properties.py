@@ -1,12 +1,5 @@
-"""Properties of one component measured on its own, outside the model (step 1):
-
-    norm_scale_control  a norm layer's output RMS does not grow with its input's RMS
-    ffn_nonlinearity    an FFN has a nonlinearity between its two linear maps
-    ffn_interaction     an FFN's input features interact (it is not a sum of one-variable
-                        functions of its inputs)
-
-Each returns a :class:`PropertyResult` naming the component's class, and never raises.
-"""
+"""Step 1's properties of one component on its own: ``norm_scale_control``,
+``ffn_nonlinearity``, ``ffn_interaction`` (docs/detector.md)."""
 
 from __future__ import annotations
 
@@ -26,26 +19,17 @@ from transformer_lab.measures.property_result import (
 )
 
 INPUT_SCALES = (1e-2, 1e-1, 1.0, 1e1, 1e2)  # input RMS values a norm layer is fed
-SCALE_EXPONENT_LIMIT = 0.5
-# Over one decade of input RMS a norm's output RMS changes like input^e. A normaliser (LayerNorm,
-# RMSNorm, BatchNorm, ScaleNorm) has e = 0, DyT's tanh saturates to 0 past unit scale; the bugs
-# have |e| >= 1: a norm that multiplies by the RMS grows like input^2, one that divides by the
-# variance instead of the standard deviation like input^-1. 0.5 is halfway, in log scale.
-NONLINEARITY_TOLERANCE = 1e-4
-# sigma2 / sigma1 of a stack of Jacobian rows that only rescale is float32 rounding: a sum of n
-# terms rounds at ~sqrt(n) * 6e-8, below 1e-4 for any width under 10^6; correct FFNs are at >= 0.5.
+SCALE_EXPONENT_LIMIT = 0.5  # output RMS ~ input^e: normalisers e = 0, the bugs |e| >= 1
+NONLINEARITY_TOLERANCE = 1e-4  # sigma2/sigma1 of rows that only rescale: ~sqrt(n) * 6e-8
 JACOBIAN_INPUTS = 8  # inputs at which an FFN's Jacobian is taken
 JACOBIAN_ROWS = 16  # output coordinates whose Jacobian rows are compared (at most)
-INTERACTION_TOLERANCE = 1e-4
-# A mixed second difference of a sum of one-variable functions cancels exactly but for float32
-# rounding of the four outputs (~1e-7 of their size); correct FFNs are at >= 1e-2 (the test of
-# every built-in gives each one's value).
+INTERACTION_TOLERANCE = 1e-4  # a sum of one-variable functions: fp32 rounding of four outputs
 INTERACTION_PAIRS = 16  # (x, i, j) probes of the mixed second difference
 
 
 def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """One ``(name, module)`` per norm-layer class of the model: the blocks' ``norm*``
-    sublayers, ``final_norm`` and ``embed_norm`` (not ``nn.Identity``)."""
+    """One ``(name, module)`` per norm-layer class: the blocks' ``norm*`` sublayers,
+    ``final_norm`` and ``embed_norm`` (not ``nn.Identity``)."""
     found: dict[type, tuple[str, nn.Module]] = {}
     for name, module in model.named_modules():
         leaf = name.rsplit(".", 1)[-1]
@@ -56,8 +40,8 @@ def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
 
 
 def output_rms(norm: nn.Module, d_model: int) -> list[float]:
-    """The RMS of ``norm``'s output for inputs of RMS :data:`INPUT_SCALES` (the same Gaussian
-    batch (4, 8, D) scaled), on a copy in train mode (BatchNorm uses the batch's statistics)."""
+    """The RMS of ``norm``'s output for one Gaussian batch (4, 8, D) scaled to each RMS of
+    :data:`INPUT_SCALES`, on a copy in train mode (BatchNorm uses the batch's statistics)."""
     copied = copy.deepcopy(norm).train()
     generator = torch.Generator().manual_seed(9)
     x = torch.randn(4, 8, d_model, generator=generator)  # (B, T, D), RMS ~1
@@ -74,13 +58,9 @@ def _exponent(out_big: float, out_small: float, decades: float = 1.0) -> float:
 
 
 def norm_scale_control(model: nn.Module) -> PropertyResult:
-    """A norm layer bounds the scale of its output: over input RMS 1e-2 ... 1e2
-    (:data:`INPUT_SCALES`) its output RMS neither grows past unit scale (the top decade, like
-    ``input^e`` with ``e`` > 0.5) nor grows as the input shrinks (any decade, ``e`` < -0.5):
-    :data:`SCALE_EXPONENT_LIMIT`. An RMSNorm that multiplies by the RMS instead of dividing
-    (llm-foundry) grows like input^2; a LayerNorm using the squared variance like input^-1 below
-    unit scale. DyT (``g * tanh(a x)``) passes: it grows at small inputs and saturates.
-    """
+    """A norm layer bounds the scale of its output: over :data:`INPUT_SCALES` its output RMS
+    grows neither past unit scale (top decade) nor as the input shrinks (any decade) faster
+    than ``input^``:data:`SCALE_EXPONENT_LIMIT`."""
     name = "norm_scale_control"
     layers = norm_layers(model)
     if not layers:
@@ -118,9 +98,8 @@ def norm_scale_control(model: nn.Module) -> PropertyResult:
 
 
 def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
-    """Rows of the FFN's Jacobian at :data:`JACOBIAN_INPUTS` Gaussian inputs (each its own
-    one-token sequence): ``J[i, k] = d ffn(x_k)[i] / d x_k`` for the first
-    :data:`JACOBIAN_ROWS` output coordinates i: (rows, K, D)."""
+    """``J[i, k] = d ffn(x_k)[i] / d x_k`` at :data:`JACOBIAN_INPUTS` Gaussian one-token inputs
+    for the first :data:`JACOBIAN_ROWS` output coordinates i: (rows, K, D)."""
     generator = torch.Generator().manual_seed(10)
     x = torch.randn(JACOBIAN_INPUTS, 1, d_model, generator=generator).requires_grad_(True)
     y = ffn(x)  # (K, 1, D)
@@ -144,18 +123,9 @@ def first_ffn(model: nn.Module, name: str) -> nn.Module | PropertyResult:
 
 
 def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
-    """The FFN has a nonlinearity between its linear maps, unless its class declares
-    ``is_linear = True``.
-
-    An elementwise function of one linear map, ``act(W2 W1 x)`` (the activation applied after
-    the down-projection), or no activation at all, has the Jacobian ``diag(s(x)) A``: across
-    inputs each of its rows only rescales. A correct FFN's rows ``sum_h W2[i, h] act'(h) W1[h]``
-    turn with the input. So, per output coordinate, the rows at several inputs are stacked and
-    their second singular value over the first measures how far they turn; the FFN passes if
-    some row turns by more than float32 rounding (:data:`NONLINEARITY_TOLERANCE`). Measured on
-    block 0's FFN, with weights at std 0.3 (:func:`amplified_copy`: at std 0.02 a GELU is
-    nearly linear around 0), in train mode without dropout.
-    """
+    """Block 0's FFN has a nonlinearity between its linear maps: some row of its Jacobian
+    turns with the input (sigma2/sigma1 of the row's stack over inputs above
+    :data:`NONLINEARITY_TOLERANCE`), on :func:`amplified_copy` without dropout."""
     name = "ffn_nonlinearity"
     ffn = first_ffn(model, name)
     if isinstance(ffn, PropertyResult):
@@ -183,10 +153,10 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
 
 
 def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.Tensor:
-    """``|f(x + a e_i + a e_j) - f(x + a e_i) - f(x + a e_j) + f(x)|`` over the largest first
-    difference ``|f(x + a e_i) - f(x)|`` of the same probe, for :data:`INTERACTION_PAIRS`
-    Gaussian inputs x (each its own one-token sequence), distinct coordinates i != j and
-    ``a = step``: (pairs,). Zero (to rounding) when ``f`` is a sum of one-variable functions."""
+    """``|f(x + a e_i + a e_j) - f(x + a e_i) - f(x + a e_j) + f(x)|`` over the larger first
+    difference, for :data:`INTERACTION_PAIRS` Gaussian one-token inputs x, coordinates
+    ``i != j`` and ``a = step``: (pairs,). Zero (to rounding) for a sum of one-variable
+    functions."""
     generator = torch.Generator().manual_seed(13)
     x = torch.randn(INTERACTION_PAIRS, d_model, generator=generator)  # (P, D)
     i = torch.randint(0, d_model, (INTERACTION_PAIRS,), generator=generator)  # (P,)
@@ -204,15 +174,8 @@ def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.
 
 
 def ffn_interaction(model: nn.Module) -> PropertyResult:
-    """The FFN's input features interact: some mixed second difference along two input
-    coordinates (:func:`mixed_differences`) is above float32 rounding
-    (:data:`INTERACTION_TOLERANCE`), unless its class declares ``is_linear = True``.
-
-    An FFN whose output is a sum of one-variable functions of its inputs, ``sum_k g_k(x_k)``
-    (the activation applied to the input before the up-projection, ``W2 W1 act(x)``, or an
-    elementwise nonlinearity with no mixing in front of it), passes ``ffn_nonlinearity`` (its
-    Jacobian turns with the input) but cannot compute any function of two features together:
-    every mixed difference is 0. Measured on block 0's FFN like ``ffn_nonlinearity``."""
+    """Block 0's FFN's input features interact: some :func:`mixed_differences` ratio is above
+    :data:`INTERACTION_TOLERANCE`; measured like ``ffn_nonlinearity``."""
     name = "ffn_interaction"
     ffn = first_ffn(model, name)
     if isinstance(ffn, PropertyResult):

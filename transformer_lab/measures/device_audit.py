@@ -1,17 +1,5 @@
-"""Which tensors of a forward were made on the CPU regardless of the model's device?
-
-On a CPU-only machine ``torch.arange(T)`` inside ``forward`` (no ``device=``) gives the same
-numbers as ``torch.arange(T, device=x.device)``; on a GPU the first meets CUDA tensors and
-crashes. :class:`DeviceAudit` (a ``TorchFunctionMode``) follows the provenance instead of the
-device: a factory call without ``device=`` (``arange, zeros, ones, empty, full, tensor, rand*,
-linspace, eye``) and ``.cpu()`` make a *host* tensor; an op whose inputs are all host tensors
-makes a host tensor; ``.to(device)``, ``.to(other)``, ``.cuda()`` make a device-following one.
-An op that mixes a host tensor of one or more dims with a device-following tensor is recorded
-(0-dim host tensors mix with CUDA tensors legally), with the module whose code made the op, the
-line of that code and the line where the host tensor was made. Not caught: an explicit
-``device="cpu"`` (on this machine it equals the model's device) and CPU tensors kept as plain
-attributes at construction.
-"""
+"""Which tensors of a forward were made on the CPU regardless of the model's device? Followed by
+provenance, not by device, so a CPU-only machine sees them too (docs/detector.md)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,5 @@
-"""Does the task loss reach every trainable weight matrix? (step 1, ``task_gradient``)
-
-A weight whose gradient from the task loss is rounding noise beside its peers' is not trained
-by the task: a top-1 router that renormalises its one weight to 1 (only the auxiliary
-load-balance loss moves it), a projection whose contribution cancels downstream.
-``gradients_finite`` passes it: its gradient exists and is finite. Measured on a
-:func:`perturbed_copy` (a zero start such as ReZero's gate would otherwise cut, by design, the
-gradient of every parameter behind it at initialisation), with the task loss alone (no
-auxiliary loss); an expert no token chose (it ran on 0 rows) is left out.
-"""
+"""Step 1's ``task_gradient``: does the task loss reach every trainable weight matrix?
+(docs/detector.md)"""
 
 from __future__ import annotations
 
@@ -26,17 +18,13 @@ from transformer_lab.measures.property_result import (
     verdict,
 )
 
-GRADIENT_RATIO = 1e-4
-# A weight matrix's gradient RMS over the median one's. Where the exact gradient is 0, float32
-# rounding leaves ~1e-7 of the peers' (a renormalised top-1 router: 1.7e-7); the correct designs
-# (every built-in, preset and catalogue negative) are at 1e-2 or more. 1e-4 lies between.
+GRADIENT_RATIO = 1e-4  # gradient RMS over the median's: an exact 0 rounds to ~1e-7 in fp32
 
 
 @contextmanager
 def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
     """Fills the set it yields, on leaving, with the names of the parameters of the modules
-    called only on empty inputs inside the block (a Mixture of Experts runs an expert no token
-    chose on 0 rows): they get no gradient from it."""
+    called only on empty inputs (an expert no token chose): they get no gradient."""
     called: dict[nn.Module, bool] = {}
 
     def hook(module: nn.Module, args: tuple, _out: object) -> None:
@@ -56,12 +44,9 @@ def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
 
 def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                          loss_fn) -> dict[str, float]:
-    """Each trainable weight matrix's (parameter of 2+ dims: a bias or gain right before a
-    normalisation can be redundant by design, e.g. a bias before BatchNorm cancels) gradient RMS
-    over the median of those RMS values, for the task loss ``loss_fn(logits, targets)`` summed
-    over ``batches`` ((inputs, targets) pairs), on a :func:`perturbed_copy` in train mode
-    without dropout. Parameters of modules that only saw empty inputs (an expert no token
-    chose) are left out."""
+    """Each trainable weight matrix's (2+ dims) gradient RMS over the median one's, for the task
+    loss ``loss_fn(logits, targets)`` summed over ``batches`` of (inputs, targets), on a
+    :func:`perturbed_copy` in train mode without dropout; idle experts left out."""
     copied = perturbed_copy(model)
     with (idle_parameters(copied) as idle, train_mode_without_dropout(copied),
           torch.random.fork_rng(devices=[])):
@@ -81,13 +66,10 @@ def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tens
     """Every trainable weight matrix gets a task-loss gradient RMS above :data:`GRADIENT_RATIO`
     times the median one's (:func:`task_gradient_ratios`); the weakest one below is named."""
     name = "task_gradient"
-    was_training = model.training
     try:
         ratios = task_gradient_ratios(model, batches, loss_fn)
     except Exception as exc:
         return failed(name, exc)
-    finally:
-        model.train(was_training)
     if not ratios:
         return PropertyResult(name, None, detail="no trainable parameter")
     if any(math.isnan(v) for v in ratios.values()):

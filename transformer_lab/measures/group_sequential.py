@@ -85,7 +85,12 @@ def increments(looks: Sequence[int], max_seeds: int, alpha: float,
 
 
 def sign_draws(max_seeds: int, draws: int = SIGN_DRAWS, seed: int = 0) -> np.ndarray:
-    """(draws, max_seeds) random signs +/-1 from a fixed seed: one draw serves every look."""
+    """(draws, max_seeds) signs +/-1 that serve every look: all 2^max_seeds patterns when there
+    are at most ``draws`` of them (the boundaries are then exact), else random ones from a
+    fixed seed."""
+    if 2 ** max_seeds <= draws:
+        patterns = np.arange(2 ** max_seeds)[:, None] >> np.arange(max_seeds)  # (2^n, n)
+        return np.where(patterns & 1, -1.0, 1.0)
     return np.random.default_rng(seed).choice([-1.0, 1.0], size=(draws, max_seeds))
 
 
@@ -94,7 +99,9 @@ def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np
     """Boundaries on ``|sum of the first n_k differences|`` at each look (``inf``: no verdict
     possible there) and each look's nominal level (the share of draws beyond its boundary),
     from the magnitudes ``|d_i|`` (..., n) and the null sign draws (draws, >= n); ``spent``:
-    the level of each look. Returns two arrays of shape (..., looks)."""
+    the level of each look. A look spends what its predecessors could not (their share of
+    the draws is discrete): the draws crossing at looks 1..k never exceed the level spent up
+    to k. Returns two arrays of shape (..., looks)."""
     magnitudes = np.asarray(magnitudes, dtype=float)
     draws = len(signs)
     n = looks[-1]
@@ -104,21 +111,20 @@ def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np
     bounds = np.full((*magnitudes.shape[:-1], len(looks)), np.inf)
     levels = np.zeros_like(bounds)
     active = np.ones(sums.shape[:-1], dtype=bool)  # (..., draws) not crossed yet
-    for k, share in enumerate(spent):
-        allowed = np.floor(share * draws + 1e-9)  # draws that may first cross here
+    for k, spent_so_far in enumerate(np.cumsum(spent)):
+        # draws that may first cross here: the level spent so far less those crossed before
+        allowed = np.floor(spent_so_far * draws + 1e-9) - (~active).sum(axis=-1)  # (...)
         values = np.where(active, sums[..., k], -np.inf)  # (..., draws)
-        ordered = -np.sort(-values, axis=-1)  # descending
-        if allowed >= 1:
-            # the smallest boundary whose first crossings (|sum| >= c among the active)
-            # number at most ``allowed``: the allowed-th largest value, raised past a tie
-            index = int(allowed) - 1
-            candidate = ordered[..., index]  # (...)
-            beyond = ordered[..., index + 1] if index + 1 < draws else np.full_like(candidate,
-                                                                                   -np.inf)
-            tie = beyond >= candidate
-            above = np.where(values > candidate[..., None], values, np.inf).min(axis=-1)
-            bounds[..., k] = np.where(tie, above, candidate)
-            bounds[..., k] = np.where(bounds[..., k] > 0, bounds[..., k], np.inf)
+        ordered = np.concatenate([-np.sort(-values, axis=-1),
+                                  np.full((*values.shape[:-1], 1), -np.inf)], axis=-1)
+        # the smallest boundary whose first crossings (|sum| >= c among the active) number
+        # at most ``allowed``: the allowed-th largest value, raised past a tie
+        index = np.clip(allowed.astype(int) - 1, 0, draws - 1)[..., None]
+        candidate = np.take_along_axis(ordered, index, axis=-1)[..., 0]  # (...)
+        beyond = np.take_along_axis(ordered, index + 1, axis=-1)[..., 0]
+        above = np.where(values > candidate[..., None], values, np.inf).min(axis=-1)
+        bound = np.where(beyond >= candidate, above, candidate)
+        bounds[..., k] = np.where((allowed >= 1) & (bound > 0), bound, np.inf)
         beyond_bound = sums[..., k] >= bounds[..., k][..., None]  # (..., draws)
         levels[..., k] = beyond_bound.mean(axis=-1)
         active &= ~beyond_bound

@@ -1,15 +1,6 @@
-"""Measuring activation memory: the bytes autograd keeps for the backward pass.
-
-During one forward pass under ``torch.autograd.graph.saved_tensors_hooks`` every tensor that
-autograd saves goes through a pack hook. We record the storage behind it once (a view keeps its
-whole storage alive, so storage bytes are what the memory costs), skip parameters and buffers,
-and charge it to the innermost module running at that moment (forward pre/post hooks keep a
-stack of module names). The backward pass only frees these tensors, so their sum at the end of
-the forward pass is the peak of saved activation memory during forward + backward. Transient
-tensors (a gradient being computed, the temporaries inside one kernel) are not counted.
-
-Shapes: tokens (B, T) -> {module name: bytes}; "" is code outside any module (the loss).
-"""
+"""Activation memory: the storage bytes autograd saves for the backward pass in one forward,
+per innermost module (``saved_tensors_hooks``; parameters and buffers left out). The backward
+only frees them, so their sum is the peak of saved activations; transients are not counted."""
 
 from __future__ import annotations
 
@@ -49,12 +40,8 @@ def module_stack(model: nn.Module) -> Iterator[list[str]]:
 
 
 def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor) -> dict[str, int]:
-    """Bytes of the tensors autograd saves for the backward pass in one forward, per module
-    (what a training step holds between forward and backward).
-
-    The loss is cross-entropy of the logits against random targets (it saves the
-    log-probabilities, ``B * T * vocab`` floats, charged to "").
-    """
+    """Bytes autograd saves in one forward, per module name; tokens (B, T). The loss,
+    cross-entropy against random targets (its log-probabilities), is charged to ""."""
     owned = {t.untyped_storage().data_ptr() for t in (*model.parameters(), *model.buffers())}
     seen: set[int] = set()
     per_module: dict[str, int] = defaultdict(int)
@@ -79,18 +66,16 @@ def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor) -> dict[str, 
 
 def extrapolate_batch(at_b: dict[str, int], at_b_plus_1: dict[str, int], b: int,
                       batch: int) -> dict[str, int]:
-    """Saved bytes are affine in the batch size (``a + c * B``: per-example activations plus
-    batch-independent tables such as RoPE's cos/sin rows), so measurements at batch ``b`` and
-    ``b + 1`` give them exactly at any ``batch``: ``at_b + (batch - b) * (at_b_plus_1 - at_b)``."""
+    """Saved bytes at ``batch`` from measurements at ``b`` and ``b + 1``: they are affine in the
+    batch size (per-example activations plus batch-independent tables such as RoPE's)."""
     names = set(at_b) | set(at_b_plus_1)
     return {n: at_b.get(n, 0) + (batch - b) * (at_b_plus_1.get(n, 0) - at_b.get(n, 0))
             for n in names}
 
 
 def matmul_flops(model: nn.Module, tokens: torch.Tensor) -> int:
-    """FLOPs of ``aten.mm`` / ``aten.addmm`` (the weight matmuls, 2-D after flattening) in one
-    forward + backward, counted by ``torch.utils.flop_counter.FlopCounterMode``. Attention's
-    batched products are left out (they are ``bmm`` or a fused SDPA kernel)."""
+    """FLOPs of ``aten.mm`` / ``aten.addmm`` (the weight matmuls) in one forward + backward, by
+    ``FlopCounterMode``; attention's batched products are left out."""
     from torch.utils.flop_counter import FlopCounterMode
 
     counter = FlopCounterMode(display=False)

@@ -1,30 +1,5 @@
-"""Cheap forward-pass properties of a built model (no training): is the component correct?
-
-    causality            decoders: the output at t does not change when a token after t does
-    position_injectivity distinct positions get distinct representations, up to ``max_len``
-    finite_at_max_len    a forward at ``max_len`` tokens is finite (not only at 4 tokens)
-    batch_independence   in eval mode a sequence's output does not depend on the others'
-    train_eval_agreement without dropout, ``model.train()`` and ``model.eval()`` agree
-
-and, from the modules beside this one:
-
-    output_properties     output_dtype, device_placement, eval_determinism, ffn_gain
-    component_properties  norm_scale_control, ffn_nonlinearity, ffn_interaction (a component on
-                          its own)
-    attention_properties  query_sees_a_key, attention_paths_agree (SDPA vs written out)
-    positions             position_distinguishability (every pair of positions, on the PE)
-    bf16_behaviour        bf16_behaviour (where the run or the PE uses half precision)
-    cached_decoding       cached_decoding (decoders: a KV cache's incremental decoding equals
-                          the full forward on the same prefix)
-
-Each check returns a :class:`PropertyResult` and never raises: an exception inside the forward
-is a FAIL naming it (and the line of the user's code it came from). The invariance checks
-(causality, injectivity, batch independence, train/eval) run on :func:`amplified_copy`: at
-``init_std=0.02`` attention is nearly uniform and a dependence through it is at float-noise
-level; an exact invariance holds for any weights. :func:`model_properties` runs them all, in
-an order where a component's own check comes before the model-level checks it would also break
-(a dropout left on in eval mode fails ``eval_determinism``, not ``causality``).
-"""
+"""Step 1's forward-pass properties of a built model, and :func:`model_properties`, which runs
+every step-1 check in order (docs/detector.md lists them and how each is measured)."""
 
 from __future__ import annotations
 
@@ -64,13 +39,8 @@ RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
 
 
 def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes.
-
-    A decoder trained with teacher forcing and a future leak (a norm over the sequence axis, an
-    FFN mixing in position t+1) learns to copy the answer: the loss looks perfect and greedy
-    decoding fails. Sequence ``s`` of the batch changes token ``s`` only; the worst change of an
-    earlier output, relative to the outputs' norm, must stay below float noise.
-    """
+    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes (sequence
+    ``s`` of the batch changes token ``s`` only), on :func:`amplified_copy`."""
     name = "causality"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: bidirectional by design")
@@ -129,19 +99,9 @@ def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
 
 def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None = None,
                          window: int = 6) -> PropertyResult:
-    """Distinct positions get distinct representations, for every position below ``max_len``.
-
-    Swap the tokens at positions i and i + 1 of a random sequence (of ``i + 2 + window``
-    tokens, at most ``max_len``): a model that cannot tell
-    the two positions apart (no PE, a PE that ignores ``positions`` or clamps them) gives the
-    swapped outputs exactly (``out'[i] == out[i + 1]``); a model with a working PE does not.
-    Measured on :func:`amplified_copy` (visible attention) of the model. Decoders are
-    measured with the causal mask lifted (only for this check): the mask alone
-    lets a position-free decoder count tokens, so it would hide a blind PE. Relative PEs
-    (rotary, bias) pass too: the swapped token sees different neighbours at each distance.
-    A constant-token input would not do: under a relative PE every position then attends to
-    identical values and gives identical outputs. ``pe=none`` fails by design (the control).
-    """
+    """Distinct positions get distinct representations below ``max_len``: swapping the tokens
+    at i and i + 1 (of ``i + 2 + window`` random tokens) must not just swap the outputs. On
+    :func:`amplified_copy`, a decoder with its causal mask lifted."""
     name = "position_injectivity"
     max_len = max_len or position_max_len(model)
     if max_len < 2:
@@ -173,9 +133,8 @@ def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None 
 
 def finite_at_max_len(model: nn.Module, vocab_size: int,
                       max_len: int | None = None) -> PropertyResult:
-    """A forward at ``max_len`` tokens is finite. The smoke test runs at 4 tokens; a table
-    that overflows (an exponential, a division by ``max_len - pos``) past position 32 only
-    shows at length. On a failure the shortest non-finite length is found by bisection."""
+    """A forward at ``max_len`` tokens is finite; on a failure the shortest non-finite length is
+    found by bisection."""
     name = "finite_at_max_len"
     max_len = max_len or position_max_len(model)
 
@@ -199,9 +158,7 @@ def finite_at_max_len(model: nn.Module, vocab_size: int,
 
 def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
                        batch: int = 4) -> PropertyResult:
-    """In eval mode sequence 0's output must not depend on the other sequences of the batch:
-    evaluation scores and generation would change with the batch size or with its contents
-    (a PE or norm that pools over the batch). BatchNorm in eval uses running statistics."""
+    """In eval mode sequence 0's output must not depend on the other sequences of the batch."""
     name = "batch_independence"
     tokens = random_tokens(vocab_size, batch, seq_len, seed=2)  # (B, T)
     others = tokens.clone()
@@ -221,12 +178,8 @@ def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
 
 
 def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs.
-
-    A component that adds noise or skips a branch in one mode is trained as one function and
-    evaluated as another: the held-out numbers do not measure the trained model. torch
-    BatchNorm modules (running statistics) are the documented exception and stay in eval mode.
-    """
+    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs (torch
+    BatchNorm stays in eval mode: :func:`train_mode_without_dropout`)."""
     name = "train_eval_agreement"
     tokens = random_tokens(vocab_size, 2, seq_len, seed=4)
     try:
@@ -246,10 +199,10 @@ def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -
 
 def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = None,
                      precision: str = "fp32") -> list[PropertyResult]:
-    """Every check above on ``model`` (its weights, modes and torch's random state are left as
-    they were); ``max_len``: how far positions are checked (default: the PE's own, else 256);
-    ``precision``: the run's (``train.precision``), for ``bf16_behaviour``. A ``max_len`` given
-    (``routine.max_len``, or the one the PE's constructor was given) bounds every check."""
+    """Every step-1 property of ``model``, in order (its weights, modes and torch's random state
+    are left as they were). ``max_len``: how far positions are checked (default: the PE's own,
+    else :data:`~.positions.DEFAULT_MAX_LEN`; one given bounds every check); ``precision``: the
+    run's ``train.precision``."""
     given = max_len is not None
     max_len = max_len or position_max_len(model)
     return [

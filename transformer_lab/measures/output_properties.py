@@ -1,11 +1,5 @@
-"""Properties of what each module returns, measured with forward hooks on one small batch:
-
-    output_dtype      every module returns the model's dtype (a float64 table is a bug)
-    device_placement  nothing is built on the CPU regardless of the model's device
-    eval_determinism  in eval mode the same tokens give the same outputs (no dropout left on)
-    ffn_gain          an FFN does not multiply the scale of its input (it would explode with
-                      depth)
-"""
+"""Step 1's properties of what each module returns, measured with forward hooks on one small
+batch: ``output_dtype``, ``device_placement``, ``eval_determinism``, ``ffn_gain``."""
 
 from __future__ import annotations
 
@@ -24,42 +18,43 @@ from transformer_lab.measures.property_result import (
     relative_change,
 )
 
-FFN_GAIN_LIMIT = 10.0
-# built-ins at init: ~0.01 (init_std 0.02) to ~1 (init_std 0.3)
+FFN_GAIN_LIMIT = 10.0  # RMS(ffn(x)) / RMS(x): the residual stream grows by it per layer
 SAME_OUTPUT_TOLERANCE = 1e-5  # relative: two forwards of the same tokens run the same ops
 
 
+def _tensors(value: object) -> list[torch.Tensor]:
+    """The tensors of a module's inputs or output (a tensor, or a tuple or list of values)."""
+    values = value if isinstance(value, tuple | list) else (value,)
+    return [v for v in values if isinstance(v, torch.Tensor)]
+
+
 def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
-                    inspect: Callable[[str, nn.Module, torch.Tensor], None]) -> None:
-    """Forward (eval, no grad) calling ``inspect(name, module, output)`` on every tensor
-    output of every submodule."""
+                    inspect: Callable[[str, nn.Module, list, list], None]) -> torch.Tensor:
+    """Logits of an eval forward that calls ``inspect(name, module, inputs, outputs)`` (their
+    tensors) as each submodule finishes."""
     names = {module: name for name, module in model.named_modules()}
 
-    def hook(module: nn.Module, _args: object, output: object) -> None:
-        outputs = output if isinstance(output, tuple | list) else (output,)
-        for value in outputs:
-            if isinstance(value, torch.Tensor):
-                inspect(names[module] or "model", module, value)
+    def hook(module: nn.Module, args: tuple, output: object) -> None:
+        inspect(names[module] or "model", module, _tensors(args), _tensors(output))
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
-        eval_outputs(model, tokens)
+        return eval_outputs(model, tokens)
     finally:
         for handle in handles:
             handle.remove()
 
 
 def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Every submodule returns the dtype of the model's activations (the token embedding's).
-    A float64 table silently promotes the residual stream (the next matmul then fails, or the
-    model runs at half speed); a user's component must follow the activations' dtype."""
+    """Every submodule returns the dtype of the model's activations (the token embedding's)."""
     name = "output_dtype"
     expected = model.token_embedding.weight.dtype
     wrong: list[str] = []
 
-    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
-        if value.is_floating_point() and value.dtype != expected:
-            wrong.append(f"{module_name} ({type(module).__name__}) returned {value.dtype}")
+    def inspect(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
+        wrong.extend(f"{module_name} ({type(module).__name__}) returned {value.dtype}"
+                     for value in outputs
+                     if value.is_floating_point() and value.dtype != expected)
 
     try:
         _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=5), inspect)
@@ -72,21 +67,17 @@ def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Propert
 
 
 def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Nothing in the forward is built on the CPU regardless of the model's device.
-
-    On a CPU-only machine a tensor made without ``device=`` (``torch.arange(T)``, a table
-    built in ``forward``) looks correct and crashes only on a GPU. Measured by provenance
-    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`): such a tensor meeting the
-    model's tensors, or returned by a module, fails. Not caught: an explicit ``device="cpu"``.
-    """
+    """Nothing in the forward is built on the CPU regardless of the model's device: no tensor
+    made without ``device=`` meets the model's tensors or is returned by a module
+    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`)."""
     from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
 
     name = "device_placement"
     returned: list[str] = []
 
-    def inspect(module_name: str, module: nn.Module, value: torch.Tensor) -> None:
-        if host_tensor(value):
-            returned.append(f"{module_name} ({type(module).__name__})")
+    def inspect(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
+        returned.extend(f"{module_name} ({type(module).__name__})"
+                        for value in outputs if host_tensor(value))
 
     audit, tokens = DeviceAudit(), random_tokens(vocab_size, 2, seq_len, seed=6)
     try:
@@ -105,24 +96,14 @@ def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
 def _recorded_forward(model: nn.Module, tokens: torch.Tensor
                       ) -> tuple[torch.Tensor, list[tuple[str, nn.Module, list, list]]]:
     """Logits of an eval forward and, in the order the modules finished, each module's name,
-    the module, its tensor inputs and its tensor outputs (copies)."""
-    names = {module: name for name, module in model.named_modules()}
+    the module, and copies of its tensor inputs and outputs."""
     calls: list[tuple[str, nn.Module, list, list]] = []
 
-    def tensors(value: object) -> list[torch.Tensor]:
-        values = value if isinstance(value, tuple | list) else (value,)
-        return [v.detach().float().clone() for v in values if isinstance(v, torch.Tensor)]
+    def record(module_name: str, module: nn.Module, inputs: list, outputs: list) -> None:
+        copies = [[v.detach().float().clone() for v in values] for values in (inputs, outputs)]
+        calls.append((module_name, module, *copies))
 
-    def hook(module: nn.Module, args: tuple, output: object) -> None:
-        calls.append((names[module] or "model", module, tensors(args), tensors(output)))
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
-    try:
-        logits = eval_outputs(model, tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
-    return logits, calls
+    return _hooked_forward(model, tokens, record), calls
 
 
 def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
@@ -137,15 +118,9 @@ def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
 
 
 def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """In eval mode two forwards of the same tokens give the same outputs.
-
-    A dropout that ``model.eval()`` does not turn off (``F.dropout(x, p)``, whose ``training``
-    defaults to True; noise drawn in ``forward``) makes evaluation and generation random, and
-    every invariance check below it fails for a reason it cannot name (a decoder's looks like a
-    future leak). On a failure the culprit is the first module, in the order they finish, whose
-    inputs are the same in both forwards and whose output is not. torch's random state is
-    restored afterwards.
-    """
+    """In eval mode two forwards of the same tokens give the same outputs; on a failure the
+    culprit is the first module to finish whose inputs agree and outputs do not. torch's
+    random state is restored afterwards."""
     name = "eval_determinism"
     tokens = random_tokens(vocab_size, 2, seq_len, seed=8)
     try:
@@ -176,12 +151,8 @@ def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
 
 
 def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs.
-
-    An FFN that multiplies the scale of its input (a forgotten ``1/sqrt(d)``, an init std of
-    1, an output gain) makes the residual stream grow by that factor per layer: activations
-    explode with depth. Built-ins at init: ~0.01 (init_std 0.02); limit :data:`FFN_GAIN_LIMIT`.
-    """
+    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs, at
+    most :data:`FFN_GAIN_LIMIT`."""
     name = "ffn_gain"
     gains: list[tuple[float, str]] = []
     handles = []

@@ -1,18 +1,5 @@
-"""What a positional encoding gives each position, and whether all of them can be told apart.
-
-``position_representations`` is the PE's own output for positions ``0 .. L - 1``, whatever
-its kind (the model's ``positional`` module, :mod:`transformer_lab.components.positional.base`):
-
-    additive  its rows ``pe(positions)``                                   (L, d_model)
-    rotary    a fixed vector (all ones) as q and as k of every head, rotated (L, (H + H_kv) Dh)
-    bias      per query, the attention it would pay by position alone: the softmax of its row
-              of the model's attention mask (bias plus causal mask), every head  (L, H L)
-
-``position_distinguishability`` compares every pair of positions up to ``max_len``, not only
-neighbours: a sinusoidal PE whose frequencies are all about 1 (a wrong ``div_term``) puts
-positions p and p + 44 0.018 rad apart (44 is about 7 x 2 pi) while neighbours are a radian
-apart; the model-level check (swapping neighbours) and 4-token reversal never see that pair.
-"""
+"""What a positional encoding gives each position (``position_representations``), and step 1's
+``position_distinguishability``: every pair of positions told apart (docs/detector.md)."""
 
 from __future__ import annotations
 
@@ -24,15 +11,8 @@ from torch import nn
 from transformer_lab.measures.property_result import PropertyResult, component, failed, verdict
 
 DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
-SAME_TOLERANCE = 1e-5  # two rows closer than this (relative to a row's norm) are the same:
-# one PE computation rounds at float32's 6e-8 of a row, so distinct rows are far above it
-ALIASING_RATIO = 0.05
-# A far pair closer than this fraction of a neighbour step aliases (features put on one scale:
-# a linear readout can weight a slow feature up). Two classes to separate: a frequency that
-# returns to its start, e.g. every frequency 1 returns within 44 - 14 pi = 0.018 rad of it 44
-# steps later (ratio 0.018); and the near-coincidences any low-dimensional PE has among many
-# pairs (a sin-only 8-frequency PE over 256 positions: 0.097; random 8-dim rows over 2048: ~0.16;
-# the built-ins and RoPE with every scaling on the tiny model: >= 0.27). 0.05 lies between.
+SAME_TOLERANCE = 1e-5  # relative to a row's norm; one PE computation rounds at 6e-8 of it
+ALIASING_RATIO = 0.05  # a far pair closer than this fraction of a neighbour step aliases
 
 
 def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
@@ -55,9 +35,10 @@ def _rotary_representations(model: nn.Module, length: int, dtype: torch.dtype) -
 
 def position_representations(model: nn.Module, length: int,
                              dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """What the model's PE gives positions ``0 .. length - 1`` (module docstring), one row per
-    position, float32; None for a PE of kind ``none``. ``dtype``: that of the fixed vector a
-    rotary PE rotates (the run's activations: bfloat16 under bf16 autocast)."""
+    """What the model's PE gives positions ``0 .. length - 1``, one float32 row per position:
+    an additive PE's rows (L, D); a rotary PE's rotation of all-ones q and k, every head
+    (L, (H + H_kv) Dh), in ``dtype``; a bias PE's softmax of its mask rows, every head (L, H L).
+    None for a PE of kind ``none``."""
     kind = model.positional.kind
     with torch.no_grad():
         if kind == "additive":
@@ -97,8 +78,8 @@ def standardized(rows: torch.Tensor) -> torch.Tensor:
 
 def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     """The smallest distance between two positions at least 2 apart, as a fraction of the
-    smaller of their neighbour steps (a position's distance to its closest neighbour), with
-    features standardized; and that pair. Rows must be distinct (:func:`same_pairs`)."""
+    smaller of their distances to their closest neighbours, with features standardized; and
+    that pair. Rows must be distinct (:func:`same_pairs`)."""
     distances = pair_distances(standardized(rows))  # (L, L)
     length = distances.shape[0]
     neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
@@ -114,15 +95,8 @@ def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
 
 def position_distinguishability(model: nn.Module, max_len: int | None = None) -> PropertyResult:
     """Every pair of positions below ``max_len`` gets clearly different representations from
-    the PE (:func:`position_representations`).
-
-    Two failures: a pair whose rows are the same (float32 noise, :data:`SAME_TOLERANCE`); a
-    pair of positions at least 2 apart whose rows are closer than :data:`ALIASING_RATIO` of a
-    neighbour step once every feature is put on one scale (:func:`aliasing`): the PE aliases
-    far positions, which a neighbour swap and a 4-token task never see. Measured on the PE
-    itself, so relative PEs (rotary, bias) are judged on what they produce, not on a model
-    that must learn to read it. A PE of kind ``none`` does not apply (the control).
-    """
+    the PE: none the same (:func:`same_pairs`), no far pair closer than :data:`ALIASING_RATIO`
+    of a neighbour step (:func:`aliasing`)."""
     name = "position_distinguishability"
     max_len = max_len or position_max_len(model)
     pe = f"the positional encoding ({component(model.positional)})"

@@ -1,18 +1,6 @@
-"""Measurements of component properties: each returns how far a component is from one.
-
-    rope_relative_violation      RoPE: q_m . k_n depends only on n - m (Su et al. 2021, eq. 16);
-                                 ``tlab check`` and step 3 of ``tlab validate`` /
-                                 ``tlab reverse-task``
-    sinusoidal_shift_residual    sinusoidal PE: PE(pos + k) = M_k PE(pos), one M_k for every pos
-                                 (Vaswani et al. 2017, sec. 3.5)
-    permutation_error            f(P x) vs P f(x): zero for a position-free (NoPE) encoder
-    swap_attention_error         swap two tokens: attention rows and columns must permute
-                                 exactly without a PE (the article's "我打你" / "你打我" test)
-
-The functions take callables and modules, so a deliberately broken component can be passed in
-(the tests do). Each returns a relative or absolute error (``rope_relative_violation`` also
-where it saw it); the routines decide PASS/FAIL against a tolerance.
-"""
+"""``tlab check``'s component properties: RoPE's relative property (also step 3's
+``rotary_relative``), the sinusoidal shift map, NoPE's permutation equivariance and the token-swap
+test on attention (docs/detector.md)."""
 
 from __future__ import annotations
 
@@ -25,8 +13,7 @@ from torch import nn
 # A rotary PE: (q (B, H, T, d), k (B, H, T, d), positions (T,)) -> rotated q, k.
 Rotary = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
-# (m, n) query/key position pairs and the shifts added to both; (2, 5) + 5 = (7, 10) is the
-# seed's example.
+# (m, n) query/key position pairs and the shifts added to both
 RELATIVE_PAIRS: tuple[tuple[int, int], ...] = ((2, 5), (0, 3), (10, 4), (1, 30))
 RELATIVE_SHIFTS: tuple[int, ...] = (0, 5, 17, 64)
 
@@ -46,11 +33,8 @@ def rope_relative_violation(rotary: Rotary, head_dim: int,
                             shifts: Sequence[int] = RELATIVE_SHIFTS, n_vectors: int = 8,
                             seed: int = 0) -> RelativeViolation:
     """Largest spread of ``q_{m+s} . k_{n+s}`` over the shifts ``s``, relative to ``|q| |k|``,
-    for random q, k and every (m, n) pair, with q and k rotated by ``rotary`` (the PE's own q
-    and k rotations: a pairing or sign that differs between them shows).
-
-    The ``n_vectors`` random (q, k) pairs go in as the heads of one batch element; the q of
-    every (pair, shift) is rotated in one call, the k in another."""
+    for ``n_vectors`` random (q, k) (the heads of one batch element) and every (m, n) pair,
+    rotated by ``rotary``'s own q and k rotations (Su et al. 2021, eq. 16)."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
     k = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
@@ -84,14 +68,9 @@ def shift_positions(d: int, n_positions: int = 256) -> int:
 def sinusoidal_shift_residual(table: Callable[[torch.Tensor], torch.Tensor],
                               shifts: Sequence[int] = (1, 3, 10), n_positions: int = 256,
                               seed: int = 0) -> float:
-    """Fit one ``M_k`` by least squares on a random half of positions
-    ``[0, shift_positions(d))`` and apply it to the other half; return the largest residual
-    ``|PE(p + k) - M_k PE(p)|`` relative to ``max |PE|``. For a sinusoidal table only float32
-    rounding of the angles remains, which grows with the largest position: 2.3e-5 at d 32 (256
-    positions), 1.2e-3 at d 2048 (8192 positions). O(1) when PE(pos + k) is not a fixed linear
-    map of PE(pos).
-
-    ``table(positions (T,)) -> (T, d)``."""
+    """Fit one ``M_k`` with ``PE(p + k) = M_k PE(p)`` (Vaswani et al. 2017, sec. 3.5) by least
+    squares on a random half of positions ``[0, shift_positions(d))``, apply it to the other
+    half; the largest residual relative to ``max |PE|``. ``table(positions (T,)) -> (T, d)``."""
     d = table(torch.arange(1)).shape[-1]
     n = shift_positions(d, n_positions)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
@@ -127,12 +106,8 @@ def swap_permutation(seq_len: int, i: int, j: int) -> torch.Tensor:
 @torch.no_grad()
 def swap_attention_error(model: nn.Module, tokens: torch.Tensor, i: int,
                          j: int) -> tuple[float, float]:
-    """Swap tokens i and j; return (attention error, output error).
-
-    attention error: ``max |A'[h, a, b] - A[h, P(a), P(b)]|`` over layers and heads, with A
-    the attention probabilities (B, H, T, T) and P the swap. Output error as in
-    :func:`permutation_error`. Both 0 when attention ignores position (NoPE), > 0 with a PE.
-    """
+    """Swap tokens i and j; return (``max |A'[h, a, b] - A[h, P(a), P(b)]|`` over layers and
+    heads of the attention probabilities A, :func:`permutation_error`): both 0 without a PE."""
     model.eval()
     permutation = swap_permutation(tokens.shape[1], i, j)
     before = model.attention_maps(tokens)  # list of (B, H, T, T)

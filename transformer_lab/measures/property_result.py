@@ -1,7 +1,4 @@
-"""What a component-property check returns, and the small helpers the checks share
-(:mod:`.model_properties`, :mod:`.output_properties` and the other step-1 measures): random
-tokens, relative changes, the label of a component and the line of the user's code that an
-exception or an op came from."""
+"""What a step-1 property check returns, and the helpers the checks share (docs/detector.md)."""
 
 from __future__ import annotations
 
@@ -38,15 +35,22 @@ def verdict(name: str, ok: bool, value: float, tolerance: float | None, passed: 
     return PropertyResult(name, ok, value, tolerance, passed if ok else failed)
 
 
-def eval_outputs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
-    """Logits (B, T, V) in eval mode, without gradients; the model's mode is restored."""
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode without gradients; the model's mode is restored."""
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            return model(tokens).float()
+            yield
     finally:
         model.train(was_training)
+
+
+def eval_outputs(model: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) in eval mode, without gradients; the model's mode is restored."""
+    with evaluating(model):
+        return model(tokens).float()
 
 
 def random_tokens(vocab_size: int, batch: int, seq_len: int, seed: int = 0) -> torch.Tensor:
@@ -62,12 +66,8 @@ def relative_change(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
 
 def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12) -> nn.Module:
     """A copy of ``model`` whose trainable parameters that start at exactly zero are set to
-    small values: matrices to N(0, ``std``), vectors and scalars to U(``std``/2, ``std``).
-    A zero start (ReZero's residual gate, a zero-initialised output projection as in Fixup,
-    T-Fixup or GPT-NeoX, LLaMA-Adapter's zero gate) hides at initialisation the function the
-    design promises to learn; one optimiser step moves such a parameter off zero, so every
-    property of the design holds on the copy too. A frozen parameter (``requires_grad`` off)
-    is left as it is: it never moves."""
+    small values: matrices to N(0, ``std``), vectors and scalars to U(``std``/2, ``std``)
+    (docs/detector.md, "Zero starts")."""
     # tensors a forward left on a module (an MoE's ``aux_loss``) may be part of an autograd
     # graph, which deepcopy refuses: the copy gets them detached
     kept = [value for module in model.modules() for value in vars(module).values()
@@ -88,12 +88,8 @@ def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12)
 
 
 def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
-    """A :func:`perturbed_copy` of ``model`` (zero-started parameters moved off zero) whose
-    every weight matrix (parameter of 2 or more dims: projections, embeddings, learned PE
-    tables and bias tables) is rescaled to standard deviation ``std``.
-    At ``init_std=0.02`` attention is nearly uniform and a relative PE moves the outputs by
-    ~1e-6 of their norm, the float32 noise level; the rescaled copy makes it visible. A model
-    blind to position stays blind whatever its weights, so the property is unchanged."""
+    """A :func:`perturbed_copy` of ``model`` whose every weight matrix (parameter of 2+ dims) is
+    rescaled to standard deviation ``std``: attention far from uniform (docs/detector.md)."""
     copied = perturbed_copy(model, std)
     with torch.no_grad():
         for parameter in copied.parameters():
@@ -166,8 +162,7 @@ def _shown(filename: str) -> str:
 
 
 def _location(frames: Iterable[tuple[str, int, str]]) -> str:
-    """``file:line (function)`` of the first of ``frames`` (filename, line, function) in the
-    user's code, or ``""``."""
+    """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``."""
     for filename, line, function in frames:
         if _user_code(filename):
             return f"{_shown(filename)}:{line} ({function})"
@@ -175,15 +170,14 @@ def _location(frames: Iterable[tuple[str, int, str]]) -> str:
 
 
 def raised_at(tb: TracebackType | None) -> str:
-    """Where in the user's code an exception was raised: the innermost frame of ``tb`` that is
-    not torch's, the standard library's or these checks' (``file:line (function)``), or ``""``."""
+    """Where in the user's code an exception was raised (innermost frame of ``tb``), or ``""``."""
     frames = traceback.extract_tb(tb)
     return _location((f.filename, f.lineno or 0, f.name) for f in reversed(frames))
 
 
 def called_from(frame: FrameType | None) -> str:
-    """Where in the user's code the current op was called: the innermost frame from ``frame``
-    outwards that is not torch's, the standard library's or these checks'; or ``""``."""
+    """Where in the user's code the current op was called (innermost frame from ``frame``
+    outwards), or ``""``."""
     frames = []
     while frame is not None:
         frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
@@ -192,8 +186,8 @@ def called_from(frame: FrameType | None) -> str:
 
 
 def failed(name: str, exc: Exception) -> PropertyResult:
-    """The property ``name`` as a FAIL because the forward raised ``exc`` (its first line and,
-    where the traceback has it, the file and line of the user's code)."""
+    """The property ``name`` as a FAIL because the forward raised ``exc``, naming the line of
+    the user's code it came from."""
     message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
     where = raised_at(exc.__traceback__)
     return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}"

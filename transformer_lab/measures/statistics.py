@@ -1,26 +1,7 @@
 """Paired statistics over seeds: the verdict columns of every comparison (README, "Verdicts:
-how sure a comparison is").
-
-A comparison trains every variant with the same seeds ``s_1 .. s_n``; within a seed the variants
-share the initial weights (where shapes allow) and the batches, so the seed is a block and the
-variant's effect is measured on the paired differences ``d_i = x_variant(s_i) - x_baseline(s_i)``:
-
-    mean_interval        Student-t CI of a mean over seeds (``Interval``)
-    paired_comparison    mean of d, its t-interval, sign-flip permutation p (``PairedComparison``)
-    holm                 Holm step-down adjustment over the variants
-    verdict              better | worse | no detectable difference, on the adjusted p
-    seeds_needed         paired seeds for 80% power at the observed effect (with the power
-                         calculation, in ``measures.power_analysis``)
-    probability_of_improvement
-                         P(a random seed of the variant beats a random seed of the baseline)
-                         with a paired bootstrap interval (``Improvement``)
-    variance_by_source   a crossed seed_init x seed_data table -> the variance from each
-                         (``VarianceComponents``)
-    verdict_table        per-(variant, seed) rows -> the per-variant columns of comparison.csv
-    describe             one plain-language line per variant for the terminal
-
-NaN values (a diverged seed) are dropped, never propagated, and the number dropped is reported.
-"""
+how sure a comparison is"). A seed is a block: within it the variants share the initial weights
+and the batches, so the tests use ``d_i = x_variant(s_i) - x_baseline(s_i)``. NaN values (a
+diverged seed) are dropped and counted, never propagated."""
 
 from __future__ import annotations
 
@@ -38,8 +19,7 @@ if TYPE_CHECKING:
 
 
 def _stats() -> Any:
-    """``scipy.stats``, imported on first use (about 0.4 s that commands comparing nothing do
-    not pay)."""
+    """``scipy.stats``, imported on first use (commands comparing nothing do not pay for it)."""
     from scipy import stats
 
     return stats
@@ -68,6 +48,17 @@ def _finite(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, int]:
     array = np.asarray(values, dtype=float).ravel()
     keep = ~np.isnan(array)
     return array[keep], int((~keep).sum())
+
+
+def _finite_pairs(variant: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray
+                  ) -> tuple[np.ndarray, np.ndarray, int]:
+    """The pairs (index i = seed i in both) where both values are finite, and how many were
+    dropped."""
+    x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
+    if x.shape != y.shape:
+        raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
+    keep = ~(np.isnan(x) | np.isnan(y))
+    return x[keep], y[keep], int((~keep).sum())
 
 
 def _t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
@@ -108,18 +99,9 @@ def _mean_statistic(x: np.ndarray, axis: int) -> np.ndarray:
 
 
 def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
-    """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0``.
-
-    Under H0 (the variant does not matter) every difference is as likely to be ``+d_i`` as
-    ``-d_i``; the p-value is the share of the ``2^n`` sign patterns whose mean is at least as
-    extreme as the observed one (two-sided: twice the smaller tail, capped at 1; Fisher 1935,
-    Good, "Permutation Tests", 2005). It fits comparisons over few seeds: exact at any n, no
-    normality assumed (a loss over 5 seeds is rarely normal; one slow seed breaks a t-test).
-    Its price: the smallest attainable p is ``2 / 2^n``. n = 5 gives 0.0625, which can never
-    reach alpha = 0.05; n = 6 gives 0.031, n = 8 gives 0.0078 (room for a Holm correction over
-    a few variants). So 6 paired seeds is the least for any verdict at 0.05, 8 a sound default.
-    All ``2^n`` flips for ``n <= EXACT_UP_TO``, else a Monte Carlo with a fixed ``seed``.
-    """
+    """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0`` (Fisher
+    1935): exact, no normality assumed, but never below ``2 / 2^n``. All ``2^n`` flips up to
+    :data:`EXACT_UP_TO` seeds, else a Monte Carlo with a fixed ``seed``."""
     n = len(differences)
     resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
     result = _stats().permutation_test((differences,), _mean_statistic, vectorized=True,
@@ -134,12 +116,9 @@ def paired_comparison(variant: Sequence[float] | np.ndarray,
     """Mean paired difference ``variant - baseline`` (index i = seed i in both), its t-interval
     and sign-flip p-value. Pairs with a NaN on either side are dropped; fewer than 2 pairs
     leave the interval and the p-value nan."""
-    x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
-    if x.shape != y.shape:
-        raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
-    keep = ~(np.isnan(x) | np.isnan(y))
-    differences = x[keep] - y[keep]  # (n,)
-    n, dropped = len(differences), int((~keep).sum())
+    x, y, dropped = _finite_pairs(variant, baseline)
+    differences = x - y  # (n,)
+    n = len(differences)
     diff = float(differences.mean()) if n else math.nan
     if n < 2:
         return PairedComparison(diff, math.nan, math.nan, math.nan, math.nan, n, dropped)
@@ -160,28 +139,13 @@ def probability_of_improvement(variant: Sequence[float] | np.ndarray,
                                baseline: Sequence[float] | np.ndarray,
                                confidence: float = 0.95, lower_is_better: bool = True,
                                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Improvement:
-    """P(a random seed of the variant beats a random seed of the baseline): the probability of
-    improvement of rliable (Agarwal et al. 2021, "Deep reinforcement learning at the edge of
-    the statistical precipice"), ``U / (n m)`` of the Mann-Whitney test. Beating is a lower
-    value when ``lower_is_better``, a tie counts 1/2; index i is seed i in both.
-
-    Estimator: over the n seeds where both values are finite, the share of the ``n (n - 1)``
-    ordered pairs of *different* seeds (i, j) where the variant at seed i beats the baseline
-    at seed j. Same-seed pairs are left out: a seed's variant and baseline share the initial
-    weights and the batches, so they would measure the within-seed win rate, not the
-    random-seed-against-random-seed probability (without them the estimate is unbiased for
-    it: a U-statistic). Interval: percentile bootstrap over the seeds resampled as pairs
-    (keeping each seed's dependence; rliable resamples the two sides independently because
-    its runs are unpaired), ``resamples`` draws from a fixed ``seed``, pairs of resampled
-    positions that are one original seed left out as above. A percentile interval over few
-    seeds is narrower than its nominal level, and collapses to a point when every seed of the
-    variant beats every seed of the baseline: read it with ``paired_seeds``.
-    """
-    x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
-    if x.shape != y.shape:
-        raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
-    keep = ~(np.isnan(x) | np.isnan(y))
-    x, y = x[keep], y[keep]
+    """P(a random seed of the variant beats a random seed of the baseline), the probability of
+    improvement of rliable (Agarwal et al. 2021): the share of ordered pairs of *different*
+    finite seeds (i, j) where the variant at i beats (is lower, when ``lower_is_better``) the
+    baseline at j, a tie counting 1/2 (a U-statistic; same-seed pairs share weights and
+    batches). Interval: percentile bootstrap over seeds resampled as pairs, ``resamples``
+    draws from a fixed ``seed``."""
+    x, y, _ = _finite_pairs(variant, baseline)
     n = len(x)
     if n < 2:
         return Improvement(math.nan, math.nan, math.nan)
@@ -203,10 +167,8 @@ def probability_of_improvement(variant: Sequence[float] | np.ndarray,
 @dataclass(frozen=True)
 class VarianceComponents:
     """A metric's variance split by source over a crossed ``n_init x n_data`` table of runs:
-    ``init`` and ``data`` (the initialisation seed's and the data-order seed's), ``residual``
-    (their interaction and everything else: one run per cell cannot tell those apart). The
-    estimates are unbiased, so one can fall below 0 (a source whose effect is within the
-    noise); ``shares`` counts such a one as 0."""
+    the initialisation seed's, the data order's and the ``residual`` (their interaction and
+    the rest). Unbiased, so one can fall below 0; ``shares`` counts such a one as 0."""
 
     init: float
     data: float
@@ -229,14 +191,10 @@ class VarianceComponents:
 
 
 def variance_by_source(table: Sequence[Sequence[float]] | np.ndarray) -> VarianceComponents:
-    """The two-way random-effects model without replication, ``y_ij = mu + a_i + b_j + e_ij``
-    with ``a_i ~ (0, var_init)`` for initialisation seed i, ``b_j ~ (0, var_data)`` for
-    data-order seed j and ``e_ij ~ (0, var_residual)``, estimated by the ANOVA method of
-    moments (Searle, Casella & McCulloch 1992, "Variance Components", Section 4.4): with the
-    mean squares of rows, columns and residual, ``E[MS_init] = var_residual + J var_init``,
-    ``E[MS_data] = var_residual + I var_data``, ``E[MS_residual] = var_residual``, so
+    """The two-way random-effects model without replication, ``y_ij = mu + a_i + b_j + e_ij``,
+    by the ANOVA method of moments (Searle, Casella & McCulloch 1992, sec. 4.4):
     ``var_init = (MS_init - MS_residual) / J`` and alike. ``table``: (I init seeds, J data
-    seeds), complete (no NaN), I, J >= 2; a ``ValueError`` otherwise."""
+    seeds), complete, I, J >= 2; a ``ValueError`` otherwise."""
     y = np.asarray(table, dtype=float)
     if y.ndim != 2 or min(y.shape) < 2:
         raise ValueError(f"need a table of at least 2 x 2 runs, got shape {y.shape}")
@@ -255,8 +213,7 @@ def variance_by_source(table: Sequence[Sequence[float]] | np.ndarray) -> Varianc
 
 def holm(p_values: Sequence[float] | np.ndarray) -> np.ndarray:
     """Holm (1979) step-down adjustment over m tests: with ``p_(1) <= .. <= p_(m)``,
-    ``p_adj_(k) = max_{j<=k} min(1, (m - j + 1) p_(j))``. Controls the family-wise error rate
-    without assumptions on how the tests depend. NaN p-values stay NaN and do not count in m."""
+    ``p_adj_(k) = max_{j<=k} min(1, (m - j + 1) p_(j))``. NaN p-values stay NaN, not counted."""
     p = np.asarray(p_values, dtype=float)
     adjusted = np.full_like(p, math.nan)
     tested = np.flatnonzero(~np.isnan(p))
@@ -286,12 +243,8 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
                   lower_is_better: bool = True) -> pd.DataFrame:
     """One row per variant (order of first appearance, indexed by ``variant``) from rows of
     (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
-    then against ``baseline`` (default: the first variant), pairing rows by seed, the columns
-    ``VERDICT_COLUMNS``; Holm runs over the variants that have a p-value, ``p_improvement``
-    is ``probability_of_improvement`` (beating = lower when ``lower_is_better``), ``seeds_needed``
-    counts every non-baseline variant as a comparison (see ``seeds_needed``). The baseline's
-    paired columns are empty and its verdict is ``baseline``; ``note`` says why a row has no
-    test, or how many seeds were dropped."""
+    then, paired by seed against ``baseline`` (default: the first variant), the columns
+    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``)."""
     names = list(dict.fromkeys(runs[variant]))
     if not names:
         raise ValueError("no rows to compare")
@@ -306,11 +259,8 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     for name in names:
         interval = mean_interval(wide[name].to_numpy(), confidence)
         row = {f"{value}_ci_low": interval.low, f"{value}_ci_high": interval.high,
-               "diff_vs_baseline": math.nan, "diff_ci_low": math.nan, "diff_ci_high": math.nan,
-               "p_value": math.nan, "p_adjusted": math.nan, "verdict": BASELINE,
-               "p_improvement": math.nan, "p_improvement_low": math.nan,
-               "p_improvement_high": math.nan, "seeds_needed": None, "paired_seeds": None,
-               "note": ""}
+               **dict.fromkeys(VERDICT_COLUMNS, math.nan), "verdict": BASELINE,
+               "seeds_needed": None, "paired_seeds": None, "note": ""}
         if name != baseline:
             pair = paired_comparison(wide[name].to_numpy(), wide[baseline].to_numpy(),
                                      confidence)
@@ -357,9 +307,8 @@ def _note(pair: PairedComparison) -> str:
 
 
 def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None:
-    """Every p over n seeds is >= 2 / 2^n, so with m variants tested and at most N paired seeds
-    Holm's smallest adjusted p is >= m * 2 / 2^N: above ``alpha``, no row can get a verdict
-    whatever the data, and each tested row's ``note`` says so."""
+    """Where Holm's smallest possible p, ``m * 2 / 2^N`` (m variants tested, at most N paired
+    seeds), is above ``alpha``, no row can get a verdict: each tested row's ``note`` says so."""
     tested = table["p_value"].notna()
     if not tested.any():
         return
@@ -375,7 +324,7 @@ def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None
 
 
 def _improvement_text(row: pd.Series | dict, confidence: float) -> str:
-    """``, P(improvement) 0.91 (95% CI 0.75 to 1)``, or "" without one."""
+    """The ``P(improvement)`` part of :func:`describe`'s line, or "" without one."""
     p = row.get("p_improvement", math.nan)
     if p is None or math.isnan(p):
         return ""
@@ -385,9 +334,8 @@ def _improvement_text(row: pd.Series | dict, confidence: float) -> str:
 
 def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "final_loss",
              confidence: float = 0.95) -> str:
-    """One line for the terminal, e.g. ``gelu vs relu: final_loss 0.012 lower (95% CI 0.004 to
-    0.020), p = 0.008, Holm 0.016, P(improvement) 0.91 (95% CI 0.75 to 1) -> better``; the
-    CI is in the same direction as the word."""
+    """One line for the terminal (README, "Verdicts"); the CI is in the direction of the word
+    (lower / higher)."""
     if row["verdict"] == BASELINE:
         return f"{name}: baseline"
     diff = row["diff_vs_baseline"]

@@ -1,17 +1,6 @@
-"""A catalogue of deliberately broken components: does the validation routine catch them?
-
-Each :class:`Mutant` names a config group, the ``_target_`` and settings that replace that
-group's node, the architecture it is run in, and where it is expected to be caught:
-
-    preflight            the protocol check before the run (exit code 2)
-    step1:<check>        a property of :mod:`transformer_lab.measures.model_properties`
-    step2 / step3 / ...  the routine's training steps (step3:rotary_relative is RoPE's check)
-    harmless             nothing: the component is correct in this architecture
-
-Build one with :func:`mutant_config`; the modules ``positional``, ``feedforward`` and ``norms``
-hold the broken classes (each docstring says what is broken), ``negatives`` correct designs tlab
-does not ship (``harmless``: the routine must pass them).
-"""
+"""A catalogue of deliberately broken components, and of correct designs tlab does not ship, for
+``tlab mutants``: does the validation routine catch each at its expected step, and pass the
+correct ones? (docs/detector.md, "The mutant catalogue")"""
 
 from __future__ import annotations
 
@@ -160,8 +149,8 @@ _SMOKE_SIZES = ("d_model", "n_heads", "n_layers", "d_ff")  # what routine.smoke.
 
 
 def preset_negative(preset: str) -> tuple[str, str, str, list[str]]:
-    """A preset as a negative: its arch, and steps 1-2 at the smoke size as ``tlab validate``
-    runs them (:data:`PRESETS_AT_OWN_SIZE` at the preset's own sizes)."""
+    """A preset as a negative, at the smoke size as ``tlab validate`` runs it
+    (:data:`PRESETS_AT_OWN_SIZE` at its own sizes)."""
     from omegaconf import OmegaConf
 
     from transformer_lab.config.tree import choice_file
@@ -175,9 +164,8 @@ def preset_negative(preset: str) -> tuple[str, str, str, list[str]]:
 
 
 def built_in_negatives() -> list[tuple[str, str, str, list[str]]]:
-    """``(name, group, arch, overrides)`` of every built-in PE x arch, FFN (decoder: a future
-    leak shows there), block x norm layer (decoder, 2 layers: the wiring between blocks) and
-    preset (:func:`preset_negative`)."""
+    """``(name, group, arch, overrides)`` of every built-in PE x arch, FFN (decoder), block x
+    norm layer (decoder, 2 layers) and preset (:func:`preset_negative`)."""
     rows = [(f"pe={pe}/{arch}", "pe", arch, [f"pe={pe}", f"arch={arch}"])
             for pe in BUILT_IN_PES for arch in ("encoder", "decoder")]
     rows += [(f"ffn={ffn}", "ffn", "decoder", [f"ffn={ffn}", "arch=decoder"])

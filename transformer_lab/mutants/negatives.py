@@ -1,12 +1,5 @@
-"""Correct designs tlab does not ship: the routine must pass them (``harmless`` in the
-catalogue of :mod:`transformer_lab.mutants`). Each docstring cites the paper it follows.
-
-Several start a projection or a residual gate at exactly zero (ReZero, zero-initialised output
-projections, LLaMA-Adapter's gate) or weigh keys without normalising to one (sigmoid attention,
-softmax plus one): the designs that the step-1 properties once assumed away. The blocks follow
-the block contract of ``docs/custom_components.md``; :func:`attend` is an attention written
-out with a pluggable weighting, honouring every field of ``AttentionInputs``.
-"""
+"""Correct published designs tlab does not ship (``harmless`` in the catalogue): the routine
+must pass them. Each docstring cites its paper; the blocks follow docs/custom_components.md."""
 
 from __future__ import annotations
 
@@ -76,11 +69,9 @@ class MishFFN(FeedForward):
 
 class KerpleLogBias(nn.Module):
     """KERPLE, logarithmic variant (Chi et al. 2022, arXiv 2205.09921), causal:
-    ``bias[h, i, j] = -r1_h log(1 + r2_h (i - j))`` for keys ``j <= i`` (0 above the diagonal,
-    where the model's causal mask applies), with learned ``r1, r2 > 0`` per head (kept positive
-    as exponentials of their logarithms; the paper clamps them). The queries are the last
-    ``q_len`` of ``k_len`` positions (the bias protocol, which a KV cache needs). (q_len, k_len)
-    -> (H, q_len, k_len)."""
+    ``bias[h, i, j] = -r1_h log(1 + r2_h (i - j))`` for keys ``j <= i`` (0 above), learned
+    ``r1, r2 > 0`` per head (as exponentials). Queries are the last ``q_len`` of ``k_len``
+    positions. (q_len, k_len) -> (H, q_len, k_len)."""
 
     kind = "bias"
 
@@ -99,12 +90,10 @@ class KerpleLogBias(nn.Module):
 
 
 class XPosRoPE(RotaryPositionalEncoding):
-    """xPos (Sun et al. 2022, "A Length-Extrapolatable Transformer", arXiv 2212.10554): RoPE
-    with q's pair i scaled by ``zeta_i^(m / scale_base)`` and k's by ``zeta_i^(-n / scale_base)``,
-    ``zeta_i = (2 i / d + 0.4) / 1.4``, so that ``q_m . k_n`` gains ``zeta^((m - n) / scale_base)``:
-    it still depends on ``n - m`` only and decays with distance in a decoder (torchscale's
-    ``XPOS``; positions are not centred here, which leaves every product unchanged).
-    q (B, H, T, Dh), k (B, H_kv, T, Dh), positions (T,) -> q, k of the same shapes."""
+    """xPos (Sun et al. 2022, arXiv 2212.10554; torchscale's ``XPOS``, positions not centred):
+    RoPE with q's pair i scaled by ``zeta_i^(m / scale_base)``, k's by ``zeta_i^(-n /
+    scale_base)``, ``zeta_i = (2 i / d + 0.4) / 1.4``: ``q_m . k_n`` still depends on ``n - m``
+    only. q (B, H, T, Dh), k (B, H_kv, T, Dh), positions (T,) -> q, k of the same shapes."""
 
     def __init__(self, head_dim: int, base: float = 10000.0, scale_base: float = 512.0) -> None:
         super().__init__(head_dim, base=base)
@@ -122,10 +111,8 @@ class XPosRoPE(RotaryPositionalEncoding):
 
 
 class PRoPE(nn.Module):
-    """p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional
-    Encodings useful?", arXiv 2410.06205): RoPE whose lowest ``1 - p`` of the frequencies are
-    set to zero, so those pairs carry no position (robust semantic channels) and the rest
-    rotate as RoPE. ``q_m . k_n`` still depends on ``n - m`` only. Half pairing.
+    """p-RoPE (Barbero et al. 2024, arXiv 2410.06205): RoPE whose lowest ``1 - p`` of the
+    frequencies are zero (pairs without position). Half pairing.
     q (B, H, T, Dh), k (B, H_kv, T, Dh), positions (T,) -> q, k of the same shapes."""
 
     kind = "rotary"
@@ -144,10 +131,8 @@ class PRoPE(nn.Module):
 
 
 class ZeroDownGeGLU(GatedFeedForward):
-    """GeGLU (Shazeer 2020, arXiv 2002.05202) whose down projection starts at zero, the
-    residual branch's last layer zero-initialised as in Fixup (Zhang et al. 2019, arXiv
-    1901.09321) and T-Fixup: the FFN returns 0 at initialisation and learns from there.
-    (B, T, D) -> (B, T, D)."""
+    """GeGLU (Shazeer 2020, arXiv 2002.05202) whose down projection starts at zero, as Fixup
+    (Zhang et al. 2019, arXiv 1901.09321) inits a branch's last layer. (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int, d_ff: int, **kwargs: object) -> None:
         super().__init__(d_model, d_ff, activation="gelu", **kwargs)
@@ -157,12 +142,9 @@ class ZeroDownGeGLU(GatedFeedForward):
 def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInputs,
            weigh: Weighing, q_transform: Callable | None = None) -> torch.Tensor:
     """Self-attention with ``attention``'s projections, written out with ``weigh`` in place of
-    the softmax, honouring the whole of ``inputs``: the rotary PE (``rotary``, at
-    ``positions``; with a ``cache`` the queries at ``positions`` and every key at
-    ``key_positions``), the additive ``mask`` (bias PE and causal mask, -inf where a key is
-    hidden) or ``is_causal``, the KV ``cache`` (keys stored before rotation), and
-    ``need_weights`` (the weights kept in ``attention.last_weights``). ``q_transform(q, k)``
-    changes q and k before the PE (QK-norm). x (B, T, D) -> (B, T, D)."""
+    the softmax, honouring every field of ``inputs`` (rotary PE, ``mask`` or ``is_causal``, KV
+    ``cache`` holding keys before rotation, ``need_weights``). ``q_transform(q, k)`` changes q
+    and k before the PE (QK-norm). x (B, T, D) -> (B, T, D)."""
     batch, seq, _ = x.shape
     q, k, v = attention.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
     if q_transform is not None:
@@ -192,11 +174,9 @@ def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInpu
 
 
 class ReZeroBlock(nn.Module):
-    """ReZero (Bachlechner et al. 2020, "ReZero is All You Need", arXiv 2003.04887): no norm
-    layer; each sublayer's residual branch is multiplied by one learned scalar started at 0,
-    ``x = x + alpha * attn(x)``, ``x = x + alpha * ffn(x)``: every block is the identity at
-    initialisation. It declares no ``norms_per_block``: besides attention and FFN it holds a
-    gate, not norms, so ``param_count`` counts it. (B, T, D) -> (B, T, D)."""
+    """ReZero (Bachlechner et al. 2020, arXiv 2003.04887): no norm layer, ``x = x + alpha *
+    attn(x)``, ``x = x + alpha * ffn(x)`` with one learned ``alpha`` started at 0. It declares
+    no ``norms_per_block`` (it holds a gate, not norms). (B, T, D) -> (B, T, D)."""
 
     needs_final_norm = False
 
@@ -212,10 +192,8 @@ class ReZeroBlock(nn.Module):
 
 
 class ZeroInitOutputBlock(PreNormBlock):
-    """Pre-LN block whose attention output projection and FFN down projection start at zero:
-    each residual branch returns 0 at initialisation (Fixup, Zhang et al. 2019, arXiv
-    1901.09321; T-Fixup, Huang et al. 2020; the zero-initialised residual projections of
-    GPT-NeoX-style and Mistral-style inits). (B, T, D) -> (B, T, D)."""
+    """Pre-LN block whose attention output projection and FFN down projection start at zero
+    (Fixup, arXiv 1901.09321; T-Fixup; GPT-NeoX-style inits). (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
@@ -226,10 +204,9 @@ class ZeroInitOutputBlock(PreNormBlock):
 
 
 class ZeroGateAttentionBlock(PreNormBlock):
-    """Pre-LN block whose attention branch is gated by ``tanh(g)``, one learned ``g`` per block
-    started at 0, as LLaMA-Adapter's zero-init attention (Zhang et al. 2023, arXiv
-    2303.16199): ``x = x + tanh(g) attn(N1(x))``, ``x = x + ffn(N2(x))``. Adds one parameter
-    to the pre-LN block. (B, T, D) -> (B, T, D)."""
+    """Pre-LN block whose attention branch is gated by ``tanh(g)``, ``g`` started at 0, as
+    LLaMA-Adapter's zero-init attention (Zhang et al. 2023, arXiv 2303.16199).
+    (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
@@ -242,9 +219,8 @@ class ZeroGateAttentionBlock(PreNormBlock):
 
 
 class WrittenOutAttention(nn.Module):
-    """Base of the attentions below: wraps tlab's ``attention`` (its projections and
-    ``last_weights``, which step 1 reads as ``block.attention.last_weights``) and computes
-    with :func:`attend` and :meth:`weigh`. x (B, T, D) -> (B, T, D)."""
+    """Base of the attentions below: tlab's ``attention`` (projections, ``last_weights``)
+    computed with :func:`attend` and :meth:`weigh`. x (B, T, D) -> (B, T, D)."""
 
     def __init__(self, attention: MultiHeadAttention) -> None:
         super().__init__()
@@ -266,10 +242,8 @@ class WrittenOutAttention(nn.Module):
 
 
 class SigmoidAttention(WrittenOutAttention):
-    """Sigmoid attention (Ramapuram et al. 2024, "Theory, Analysis, and Best Practices for
-    Sigmoid Self-Attention", arXiv 2409.04431): each key weighted by
-    ``sigmoid(q . k / sqrt(d) + b)`` with ``b = -log(n)``, n the training context length
-    (``max_len``): the weights do not sum to one."""
+    """Sigmoid attention (Ramapuram et al. 2024, arXiv 2409.04431): each key weighted by
+    ``sigmoid(q . k / sqrt(d) - log(max_len))``; the weights do not sum to one."""
 
     def __init__(self, attention: MultiHeadAttention, max_len: int) -> None:
         super().__init__(attention)
@@ -287,9 +261,8 @@ def softmax_plus_one(scores: torch.Tensor) -> torch.Tensor:
 
 
 class QuietAttention(WrittenOutAttention):
-    """Softmax plus one, "quiet attention" (Miller 2023, "Attention Is Off By One"; studied by
-    Bondarenko et al. 2023, arXiv 2306.12929): ``exp(s_j) / (1 + sum_k exp(s_k))``, so a head
-    can attend to nothing; the weights sum to less than one."""
+    """Softmax plus one, "quiet attention" (Miller 2023; Bondarenko et al. 2023, arXiv
+    2306.12929): a head can attend to nothing; the weights sum to less than one."""
 
     def weigh(self, scores: torch.Tensor) -> torch.Tensor:
         return softmax_plus_one(scores)
@@ -327,8 +300,8 @@ class QKNormAttention(WrittenOutAttention):
 
 
 class QKNormBlock(PreNormBlock):
-    """Pre-LN block with :class:`QKNormAttention`: adds 4 Dh parameters to the pre-LN block
-    while inheriting its ``norms_per_block``."""
+    """Pre-LN block with :class:`QKNormAttention` (adds parameters, inherits
+    ``norms_per_block``)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
@@ -352,10 +325,9 @@ class HeadScale(nn.Module):
 
 
 class NormFormerBlock(PreNormBlock):
-    """NormFormer (Shleifer et al. 2021, arXiv 2110.09456): a pre-LN block with a norm after
-    attention (before the residual add), learned per-head scales of the attention output and a
-    norm after the FFN's output. Adds parameters while inheriting ``norms_per_block``.
-    (B, T, D) -> (B, T, D)."""
+    """NormFormer (Shleifer et al. 2021, arXiv 2110.09456): pre-LN plus a norm after attention
+    and after the FFN, and per-head scales of the attention output (adds parameters, inherits
+    ``norms_per_block``). (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
@@ -388,10 +360,8 @@ class SharedNormParallelBlock(nn.Module):
 
 
 class AdminBlock(PostNormBlock):
-    """Admin (Liu et al. 2020, "Understanding the Difficulty of Training Transformers", arXiv
-    2004.08249): post-LN with the residual weighted by a learned per-feature ``omega``,
-    ``x = N(omega * x + f(x))``, ``omega`` initialised to ``omega_init`` (the paper profiles
-    the branch variances; a constant stands in). Adds 2 D parameters to the post-LN block.
+    """Admin (Liu et al. 2020, arXiv 2004.08249): post-LN ``x = N(omega * x + f(x))`` with a
+    learned per-feature ``omega`` started at ``omega_init`` (the paper profiles it).
     (B, T, D) -> (B, T, D)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,

@@ -115,8 +115,7 @@ class FutureBiasALiBi(ALiBiPositionalBias):
         return bias + self.value * future  # (H, Tq, Tk)
 
 
-# Bugs that only show with a KV cache, where the new tokens sit after an offset: a full forward
-# (positions 0 .. T-1, q_len == k_len) is right, so only step 1's cached_decoding sees them.
+# Bugs that only show with a KV cache (new tokens after an offset): step 1's cached_decoding.
 
 
 class OffsetBlindRoPE(RotaryPositionalEncoding):
@@ -131,12 +130,10 @@ class OffsetBlindRoPE(RotaryPositionalEncoding):
 
 
 class StaleDynamicRoPE(RotaryPositionalEncoding):
-    """Dynamic NTK RoPE (``scaling="dynamic"``) that scales its base for the length of the
-    tensors it rotates, ``q.shape[-2]``, instead of the sequence's length
-    ``max(positions) + 1``. A full forward makes them equal; under a KV cache the new queries
-    (1 or a few tokens) keep the unscaled frequencies of a short sequence while the cached keys
-    get those of the grown one (HF transformers #25104: queries and keys rotated with different
-    bases once the sequence passes ``original_max_len``). Rotates all of ``head_dim``."""
+    """Dynamic NTK RoPE that scales its base for the length of the tensors it rotates,
+    ``q.shape[-2]``, not the sequence's ``max(positions) + 1``: under a KV cache the new queries
+    keep a short sequence's frequencies while the cached keys got the grown one's (HF
+    transformers #25104)."""
 
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -162,9 +159,8 @@ class TopLeftALiBi(ALiBiPositionalBias):
 
 
 def floor_division_table(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """:func:`sinusoidal_table` with the exponent ``2i / d_model`` computed by integer (floor)
-    division, as ``/`` on integer tensors did in old PyTorch: every exponent is 0, every
-    frequency ``base^0 = 1``. ``(max_len, d_model)``."""
+    """:func:`sinusoidal_table` with the exponent ``2i / d_model`` floor-divided, as ``/`` on
+    integer tensors did in old PyTorch: every frequency 1. ``(max_len, d_model)``."""
     position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
     exponent = torch.div(torch.arange(0, d_model, 2), d_model, rounding_mode="floor")  # all 0
     freqs = base ** -exponent.float()  # (ceil(d/2),) all 1
@@ -176,9 +172,8 @@ def floor_division_table(max_len: int, d_model: int, base: float = 10000.0) -> t
 
 
 class AliasingSinusoidalPE(SinusoidalPositionalEncoding):
-    """Sinusoidal PE whose frequencies are all 1 (a wrong ``div_term``: the exponent divided
-    with integer division, :func:`floor_division_table`): neighbours differ by a radian, but
-    positions p and p + 44 only by 0.018 rad (44 is about 7 x 2 pi)."""
+    """Sinusoidal PE whose frequencies are all 1 (a wrong ``div_term``,
+    :func:`floor_division_table`): far positions alias (p and p + 44, as 44 is about 7 x 2 pi)."""
 
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len, base)

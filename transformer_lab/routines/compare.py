@@ -118,6 +118,7 @@ def baseline_of(cfg: DictConfig) -> str | None:
 
 
 AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) two at a time
+GROUP_SEQUENTIAL_GROUP = 1  # --seeds auto:MAX: the planned design looks after every seed
 AUTO_MAX_SEEDS = 32   # --seeds auto: at most this many paired seeds per variant (auto:MAX)
 ALPHA = 0.05          # the verdicts' false-positive rate (over all variants together)
 ANYTIME, GROUP_SEQUENTIAL = "anytime", "group"  # the two sequential designs
@@ -125,8 +126,8 @@ ANYTIME, GROUP_SEQUENTIAL = "anytime", "group"  # the two sequential designs
 
 @dataclass(frozen=True)
 class SeedPlan:
-    """``routine.seeds``: ``count`` fixed seeds, or (``auto``) at most ``count`` seeds in
-    groups of ``AUTO_GROUP``, tested with ``design``."""
+    """``routine.seeds``: ``count`` fixed seeds, or (``auto``) at most ``count`` seeds tested
+    with ``design`` as they come."""
 
     count: int
     auto: bool = False
@@ -312,9 +313,9 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
                                ) -> tuple[list[SeedRun], SequentialTest]:
-    """``--seeds auto[:MAX]``: groups of ``AUTO_GROUP`` seeds, each group training the
-    baseline and the variants still without a verdict, until every variant has one or MAX
-    paired seeds."""
+    """``--seeds auto[:MAX]``: groups of ``AUTO_GROUP`` seeds (``auto:MAX``: one seed at a
+    time), each group training the baseline and the variants still without a verdict, until
+    every variant has one or MAX paired seeds."""
     plan, configs = seed_plan(cfg), variant_configs(cfg)
     names = [name for name, _ in configs]
     baseline = baseline_of(cfg) or names[0]
@@ -323,8 +324,9 @@ def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights:
             SequentialTest(names, baseline, alpha=ALPHA, max_seeds=plan.count))
     trainer = VariantTrainer(cfg, run, "compare", keep_weights)
     start, trained = int(cfg.seed), 0
+    group = GROUP_SEQUENTIAL_GROUP if plan.design == GROUP_SEQUENTIAL else AUTO_GROUP
     while not test.done():
-        seeds = [start + trained + i for i in range(min(AUTO_GROUP, plan.count - trained))]
+        seeds = [start + trained + i for i in range(min(group, plan.count - trained))]
         taking = {baseline, *test.running()}
         finals = {name: [r.final_loss for r in trainer.train(name, variant, seeds)]
                   for name, variant in configs if name in taking}

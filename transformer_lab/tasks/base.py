@@ -1,8 +1,5 @@
-"""What a task gives the training loop: batches of (inputs, targets) and a held-out set.
-
-Targets use ``IGNORE_INDEX`` (-100, the ``F.cross_entropy`` default) at positions that are not
-scored, e.g. the source half of a decoder's ``source SEP target`` sequence.
-"""
+"""What a task gives the training loop: batches of (inputs, targets), ``IGNORE_INDEX`` where not
+scored, and a held-out set."""
 
 from __future__ import annotations
 

@@ -1,14 +1,5 @@
-"""Next-token language modelling: a synthetic corpus made offline, or real text (a named corpus
-downloaded once, or the user's own file; see ``transformer_lab.data``).
-
-Both need ``arch=decoder`` (causal): an encoder would see the token it has to predict.
-
-Synthetic corpus: a sparse random Markov chain of order 1 over ``vocab_size`` tokens (each token
-has ``branching`` possible successors with Zipf-like probabilities), sampled as ``n_chains``
-independent chains of ``chain_len`` tokens with a NumPy generator seeded by ``data_seed``: the
-same seed gives the same corpus on every machine. The last ``eval_fraction`` of the chains is
-held out. The best achievable loss is the chain's entropy rate, reported as ``entropy_rate``.
-"""
+"""Next-token language modelling (``arch=decoder``): a seeded synthetic Markov-chain corpus, or real
+text (docs/data.md)."""
 
 from __future__ import annotations
 
@@ -61,7 +52,7 @@ class LanguageModelTask(Task):
 
 
 class SyntheticLanguageTask(LanguageModelTask):
-    """Offline synthetic language: a seeded sparse Markov chain (see module docstring)."""
+    """Offline synthetic language: a seeded sparse Markov chain (docs/data.md)."""
 
     def __init__(self, seq_len: int = 32, vocab_size: int = 64, branching: int = 4,
                  n_chains: int = 256, chain_len: int = 512, eval_fraction: float = 0.1,
@@ -85,18 +76,9 @@ class SyntheticLanguageTask(LanguageModelTask):
 
 
 class TextTask(LanguageModelTask):
-    """Next-token LM on real text: your own UTF-8 file (``path=FILE``) or else a named corpus
-    (``corpus=tinyshakespeare``, downloaded once into the cache directory, sha256-checked),
-    cut into tokens by ``tokenizer`` (``char``: the text's characters; ``byte``: UTF-8 bytes;
-    ``bpe``: byte-level BPE of ``bpe_vocab_size`` tokens trained on the text). The text is
-    tokenised once into a cached memmap (``data.tokenizer.load_tokens``). The first
-    ``1 - eval_fraction`` of the tokens train, the rest is held out.
-
-    A given ``path`` wins over ``corpus`` (``task=tinyshakespeare task.path=FILE`` reads FILE
-    and downloads nothing). ``vocab_size`` is accepted and not used: experiments set it for the
-    synthetic tasks (e.g. compare-activations' reversal), and a text's vocabulary is its
-    tokenizer's.
-    """
+    """Next-token LM on real text: ``path=FILE`` (wins over ``corpus``) or a named ``corpus``, cut
+    by ``tokenizer`` and cached once; the first ``1 - eval_fraction`` of the tokens train.
+    ``vocab_size`` is accepted and unused (a text's vocabulary is its tokenizer's)."""
 
     def __init__(self, path: str | None = None, corpus: str | None = None,
                  url: str | None = None, tokenizer: str = "char", bpe_vocab_size: int = 512,

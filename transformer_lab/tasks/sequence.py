@@ -1,17 +1,5 @@
-"""Sequence-to-sequence toy tasks: reverse and copy.
-
-Encoder layout (``arch=encoder``): inputs are the L source tokens; position i predicts the
-target token i (for reversal, source token L-1-i). A permutation-equivariant model (no PE)
-cannot do this: every position sees the same set of tokens.
-
-Decoder layout (``arch=decoder``): the sequence ``source SEP target`` (length 2L+1) is shifted
-by one; loss only on the L target tokens; exact match by greedy decoding from ``source SEP``
-(``model.generate``: one forward over the prefix, then one token at a time with a KV cache; the
-tokens of re-running the whole sequence for each one, ``tests/test_kv_cache.py``).
-
-Held-out split: a sequence belongs to the held-out set when a multiplicative hash of it is
-0 mod ``holdout_mod``; training batches never contain such sequences.
-"""
+"""Sequence-to-sequence toy tasks, reverse and copy: an encoder predicts target i at position i, a
+decoder reads ``source SEP target`` and is scored on the target (docs/data.md)."""
 
 from __future__ import annotations
 

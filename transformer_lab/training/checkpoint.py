@@ -1,33 +1,6 @@
-"""What a run keeps of the models it trains, and how they come back.
-
-**Final weights**, one safetensors file per trained model (where: ``results.run_directory.
-weights_path``), written atomically by :func:`save_weights`. The file is self-contained: its
-header's metadata holds, besides the tensors,
-
-    tlab_format  ``WEIGHTS_FORMAT``
-    config       the resolved config that rebuilds the model with ``build_model`` (YAML): the
-                 run's ``config.yaml`` with the variant's value (``tlab compare``) and the
-                 model's own ``seed``
-    seed         the seed the model was initialised and trained with
-    index        its place among the run's models, in the order they trained
-    variant      (several variants) its value, as the tables name it; ``varied``: the key
-    tokenizer    (text tasks) the task's tokenizer as JSON (``tokenizer_spec``): a char
-                 vocabulary's characters, ``byte``, or a BPE's ``tokenizers`` JSON
-    components   (a user's own components) their ``_target_`` names as JSON, what
-                 ``--trust-code`` may import when the file is loaded
-
-The header is data from elsewhere: :func:`read_header` checks its config by name
-(``config.registry``) before anything rebuilds a model from it.
-
-:func:`load_trained` rebuilds the model from a file (``TrainedModel``), :func:`choose_model`
-finds the file of a run (a run directory, or one of its files) by variant and seed.
-
-**Resumable state** (``tlab train``, by default): one ``torch.save`` file, replaced atomically
-(a temporary file, then ``os.replace``) by :func:`save_state` and read back with
-``weights_only=True`` by :func:`load_state`; what it holds is the routine's (``routines.train``)
-and the trainer's (``Trainer.state_dict``): weights, optimiser states, schedule position, torch's
-and the data generator's random states.
-"""
+"""What a run keeps of the models it trains and how they come back: final weights as safetensors
+with the config that rebuilds them in the header (docs/export.md), and the resumable state of
+``tlab train`` (``checkpoint.pt``)."""
 
 from __future__ import annotations
 
@@ -61,8 +34,8 @@ RUN_KEYS_DROPPED = ("hydra",)  # not part of a model's config
 
 
 def config_yaml(cfg: DictConfig, seed: int | None = None) -> str:
-    """The resolved config (``hydra`` left out) as YAML; with ``seed``, that of a model
-    trained with that seed."""
+    """The resolved config (``hydra`` left out) as YAML; with ``seed``, that of a model trained with
+    that seed."""
     kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in RUN_KEYS_DROPPED])
     container = OmegaConf.to_container(kept, resolve=True)
     if seed is not None:
@@ -73,8 +46,7 @@ def config_yaml(cfg: DictConfig, seed: int | None = None) -> str:
 def save_weights(model: nn.Module, path: Path, cfg: DictConfig, seed: int, index: int = 0,
                  variant: str | None = None, varied: str | None = None,
                  tokenizer: Tokenizer | None = None) -> Path:
-    """Write ``model``'s final weights (its whole ``state_dict``, tied tensors once) with the
-    header that rebuilds it (module docstring), atomically."""
+    """Write ``model``'s whole ``state_dict`` (tied tensors once) with its header, atomically."""
     from safetensors.torch import save_model
 
     metadata = {"tlab_format": WEIGHTS_FORMAT, "config": config_yaml(cfg, seed),
@@ -151,7 +123,7 @@ class TrainedModel:
 
 def load_trained(path: Path) -> TrainedModel:
     """Rebuild the model of a weights file from its header's config and load its weights
-    (every tensor must fit: ``ConfigError`` otherwise)."""
+    (``ConfigError`` when a tensor does not fit)."""
     from safetensors.torch import load_model
 
     header = read_header(path)
@@ -175,10 +147,9 @@ def run_weights(run_dir: Path) -> list[WeightsHeader]:
 
 def choose_model(path: Path, variant: str | None = None, seed: int | None = None,
                  option: str = "") -> tuple[WeightsHeader, list[WeightsHeader]]:
-    """The weights file a command works on, and every model of the run: ``path`` is one file,
-    or a run directory whose models are narrowed to ``variant`` and ``seed`` (the first left
-    is chosen). ``ConfigError`` naming the valid values for a path without weights or a choice
-    that matches none; ``option`` is how the command names ``path`` (for messages)."""
+    """(the weights file a command works on, every model of the run): ``path`` is a file, or a run
+    directory narrowed to ``variant`` and ``seed`` (the first left). ``ConfigError`` names the valid
+    values; ``option`` is how the command names ``path``."""
     where = f"{option} {path}".strip()
     if path.is_file():
         header = read_header(path)
@@ -214,8 +185,8 @@ def save_state(path: Path, state: dict[str, Any]) -> Path:
 
 
 def load_state(path: Path) -> dict[str, Any]:
-    """The resumable state ``save_state`` wrote (``weights_only``: nothing but data is
-    unpickled); ``ConfigError`` for an unreadable file."""
+    """The state ``save_state`` wrote (``weights_only``: data only); ``ConfigError`` for an
+    unreadable file."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:

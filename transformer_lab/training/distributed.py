@@ -1,15 +1,5 @@
-"""Data-parallel training over several processes (``torch.distributed``, DDP).
-
-    torchrun --nproc_per_node=N -m transformer_lab train ...    # or: tlab train --nproc N ...
-
-Every process (rank) runs the same run: the same config, pre-flight, model and seeds. The
-trainer wraps the model in ``DistributedDataParallel`` when a process group is joined: each
-rank draws the same global batch and trains on its shard of it (``Trainer``), so N ranks give
-the numbers of one process at the same batch. Only rank 0 (the leader) claims and writes the
-run directory; the others (followers) run in a throwaway directory, without progress bars,
-trackers or console tables (``follower_directory``), and resume from a copy of the leader's
-checkpoint. NCCL on GPUs (rank ``LOCAL_RANK`` on ``cuda:LOCAL_RANK``), gloo on CPU.
-"""
+"""Data-parallel training over several processes (``torchrun`` or ``tlab train --nproc N``, DDP):
+only rank 0 writes the run directory (docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -53,8 +43,8 @@ def world() -> World:
 
 
 def check_device(name: str) -> None:
-    """``ConfigError`` for a ``train.device`` that is not auto, cpu, cuda or cuda:K, or names
-    CUDA where torch sees none."""
+    """``ConfigError`` for a ``train.device`` not auto, cpu, cuda or cuda:K, or CUDA where torch
+    sees none."""
     import torch
 
     name = str(name)
@@ -66,8 +56,8 @@ def check_device(name: str) -> None:
 
 
 def resolve_device(name: str) -> torch.device:
-    """``train.device`` as the device this process trains on: ``auto`` is CUDA when torch sees
-    a CUDA device, else the CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``."""
+    """``train.device`` as this process's device: ``auto`` is CUDA when torch sees one, else the
+    CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``."""
     import torch
 
     name = str(name)
@@ -94,8 +84,7 @@ def joined() -> bool:
 
 @contextmanager
 def process_group(device_name: str) -> Iterator[None]:
-    """Within the block, this process is in the process group of its torchrun job (NCCL on
-    CUDA, gloo on the CPU); nothing for a single process."""
+    """Within the block, this process is in its torchrun job's group (NCCL on CUDA, else gloo)."""
     import torch
     import torch.distributed as dist
 
@@ -130,9 +119,8 @@ def check_distributed(routine: str, single_run: bool) -> None:
 
 @contextmanager
 def follower_directory(resumed: Path | None) -> Iterator[Path]:
-    """A throwaway run directory for a rank > 0: what it writes there is removed at the end.
-    ``resumed``: the leader's run directory that ``--resume`` goes on with; its checkpoint,
-    ``metrics.csv`` and ``run.json`` are copied, so this rank resumes from the same state."""
+    """A throwaway run directory for a rank > 0; with ``resumed`` (the leader's run directory), its
+    checkpoint, ``metrics.csv`` and ``run.json`` copied in."""
     from transformer_lab.results.run_directory import CHECKPOINT_FILE, reclaim_directory
 
     with tempfile.TemporaryDirectory(prefix=f"tlab-rank{world().rank}-") as folder:
@@ -147,8 +135,8 @@ def follower_directory(resumed: Path | None) -> Iterator[Path]:
 
 
 def follower_config(cfg: object) -> None:
-    """A rank > 0's config in place: no progress bars, no trackers (``logger`` is the leader's);
-    its console prints nothing but errors."""
+    """A rank > 0's config in place: no progress bars or trackers; its console prints only
+    errors."""
     from omegaconf import open_dict, read_write
 
     from transformer_lab.results.console import console
@@ -168,11 +156,9 @@ def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
 
 
 def launch(nproc: int, arguments: list[str]) -> int:
-    """Run ``python -m transformer_lab.app.hydra_app ARGUMENTS`` on ``nproc`` processes of this
-    machine (torch's elastic launch, as ``torchrun --standalone``). Rank 0 writes to this
-    terminal; the others' output goes to files, shown (its last lines) only when one of them
-    fails on its own. Returns rank 0's exit code if it failed, else that of the first rank that
-    failed (128 + signal for a rank killed by one), else 0."""
+    """Run ``python -m transformer_lab.app.hydra_app ARGUMENTS`` on ``nproc`` local processes (as
+    ``torchrun --standalone``); other ranks' output is shown only when one fails on its own. Returns
+    rank 0's exit code if it failed, else the first failed rank's (128 + signal), else 0."""
     import logging
     import uuid
 

@@ -1,30 +1,7 @@
-"""The optimisers of one model, as the ``optimizer`` config group chooses them
-(``configs/optimizer/*.yaml``; the routines turn the node into :class:`OptimizerSettings`).
-
-    settings = OptimizerSettings("adamw", "torch.optim.AdamW",
-                                 {"betas": (0.9, 0.98), "weight_decay": 0.0, "fused": True})
-    optimizers = build_optimizers(model, settings, lr=3e-3)     # an OptimizerSet
-    optimizers.set_lr(lr); optimizers.zero_grad(); loss.backward(); optimizers.step()
-
-Any ``torch.optim.Optimizer`` subclass, named by its import path (``_target_``); the node's other
-keys are its constructor's keywords, except tlab's own:
-
-    params      ``all`` (default), or ``hidden_matrices``: this optimiser gets only the 2-D
-                matrices of the model's hidden layers (:func:`hidden_matrices`) and the optimiser
-                of ``rest`` every other parameter. Muon is used this way, as torch's
-                documentation of ``torch.optim.Muon`` prescribes (Jordan et al. 2024): "an
-                optimizer for 2D parameters of neural network hidden layers"; embeddings, the
-                output head, biases and norm gains go to AdamW.
-    rest        the optimiser node of the other parameters (with ``params: hidden_matrices``)
-    lr_ratio    this optimiser's learning rate is the schedule's times this (default 1)
-
-The learning rate itself is never a constructor keyword: ``train.lr`` and ``train.schedule`` set
-it on every parameter group of every optimiser at each step (:meth:`OptimizerSet.set_lr`). Where
-the constructor takes ``weight_decay`` it applies to matrices only (``decay_groups``): biases,
-norm gains and other 1-D parameters never decay. ``fused: true`` asks for torch's fused kernel
-where every parameter can use it (floating point, on the CPU or a GPU) and torch's default
-elsewhere.
-"""
+"""The optimisers of one model, as the ``optimizer`` config group chooses them: any
+``torch.optim.Optimizer`` by ``_target_``, its other keys the constructor's keywords except tlab's
+``params`` (``all`` or ``hidden_matrices``), ``rest`` and ``lr_ratio`` (README: the ``optimizer``
+group)."""
 
 from __future__ import annotations
 
@@ -45,8 +22,8 @@ _FILLED_IN = ("self", "params", "lr")
 
 
 class OptimizerSet:
-    """The optimisers of one model (one, or Muon and the AdamW of the rest), stepped together;
-    each follows the schedule's learning rate times its ``lr_ratio``."""
+    """The optimisers of one model, stepped together, each at the schedule's lr times its
+    ``lr_ratio``."""
 
     def __init__(self, optimizers: Sequence[torch.optim.Optimizer],
                  lr_ratios: Sequence[float]) -> None:
@@ -78,9 +55,8 @@ class OptimizerSet:
 
 
 def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """The 2-D weight matrices of the hidden layers: every trainable 2-D parameter of the
-    model's ``blocks`` (attention projections, FFN matrices, an MoE router); not the token
-    embedding, the output head or a positional encoding's table."""
+    """The trainable 2-D parameters of the model's ``blocks`` (Muon's share): not the embedding, the
+    head or a PE's table."""
     blocks = getattr(model, "blocks", None)
     if not isinstance(blocks, nn.Module):
         raise ConfigError("optimizer.params=hidden_matrices needs a model whose hidden layers "
@@ -90,8 +66,7 @@ def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
 
 
 def decay_groups(params: Sequence[nn.Parameter], weight_decay: float) -> list[dict]:
-    """Parameter groups: weight decay on matrices only (not on biases, norm gains, other 1-D
-    parameters); one group when it is 0."""
+    """Parameter groups: weight decay on matrices only; one group when it is 0."""
     if not weight_decay:
         return [{"params": list(params), "weight_decay": 0.0}]
     return [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
@@ -99,8 +74,7 @@ def decay_groups(params: Sequence[nn.Parameter], weight_decay: float) -> list[di
 
 
 def optimizer_class(settings: OptimizerSettings) -> type[torch.optim.Optimizer]:
-    """The class ``settings.target`` names; ``ConfigError`` when it cannot be imported or is
-    not a ``torch.optim.Optimizer`` subclass."""
+    """The ``torch.optim.Optimizer`` subclass ``settings.target`` names, or ``ConfigError``."""
     from transformer_lab.config.instantiate import locate
 
     try:
@@ -116,8 +90,8 @@ def optimizer_class(settings: OptimizerSettings) -> type[torch.optim.Optimizer]:
 
 
 def check_arguments(settings: OptimizerSettings, cls: type[torch.optim.Optimizer]) -> None:
-    """``ConfigError`` naming the first keyword of ``settings.arguments`` that ``cls``'s
-    constructor does not take (any, where it takes ``**kwargs``), and ``lr`` (the schedule's)."""
+    """``ConfigError`` for ``lr`` or the first keyword ``cls``'s constructor does not take (any,
+    where it takes ``**kwargs``)."""
     if "lr" in settings.arguments:
         raise ConfigError(f"optimizer={settings.name}: 'lr' is not an optimizer setting: "
                           "train.lr and train.schedule set the learning rate (optimizer.lr_ratio "
@@ -133,9 +107,8 @@ def check_arguments(settings: OptimizerSettings, cls: type[torch.optim.Optimizer
 
 
 def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float) -> OptimizerSet:
-    """The optimisers ``settings`` describe over the trainable parameters of ``model``, at
-    learning rate ``lr`` (times each one's ``lr_ratio``). ``ConfigError`` (one line, naming
-    the optimiser) for settings the class or tlab refuses."""
+    """The optimisers ``settings`` describe over ``model``'s trainable parameters at learning rate
+    ``lr``; ``ConfigError`` naming the optimiser for settings refused."""
     params = [p for p in model.parameters() if p.requires_grad]
     if settings.params not in PARAMETER_SETS:
         raise ConfigError(f"optimizer.params={settings.params} is not valid; use "
@@ -156,8 +129,8 @@ def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float) -
 
 def make_optimizer(settings: OptimizerSettings, params: Sequence[nn.Parameter],
                    lr: float) -> torch.optim.Optimizer:
-    """One optimiser over ``params``: decay groups where its constructor takes
-    ``weight_decay``, the fused kernel where asked for and possible."""
+    """One optimiser over ``params``: decay groups where it takes ``weight_decay``, fused where
+    possible."""
     cls = optimizer_class(settings)
     check_arguments(settings, cls)
     arguments = dict(settings.arguments)
@@ -175,14 +148,13 @@ def make_optimizer(settings: OptimizerSettings, params: Sequence[nn.Parameter],
 
 
 def fusable(params: Sequence[nn.Parameter]) -> bool:
-    """Every parameter is a floating tensor on the CPU or a GPU (torch's fused kernels: one
-    kernel for all tensors, the same numbers on every run of the same build)."""
+    """Every parameter is a floating tensor on the CPU or a GPU (what torch's fused kernels
+    take)."""
     return bool(params) and all(p.is_floating_point() and p.device.type in ("cpu", "cuda")
                                 for p in params)
 
 
 def check_optimizer(settings: OptimizerSettings, model: nn.Module) -> None:
-    """Pre-flight: the optimisers of ``settings`` build over ``model``'s parameters (the class
-    imports and is an optimiser, takes every argument and accepts its values); ``ConfigError``
-    naming the optimiser and the bad setting otherwise."""
+    """Pre-flight: the optimisers of ``settings`` build over ``model`` (``ConfigError``
+    otherwise)."""
     build_optimizers(model, settings, lr=1e-3)

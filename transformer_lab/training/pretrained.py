@@ -1,15 +1,6 @@
 """Weights a run starts from instead of its own initialisation: a Hugging Face checkpoint
-(``--from-hf DIR``: ``from_hf=DIR``, ``interop.hf``) or a tlab run's trained model
-(``--from-run RUN``: ``from_run=FILE``, the weights file of ``training.checkpoint``).
-
-Both reach a run twice. Before composing, ``app.arguments`` replaces the option by the overrides
-of the source's architecture (``interop.hf.hf_overrides``; :func:`run_overrides` for a run), so
-the run builds the same model; then the pre-flight and the routines that evaluate a trained
-model (``check``, ``plot_pe``, ``extrapolate``) and ``train`` (which fine-tunes them) load its
-weights into the models they build (:func:`load_pretrained`; a run's as tensors only). The task
-stays the command's: its vocabulary keeps the first rows of the source's embedding and output
-head (a larger one is refused).
-"""
+(``from_hf=DIR``) or a tlab run's trained model (``from_run=FILE``). Before composing the option
+becomes the source's architecture overrides; after building, its weights are loaded."""
 
 from __future__ import annotations
 
@@ -41,8 +32,8 @@ def pretrained_option(cfg: DictConfig) -> str | None:
 
 
 def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
-    """Load the weights ``cfg`` names (``from_hf`` or ``from_run``) into ``model``, built from
-    ``cfg``; nothing without either. ``ConfigError`` when they do not fit."""
+    """Load the weights ``cfg`` names (``from_hf`` or ``from_run``) into ``model``; ``ConfigError``
+    if they do not fit."""
     if cfg.get("from_hf"):
         from transformer_lab.interop.hf import load_hf_weights
 
@@ -52,11 +43,8 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
 
 
 def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None) -> None:
-    """A tlab weights file's tensors into ``model`` (the vocabulary cut to the task's): read as
-    data (safetensors), nothing rebuilt from the file's config; a tensor kept once for several
-    tied names (``model.tie_embeddings``) fills each of them. ``ConfigError`` when they do not
-    fit, naming the first architecture key whose value in ``cfg`` (the model's) differs from
-    the run's."""
+    """A tlab weights file's tensors into ``model`` (vocabulary cut to the task's; tied names
+    filled), read as data. ``ConfigError`` names the first architecture key that differs."""
     from safetensors.torch import load_file
 
     from transformer_lab.interop.hf import load_fitted
@@ -86,8 +74,8 @@ def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None
 
 
 def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
-    """``"; model.d_model is 64 here, 32 in the run"`` for the first key of the architecture
-    (``model`` and ``ARCHITECTURE_GROUPS``, not ``NOT_COPIED``) that differs; ``""`` if none."""
+    """``"; model.d_model is 64 here, 32 in the run"`` for the first architecture key that differs;
+    ``""`` if none."""
     for group in ("model", *ARCHITECTURE_GROUPS):
         ours = flatten(OmegaConf.to_container(cfg[group], resolve=True), group)
         theirs = flatten(OmegaConf.to_container(run_cfg[group], resolve=True), group)
@@ -99,8 +87,8 @@ def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
 
 
 def run_weights_file(path: Path) -> Path:
-    """The one weights file ``--from-run`` names: a file, or a run directory with one model
-    (``ConfigError`` listing the files of a run with several)."""
+    """The one weights file ``--from-run`` names (``ConfigError`` listing a run's files when it has
+    several)."""
     header, models = choose_model(path, option="--from-run")
     if path.is_dir() and len(models) > 1:
         files = ", ".join(str(h.path) for h in models[:4])
@@ -110,9 +98,8 @@ def run_weights_file(path: Path) -> Path:
 
 
 def run_overrides(path: Path) -> list[str]:
-    """The overrides that build the architecture of a weights file's model: the choices of
-    ``arch`` and the component groups, then every key of ``model`` and of those groups with
-    its value (``++``: set whether the command's config has the key or not)."""
+    """The overrides that build a weights file's architecture: ``arch`` and the component choices,
+    then every key of ``model`` and those groups (``++``)."""
     cfg = read_header(path).cfg  # checked: tlab's components only (or --trust-code's)
     out = [f"arch={'decoder' if cfg.arch.causal else 'encoder'}"]
     for group in ARCHITECTURE_GROUPS:

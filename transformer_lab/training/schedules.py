@@ -1,15 +1,5 @@
-"""Learning-rate schedules, chosen by ``train.schedule``; each maps a step (1-based) to an lr,
-given the train settings (``trainer.TrainSettings``: lr, warm-up, d_model, ...) and
-``total_steps``, the length of the training being run.
-
-constant:       lr
-noam:           noam_factor * d_model^-0.5 * min(step^-0.5, step * warmup^-1.5)
-                (Vaswani et al. 2017, eq. 3; noam_factor=1 is the paper, train.lr is not used)
-warmup_cosine:  linear warm-up to lr over ``warmup`` steps, then cosine decay to
-                min_lr_ratio * lr at ``total_steps`` (the ``Trainer`` passes the step budget
-                it was given: ``routine.max_steps`` of reverse-task, ``routine.steps`` of
-                compare-activations, ...)
-"""
+"""Learning-rate schedules (``train.schedule``): step (1-based), train settings and the training's
+length -> lr. ``noam`` is Vaswani et al. 2017, eq. 3 (docs/scale.md)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,5 @@
-"""What one training run is, typed and checked once: ``TrainSettings`` (the ``train.*`` keys)
-and ``OptimizerSettings`` (the ``optimizer`` group). No torch here: the command line reads the
-fields to make its options."""
+"""``TrainSettings`` (the ``train.*`` keys) and ``OptimizerSettings`` (the ``optimizer`` group),
+typed and checked once; no torch here, so the command line can read the fields."""
 
 from __future__ import annotations
 
@@ -14,9 +13,8 @@ from transformer_lab.training.schedules import SCHEDULES
 
 @dataclass(frozen=True)
 class OptimizerSettings:
-    """One optimiser of the ``optimizer`` group: its class's import path, its constructor's
-    keyword ``arguments``, which parameters it gets, its learning-rate ratio and, with
-    ``params="hidden_matrices"``, the optimiser of the ``rest``."""
+    """One optimiser of the ``optimizer`` group; ``rest`` is the optimiser of the other parameters
+    with ``params="hidden_matrices"``."""
 
     name: str
     target: str
@@ -28,8 +26,8 @@ class OptimizerSettings:
     @classmethod
     def adamw(cls, betas: Sequence[float] = (0.9, 0.98),
               weight_decay: float = 0.0) -> OptimizerSettings:
-        """tlab's default: ``torch.optim.AdamW``, fused where possible (``configs/optimizer/
-        adamw.yaml`` with ``train.betas`` and ``train.weight_decay``)."""
+        """tlab's default: ``torch.optim.AdamW``, fused where possible
+        (``configs/optimizer/adamw.yaml``)."""
         return cls("adamw", "torch.optim.AdamW", {"betas": tuple(float(b) for b in betas),
                                                    "weight_decay": float(weight_decay),
                                                    "fused": True})
@@ -40,10 +38,8 @@ PRECISIONS = ("fp32", "bf16")
 
 @dataclass(frozen=True)
 class TrainSettings:
-    """The ``train.*`` keys of a composed config, typed (``configs/train/default.yaml`` says
-    what each means), plus the model width the ``noam`` schedule scales by and the optimiser
-    (the ``optimizer`` group; ``train.betas`` and ``train.weight_decay`` reach it through the
-    node's interpolations)."""
+    """The ``train.*`` keys, typed (``configs/train/default.yaml`` says what each means), plus the
+    width the ``noam`` schedule scales by and the optimiser."""
 
     d_model: int
     steps: int = 200
@@ -81,9 +77,8 @@ class TrainSettings:
     @classmethod
     def from_mapping(cls, train: Mapping[str, object], d_model: int,
                      optimizer: OptimizerSettings | None = None) -> TrainSettings:
-        """From the ``train`` node as a plain mapping (keys this class does not know are
-        ignored) and the optimiser's settings (default: AdamW with ``train.betas`` and
-        ``train.weight_decay``, as ``configs/optimizer/adamw.yaml``)."""
+        """From the ``train`` node (unknown keys ignored); the optimiser defaults to AdamW with
+        ``train.betas`` and ``train.weight_decay``."""
         known = {f.name for f in fields(cls)} - {"d_model", "optimizer"}
         values = {key: value for key, value in train.items() if key in known}
         if optimizer is None:

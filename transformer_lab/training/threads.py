@@ -1,12 +1,4 @@
-"""CPU thread count for a run's models (``train.threads``), applied by the runner.
-
-The validation routine's models are tiny (tens of thousands of parameters): each step is a few
-small matmuls, so a second intra-op thread buys little and, on a 2-core machine where anything
-else is running, makes every step wait for a core (seen once: 90 reversal steps took 98 s with
-torch's default 2 threads next to one busy process; the load differed from the 1-thread runs,
-so that number shows the risk, not a ratio). Bigger models gain from more threads
-(``benchmarks/results_2threads.csv`` against ``results.csv``).
-"""
+"""CPU thread count for a run's models (``train.threads``; default 1: README, Performance)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Model FLOPs utilisation (MFU): a training's FLOP/s over the device's peak.
-
-    mfu = tokens/s * FLOPs per token / (ranks * peak FLOP/s of one device)
-
-FLOPs per token: the budget formula ``6 N + 12 L T D`` (``measures.parameters.
-training_flops_per_token``). The peak (``peak_flops``): on a CUDA device named in
-``DATASHEET_PEAKS``, NVIDIA's datasheet figure for its precision (dense, no sparsity; fp32
-without TF32, torch's default for matmuls); on another GPU or the CPU, measured: the best of a
-few square matmuls in the precision's dtype, once per process.
-"""
+"""Model FLOPs utilisation: ``tokens/s * FLOPs per token / (ranks * peak FLOP/s)``; the peak from
+NVIDIA's datasheet (dense) for a GPU in ``DATASHEET_PEAKS``, else a measured matmul
+(docs/scale.md)."""
 
 from __future__ import annotations
 
@@ -61,8 +54,8 @@ def measured_matmul_peak(device: torch.device, dtype: torch.dtype, n: int,
 
 @functools.cache
 def peak_flops(device: torch.device, precision: str, threads: int) -> tuple[float, str]:
-    """The peak FLOP/s of ``device`` in ``precision`` and where it comes from (a datasheet or
-    a measurement); ``threads``: torch's CPU threads (a measured CPU peak depends on them)."""
+    """(the peak FLOP/s of ``device`` in ``precision``, its source); ``threads`` keys the cache (a
+    measured CPU peak depends on them)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         peak = datasheet_peak(name, precision)

@@ -1,39 +1,5 @@
-"""The training loop: one model on one task.
-
-    settings = TrainSettings.from_mapping(train_keys, d_model=64)   # typed ``train.*``
-    trainer = Trainer(model, task, settings, seed=0, metrics=run.metrics)
-    result = trainer.fit(200)                   # TrainResult: steps, final_loss, curves, ...
-
-Each step: the learning rate of the schedule (``schedules.SCHEDULES``) on every parameter group
-of every optimiser, forward and loss (under bf16 autocast with ``precision="bf16"``), the model's
-auxiliary loss (MoE load balancing) added, backward, ``torch.nn.utils.clip_grad_norm_`` and a
-step of the optimisers ``settings.optimizer`` describes (``optimizers``: ``torch.optim.AdamW`` by
-default, decay on matrices only; Muon on the hidden matrices and AdamW on the rest; any
-``torch.optim.Optimizer``). Every ``log_every`` steps a ``train`` row, every ``eval_every``
-steps and at the end a held-out ``val`` row; NaN/inf stops the run with ``Diverged`` after its
-row is written. Several seeds are several trainers, one after another: each gets exactly the
-numbers of a run of its own.
-
-Every ``checkpoint_every`` steps (after that step's rows) ``fit`` hands its result to the
-caller's ``on_checkpoint``, which saves ``Trainer.state_dict()`` (weights, optimiser states,
-the schedule's position, torch's and the data generator's random states) with its own; a new
-trainer given that state (``load_state_dict``) and the result goes on with the same numbers as
-one that was never stopped. Under ``stop_between_steps`` (``tlab train``), SIGINT and SIGTERM
-stop ``fit`` at the end of the current step: the state goes to ``on_checkpoint``, then
-``errors.Interrupted`` is raised.
-
-The global batch of a step is ``batch_size * grad_accum`` sequences, drawn at once (nanoGPT's
-convention: ``batch_size`` is one forward's batch, ``grad_accum`` forwards make a step, so
-``batch_size=B/4 grad_accum=4`` trains as ``batch_size=B``). Under torchrun (``distributed``)
-every rank draws the same global batch and trains on its contiguous shard (1/N of the rows) in
-``ceil(grad_accum / N)`` micro-batches; the loss is the mean over the scored tokens of the
-whole global batch, so the numbers are those of one process. ``compile`` runs the model's
-forward through ``torch.compile`` (evaluation and ``state_dict`` use the module itself).
-
-Deterministic on CPU: the caller seeds the model's initialisation (``build_model(cfg, seed)``);
-batches are drawn from a ``torch.Generator`` seeded with ``seed``, so the same settings and seed
-give the same numbers.
-"""
+"""The training loop: one model on one task (``Trainer.fit``). The step, gradient accumulation, DDP
+and the resumable state are described in docs/scale.md."""
 
 from __future__ import annotations
 
@@ -61,8 +27,7 @@ from transformer_lab.training.settings import TrainSettings
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean cross-entropy over scored positions: logits (B, T, V), targets (B, T); in fp32
-    (a no-op for fp32 logits), as autocast computes cross-entropy."""
+    """Mean cross-entropy over scored positions, in fp32: logits (B, T, V), targets (B, T)."""
     return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(),
                            ignore_index=IGNORE_INDEX)
 
@@ -73,9 +38,7 @@ def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
 
 
 def model_auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
-    """The auxiliary loss the model's modules left from the last forward (a Mixture of
-    Experts' load-balancing and z-loss; ``TransformerModel.auxiliary_loss``), or None. It is
-    added to the training loss; the ``loss`` logged stays the cross-entropy."""
+    """The auxiliary loss of the model's last forward (MoE load balancing), or None."""
     collect = getattr(model, "auxiliary_loss", None)
     return collect() if callable(collect) else None
 
@@ -87,16 +50,14 @@ def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
 
 
 def scaled(value: torch.Tensor, factor: float) -> torch.Tensor:
-    """``value * factor``; ``value`` itself for a factor of 1 (one process, one micro-batch:
-    the same graph as without accumulation)."""
+    """``value * factor``; ``value`` itself for a factor of 1 (the graph without accumulation)."""
     return value if factor == 1.0 else value * factor
 
 
 def runnable_model(model: nn.Module, device: torch.device, compile_model: bool
                    ) -> tuple[nn.Module | None, nn.Module]:
-    """What a training step calls: ``model`` wrapped in ``DistributedDataParallel`` when this
-    process is one of several (returned first, for ``no_sync``; else None), then through
-    ``torch.compile`` when ``compile_model``; the parameters stay ``model``'s."""
+    """``(DDP wrapper or None, what a step calls)``: ``model`` under DDP when this process is one of
+    several, then ``torch.compile`` when asked; the parameters stay ``model``'s."""
     from torch.nn.parallel import DistributedDataParallel
 
     from transformer_lab.components.moe import MoEFeedForward
@@ -123,9 +84,8 @@ def count_parameters(model: nn.Module) -> int:
 def evaluate_model(model: nn.Module, task: Task, batch: Batch,
                    precision: AbstractContextManager = nullcontext(),
                    exact_match: bool = True) -> dict[str, float]:
-    """Loss, token accuracy and (where the task has it, if ``exact_match``) exact match of
-    ``model`` in eval mode on ``batch``, under ``precision`` (e.g. bf16 autocast); the model's
-    train/eval mode is restored."""
+    """Loss, token accuracy and exact match (NaN where the task has none) in eval mode, under
+    ``precision``; the train/eval mode is restored."""
     was_training = model.training
     model.eval()
     with precision:
@@ -153,8 +113,7 @@ class TrainResult:
 
 
 class Trainer:
-    """Owns the optimisers, the data generator and the step counter for one model on one
-    task."""
+    """The optimisers, data generator and step counter of one model on one task."""
 
     def __init__(self, model: nn.Module, task: Task, settings: TrainSettings, seed: int,
                  metrics: CsvLog | None = None) -> None:
@@ -191,8 +150,7 @@ class Trainer:
         return time.perf_counter()
 
     def plan_schedule(self, steps: int) -> None:
-        """The schedule ends ``steps`` steps from now (its ``total_steps``: the length of this
-        training, whichever routine setting gave it)."""
+        """The schedule ends ``steps`` steps from now."""
         self._horizon = self.step_count + int(steps)
 
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -221,8 +179,8 @@ class Trainer:
         return step_loss, grad_norm, lr
 
     def micro_batches(self, batch: Batch) -> list[tuple[Batch, float]]:
-        """This rank's part of the global ``batch`` as micro-batches on the device, each with
-        its share of the global batch's scored tokens (the weight of its mean loss)."""
+        """This rank's micro-batches of the global ``batch`` on the device, each with its share of
+        the scored tokens (the weight of its mean loss)."""
         if self.ranks == 1 and self.settings.grad_accum == 1:
             return [(batch.to(self.device), 1.0)]
         scored = batch.targets != IGNORE_INDEX  # (B, T)
@@ -234,10 +192,8 @@ class Trainer:
                 for part in torch.tensor_split(rows, count) if len(part)]
 
     def state_dict(self) -> dict[str, Any]:
-        """What a stopped training needs to go on exactly: the model's weights, the optimisers'
-        states, the step and the schedule's horizon, torch's global random state (dropout, a
-        router's noise) and the data generator's (the next batches); CUDA's where training runs
-        there."""
+        """Weights, optimiser states, step, schedule horizon, torch's (and CUDA's) and the data
+        generator's random states: enough to go on exactly."""
         state = {"model": self.model.state_dict(), "step": self.step_count,
                  "horizon": self._horizon,
                  "optimizers": [optimizer.state_dict() for optimizer in self.optimizers],
@@ -258,8 +214,8 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
-        """``evaluate_model`` on ``batch`` (default: the task's held-out batch), in the precision
-        of training."""
+        """``evaluate_model`` on ``batch`` (default: the held-out batch) in the precision of
+        training."""
         batch = (batch or self.task.eval_batch()).to(self.device)
         return evaluate_model(self.model, self.task, batch, self.autocast, exact_match)
 
@@ -271,8 +227,8 @@ class Trainer:
     def record_train(self, result: TrainResult, step: int, loss: float, grad_norm: float,
                      lr: float, tokens_per_s: float,
                      on_step: Callable[[int, float], None] | None = None) -> None:
-        """A ``train`` row into the metrics and ``result``; ``Diverged`` (after the row is
-        written) when the loss or gradient norm is not finite."""
+        """A ``train`` row; ``Diverged`` (after the row) when loss or gradient norm is not
+        finite."""
         result.train_losses.append(loss)
         result.grad_norms.append(grad_norm)
         self.log({"step": step, "split": "train", "loss": loss, "lr": lr,
@@ -285,8 +241,7 @@ class Trainer:
 
     def record_eval(self, result: TrainResult, step: int, lr: float,
                     target_exact_match: float | None) -> bool:
-        """Held-out evaluation: a ``val`` row into the metrics and ``result``; True when exact
-        match reached ``target_exact_match`` (solved at ``step``)."""
+        """A held-out ``val`` row; True when exact match reached ``target_exact_match``."""
         evaluation = self.evaluate()
         self.log({"step": step, "split": "val", **evaluation, "lr": lr})
         result.final_loss = evaluation["loss"]
@@ -304,16 +259,10 @@ class Trainer:
             horizon: int | None = None,
             on_checkpoint: Callable[[TrainResult], None] | None = None,
             result: TrainResult | None = None) -> TrainResult:
-        """Train for ``steps`` steps (fresh batches, or cycle through fixed ``batches``).
-
-        With ``target_exact_match`` training stops at the first evaluation that reaches it.
-        ``on_step(step, loss)`` is called at every logged step. ``horizon``: the number of
-        steps the schedule plans for (``warmup_cosine`` reaches its floor there; default
-        ``steps``), e.g. a routine's step budget when it may stop early.
-        ``on_checkpoint(result)`` is called every ``checkpoint_every`` steps, after the step's
-        rows, and before ``Interrupted`` is raised (``stop_between_steps``); ``result``: the
-        result of the fit this one continues (a resumed training).
-        """
+        """Train ``steps`` steps (fresh batches, or cycling ``batches``), stopping at the first
+        held-out exact match >= ``target_exact_match``. ``horizon``: the steps the schedule plans
+        for (default ``steps``). ``on_checkpoint(result)``: every ``checkpoint_every`` steps and
+        before ``Interrupted``; ``result``: that of the fit this one resumes."""
         self.plan_schedule(steps if horizon is None else horizon)
         result = TrainResult() if result is None else result
         log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
@@ -379,11 +328,9 @@ STOP = _StopRequest()
 
 @contextmanager
 def stop_between_steps() -> Iterator[None]:
-    """While the block runs (in the main thread), SIGINT (Ctrl-C) and SIGTERM (SLURM, ``timeout``)
-    ask training to stop: ``Trainer.fit`` hands its state to ``on_checkpoint`` before its next
-    step and raises ``Interrupted`` (exit 130 or 143). A second signal raises at once. A signal
-    that comes after the last step is ignored: the run has finished. A signal the process
-    ignores (a shell's background job ignores SIGINT) stays ignored."""
+    """In the block (main thread only), SIGINT and SIGTERM stop ``Trainer.fit`` after the current
+    step (``on_checkpoint``, then ``Interrupted``); a second signal raises at once, and a signal the
+    process ignores stays ignored."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return

@@ -1,16 +1,4 @@
-"""Positional encodings: one module per file, all following the protocol in :mod:`.base`.
-
-======================================  ========  =========================================
-class / function                        kind      paper
-======================================  ========  =========================================
-:class:`NoPositionalEncoding`           none      (NoPE)
-:class:`SinusoidalPositionalEncoding`   additive  Vaswani et al. 2017, arXiv:1706.03762
-:class:`LearnedPositionalEncoding`      additive  Devlin et al. 2018 (BERT), arXiv:1810.04805
-:class:`RotaryPositionalEncoding`       rotary    Su et al. 2021 (RoFormer), arXiv:2104.09864
-:class:`ALiBiPositionalBias`            bias      Press et al. 2021, arXiv:2108.12409
-:class:`T5RelativeBias`                 bias      Raffel et al. 2019 (T5), arXiv:1910.10683
-======================================  ========  =========================================
-"""
+"""Positional encodings: one module per file, all following the protocol in :mod:`.base`."""
 
 from __future__ import annotations
 

@@ -13,18 +13,9 @@ ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
 
 
 def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
-    """Per-head ALiBi slopes (Press et al., 2021, arXiv:2108.12409).
-
-    For ``n`` a power of two: the geometric sequence ``start^1, ..., start^n`` with
-    ``start = 2^(-slope_power/n)`` (the paper's ``slope_power`` 8; 8 heads: 1/2, 1/4, ...,
-    1/256). A smaller ``slope_power`` gives steeper slopes (2 heads, power 2: 1/2, 1/4).
-    Otherwise, with ``p`` the largest power of two below ``n``: the ``p`` slopes of ``p`` heads,
-    then every other slope of the ``2p`` set, ``slopes(2p)[0::2][: n - p]`` (as
-    ``get_slopes`` in the authors' repository).
-
-    Returns:
-        Tensor of shape ``(n_heads,)``, float32, decreasing within each part.
-    """
+    """Per-head ALiBi slopes ``(n_heads,)`` as ``get_slopes`` of Press et al. 2021
+    (arXiv:2108.12409): ``start^1 .. start^n``, ``start = 2^(-slope_power / n)``; for ``n`` not a
+    power of two, those of the power ``p`` below, then ``slopes(2p)[0::2][: n - p]``."""
     if n_heads < 1:
         raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
 
@@ -41,55 +32,31 @@ def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
 
 
 class ALiBiPositionalBias(nn.Module):
-    """ALiBi attention-logit bias (``kind = "bias"``): no embedding, a distance penalty.
+    """ALiBi (``kind = "bias"``; Press et al. 2021, arXiv:2108.12409): ``-m_h * distance`` added to
+    the logits. Decoder: ``-m_h max(i - j, 0)``; encoder ``symmetric="abs"``: ``-m_h |i - j|``;
+    ``"split"``: half the heads look left, half right (``-inf`` the other way).
 
-    ``softmax(q_i . k_j / sqrt(d) + bias[h, i, j])`` with a fixed per-head slope ``m_h`` from
-    :func:`alibi_slopes` (Press, Smith & Lewis, 2021, "Train Short, Test Long", arXiv:2108.12409).
-
-    * ``causal=True`` (decoder, as in the paper): ``bias[h, i, j] = -m_h * max(i - j, 0)``.
-      Keys in the future (``j > i``) get 0; the model's causal mask removes them anyway.
-      ``symmetric`` is ignored in this form.
-    * ``causal=False, symmetric="abs"`` (encoder): ``bias[h, i, j] = -m_h * |i - j|``. A
-      symmetric bias cannot tell left from right: an encoder whose only position signal is this
-      bias is still equivariant to reversing the sequence, so it cannot learn to reverse one.
-    * ``causal=False, symmetric="split"`` (encoder, "bidirectional ALiBi"): the first
-      ``n_heads // 2`` heads look left, ``-m_h * (i - j)`` for ``j <= i`` and ``-inf`` for
-      ``j > i``; the other heads look right, ``-m_h * (j - i)`` for ``j >= i`` and ``-inf`` for
-      ``j < i``. Each group gets the slopes ``alibi_slopes(group size)``. The two directions
-      make the bias asymmetric, so the model can tell left from right. Every row keeps its
-      diagonal, so no row is fully masked by the bias itself. Needs ``n_heads >= 2``.
-
-    The queries are the last ``q_len`` of the ``k_len`` positions (the protocol of
-    :mod:`.base`): query ``i`` at position ``k_len - q_len + i``, key ``j`` at ``j``; in a full
-    forward (``q_len == k_len``) query ``i`` is at ``i``. The full-size bias is cached as a
-    buffer and its bottom-right ``(q_len, k_len)`` block returned.
-
-    Shapes:
-        ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32.
-    """
+    Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32, the last ``q_len``
+    positions."""
 
     kind = "bias"
 
     # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
-    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
     property_checks: tuple[str, ...] = ("permutation",)
 
     @classmethod
     def count_parameters(cls) -> int:
-        """Parameters the module holds: none (the slopes are fixed)."""
+        """None (the slopes are fixed)."""
         return 0
 
     @classmethod
     def variant_label(cls, name: str, arch: str, symmetric: str = "abs") -> str:
-        """How tables name this PE: an encoder's bias form is part of the name
-        (``alibi(abs)``, ``alibi(split)``); a decoder uses the causal form whatever
-        ``symmetric`` says."""
+        """An encoder's bias form is part of the name (``alibi(abs)``, ``alibi(split)``)."""
         return f"{name}({symmetric})" if arch == "encoder" else name
 
     @classmethod
     def expected_reversal(cls, arch: str, symmetric: str = "abs") -> str | None:
-        """What it does on the 4-token reversal task (``tlab reverse-task``, ``reverse.csv``),
-        with the settings of :meth:`reversal_settings`."""
+        """What it does on the 4-token reversal task with :meth:`reversal_settings`."""
         if arch == "decoder":
             return "solves, slower: 400-600 steps with a cosine schedule"
         if symmetric == "split":
@@ -101,12 +68,8 @@ class ALiBiPositionalBias(nn.Module):
 
     @classmethod
     def reversal_settings(cls, arch: str, symmetric: str = "abs") -> dict[str, object]:
-        """What step 3 (reversal) trains ALiBi with, over the routine's defaults (the NoPE
-        control shares them). Measured, seeds 0-2 (``experiments/reverse_expectations.md``):
-        at the constant lr 5e-3 the exact match oscillates around 0.9-0.98 and never holds
-        0.99 in 600 steps; a decaying (cosine) lr lets it settle. The encoder, whose left- and
-        right-looking heads must first work out absolute positions, needs 1700-3000 steps
-        (over 3000 steps seed 2 stayed at 0.98, hence 5000)."""
+        """A decaying lr for step 3 (the exact match oscillates below 0.99 at a constant lr); 5000
+        steps in an encoder (experiments/reverse_expectations.md)."""
         cosine = {"train.schedule": "warmup_cosine", "train.warmup": 20}
         return {**cosine, "routine.max_steps": 5000} if arch == "encoder" else cosine
 

@@ -12,46 +12,28 @@ LEARNED_INITS: tuple[str, ...] = ("normal", "sinusoidal")
 
 
 class LearnedPositionalEncoding(nn.Module):
-    """A learned table ``P[pos]`` added to the token embeddings (``kind = "additive"``).
+    """A learned ``(max_len, d_model)`` table added to the token embeddings (``kind = "additive"``;
+    BERT, Devlin et al. 2018, arXiv:1810.04805; GPT-2). ``init="sinusoidal"`` starts from Vaswani's
+    table; ``interpolate=True`` resamples the table linearly past ``max_len``.
 
-    ``x_pos = emb(token) + P[pos]`` with ``P`` a trainable ``(max_len, d_model)`` matrix, as in
-    BERT (Devlin et al., 2018, arXiv:1810.04805) and GPT-2. ``init="normal"`` draws
-    ``P ~ N(0, 0.02^2)`` (BERT); ``init="sinusoidal"`` starts from the fixed table of Vaswani et
-    al. (2017, arXiv:1706.03762) and then learns it (the ``sinusoidal_learned`` choice).
-
-    A table knows only ``max_len`` positions: asking for position ``>= max_len`` is a
-    ``ValueError`` unless ``interpolate=True``, in which case the table is linearly resampled
-    along the position axis (``F.interpolate(..., mode="linear", align_corners=True)``) to the
-    needed length ``L``, so that row 0 and row ``L - 1`` are the table's first and last rows
-    (the trick used to extend ViT/BERT position tables). Positions then mean "fraction of the
-    way through the sequence", not absolute offsets.
-
-    The parameter is a plain ``nn.Parameter`` named ``weight`` (not an ``nn.Embedding``) so a
-    model-wide ``nn.Embedding`` re-initialisation does not overwrite the sinusoidal start.
-
-    Shapes:
-        positions ``(T,)`` long -> ``(T, d_model)`` float.
-    """
+    Shapes: positions ``(T,)`` long -> ``(T, d_model)``."""
 
     kind = "additive"
 
     # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
-    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
     expected_reversal: dict[str, str] = {"encoder": "solves", "decoder": "solves"}
 
     @classmethod
     def count_parameters(cls, d_model: int, max_len: int) -> int:
-        """Parameters the module holds: the ``(max_len, d_model)`` table."""
+        """The ``(max_len, d_model)`` table."""
         return max_len * d_model
 
     @classmethod
     def property_checks(cls, init: str = "normal") -> tuple[str, ...]:
-        """Property checks of ``tlab check`` that apply (names in ``routines/check.py``): a table
-        initialised from the sinusoidal one is also checked for the shift property (at init)."""
+        """``tlab check``'s checks; a sinusoidal start also gets the shift property."""
         if init == "sinusoidal":
             return ("sinusoidal_shift", "permutation")
         return ("permutation",)
-
 
     def __init__(
         self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False
@@ -81,11 +63,8 @@ class LearnedPositionalEncoding(nn.Module):
                 self.weight.copy_(sinusoidal_table(self.max_len, self.d_model))
 
     def table(self, length: int) -> torch.Tensor:
-        """The table for ``length`` positions: ``(length, d_model)``.
-
-        Rows of the stored table when ``length <= max_len``, else the linearly interpolated
-        table (only with ``interpolate=True``).
-        """
+        """The table for ``length`` positions, ``(length, d_model)``: stored rows, or interpolated
+        past ``max_len`` (``interpolate=True``)."""
         if length <= self.max_len:
             return self.weight[:length]  # (length, d)
         if not self.interpolate:

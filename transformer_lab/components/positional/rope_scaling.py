@@ -1,8 +1,5 @@
-"""RoPE inverse frequencies, with the usual context-extension scalings.
-
-The formulas follow Hugging Face ``transformers.modeling_rope_utils`` (``ROPE_INIT_FUNCTIONS``)
-so that numbers can be compared one to one.
-"""
+"""RoPE inverse frequencies with the usual context-extension scalings, following HF
+``transformers.modeling_rope_utils`` so the numbers compare one to one."""
 
 from __future__ import annotations
 
@@ -20,8 +17,8 @@ def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
 
 
 def _yarn_correction_dim(num_rotations: float, dim: int, base: float, max_len: int) -> float:
-    """The (fractional) dimension index whose wavelength makes ``num_rotations`` turns over
-    ``max_len`` positions: solves ``max_len / (2 pi base^(2d/dim)) = num_rotations`` for ``d``."""
+    """The (fractional) pair index whose wavelength makes ``num_rotations`` turns over ``max_len``
+    positions."""
     return (dim * math.log(max_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
 
 
@@ -56,50 +53,13 @@ def rope_inverse_frequencies(
     low_freq_factor: float = 1.0,
     high_freq_factor: float = 4.0,
 ) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies ``theta_i`` for RoPE and the attention (cos/sin) scale.
+    """``(inv_freq (head_dim // 2,) float32, attention (cos/sin) scale)`` for RoPE.
 
-    Rotation angle of pair ``i`` at position ``m`` is ``m * theta_i``. The scalings:
-
-    * ``none``: ``theta_i = base^(-2i/d)`` (Su et al., 2021, RoFormer, arXiv:2104.09864).
-    * ``linear``: position interpolation, ``theta_i / factor`` (Chen et al., 2023,
-      arXiv:2306.15595): positions up to ``factor * L`` are squeezed into the trained range.
-    * ``ntk``: NTK-aware scaling (bloc97, 2023): a larger base
-      ``base' = base * factor^(d / (d - 2))`` that leaves the fastest pair unchanged and slows
-      the slowest pair by ``factor``.
-    * ``dynamic``: dynamic NTK (emozilla, 2023; HF ``_compute_dynamic_ntk_parameters``):
-      unchanged while ``seq_len <= original_max_len``; beyond it
-      ``base' = base * (factor * seq_len / original_max_len - (factor - 1))^(d / (d - 2))``.
-    * ``yarn``: YaRN (Peng et al., 2023, arXiv:2309.00071; HF ``_compute_yarn_parameters``):
-      per pair, a linear ramp between extrapolation (``theta_i``: pairs making more than
-      ``beta_fast`` turns over ``original_max_len``) and interpolation (``theta_i / factor``:
-      pairs making fewer than ``beta_slow`` turns); attention scale ``0.1 ln(factor) + 1``
-      (1 when ``factor <= 1``), applied by multiplying cos and sin (so q and k) by it, as HF does.
-      The number of turns of pair ``i`` is the paper's ``r_i = L / lambda_i`` with wavelength
-      ``lambda_i = 2 pi / theta_i``. Between the two bounds the paper writes the ramp
-      ``gamma = (r - beta_slow) / (beta_fast - beta_slow)`` linear in ``r``; like the authors'
-      code (jquesnelle/yarn) and HF, the ramp here is linear in the pair index between the
-      pairs where ``r = beta_fast`` (rounded down) and ``r = beta_slow`` (rounded up). Both agree
-      outside the ramp: ``r > beta_fast`` keeps ``theta_i``, ``r < beta_slow`` gives
-      ``theta_i / factor``.
-    * ``llama3``: Llama 3.1 (HF ``_compute_llama3_parameters``): pairs whose wavelength is
-      longer than ``original_max_len / low_freq_factor`` are interpolated (``theta_i / factor``),
-      shorter than ``original_max_len / high_freq_factor`` kept, a smooth blend in between.
-    * a plain larger base (10000 -> 500000, LLaMA 3) is no scaling: ``base=500000``.
-
-    Args:
-        head_dim: rotated dimension ``d`` (even); for partial rotary, the rotated part only.
-        base: RoPE base (10000; LLaMA 3 uses 500000).
-        scaling: one of ``none, linear, ntk, dynamic, yarn``.
-        factor: context extension factor (> 0).
-        original_max_len: trained context length; required by ``dynamic`` and ``yarn``.
-        seq_len: current sequence length (``dynamic`` only).
-        beta_fast, beta_slow: YaRN's rotation-count bounds (32 and 1 in the paper).
-        attention_factor: the cos/sin multiplier; None: YaRN's ``0.1 ln(factor) + 1``, else 1.
-        low_freq_factor, high_freq_factor: ``llama3``'s wavelength bounds (1 and 4).
-
-    Returns:
-        ``(inv_freq, attention_scale)``: ``inv_freq`` has shape ``(head_dim // 2,)``, float32.
-    """
+    ``none``: ``base^(-2i/d)`` (Su et al. 2021); ``linear``: ``/ factor`` (Chen et al. 2023,
+    arXiv:2306.15595); ``ntk``: base ``* factor^(d/(d-2))`` (bloc97 2023); ``dynamic``: NTK from
+    ``seq_len`` past ``original_max_len`` (emozilla 2023); ``yarn``: Peng et al. 2023
+    (arXiv:2309.00071), scale ``0.1 ln(factor) + 1``; ``llama3``: Llama 3.1. ``head_dim``: the
+    rotated part only."""
     if scaling not in ROPE_SCALINGS:
         valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
         raise ValueError(f"scaling={scaling!r} is not valid; choose one of {valid}")

@@ -15,13 +15,17 @@ def _check_style(style: str) -> None:
         raise ValueError(f"style={style!r} is not valid; choose 'half' or 'interleaved'")
 
 
+def _check_positions(positions: torch.Tensor, x: torch.Tensor, name: str) -> None:
+    if positions.ndim != 1 or positions.shape[0] != x.shape[-2]:
+        raise ValueError(f"positions has shape {tuple(positions.shape)}; expected "
+                         f"({x.shape[-2]},) to match {name} of shape {tuple(x.shape)}")
+
+
 def rotary_cos_sin(
     positions: torch.Tensor, inv_freq: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """``cos(m * theta_i)`` and ``sin(m * theta_i)`` in float32.
-
-    Shapes: positions ``(T,)``, inv_freq ``(d/2,)`` -> cos, sin ``(T, d/2)``.
-    """
+    """``cos(m theta_i)`` and ``sin(m theta_i)`` in float32: positions ``(T,)``, inv_freq ``(d/2,)``
+    -> ``(T, d/2)`` each."""
     angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, d/2)
     return torch.cos(angles), torch.sin(angles)
 
@@ -29,26 +33,11 @@ def rotary_cos_sin(
 def rotate_with_cos_sin(
     x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half"
 ) -> torch.Tensor:
-    """Rotate each pair of dimensions of ``x`` by the angle whose cos/sin are given.
+    """Rotate each pair of dimensions of ``x`` by the given angles, in float32, returned in ``x``'s
+    dtype. ``style``: ``half`` pairs ``(x[i], x[i + d/2])`` (GPT-NeoX, HF LLaMA), ``interleaved``
+    pairs ``(x[2i], x[2i+1])`` (RoFormer, Meta LLaMA).
 
-    The rotation of pair ``i`` at position ``m`` is the 2-D rotation
-    ``(a, b) -> (a cos - b sin, a sin + b cos)`` with angle ``m * theta_i``. Which dimensions
-    form pair ``i`` is the ``style``:
-
-    * ``half`` (GPT-NeoX, HF LLaMA ``rotate_half``): pair ``i`` is ``(x[i], x[i + d/2])``;
-      equivalently ``x * cat(cos, cos) + cat(-x2, x1) * cat(sin, sin)``.
-    * ``interleaved`` (RoFormer, Meta LLaMA complex form): pair ``i`` is ``(x[2i], x[2i+1])``,
-      i.e. ``x`` viewed as ``d/2`` complex numbers multiplied by ``exp(j m theta_i)``.
-
-    The two styles agree up to a fixed permutation of dimensions
-    (``half(x[..., perm]) == interleaved(x)[..., perm]`` with
-    ``perm = cat(arange(0, d, 2), arange(1, d, 2))``), but mixing them up between training
-    and inference, or between q and k, silently breaks the relative-position property.
-
-    Computed in float32; returned in ``x``'s dtype.
-
-    Shapes: x ``(..., T, d)``, cos and sin ``(T, d/2)`` -> ``(..., T, d)``.
-    """
+    Shapes: x ``(..., T, d)``, cos and sin ``(T, d/2)`` -> ``(..., T, d)``."""
     _check_style(style)
     d = x.shape[-1]
     half = d // 2
@@ -70,72 +59,31 @@ def rotate_with_cos_sin(
 def apply_rotary(
     x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0, style: str = "half"
 ) -> torch.Tensor:
-    """Rotary position embedding (Su et al., 2021, RoFormer, arXiv:2104.09864), no scaling.
+    """RoPE without scaling (Su et al. 2021, arXiv:2104.09864): pair ``i`` rotated by
+    ``m base^(-2i/d)``.
 
-    ``RoPE(x, m)``: pair ``i`` of ``x`` is rotated by angle ``m * theta_i`` with
-    ``theta_i = base^(-2i/d)``. Since rotations compose,
-    ``RoPE(q, m) . RoPE(k, n) = q^T R(n - m) k`` depends on ``n - m`` only.
-    See :func:`rotate_with_cos_sin` for the ``half`` / ``interleaved`` pairings.
-
-    Args:
-        x: ``(..., T, d)`` with ``d`` even.
-        positions: ``(T,)``, integer or float.
-        base: RoPE base.
-        style: ``"half"`` or ``"interleaved"``.
-
-    Returns:
-        ``(..., T, d)``, same dtype as ``x`` (computed in float32).
-    """
+    Shapes: x ``(..., T, d)`` (``d`` even), positions ``(T,)`` -> ``(..., T, d)``."""
     _check_style(style)
     d = x.shape[-1]
     if d % 2 != 0:
         raise ValueError(f"head_dim={d} is not valid for RoPE; the rotated dimension must be even")
-    if positions.ndim != 1 or positions.shape[0] != x.shape[-2]:
-        raise ValueError(
-            f"positions has shape {tuple(positions.shape)}; expected ({x.shape[-2]},) "
-            f"to match x of shape {tuple(x.shape)}"
-        )
+    _check_positions(positions, x, "x")
     inv_freq, _ = rope_inverse_frequencies(d, base)  # (d/2,)
     cos, sin = rotary_cos_sin(positions, inv_freq.to(x.device))  # (T, d/2) each
     return rotate_with_cos_sin(x, cos, sin, style)
 
 
 class RotaryPositionalEncoding(nn.Module):
-    """RoPE applied to queries and keys inside attention (``kind = "rotary"``).
+    """RoPE on queries and keys (``kind = "rotary"``; Su et al. 2021, RoFormer, arXiv:2104.09864):
+    ``q_m . k_n`` depends on ``n - m`` only. ``style``, ``rotary_fraction`` (GPT-NeoX
+    ``rotary_pct``) and the context scalings of :func:`rope_inverse_frequencies`.
 
-    ``q_m <- R(m) q_m`` and ``k_n <- R(n) k_n`` with ``R(m)`` a block-diagonal rotation by
-    angles ``m * theta_i``, so ``q_m . k_n`` depends only on ``n - m`` (Su et al., 2021,
-    "RoFormer", arXiv:2104.09864).
-
-    * ``style``: ``half`` (GPT-NeoX / HF LLaMA) or ``interleaved`` (RoFormer / Meta).
-    * ``rotary_fraction``: rotate only the first ``rot = int(head_dim * rotary_fraction)`` dims
-      (GPT-NeoX ``rotary_pct``), pass the rest through; ``theta_i = base^(-2i/rot)``.
-    * ``scaling`` / ``factor`` / ``original_max_len``: context extension, see
-      :func:`rope_inverse_frequencies` (``none, linear, ntk, dynamic, yarn``). For ``yarn``,
-      cos and sin are multiplied by ``attention_scale = 0.1 ln(factor) + 1`` as in HF
-      transformers, so each logit ``q . k`` is multiplied by ``attention_scale^2`` (the paper's
-      ``1/t``). For ``dynamic``, the frequencies are recomputed whenever the sequence length
-      (largest position + 1) goes past ``original_max_len``, and restored below it.
-      ``llama3``: Llama 3.1's scaling (``low_freq_factor``, ``high_freq_factor``).
-    * ``beta_fast`` / ``beta_slow``: YaRN's ramp bounds; ``attention_factor``: the cos/sin
-      multiplier (None: YaRN's ``0.1 ln(factor) + 1``, 1 for the other scalings).
-
-    cos/sin tables are cached (non-persistent buffers, float32) and grown when a larger
-    position arrives.
-
-    Shapes:
-        q ``(B, H, T, head_dim)``, k ``(B, H_kv, T, head_dim)``, positions ``(T,)``
-        -> rotated q, k of the same shapes and dtypes.
-    """
+    Shapes: q ``(B, H, T, head_dim)``, k ``(B, H_kv, T, head_dim)``, positions ``(T,)`` -> q, k."""
 
     kind = "rotary"
 
     # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
-    # ``kind = "rotary"`` also tells the activation-memory formula that q and k are rotated
-    # into new tensors.
-    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
     property_checks: tuple[str, ...] = ("rope_relative", "permutation")
-    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
     expected_reversal: dict[str, str] = {
         "encoder": "solves (relative only: needs 2 layers; absolute position comes from the "
                    "sequence edges)",
@@ -144,7 +92,7 @@ class RotaryPositionalEncoding(nn.Module):
 
     @classmethod
     def count_parameters(cls) -> int:
-        """Parameters the module holds: none (cos/sin are computed)."""
+        """None (cos/sin are computed)."""
         return 0
 
     def __init__(
@@ -261,11 +209,7 @@ class RotaryPositionalEncoding(nn.Module):
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        if positions.ndim != 1 or positions.shape[0] != q.shape[-2]:
-            raise ValueError(
-                f"positions has shape {tuple(positions.shape)}; expected ({q.shape[-2]},) "
-                f"to match q of shape {tuple(q.shape)}"
-            )
+        _check_positions(positions, q, "q")
         if self.scaling == "dynamic" and positions.numel():
             self._update_dynamic(int(positions.max()) + 1)
         cos, sin = self.cos_sin(positions)  # (T, rot/2) each

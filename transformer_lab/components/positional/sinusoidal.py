@@ -9,24 +9,9 @@ from torch import nn
 
 
 def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """The sinusoidal position table of Vaswani et al. (2017), arXiv:1706.03762.
-
-    ``PE[pos, 2i] = sin(pos * w_i)`` and ``PE[pos, 2i + 1] = cos(pos * w_i)`` with
-    ``w_i = base^(-2i / d_model)``, computed in log space as ``exp(2i * -ln(base) / d_model)``.
-    Low dimensions oscillate fast (``w_0 = 1``), high dimensions slowly. For an odd ``d_model``
-    the sine part has ``ceil(d_model / 2)`` dimensions and the cosine part ``floor(d_model / 2)``.
-
-    Because each (sin, cos) pair is a point on a circle turning with ``pos``,
-    ``PE[pos + k] = M_k @ PE[pos]`` for a block-rotation matrix ``M_k`` independent of ``pos``.
-
-    Args:
-        max_len: number of positions (rows).
-        d_model: embedding width (columns).
-        base: wavelength base (10000 in the paper).
-
-    Returns:
-        Tensor of shape ``(max_len, d_model)``, float32.
-    """
+    """The sinusoidal table of Vaswani et al. 2017 (arXiv:1706.03762):
+    ``PE[pos, 2i] = sin(pos w_i)``, ``PE[pos, 2i+1] = cos(pos w_i)``,
+    ``w_i = base^(-2i / d_model)``. Returns ``(max_len, d_model)`` float32."""
     if max_len < 0:
         raise ValueError(f"max_len={max_len} is not valid; it must be >= 0")
     if d_model < 1:
@@ -45,31 +30,20 @@ def sinusoidal_table(max_len: int, d_model: int, base: float = 10000.0) -> torch
 
 
 class SinusoidalPositionalEncoding(nn.Module):
-    """Fixed sinusoidal PE, added to the token embeddings (``kind = "additive"``).
+    """Fixed sinusoidal PE (``kind = "additive"``; Vaswani et al. 2017, arXiv:1706.03762); the table
+    grows on demand.
 
-    ``PE[pos, 2i] = sin(pos / base^(2i/d))``, ``PE[pos, 2i+1] = cos(pos / base^(2i/d))``
-    (Vaswani et al., 2017, "Attention Is All You Need", arXiv:1706.03762). Entries are in
-    [-1, 1], so with token embeddings initialised at std 0.02 the PE dominates unless the
-    embeddings are scaled by ``sqrt(d_model)``.
-
-    The table has no learned parameters and no maximum length: ``max_len`` is only the size
-    precomputed at construction; a longer request extends the table.
-
-    Shapes:
-        positions ``(T,)`` long -> ``(T, d_model)`` float.
-    """
+    Shapes: positions ``(T,)`` long -> ``(T, d_model)``."""
 
     kind = "additive"
 
     # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
-    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
     property_checks: tuple[str, ...] = ("sinusoidal_shift", "permutation")
-    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
     expected_reversal: dict[str, str] = {"encoder": "solves", "decoder": "solves"}
 
     @classmethod
     def count_parameters(cls) -> int:
-        """Parameters the module holds: none (the table is a buffer)."""
+        """None (the table is a buffer)."""
         return 0
 
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:

@@ -16,18 +16,10 @@ def t5_relative_bucket(
     num_buckets: int = 32,
     max_distance: int = 128,
 ) -> torch.Tensor:
-    """Bucket index of each relative position, as in T5 (Raffel et al., 2019, arXiv:1910.10683).
+    """T5's bucket of each relative position ``key - query`` (Raffel et al. 2019, arXiv:1910.10683;
+    as Mesh TensorFlow and HF): exact for small distances, log-spaced up to ``max_distance``.
 
-    ``relative_position = key_pos - query_pos``. With ``bidirectional``, half of the buckets are
-    for keys to the right (``> 0``) and half for the rest; otherwise only keys to the left count
-    (positive offsets all fall in bucket 0). Within a direction of ``n`` buckets, distances below
-    ``n // 2`` get one bucket each; larger distances share log-spaced buckets up to
-    ``max_distance``, beyond which everything goes to the last bucket. Same algorithm (and float32
-    arithmetic) as Mesh TensorFlow's and HF's ``_relative_position_bucket``.
-
-    Shapes:
-        any integer tensor -> ``LongTensor`` of the same shape, values in ``[0, num_buckets)``.
-    """
+    Shapes: any integer tensor -> ``LongTensor`` of the same shape, in ``[0, num_buckets)``."""
     if num_buckets < (4 if bidirectional else 2):
         raise ValueError(
             f"num_buckets={num_buckets} is not valid; it must be >= "
@@ -57,38 +49,22 @@ def t5_relative_bucket(
 
 
 class T5RelativeBias(nn.Module):
-    """Learned bucketed relative-position bias of T5 (``kind = "bias"``).
+    """T5's learned bucketed relative bias (``kind = "bias"``; Raffel et al. 2019,
+    arXiv:1910.10683): ``bias[h, i, j] = E[bucket(j - i), h]``; ``bidirectional`` for encoders.
 
-    ``bias[h, i, j] = E[bucket(j - i), h]`` with ``E`` a learned ``(num_buckets, n_heads)``
-    table, added to the attention logits of every layer (Raffel et al., 2019, "Exploring the
-    Limits of Transfer Learning with a Unified Text-to-Text Transformer", arXiv:1910.10683;
-    buckets from :func:`t5_relative_bucket`). Use ``bidirectional=True`` for encoders (left and
-    right have separate buckets) and ``False`` for causal decoders. ``E`` starts as
-    ``N(0, 0.02^2)``.
-
-    The queries are the last ``q_len`` of the ``k_len`` positions (the protocol of
-    :mod:`.base`): query ``i`` at position ``k_len - q_len + i``, key ``j`` at ``j``. The bucket
-    index matrix is cached (non-persistent buffer) and its bottom-right block taken; the bias
-    values are recomputed each call since they are learned.
-
-    Shapes:
-        ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``.
-    """
+    Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``, the last ``q_len`` positions."""
 
     kind = "bias"
 
     # What tlab knows about this PE (docs/custom_components.md, "What a component declares").
-    #: property checks of ``tlab check`` that apply (names in ``routines/check.py``)
     property_checks: tuple[str, ...] = ("permutation",)
-    #: what it does on the 4-token reversal task, per arch (``tlab reverse-task``, ``reverse.csv``)
     expected_reversal: dict[str, str] = {"encoder": "solves (relative only: needs 2 layers)",
                                          "decoder": "solves"}
 
     @classmethod
     def count_parameters(cls, num_buckets: int, n_heads: int) -> int:
-        """Parameters the module holds: the ``(num_buckets, n_heads)`` table."""
+        """The ``(num_buckets, n_heads)`` table."""
         return num_buckets * n_heads
-
 
     def __init__(
         self,
