@@ -172,10 +172,6 @@ class RunCheckpoints:
         save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
 
-    def finish(self, trained: Sequence[TrainedSeed]) -> None:
-        """The final state (``--resume RUN train.steps=N`` trains on from it)."""
-        self.save_progress(trained, None)
-
 
 # --- one seed ------------------------------------------------------------------------------
 
@@ -354,7 +350,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
             if kept.periodic:
                 kept.save_progress(list(latest.values()), None)
     trained = [latest[seed] for seed in seeds]
-    kept.finish(trained)
+    kept.save_progress(trained, None)  # the final state: --resume RUN train.steps=N goes on
     utilisation = Utilisation.of(cfg, task)
     per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
                 for s in trained]
