@@ -1,14 +1,8 @@
-"""Routines: what a run does once its config is composed. ``routine.name`` picks one.
+"""Routines: what a run does once its config is composed; ``routine.name`` picks one.
 
-A routine is ``fn(cfg, run, inputs) -> RoutineOutcome``: ``inputs`` holds the task and the
-model that the app built (once) in pre-flight; the routine writes its tables into ``run`` and
-returns whether it passed plus the numbers for ``summary.csv``. Its module owns its settings:
-``SETTINGS`` (a ``config.schema.Rule`` per ``routine.*`` key, checked by ``check_settings``
-before anything is built) and ``check_config(cfg, inputs)`` for what ties them to the task or
-the model (both before anything is written). Registered here by import path so that importing
-this module stays cheap.
+The protocol (``fn(cfg, run, inputs) -> RoutineOutcome``, a module's ``SETTINGS`` and
+``check_config``) is in docs/routines.md.
 """
-
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -35,9 +29,8 @@ ROUTINES: dict[str, str] = {
 
 @dataclass
 class JobInputs:
-    """What the app built once for a run, while validating its config, and hands to the
-    routine: the task (``cfg.model.vocab_size`` taken from it) and the model of ``cfg``, built
-    with ``build_model(cfg, seed=cfg.seed)`` and checked against the component protocols."""
+    """The task and the model (``build_model(cfg, seed=cfg.seed)``, checked) the pre-flight
+    built once for the routine."""
 
     task: Any
     model: Any
@@ -45,8 +38,7 @@ class JobInputs:
 
 @dataclass(frozen=True)
 class Workload:
-    """What a run holds in memory at once, for the pre-flight's estimate (``app.resources``):
-    models, training batch, training length and the longest evaluation length."""
+    """What a run holds in memory at once, for the pre-flight's estimate (``app.resources``)."""
 
     models: int
     batch: int
@@ -74,9 +66,8 @@ def routine_module(name: str) -> Any:
 
 
 def check_settings(cfg: Any, name: str | None = None) -> None:
-    """``ConfigError`` for the first ``routine.*`` key of ``cfg`` that breaks the rules of
-    routine ``name`` (default: ``cfg.routine.name``), its module's ``SETTINGS``, or that they
-    do not name (e.g. added with ``+routine.x=1``)."""
+    """``ConfigError`` for the first ``routine.*`` key that breaks or is not in the
+    ``SETTINGS`` of routine ``name`` (default: ``cfg.routine.name``)."""
     from omegaconf import OmegaConf
 
     from transformer_lab.config.schema import check_keys, check_known
@@ -94,8 +85,7 @@ def check_settings(cfg: Any, name: str | None = None) -> None:
 
 
 def workload(cfg: Any, task: Any) -> Workload:
-    """The routine's ``workload(cfg, task)`` where its module defines one, else one model
-    trained at ``train.batch_size`` and the task's length."""
+    """The routine module's ``workload``, else one model at ``train.batch_size``."""
     length = int(task.model_seq_len)
     default = Workload(1, int(cfg.train.batch_size), length, length)
     name = cfg.routine.get("name")
@@ -104,14 +94,12 @@ def workload(cfg: Any, task: Any) -> Workload:
 
 
 def check_routine(cfg: Any, inputs: JobInputs) -> None:
-    """The routine's own pre-flight checks: its module may define ``check_config(cfg, inputs)``,
-    which raises ``ConfigError`` for bad routine settings (called by the pre-flight, so bad
-    input stops with exit 2 before anything is written)."""
+    """The routine module's ``check_config(cfg, inputs)``, where it defines one."""
     from omegaconf import OmegaConf
 
     name = OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
     if name not in ROUTINES:
         return  # get_routine reports it
-    check = getattr(import_module(ROUTINES[name].split(":")[0]), "check_config", None)
+    check = getattr(routine_module(name), "check_config", None)
     if check is not None:
         check(cfg, inputs)

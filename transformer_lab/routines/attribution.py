@@ -1,15 +1,5 @@
-"""Which component made a step-1 property fail? Swap it for the default and look again.
-
-When step-1 properties fail, each of the run's components (``pe``, ``ffn``, ``norm_layer``,
-``block``) that is not already its group's default (``configs/config.yaml``: rope, gelu,
-layernorm, pre) is replaced by that default, the model rebuilt with the run's seed and every
-property measured again. A swap after which a failing property holds names its culprit:
-
-    the norm layer (MyNorm): with layernorm the property holds
-
-A failure that no single swap repairs says so (two broken components, or a broken default).
-This runs only when something failed: a passing step 1 pays nothing for it.
-"""
+"""Which component made a step-1 property fail? Swap each for its group's default and measure
+again (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -30,8 +20,7 @@ Measure = Callable[[TransformerModel], list[PropertyResult]]
 
 
 def default_choices() -> dict[str, str]:
-    """The default choice of each swapped group (in :data:`SWAPPED_GROUPS` order), from the
-    primary config's defaults list."""
+    """The default choice of each swapped group, from the primary config's defaults list."""
     defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
     found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
              for group, choice in entry.items()}
@@ -63,8 +52,8 @@ def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
 
 def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
              measure: Measure) -> dict[str, str]:
-    """For each failing property name: what the swaps found, a phrase for its row's detail
-    (``""`` when no group was swapped). ``measure``: the properties of a model."""
+    """Failing property name -> what the swaps found, for its row's detail (``""`` when no
+    group was swapped); ``measure``: the properties of a model."""
     tried, found = [], {name: [] for name in failing}
     for group, choice, variant in swaps(cfg):
         try:

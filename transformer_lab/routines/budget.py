@@ -1,26 +1,5 @@
-"""``tlab budget``: parameters, activation memory and FLOPs of a configuration, by formula,
-checked against the model actually built from it.
-
-Parameters per component (token embedding, PE, attention Q/K/V/O, FFN, norms, output head; per
-layer and total) come from :mod:`transformer_lab.measures.parameters` and are compared with
-``sum(p.numel())`` of the built model's modules: any mismatch is a FAIL (exit 1). With the
-defaults (d_model 768, d_ff 3072, 12 heads, FFN with bias, attention without) the table shows
-the article's figures: FFN 4,721,664 and attention 4 * 768^2 = 2,359,296 parameters per layer.
-
-Activation memory (bytes at ``routine.dtype``, batch B, sequence T): by formula per layer, and
-measured on the built model on CPU with
-:func:`transformer_lab.measures.memory.saved_activation_bytes` (saved-tensor hooks). It
-measures one forward at batch 1 and one at batch 2 and extrapolates exactly to B, since saved
-bytes are affine in B. The source article's first FFN
-activation, B * T * d_ff * 4 = 8 * 512 * 3072 * 4 = 50,331,648 bytes, is checked exactly.
-
-FLOPs per token for training (forward + backward): ``6 N + 12 L T D`` (see
-:func:`transformer_lab.measures.parameters.training_flops_per_token`); the ``6 N`` part is checked
-against ``torch.utils.flop_counter`` on a short pass.
-
-In this order: the settings, a ``budget.csv`` row, the parameter rows, activation memory, FLOPs,
-the article's figures, the terminal table and the routine.
-"""
+"""``tlab budget``: parameters, activation memory and FLOPs of a configuration by formula,
+checked against the model built from it (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -122,8 +101,7 @@ def numel(module: nn.Module | None) -> int:
 
 
 def qkv_slices(attention: nn.Module) -> dict[str, int]:
-    """Parameters of Q, K, V (slices of the fused ``qkv_proj``: H Dh, H_kv Dh, H_kv Dh rows)
-    and O of one attention."""
+    """Parameters of Q, K, V (rows of the fused ``qkv_proj``) and O of one attention."""
     d_model = attention.out_proj.weight.shape[0]
     sizes = {name: getattr(attention, size, d_model)
              for name, size in (("q", "q_size"), ("k", "kv_size"), ("v", "kv_size"))}
@@ -225,8 +203,7 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
 
 def moe_rows(cfg: DictConfig, model: TransformerModel,
              formulas: dict[str, int | None]) -> list[BudgetRow]:
-    """A Mixture-of-Experts FFN (one that declares ``active_parameters``): the parameters a
-    token uses (router + top_k experts) next to the total, formula vs the built layer."""
+    """An MoE FFN: the parameters a token uses (router + top_k experts), formula vs built."""
     active = active_ffn_params(cfg)
     if not model.blocks or active is None or active == formulas["feedforward"] // max(
             cfg.model.n_layers, 1):
@@ -254,8 +231,7 @@ def moe_rows(cfg: DictConfig, model: TransformerModel,
 
 def measure_activations(model: TransformerModel, batch: int, seq_len: int, vocab: int,
                         measure_batch: int) -> dict[str, int]:
-    """Saved bytes per module at ``batch``: measured in a forward at ``measure_batch`` and
-    ``measure_batch + 1``, extrapolated (affine in the batch size)."""
+    """Saved bytes per module at ``batch``, extrapolated from ``measure_batch`` and one more."""
     generator = torch.Generator().manual_seed(0)
     tokens = torch.randint(0, vocab, (measure_batch + 1, seq_len), generator=generator)
     small = saved_activation_bytes(model, tokens[:measure_batch].clone())
@@ -339,11 +315,8 @@ ARTICLE_FFN_WITH_BIAS = 4_721_664
 
 
 def article_rows() -> list[BudgetRow]:
-    """The article's numbers next to this module's formulas at the article's sizes (d_model 768,
-    d_ff 3072, batch 8, seq 512, fp32). The article prints ``768*3072 + 3072 + 3072*768 + 768 =
-    4,721,664`` for the FFN with biases; that sum is 4,722,432 (the figure leaves out the
-    output bias, 768), so that row says DIFF instead of PASS. It does not fail the run: the
-    built model is checked against the formula in the parameter rows."""
+    """The article's figures next to tlab's formulas at its sizes: DIFF, not FAIL, where they
+    differ (its FFN-with-biases sum leaves out the output bias)."""
     ffn_bias = feedforward_params(768, 3072, True)
     rows = [
         BudgetRow("article", "attention Q,K,V,O without bias", "article layer", "4*768^2",

@@ -1,34 +1,5 @@
-"""``tlab check``: correctness checks of the positional encodings, written to ``checks.csv``;
-and the rotary relative-position row of step 3 (``tlab validate``, ``tlab reverse-task``).
-
-Which checks apply to a PE is what its class declares (``property_checks``: names of the
-registry ``PROPERTY_CHECKS`` below, e.g. ``SinusoidalPositionalEncoding.property_checks =
-("sinusoidal_shift", "permutation")``); ``routine.pe=all`` runs them for every choice of the
-``pe`` group whose class declares some, ``--pe NAME`` for one. The measurements are in
-:mod:`transformer_lab.measures.properties`:
-
-    rope_relative            RoPE scores depend only on m - n: several offsets, bases
-                             (``routine.rope_bases`` plus the configured one) and both pairings
-    rope_pairing_mismatch    half-pairing on q with interleaved on k: the relative property
-                             must break, and the detector must see it break
-    sinusoidal_shift         PE(pos + k) is one linear map of PE(pos) for every pos
-    permutation_equivariant  the NoPE encoder: f(P x) = P f(x)
-    pe_breaks_permutation    every PE: f(P x) != P f(x)
-    swap_attention           the article's test: swap two tokens; NoPE attention rows and columns
-                             permute exactly, a PE's do not. With ``--trained`` also on a model
-                             just trained on reversal (``routine.train_steps`` steps).
-
-Every check runs on an encoder built from the run's config (``model``, ``block``, ``norm_layer``,
-``ffn`` groups), in eval mode. Exit 1 if any check fails.
-
-Step 3's ``rotary_relative`` row (:func:`rotary_relative_check`) measures the RoPE property
-with the same function as ``rope_relative``, on the run's own PE: every position pair of a
-short sequence against the pair one position further.
-
-In this order: a row of ``checks.csv`` and the tolerances, the model and tokens a check runs
-on, one section per property (its rows, its check), the registry and which checks a PE gets,
-``--trained``, the routine and its table.
-"""
+"""``tlab check``: correctness checks of the positional encodings (``checks.csv``), and step 3's
+``rotary_relative`` row (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -194,14 +165,8 @@ def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
 
 
 def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
-    """Step 3's row (``tlab validate``, ``tlab reverse-task``; also ``tlab mutants`` and
-    ``testing.assert_rope_relative``): for a rotary PE, is ``q_m . k_n`` a function of ``n - m``
-    only?
-
-    One random q and k, rotated by the run's PE at every position pair (m, n) with
-    ``m, n < n_positions - 1`` and at (m + 1, n + 1): ``q_m . k_n`` must equal
-    ``q_{m+1} . k_{n+1}`` (:func:`rope_relative_violation`). Returns None for other kinds of PE.
-    """
+    """Step 3's row: for a rotary PE, ``q_m . k_n`` must equal ``q_{m+1} . k_{n+1}`` at every
+    position pair below ``n_positions - 1`` (None for other kinds of PE)."""
     clock = Stopwatch()
     pe = instantiate_component(cfg, "pe")
     if getattr(pe, "kind", None) != "rotary":
@@ -307,8 +272,8 @@ PROPERTY_CHECKS: dict[str, Check] = {
 
 
 def declared_checks(pe: DictConfig) -> tuple[str, ...]:
-    """The check names the class of the pe node ``pe`` declares (``property_checks``); () when
-    it declares none. ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
+    """The ``property_checks`` the class of the pe node ``pe`` declares (() without any);
+    ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
     names = declared(pe, "property_checks")
     if isinstance(names, str):
         names = (names,)

@@ -1,73 +1,6 @@
-"""``tlab compare --vary KEY=V1,V2,...``: the same run with one thing varied, every variant
-over the same seeds, and how sure the difference is. ``tlab compare-activations`` is
-``--vary ffn=...`` (``routine.activations``): step 4 of the validation routine, the source
-article's activation table (ReLU / GELU / Swish / LeakyReLU: parameters, speed, perplexity,
-gradient stability) made runnable.
-
-KEY (``routine.vary.key``) is a config group (``pe``, ``ffn``, ``block``, ``norm_layer``,
-``optimizer``, ``task``, ``arch``, ``model``, ``preset``, ...) or any key of the config
-(``train.lr``, ``model.n_layers``, ``pe.base``); each value (``routine.vary.values``) makes a
-variant of the run's own config as ``KEY=VALUE`` on its command line would
-(``variants.with_value``): a group's choice brings its own file's settings (keys you set inside
-that group do not carry over to another choice; vary them as keys instead), a preset its group
-choices and sizes, a key takes the value. Everything else is the run's: the model, the task, the
-seeds ``seed .. seed+routine.seeds-1``, per seed the data order (the trainer's generator is
-seeded with the seed) and the initial weights wherever shapes allow: each variant's model starts
-from the first variant's initial value of every parameter with the same name and shape
-(``routine.shared_init``; false, compare-activations' default as the studies in ``experiments/``
-were made: each model keeps its own seeded initialisation, in which one extra parameter tensor
-built earlier, e.g. a T5 bias table or a gated FFN's third matrix, shifts every later one). Every
-(variant, seed) trains for ``routine.steps`` steps, one model after another.
-
-The default setup is ``tlab train``'s (a small decoder on Tiny Shakespeare, characters; see
-``configs/experiment/compare.yaml``). compare-activations keeps its own: 8-token reversal
-(vocabulary 16) in an encoder, at the ``small`` model. The synthetic language-model task
-(``task=lm arch=decoder``) was its first choice, since it gives a perplexity the way the article's
-table means it, but its corpus is an order-1 Markov chain: the embedding and output head learn
-the bigram table and the FFN hardly matters. Measured at 200 steps: relu, gelu, swish and
-leaky_relu all plateau at held-out ppl 3.63 by step ~100 with indistinguishable curves (near the
-chain's floor: exp of its entropy rate is 3.46). 8-token reversal needs the FFN and is still being
-learned at step 200, so final loss, perplexity (``exp`` of the held-out cross-entropy per target
-token) and the gradient-norm spread differ between activations. Inside ``tlab validate`` step 4
-uses the run's own task.
-
-``comparison.csv`` (one row per variant, in the order given, numbers averaged over seeds):
-
-    variant         the value (``--vary pe=rope,alibi``: rope, alibi)
-    activation      the variant's ffn choice          varied          KEY
-    params          parameters of the whole model        ffn_params      of all FFN blocks
-    params_vs_baseline  params / the baseline's - 1; ``params_note`` says how to match them
-                    when they differ by more than ``PARAMS_TOLERANCE`` (5%)
-    tokens_per_s    median training throughput            rel_speed       / first variant's
-    final_loss      held-out cross-entropy at the end     final_ppl       exp(final_loss)
-    grad_norm_mean  mean of the per-step gradient norm (before clipping) over all steps
-    grad_norm_std   its standard deviation: the stability figure (spikes make it large)
-    steps_to_target first step whose smoothed training loss (EMA, ``SMOOTHING``) reaches
-                    ``loss_target`` (median over seeds; empty if a seed never does)
-    seeds           number of seeds
-    early_loss      mean training loss over the first 10% of the steps (``results.curve_metrics``)
-    late_loss_std   std of the training loss over the last 30% of the steps: the oscillation
-
-``routine.loss_target: null`` means "the loss every run reaches": the highest final smoothed
-training loss among all runs, so ``steps_to_target`` says who got there first.
-Against the baseline variant (``routine.baseline``, ``--baseline``; default the first value),
-paired by seed (``measures.statistics``): ``final_loss_ci_low/high`` (95% t-interval over seeds),
-``diff_vs_baseline`` (variant - baseline) with ``diff_ci_low/high``, ``p_value`` (exact
-sign-flip permutation test), ``p_adjusted`` (Holm over the variants), ``verdict`` (better |
-worse | no detectable difference at 0.05; the baseline's is ``baseline``), ``seeds_needed`` (80%
-power for the observed difference), ``paired_seeds`` and ``note``. A verdict needs 6+ seeds (7+
-for three variants against the baseline): the smallest sign-flip p over n seeds is 2 / 2^n.
-``compare_runs.csv`` has one row per (variant, seed) (``final_loss`` in full precision, so
-the verdict columns can be recomputed exactly; ``early_loss`` and ``late_loss_std`` of that
-seed's curve, which ``tlab report --metric early_loss`` also computes from metrics.csv),
-written as each variant's seeds finish (an interrupted comparison keeps its finished
-variants); ``loss_curves.png`` plots the smoothed training loss, mean over seeds with the
-min-max band; ``models/<variant>/seed<k>.safetensors`` holds each trained model's final weights
-with the variant's config, seed and tokenizer (``training.checkpoint``; ``tlab sample``, ``tlab
-export``, ``--from-run``).
-
-In this order: the variation and its checks, the training, a seed's run with the rows, verdicts
-and checks, the terminal table and the plot, the routine.
+"""``tlab compare --vary KEY=V1,V2,...`` and ``tlab compare-activations`` (``--vary ffn=...``,
+validate's step 4): the same run once per value, every variant over the same seeds, with a
+paired verdict against the baseline. Setup, columns and ``--seeds auto``: docs/routines.md.
 """
 
 from __future__ import annotations
@@ -111,7 +44,9 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
+from transformer_lab.routines.train import mean_or_nan, perplexity
 from transformer_lab.routines.variants import (
+    as_list,
     is_group,
     seed_list,
     seed_sources,
@@ -130,8 +65,7 @@ from transformer_lab.training.trainer import Trainer, count_parameters
 
 @dataclass(frozen=True)
 class Variation:
-    """What a comparison varies: ``key`` (a group or a dotted key) over ``values``;
-    ``option`` is how the user gave it (for messages)."""
+    """``key`` (a group or a dotted key) over ``values``; ``option``: as the user gave it."""
 
     key: str
     values: tuple[Any, ...]
@@ -154,17 +88,11 @@ def value_name(value: Any) -> str:
     return str(value)
 
 
-def activation_list(cfg: DictConfig) -> list[str]:
-    """``routine.activations`` as a list (a list, or a comma-separated string)."""
-    value = cfg.routine.get("activations")
-    if isinstance(value, ListConfig | list | tuple):
-        return [str(v).strip() for v in value]
-    return [a.strip() for a in str(value or "").split(",") if a.strip()]
+
 
 
 def variation(cfg: DictConfig) -> Variation:
-    """``routine.vary`` (``--vary KEY=V1,V2``), else ``routine.activations`` as ``ffn``
-    (compare-activations, validate's step 4); no values when neither is given."""
+    """``routine.vary``, else ``routine.activations`` as ``ffn``; no values without either."""
     vary = cfg.routine.get("vary")
     if vary is not None and vary.get("key") is not None:
         values = vary.get("values")  # (not vary.values: a DictConfig's method)
@@ -172,7 +100,7 @@ def variation(cfg: DictConfig) -> Variation:
             if isinstance(values, ListConfig) else []
         return Variation(str(vary.key), tuple(listed), f"--vary {vary.key}")
     if "activations" in cfg.routine:
-        return Variation("ffn", tuple(activation_list(cfg)), "--activations")
+        return Variation("ffn", tuple(as_list(cfg.routine.get("activations"))), "--activations")
     return Variation("", (), "--vary")
 
 
@@ -193,17 +121,13 @@ AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) t
 GROUP_SEQUENTIAL_GROUP = 1  # --seeds auto:MAX: the planned design looks after every seed
 AUTO_MAX_SEEDS = 32   # --seeds auto: at most this many paired seeds per variant (auto:MAX)
 ALPHA = 0.05          # the verdicts' false-positive rate (over all variants together)
-
-
 ANYTIME, GROUP_SEQUENTIAL = "anytime", "group"  # the two sequential designs
 
 
 @dataclass(frozen=True)
 class SeedPlan:
-    """``routine.seeds``: ``count`` fixed seeds, or (``auto``) seeds in groups of
-    ``AUTO_GROUP`` until every variant has a verdict or ``count`` seeds: ``auto`` and
-    ``anytime:MAX`` the anytime-valid test (``measures.sequential``), ``auto:MAX`` the
-    group-sequential design planned to MAX (``measures.group_sequential``)."""
+    """``routine.seeds``: ``count`` fixed seeds, or (``auto``) at most ``count`` seeds tested
+    with ``design`` as they come."""
 
     count: int
     auto: bool = False
@@ -211,8 +135,7 @@ class SeedPlan:
 
 
 def seed_plan(cfg: DictConfig) -> SeedPlan:
-    """``routine.seeds`` read: a positive integer, ``auto`` or ``auto:MAX`` (``ConfigError``
-    naming the value and the valid forms otherwise)."""
+    """``routine.seeds``: N, ``auto``, ``auto:MAX`` or ``anytime:MAX`` (else ``ConfigError``)."""
     value = cfg.routine.get("seeds", 1)
     text = str(value).strip()
     if isinstance(value, int) and not isinstance(value, bool) and value >= 1:
@@ -230,9 +153,8 @@ def seed_plan(cfg: DictConfig) -> SeedPlan:
                       f"{AUTO_MAX_SEEDS}) or anytime:MAX, e.g. --seeds 8 or --seeds auto:16")
 
 
-# The routine's own keys (``routines.check_settings``; the variation and the baseline among its
-# values: ``check_config``). ``loss_target``: a positive loss, or null (the loss every run
-# reaches).
+# The routine's own keys (``routines.check_settings``); ``loss_target`` null: the loss every
+# run reaches.
 SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "vary.key": Rule("str", nullable=True),
             "vary.values": Rule("list", min_items=1, nullable=True),
@@ -245,15 +167,13 @@ UNVARIED = ("routine", "seed", "hydra", "experiment", "out_root", "config_dirs",
 
 
 def check_values(cfg: DictConfig) -> None:
-    """Before the task is built (a corpus downloaded): ``routine.seeds`` is N or
-    auto[:MAX]."""
+    """Before the task is built: ``routine.seeds`` is N or auto[:MAX]."""
     seed_plan(cfg)
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight: a variation is given, its key can vary, its values are listed once, the
-    baseline is one of them, and every variant's config passes the checks the run's own did
-    (schema, architecture, task, model and its components, optimiser), named by its value."""
+    """Pre-flight: a variation that can vary, values listed once, the baseline among them, and
+    every variant's config passing the run's own checks."""
     vary = variation(cfg)
     seed_plan(cfg)
     if not vary.values:
@@ -307,15 +227,10 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
                 stage: str = "compare", variant: str | None = None,
                 initial: dict[int, dict[str, torch.Tensor]] | None = None,
                 keep: Callable[[nn.Module, int, Task], None] | None = None) -> list[SeedRun]:
-    """Train the model of ``cfg`` (one variant, named ``variant``; default its ffn) with each of
-    ``seeds`` for ``routine.steps``, one after another, each as a run of its own. ``initial``
-    (seed -> parameter values), when given, shares initial weights between variants: a seed's
-    first model records its own, later ones start from them where name and shape match
-    (``start_from``). Throughput is the median over log intervals of one seed's tokens per
-    second (robust to the first steps' warm-up and to other processes), so every variant of a
-    comparison is measured the same way. ``keep(model, seed, task)`` gets each trained model
-    (its final weights are kept there).
-    """
+    """Train one variant of ``cfg`` (``variant``; default its ffn) with each of ``seeds`` for
+    ``routine.steps``, one after another. ``initial`` (seed -> parameter values) shares initial
+    weights between variants (``start_from``); ``keep(model, seed, task)`` gets each trained
+    model."""
     activation = str(cfg.ffn.get("name"))
     variant = activation if variant is None else variant
     task, settings = build_task(cfg), train_settings(cfg)
@@ -349,8 +264,8 @@ def train_seeds(cfg: DictConfig, seeds: Sequence[int], log: CsvLog | None,
 
 
 def start_from(model: nn.Module, initial: dict[str, torch.Tensor]) -> list[str]:
-    """Copy into ``model`` every parameter of ``initial`` with the same name and shape (another
-    variant's initial weights); returns the names copied."""
+    """Copy into ``model`` every parameter of ``initial`` with the same name and shape;
+    returns the names copied."""
     copied = []
     with torch.no_grad():
         for name, parameter in model.named_parameters():
@@ -364,8 +279,7 @@ def start_from(model: nn.Module, initial: dict[str, torch.Tensor]) -> list[str]:
 def keep_weights_of(run: RunDirectory, cfg: DictConfig, variant: str, varied: str,
                     first_index: int, seeds: Sequence[int], model: nn.Module, seed: int,
                     task: Task) -> None:
-    """One (variant, seed)'s final weights in ``models/<variant>/seed<k>.safetensors``
-    (its place among the run's models: ``first_index`` + the seed's among ``seeds``)."""
+    """One (variant, seed)'s final weights in ``models/<variant>/seed<k>.safetensors``."""
     index = first_index + list(seeds).index(seed)
     save_weights(model, weights_path(run.path, seed, variant), cfg, seed, index=index,
                  variant=variant, varied=varied, tokenizer=getattr(task, "tokenizer", None))
@@ -377,8 +291,7 @@ MODEL_PARTS = {"token_embedding": "embedding", "positional": "pe", "attention": 
 
 
 def parameter_parts(model: nn.Module) -> dict[str, int]:
-    """Parameter counts of the model by part: embedding, pe, attention, ffn, norms, head
-    (``MODEL_PARTS``; a name it does not list, e.g. a norm, counts as ``norms``)."""
+    """Parameter counts by part (``MODEL_PARTS``; any other name counts as ``norms``)."""
     parts: dict[str, int] = {}
     for name, parameter in model.named_parameters():
         words = name.split(".")
@@ -390,13 +303,7 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
 
 def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
                  keep_weights: bool = False) -> list[SeedRun]:
-    """Train every variant with seeds ``seed .. seed + routine.seeds - 1`` (``train_seeds``),
-    sharing initial weights per seed with ``routine.shared_init`` (tlab compare's default; a
-    config without the key, as validate's step 4, keeps each model's own); each variant's
-    finished (variant, seed) pairs are appended to ``compare_runs.csv``. ``keep_weights``: each
-    trained model's final weights go to ``models/<variant>/seed<k>.safetensors``
-    (``training.checkpoint.save_weights``: the variant's config, seed and tokenizer in its
-    header)."""
+    """Train every variant with the fixed seeds of ``routine.seeds`` (``VariantTrainer``)."""
     seeds = seed_list(cfg)
     trainer = VariantTrainer(cfg, run, stage, keep_weights)
     for name, variant in variant_configs(cfg):
@@ -406,12 +313,9 @@ def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
                                ) -> tuple[list[SeedRun], SequentialTest]:
-    """``--seeds auto[:MAX]``: seeds ``seed, seed+1, ...`` in groups of ``AUTO_GROUP`` (one
-    seed at a time for ``auto:MAX``); after each group the sequential paired test of every variant against the baseline (``auto``,
-    ``anytime:MAX``: the anytime-valid ``SequentialTest``, e-value Bonferroni; ``auto:MAX``:
-    the ``GroupSequentialTest`` planned to MAX, Bonferroni) takes the group's final losses, and
-    the next group trains only the baseline and the variants still without a verdict; it stops
-    when every variant has one or has MAX paired seeds. Prints each group's running intervals."""
+    """``--seeds auto[:MAX]``: groups of ``AUTO_GROUP`` seeds (``auto:MAX``: one seed at a
+    time), each group training the baseline and the variants still without a verdict, until
+    every variant has one or MAX paired seeds."""
     plan, configs = seed_plan(cfg), variant_configs(cfg)
     names = [name for name, _ in configs]
     baseline = baseline_of(cfg) or names[0]
@@ -433,8 +337,7 @@ def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights:
 
 
 def running_line(test: SequentialTest, trained: int) -> str:
-    """After a group: per variant, the running interval for ``variant - baseline`` (final
-    loss), its statistic against the verdict threshold, and its state."""
+    """After a group: per variant, its running interval, statistic and state."""
     lines = [f"seeds auto ({test.design}), {trained} seeds trained:"]
     for name in test.variants:
         low, high = test.interval(name)
@@ -447,10 +350,8 @@ def running_line(test: SequentialTest, trained: int) -> str:
 
 
 class VariantTrainer:
-    """Trains a comparison's variants seed by seed (``train_seeds``) into one run directory: a
-    progress bar per call, each (variant, seed) appended to ``compare_runs.csv`` as it
-    finishes, initial weights shared per seed with ``routine.shared_init``, final weights kept
-    with ``keep_weights``; ``runs`` holds every ``SeedRun`` in the order trained."""
+    """Trains a comparison's variants into one run directory, appending each to
+    ``compare_runs.csv`` as it finishes; ``runs``: every ``SeedRun`` in the order trained."""
 
     def __init__(self, cfg: DictConfig, run: RunDirectory, stage: str, keep_weights: bool):
         self.cfg, self.run, self.stage, self.keep_weights = cfg, run, stage, keep_weights
@@ -541,7 +442,7 @@ class SeedRun:
                 "tokens_per_s": self.tokens_per_s, "final_loss": _exact(self.final_loss),
                 "final_train_loss": self.smoothed[-1] if self.train_losses else math.nan,
                 "first_loss": self.train_losses[0] if self.train_losses else math.nan,
-                "grad_norm_mean": _mean(self.grad_norms),
+                "grad_norm_mean": mean_or_nan(self.grad_norms),
                 "grad_norm_std": _std(self.grad_norms), "steps": self.steps,
                 "wall_s": self.wall_s, "early_loss": _exact(self.early_loss),
                 "late_loss_std": _exact(self.late_loss_std)}
@@ -556,17 +457,20 @@ def ema(values: Sequence[float], weight: float) -> list[float]:
 
 
 def _exact(value: float) -> float | str:
-    """``value`` in full precision (the shortest text that reads back as the same float): the
-    CSV's 6 significant digits would blur paired differences of 1e-4 between activations."""
+    """``value`` in full precision (the CSV's 6 digits would blur small paired differences)."""
     return repr(float(value)) if math.isfinite(value) else value
-
-
-def _mean(values: Sequence[float]) -> float:
-    return statistics.fmean(values) if values else math.nan
 
 
 def _std(values: Sequence[float]) -> float:
     return statistics.pstdev(values) if len(values) > 1 else 0.0
+
+
+def runs_by_variant(runs: list[SeedRun]) -> dict[str, list[SeedRun]]:
+    """Each variant's runs, variants in the order first seen."""
+    by_variant: dict[str, list[SeedRun]] = {}
+    for run in runs:
+        by_variant.setdefault(run.name, []).append(run)
+    return by_variant
 
 
 def steps_to_target(run: SeedRun, target: float) -> int | None:
@@ -580,14 +484,10 @@ def steps_to_target(run: SeedRun, target: float) -> int | None:
 def comparison_rows(runs: list[SeedRun], loss_target: float | None,
                     baseline: str | None = None, varied: str = "ffn") -> list[dict]:
     """One ``comparison.csv`` row per variant (in the order first seen), seeds averaged, with
-    the verdict columns against ``baseline`` (default the first variant), paired by seed, and
-    the parameter count against the baseline's (``parameter_note``). ``varied``: the key the
-    variants differ in."""
+    the verdict columns against ``baseline`` (default the first variant)."""
     finals = [r.smoothed[-1] for r in runs if r.train_losses]
     target = loss_target if loss_target is not None else max(finals, default=math.nan)
-    by_variant: dict[str, list[SeedRun]] = {}
-    for run in runs:
-        by_variant.setdefault(run.name, []).append(run)
+    by_variant = runs_by_variant(runs)
     rows = []
     for name, seed_runs in by_variant.items():
         reached = [steps_to_target(r, target) for r in seed_runs]
@@ -596,15 +496,15 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
         rows.append({
             "variant": name, "activation": seed_runs[0].activation,
             "params": seed_runs[0].params, "ffn_params": seed_runs[0].ffn_params,
-            "tokens_per_s": _mean([r.tokens_per_s for r in seed_runs]),
-            "final_loss": _mean(final), "final_ppl": _exp(_mean(final)),
-            "grad_norm_mean": _mean(norms), "grad_norm_std": _std(norms),
+            "tokens_per_s": mean_or_nan([r.tokens_per_s for r in seed_runs]),
+            "final_loss": mean_or_nan(final), "final_ppl": perplexity(mean_or_nan(final)),
+            "grad_norm_mean": mean_or_nan(norms), "grad_norm_std": _std(norms),
             "steps_to_target": None if None in reached else statistics.median(reached),
             "seeds": len(seed_runs), "loss_target": target, "final_loss_std": _std(final),
-            "first_loss": _mean([r.train_losses[0] for r in seed_runs if r.train_losses]),
+            "first_loss": mean_or_nan([r.train_losses[0] for r in seed_runs if r.train_losses]),
             "steps": seed_runs[0].steps,
-            "early_loss": _mean([r.early_loss for r in seed_runs]),
-            "late_loss_std": _mean([r.late_loss_std for r in seed_runs]), "varied": varied,
+            "early_loss": mean_or_nan([r.early_loss for r in seed_runs]),
+            "late_loss_std": mean_or_nan([r.late_loss_std for r in seed_runs]), "varied": varied,
         })
     first_speed = rows[0]["tokens_per_s"] if rows else math.nan
     for row in rows:
@@ -629,12 +529,8 @@ STOPPED_FIXED = "fixed"  # stopped_because of a fixed --seeds N comparison
 
 
 def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dict]:
-    """``seeds_used`` and ``stopped_because`` on every row. Fixed seeds (``test`` None): the
-    seeds each variant trained, ``fixed``. ``--seeds auto``: the sequential test's verdict
-    replaces the fixed test's (``verdict``; ``diff_ci_low/high``: its anytime-valid interval
-    for ``variant - baseline``; ``p_value`` = 1 / e-value and ``p_adjusted`` = K / e-value,
-    anytime-valid; ``e_value``; ``stopped_because`` ``verdict`` or ``max_seeds``); the mean
-    difference and P(improvement) stay those of the paired seeds."""
+    """``seeds_used`` and ``stopped_because`` on every row; with ``test`` (``--seeds auto``)
+    its verdict, interval and statistics replace the fixed test's."""
     for row in rows:
         row["seeds_used"] = row["seeds"]
         row["stopped_because"] = STOPPED_FIXED if test is None else ""
@@ -656,9 +552,7 @@ def with_seed_columns(rows: list[dict], test: SequentialTest | None) -> list[dic
 
 
 def sequential_line(row: dict, baseline: str) -> str:
-    """The terminal line of a ``--seeds auto`` verdict, e.g. ``swiglu vs relu: final_loss
-    0.041 lower, anytime 95% interval 0.012 to 0.07, e-value 52 (verdict at 20) after 8 paired
-    seeds -> better``."""
+    """The terminal line of a ``--seeds auto`` verdict."""
     diff = row["diff_vs_baseline"]
     sign = -1.0 if diff < 0 else 1.0
     low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
@@ -686,10 +580,8 @@ SIZING_GROUPS = ("model", "preset", "task")
 
 
 def parameter_note(run: SeedRun, baseline: SeedRun, varied: str) -> str:
-    """Empty when ``run``'s model has within ``PARAMS_TOLERANCE`` of the baseline's parameters;
-    else how far off it is and how to match them: a gated FFN against a two-matrix one (or the
-    other way) by ``model.gated_match_params=true``, else the knob that sizes the part that
-    differs most (``SIZING_KNOBS``)."""
+    """Empty within ``PARAMS_TOLERANCE`` of the baseline's parameters, else how far off and
+    how to match them."""
     change = run.params / baseline.params - 1
     if abs(change) <= PARAMS_TOLERANCE:
         return ""
@@ -706,8 +598,7 @@ def parameter_note(run: SeedRun, baseline: SeedRun, varied: str) -> str:
 
 
 def _about_three_halves(a: int, b: int) -> bool:
-    """A gated FFN (three d x d_ff matrices) against a two-matrix one of the same d_ff: the
-    larger has about 3/2 the smaller's parameters (biases aside); an MoE has many times more."""
+    """A gated FFN against a two-matrix one of the same d_ff (about 3/2 the parameters)."""
     low, high = sorted((a, b))
     return low > 0 and 1.25 <= high / low <= 1.75
 
@@ -719,8 +610,7 @@ def baseline_name(rows: list[dict]) -> str:
 
 
 def verdict_lines(rows: list[dict]) -> list[str]:
-    """One plain-language line per variant against the baseline (``statistics.describe``;
-    ``sequential_line`` for ``--seeds auto``)."""
+    """One plain-language line per variant against the baseline."""
     baseline = baseline_name(rows)
     return [verdict_line(row, baseline) for row in rows if has_verdict(row)]
 
@@ -732,14 +622,11 @@ def verdict_line(row: dict, baseline: str) -> str:
     return describe(row["variant"], row, baseline)
 
 
-def _exp(loss: float) -> float:
-    return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
+
 
 
 def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
-    """One check per variant: it trained to a finite loss and the loss fell. The numbers are a
-    comparison (speed, perplexity, gradient-norm spread), not a verdict on quality. The check
-    is named by the variant (``activation_gelu``; ``pe=alibi`` for another key)."""
+    """One check per variant (``activation_gelu``; ``pe=alibi``): a finite, falling loss."""
     checks = []
     baseline = baseline_name(rows) if rows else None
     for row in rows:
@@ -774,8 +661,7 @@ TABLE_HEADERS = {"variant": "variant", "params": "params", "ffn_params": "ffn",
 
 
 def comparison_table(rows: list[dict], title: str) -> Table:
-    """The rows in a terminal table: the first column headed by the varied key; a parameter
-    count more than ``PARAMS_TOLERANCE`` off the baseline's marked ``!``."""
+    """The rows in a terminal table; a parameter count off the baseline's marked ``!``."""
     varied = rows[0].get("varied", "ffn") if rows else "variant"
     table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
                   caption="speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
@@ -812,10 +698,7 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     from transformer_lab.results.plots import plt, save
 
     figure, axes = plt.subplots(figsize=(7, 4.5))
-    by_variant: dict[str, list[SeedRun]] = {}
-    for run in runs:
-        by_variant.setdefault(run.name, []).append(run)
-    for name, seed_runs in by_variant.items():
+    for name, seed_runs in runs_by_variant(runs).items():
         length = min(len(r.smoothed) for r in seed_runs)
         steps = seed_runs[0].logged_steps[:length]
         curves = torch.tensor([r.smoothed[:length] for r in seed_runs])  # (seeds, logged)
@@ -833,9 +716,8 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
 
 
 def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
-    """Train every variant, write ``comparison.csv`` and ``loss_curves.png``, print the table,
-    the parameter flags and the verdicts; PASS when every variant trained to a finite, falling
-    loss."""
+    """Train every variant, write the tables and plot, print the verdicts; PASS when every
+    variant trained to a finite, falling loss."""
     clock = Stopwatch()
     vary, test = variation(cfg), None
     if seed_plan(cfg).auto:

@@ -1,16 +1,5 @@
-"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained run's model as a Hugging Face checkpoint.
-
-Not a Hydra routine: it reads the final weights a run kept (``training.checkpoint``) and writes
-``OUT_DIR`` only: ``config.json``, ``model.safetensors`` and ``generation_config.json`` of the
-``transformers`` causal LM that computes the same logits (``interop.hf_export``: a family's
-class, or the run's own bundled code, ``modeling_tlab.py``), and the run's tokenizer
-(``interop.hf_tokenizer``: ``tokenizer.json``, ``tokenizer_config.json``) where the task has
-one, so that ``AutoModelForCausalLM.from_pretrained(OUT_DIR)`` (with ``trust_remote_code=True``
-for the run's own code) and ``AutoTokenizer.from_pretrained(OUT_DIR)`` load it offline.
-Everything is written into a temporary folder beside ``OUT_DIR`` and renamed into place at the
-end: an interrupted export leaves no half checkpoint, and a folder that holds files already is
-refused (a user's files are never overwritten).
-"""
+"""``tlab export RUN_DIR --to-hf OUT_DIR``: a trained run's model as a Hugging Face checkpoint,
+written in a staging folder and renamed into place (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -47,8 +36,8 @@ def check_new_directory(out_dir: Path) -> None:
 
 def export_run(path: Path, out_dir: Path, variant: str | None = None,
                model_seed: int | None = None) -> Export:
-    """Export the model of run ``path`` (a run directory or one of its weights files) chosen by
-    ``variant`` and ``model_seed`` to ``out_dir`` (module docstring)."""
+    """Export the model of run ``path`` (a run directory or a weights file) chosen by
+    ``variant`` and ``model_seed`` to ``out_dir``."""
     from transformer_lab.interop.hf_tokenizer import hf_tokenizer
 
     check_new_directory(out_dir)

@@ -1,27 +1,5 @@
-"""``tlab mutants``: the validation routine as a bug detector, measured like a classifier.
-
-Runs every component of a suite through ``tlab validate``'s own step functions, in process:
-
-* the broken components (``transformer_lab.mutants.MUTANTS``, or the ``MUTANTS`` lists of the
-  ``*.py`` files in ``routine.dir``), each expected to be caught at a named step/check;
-* the built-in correct components (``routine.negatives``): every PE x arch (``pe=none`` is the
-  control, not a component, and is left out), every FFN, every block x norm layer. A mutant
-  whose ``expected`` is ``harmless`` counts as correct too.
-
-For each: the pre-flight's component checks (:func:`preflight`: exit 2 in ``tlab validate``),
-steps 1-2 (``validate.smoke_steps``), then step 3's rotary check
-(``check.rotary_relative_check``); with ``routine.reversal=true`` step 3's reversal training
-and NoPE control too (minutes per PE on a CPU; the built-in reversal results are in
-``benchmarks/validate_matrix.csv``). Step 4 compares
-relu and gelu whatever the FFN under test, so it cannot catch a component and is not run.
-
-The first failing row names the step/check that caught a component; an exception is
-``crash:<type>`` (``tlab validate`` would exit 1). Outcomes: ``correct-passed``,
-``correct-failed``, ``caught-expected``, ``caught-elsewhere``, ``missed``. The mutation score
-is the fraction of broken components caught at all. Writes ``mutants.csv``
-(:data:`MUTANT_COLUMNS`) and the smoke-training rows in ``metrics.csv`` (column ``component``).
-PASS: no false alarm and every mutant caught at its expected step.
-"""
+"""``tlab mutants``: the validation routine as a bug detector, measured like a classifier over
+broken and correct components (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -50,8 +28,7 @@ OUTCOMES = ("correct-passed", "correct-failed", "caught-expected", "caught-elsew
 
 @dataclass
 class Candidate:
-    """One component of the suite: its config (composed from ``experiment=validate``) and
-    where it should be caught (``none`` for a correct component)."""
+    """One component of the suite: its config and where it should be caught (``none``)."""
 
     name: str
     kind: str  # correct | broken
@@ -86,8 +63,7 @@ class Verdict:
 
 
 def load_mutants(directory: Path) -> list[Mutant]:
-    """The ``MUTANTS`` lists of every ``*.py`` file in ``directory`` (added to ``sys.path`` so
-    that ``_target_: my_module.MyBrokenPE`` imports)."""
+    """The ``MUTANTS`` lists of every ``*.py`` file in ``directory`` (put on ``sys.path``)."""
     if not directory.is_dir():
         raise ConfigError(f"routine.dir={directory} is not a directory (--dir: a directory of "
                           "Python files defining MUTANTS)")
@@ -107,9 +83,7 @@ def load_mutants(directory: Path) -> list[Mutant]:
 
 
 def suite(cfg: DictConfig) -> list[Candidate]:
-    """The candidates of this run: the mutants (``routine.dir`` or the built-in catalogue),
-    then the built-in correct components (``routine.negatives``); ``routine.only`` keeps the
-    named ones."""
+    """The mutants, then the built-in correct components; ``routine.only`` keeps those named."""
     directory = cfg.routine.get("dir")
     mutants = load_mutants(Path(directory).expanduser().resolve()) if directory else MUTANTS
     extra = list(cfg.routine.get("overrides") or [])
@@ -150,9 +124,8 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
 
 
 def preflight(cfg: DictConfig) -> None:
-    """The component part of the app's pre-flight (``app.preflight``, exit 2 in ``tlab
-    validate``): build the task and the model, run each component at the task's length
-    against its protocol (shapes); ``ConfigError`` names the component."""
+    """The component part of the app's pre-flight: each component run against its protocol
+    (``ConfigError`` names it)."""
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_checked_model
 
@@ -161,8 +134,8 @@ def preflight(cfg: DictConfig) -> None:
 
 
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
-    """The pre-flight, steps 1-2 and step 3 (rotary check; reversal if asked) on one
-    candidate; the first failure names where it was caught."""
+    """The pre-flight, steps 1-2 and step 3 on one candidate; the first failure names where
+    it was caught."""
     from transformer_lab.routines import check, validate
 
     clock = Stopwatch()

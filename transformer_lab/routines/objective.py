@@ -1,16 +1,5 @@
-"""The number a routine hands to a hyper-parameter search (``hydra/sweeper=optuna``).
-
-A routine module declares ``OBJECTIVE = Objective(name, direction, value)``; ``value(cfg,
-run_dir, summary)`` reads the run's numbers (its ``summary.csv`` fields, or its own tables).
-``job.execute`` stores it in ``run.json`` (``objective``), and the Hydra task function returns
-it to Optuna's sweeper. A run that errors or diverges returns NaN: Optuna records a failed trial.
-
-    smoke                final_loss      minimize   loss after the smoke steps
-    reverse              steps_to_solve  minimize   first step at the exact-match target; an
-                                                    unsolved run counts 2 x routine.max_steps
-    compare_activations  final_loss      minimize   held-out loss of the config's own ffn= among
-                                                    the compared ones (else the first listed)
-"""
+"""The number a routine hands to a hyper-parameter search (``hydra/sweeper=optuna``): a module's
+``OBJECTIVE`` (docs/routines.md)."""
 
 from __future__ import annotations
 

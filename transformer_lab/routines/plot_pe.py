@@ -1,22 +1,5 @@
-"""``tlab plot-pe``: what a positional encoding looks like, as PNG files in the run directory.
-
-By the PE's ``kind`` (one registry, ``PLOTTERS``):
-
-    additive  pe_curves.png   PE value vs position for ``routine.dims`` (the article's figure:
-                              dims 0, 1, 3, 7, 15, 31 of a 128-wide table, 100 positions);
-                              low dims oscillate fast, high dims slowly
-              pe_heatmap.png  position x dimension
-    rotary    pe_curves.png   cos(m theta_i) vs position m for the pairs i = dim // 2
-              pe_heatmap.png  cos(m theta_i), position x pair
-              rope_score_vs_distance.png   q . R(d) k / |q||k| for q = k = (1, ..., 1): the
-                              RoFormer long-range decay, at the configured base and
-                              ``routine.rope_bases``
-    bias      pe_bias_vs_distance.png  bias of the last query to each key vs distance, one
-                              line per head (ALiBi: -m_h * distance)
-              pe_bias_heads.png  the (T x T) bias of every head
-
-The numbers behind the curves go to ``pe_values.csv`` (one row per position).
-"""
+"""``tlab plot-pe``: what a positional encoding looks like, as PNG files and ``pe_values.csv``
+(the files per PE kind: docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -147,8 +130,7 @@ SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight (``routines.check_routine``): a length to plot, a PE kind that has a plot,
-    and dimensions that the PE has."""
+    """Pre-flight: a PE kind that has a plot, and dimensions that the PE has."""
     pe = instantiate_component(cfg, "pe")
     kind, hf = getattr(pe, "kind", None), bool(pretrained_option(cfg))
     if kind not in PLOTTERS:

@@ -1,55 +1,5 @@
-"""``tlab reverse-task``: step 3 of the validation routine, sequence reversal.
-
-The task (:class:`transformer_lab.tasks.ReverseTask`): a source ``x_0 .. x_{L-1}`` of random
-symbols must come out reversed, ``y_i = x_{L-1-i}``.
-
-* ``arch=encoder``: bidirectional attention, inputs (B, L) -> logits (B, L, V); position ``i``
-  predicts ``x_{L-1-i}``. The model must know *where* each token is: without a positional
-  encoding an encoder is permutation-equivariant (permuting the input permutes the outputs), so
-  every position sees the same multiset of tokens and reversal is impossible beyond chance.
-* ``arch=decoder``: causal attention on ``source SEP reversed`` (length 2L, shifted by one),
-  loss on the L target tokens; exact match by greedy decoding from ``source SEP`` (not teacher
-  forcing).
-
-Training (``Trainer.fit``) stops at the first held-out evaluation (every ``train.eval_every``
-steps) whose exact match reaches ``routine.target`` (default 0.99), or after
-``routine.max_steps``. PASS when the target is reached.
-
-Two checks more make the result mean something:
-
-* ``nope_control`` (``routine.control=true``): the same model, seed and data without a PE
-  (``pe=none``), trained after the chosen PE for as many steps as it used. It shows the PE is
-  what makes the difference. In an encoder it must *not* solve the task; if it does, some
-  component leaks position (e.g. an FFN or norm that mixes positions) and the check fails. In a
-  decoder it is informational: the causal mask lets a NoPE decoder infer positions.
-* ``rotary_relative`` (rotary PEs only, before training): with the same query and key vector at
-  every position, the rotated scores ``q_m . k_n`` must depend on ``n - m`` only (Su et al. 2021,
-  RoFormer, arXiv:2104.09864). RoPE with a different pairing (half vs interleaved) for q and k
-  fails it, even when it still trains.
-
-What each PE is expected to do, per architecture, is what its class declares
-(``expected_reversal``: a dict arch -> text, or a classmethod of the arch and the PE's config
-arguments, as ALiBi's depends on ``symmetric``); measured numbers are in
-``experiments/reverse_expectations.md``. Settings a component declares for reversal
-(``reversal_settings``: ALiBi's and BatchNorm's cosine schedule) apply to it and its control.
-
-``routine.seeds`` = N > 1 (``--seeds``): seeds ``seed .. seed+N-1`` train one after another,
-then their controls, each for its own seed's number of steps; PASS when every seed solves, one
-check row per seed and model.
-
-With the control, ``reverse.csv`` also says whether the chosen PE beats it, paired by seed, on
-held-out exact match (higher is better; ``measures.statistics``): ``best_exact_match_ci_low/high``
-(95% interval over the seeds of the row's model) and, on the chosen PE's rows, ``diff_vs_baseline``
-(chosen - NoPE) with its CI, ``p_value``, ``p_adjusted``, ``verdict`` (better | worse | no
-detectable difference; ``baseline`` on the control's rows), ``seeds_needed``, ``paired_seeds``
-and ``note``; the terminal prints the verdict in words. A verdict needs 6+ seeds.
-
-Writes ``reverse.csv`` (:data:`REVERSE_COLUMNS`, one row per trained model), the training rows
-of both models in ``metrics.csv`` (columns ``stage, variant, seed`` tell them apart),
-``summary.csv`` (``solved_step``, ``best_exact_match`` of the chosen PE; over several seeds the
-worst exact match, the median solved step) and, with several seeds, ``seeds.csv``: one row per
-seed with the numbers a one-seed run of that seed puts in its summary.
-"""
+"""``tlab reverse-task``: step 3 of the validation routine, sequence reversal beside a NoPE
+control (why, and what ``reverse.csv`` holds: docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -114,9 +64,8 @@ def arch_name(cfg: DictConfig) -> str:
 
 
 def pe_label(cfg: DictConfig) -> str:
-    """The PE as a table shows it: its group name (the class name of a user's own
-    ``_target_``), as the class's ``variant_label`` rewrites it where it declares one (ALiBi in
-    an encoder: ``alibi(abs|split)``)."""
+    """The PE as a table shows it: its group name (a user's own class: the class name), or the
+    class's ``variant_label`` (ALiBi in an encoder: ``alibi(abs|split)``)."""
     target = str(cfg.pe.get("_target_", ""))
     name = str(cfg.pe.get("name"))
     if not target.startswith("transformer_lab."):
@@ -126,8 +75,7 @@ def pe_label(cfg: DictConfig) -> str:
 
 
 def expected_outcome(cfg: DictConfig) -> str:
-    """What the PE is expected to do on reversal in this arch, as its class declares it
-    (``expected_reversal``); ``UNKNOWN_EXPECTATION`` where it declares nothing."""
+    """The PE class's ``expected_reversal`` in this arch (else ``UNKNOWN_EXPECTATION``)."""
     arch = arch_name(cfg)
     expected = declared(cfg.pe, "expected_reversal", arch=arch)
     if isinstance(expected, Mapping):
@@ -135,8 +83,7 @@ def expected_outcome(cfg: DictConfig) -> str:
     return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
 
 
-# The routine's own keys (``routines.check_settings``): ``target`` is a held-out exact-match
-# fraction to reach (e.g. 0.99).
+# The routine's own keys (``routines.check_settings``): ``target``, a held-out exact match.
 SETTINGS = {"target": number_rule(0, 1, open_low=True), "max_steps": POSITIVE_INT,
             "seeds": POSITIVE_INT, "control": Rule("bool"), "declared_settings": Rule("bool")}
 
@@ -149,10 +96,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 
 def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with the reversal settings its components' classes declare (``reversal_settings``:
-    dotted ``train.*`` / ``routine.max_steps`` keys, e.g. ALiBi's cosine schedule), which the
-    NoPE control then shares; off with ``routine.declared_settings=false``. Also returns a note
-    naming them ("" when there are none)."""
+    """``cfg`` with the ``reversal_settings`` its components' classes declare (unless
+    ``routine.declared_settings=false``), and a note naming them ("" without)."""
     settings, owners = {}, []
     for group in DECLARING_GROUPS:
         found = declared(cfg.get(group), "reversal_settings", arch=arch_name(cfg))
@@ -206,9 +151,8 @@ class ReversalRun:
 
 def train_reversal(cfg: DictConfig, role: str, seeds: list[int], budgets: Mapping[int, int],
                    log: CsvLog | None, stage: str) -> list[ReversalRun]:
-    """Every seed of ``cfg``, one after another, until solved or its budget
-    (``budgets[seed]``), with the schedule planned for ``routine.max_steps`` as in a one-seed
-    run; each model is built just before it trains, as in a run of its own."""
+    """Every seed of ``cfg``, one after another, until solved or ``budgets[seed]`` steps
+    (the schedule planned for ``routine.max_steps``)."""
     target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
     settings, task = train_settings(cfg), build_task(cfg)  # (build_task sets model.vocab_size)
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
@@ -230,10 +174,8 @@ def train_reversal(cfg: DictConfig, role: str, seeds: list[int], budgets: Mappin
 
 def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
                   stage: str = STAGE) -> tuple[list[CheckRow], list[ReversalRun]]:
-    """Step 3: the rotary check, the chosen PE's training (every seed) and then the NoPE
-    controls, each for as many steps as the chosen PE took with its seed; training rows go to
-    ``log`` tagged with ``stage``, the PE and the seed. The PE's declared reversal settings
-    (:func:`with_declared_settings`) apply to both."""
+    """Step 3: the rotary check, the chosen PE's training (every seed), then the NoPE controls,
+    each for as many steps as the chosen PE took with its seed."""
     cfg, note = with_declared_settings(cfg)
     rows: list[CheckRow] = []
     rotary = rotary_relative_check(cfg)
@@ -307,8 +249,7 @@ def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
 
 
 def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
-    """``reverse.csv``: one row per model; with NoPE controls, the interval over seeds of each
-    model's held-out exact match and the chosen PE's paired verdict against its control."""
+    """``reverse.csv``: one row per model; with NoPE controls, the verdict columns."""
     rows = [run.as_row() for run in runs]
     if not any(run.role == "nope_control" for run in runs):
         return rows
@@ -328,8 +269,7 @@ def verdict_line(rows: list[dict]) -> str | None:
 
 
 def reversal_summary(runs: list[ReversalRun]) -> dict:
-    """The chosen PE's numbers; with several seeds: the worst seed's exact match, the median
-    solved step (when every seed solved), the longest run."""
+    """The chosen PE's numbers; over seeds the worst exact match and the median solved step."""
     chosen = [run for run in runs if run.role == "chosen"]
     solved = [run.result.solved_step for run in chosen]
     return {"params": chosen[0].params, "steps": max(run.result.steps for run in chosen),
@@ -340,8 +280,7 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
 
 
 def seed_rows(runs: list[ReversalRun]) -> list[dict]:
-    """``seeds.csv``: one row per seed of the chosen PE, with the numbers a one-seed run of
-    that seed puts in its ``summary.csv`` (:func:`reversal_summary` of that seed alone)."""
+    """``seeds.csv``: per seed of the chosen PE, :func:`reversal_summary` of that seed alone."""
     return [{"seed": run.seed, **reversal_summary([run])} for run in runs if run.role == "chosen"]
 
 

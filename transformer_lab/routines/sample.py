@@ -1,22 +1,5 @@
-"""``tlab sample RUN_DIR``: a trained model's continuation of a prompt.
-
-Not a Hydra routine: it reads the final weights a finished (or interrupted) run kept
-(``training.checkpoint``: the header's config rebuilds the model, its tokenizer encodes the
-prompt) and writes nothing. A run with several models (``--seeds N``, ``tlab compare``) is
-narrowed by variant and seed; the first model left is used, and ``Sample.header`` says which.
-
-The prompt is text on a text task (``task=text``: the run's char, byte or BPE tokenizer) and
-token ids separated by spaces on a synthetic one (``task=lm``, ``reverse``, ``copy``); the
-continuations are ``model.generate``'s with the KV cache: greedy (``temperature`` 0) or drawn
-from ``softmax(logits / temperature)`` over the ``top_k`` most likely tokens and the ``top_p``
-nucleus, ``num_samples`` of them from one generator seeded by ``seed`` (the same seed, the same
-tokens; a fresh seed unless one is given). Past the model's context window (a learned
-position table's ``max_len``) the context is cropped to its last tokens, as nanoGPT does.
-Refused in one line (``ConfigError``): an encoder, a prompt the tokenizer cannot encode (naming
-the characters), token ids outside the vocabulary.
-
-In this order: the settings, the prompt, the continuation.
-"""
+"""``tlab sample RUN_DIR``: a trained model's continuation of a prompt (not a Hydra routine;
+docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -57,9 +40,8 @@ class Sampling:
     def from_options(cls, tokens: int, greedy: bool, temperature: float | None,
                      top_k: int | None, seed: int | None, top_p: float | None = None,
                      num_samples: int = 1) -> Sampling:
-        """The command's options: ``--greedy`` or ``--temperature T [--top-k K] [--top-p P]``
-        (default: temperature 1 over every token) and ``--seed`` (default: a fresh one);
-        ``ConfigError`` when they contradict."""
+        """The command's options (default: temperature 1, a fresh seed); ``ConfigError`` when
+        they contradict."""
         if greedy and (temperature not in (None, 0.0) or top_k is not None or top_p is not None):
             given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
                 f"--top-k {top_k}" if top_k is not None else f"--top-p {top_p}"
@@ -90,9 +72,8 @@ class Sampling:
 # --- the prompt -----------------------------------------------------------------------------
 
 def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
-    """The prompt as token ids (1, P): encoded by the run's tokenizer, or read as ids on a
-    synthetic task. Default: a newline (the first character of a char vocabulary without one),
-    or token 0."""
+    """The prompt as token ids (1, P), by the run's tokenizer or read as ids on a synthetic
+    task (default: a newline, or token 0)."""
     tokenizer, vocab = trained.tokenizer, int(trained.model.token_embedding.num_embeddings)
     if tokenizer is None:
         return torch.tensor([token_prompt(prompt if prompt is not None else "0", vocab)])
@@ -158,9 +139,8 @@ def require_decoder(trained: TrainedModel) -> None:
 
 def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
                     sampling: Sampling) -> list[list[int]]:
-    """``model.generate``'s ``sampling.num_samples`` continuations of ``ids`` (1, P), one
-    generator seeded by ``sampling.seed`` for all: ``sampling.tokens`` ids each. Past the
-    model's context window the context is cropped to it (``generate``)."""
+    """``sampling.num_samples`` continuations of ``ids`` (1, P), ``sampling.tokens`` ids each,
+    from one generator seeded by ``sampling.seed``."""
     generator = torch.Generator().manual_seed(sampling.seed)
     rows = ids.repeat(sampling.num_samples, 1)  # (N, P)
     try:

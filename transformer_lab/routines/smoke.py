@@ -1,23 +1,4 @@
-"""``tlab smoke``: steps 1 and 2 of the source article's validation routine.
-
-Step 1 - the tiny configuration (4 tokens, d_model 8, one layer by default) builds, runs forward
-and backward; the logits have shape (B, T, vocab), the loss is finite, every parameter gets a
-finite gradient and the parameter count equals the formula (``parameter_count``). Before that,
-the model's forward-pass properties (``measures.model_properties``, one row each: dtype, device,
-eval determinism, norm scale control, FFN nonlinearity, attention masks, causality in decoders,
-finiteness, injectivity and distinguishability of positions up to ``routine.max_len``, bf16
-behaviour, batch independence, train/eval agreement, FFN gain); a failing one fails step 1 and
-its row names the culprit component (``routines.attribution``).
-Step 2 - at most ``routine.steps`` (10) optimiser steps on ``routine.n_batches`` fixed batches;
-PASS if the loss on those batches falls by at least ``routine.min_drop`` (a fraction). On FAIL
-it checks the article's suspects: the learning rate, the ratio of PE norm to token-embedding norm,
-and parameters whose gradient is all zeros.
-
-Writes ``smoke.csv`` (the check rows) and, with ``--seeds N`` > 1, ``seeds.csv``: one row per
-seed (``seed, steps, final_loss``), the numbers a one-seed run of that seed puts in its
-``summary.csv`` (whose ``final_loss`` is then the mean over the seeds); ``tlab report`` counts
-each of those rows as a seed.
-"""
+"""``tlab smoke``: steps 1 and 2 of the validation routine (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -77,9 +58,8 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
 
 
 def probed_max_len(cfg: DictConfig) -> int | None:
-    """How far step 1 checks positions: ``routine.max_len``, else the ``max_len`` the PE's
-    constructor is given (``pe.max_len``: the documented contract, whether or not the module
-    keeps it as an attribute), else None (the PE's own ``max_len`` attribute, else 256)."""
+    """How far step 1 checks positions: ``routine.max_len``, else ``pe.max_len``, else None
+    (the PE's own ``max_len`` attribute, else 256)."""
     if cfg.routine.get("max_len"):
         return int(cfg.routine.max_len)
     given = cfg.pe.get("max_len") if "pe" in cfg else None
@@ -87,12 +67,8 @@ def probed_max_len(cfg: DictConfig) -> int | None:
 
 
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
-    """Step 1's forward-pass properties (``measures.model_properties``: one row each, e.g.
-    causality, position injectivity and distinguishability, FFN nonlinearity, norm scale
-    control, bf16 behaviour). :func:`probed_max_len` is how far positions are checked;
-    ``train.precision`` says whether the run uses bf16. A failing
-    row's detail ends with its culprit (``routines.attribution``: each component swapped for
-    its group's default)."""
+    """Step 1's forward-pass properties (``measures.model_properties``), one row each; a
+    failing row's detail ends with its culprit (``routines.attribution``)."""
     clock = Stopwatch()
     max_len = probed_max_len(cfg)
 
@@ -184,11 +160,8 @@ def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float
 
 def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
                    batches: list[Batch]) -> tuple[list[CheckRow], float]:
-    """Step 2: train on fixed batches and check that the loss falls. With ``routine.seeds`` = N
-    > 1, seeds ``seed .. seed + N - 1`` train one after another, each with the initial weights
-    and fixed batches of its own single run (``model`` and ``batches`` are the first seed's):
-    one check row per seed, metrics rows with a ``seed`` column. Returns the rows and each
-    seed's loss on its fixed batches after training (seed -> loss)."""
+    """Step 2: train each seed on its fixed batches (``model`` and ``batches``: the first
+    seed's) and check that the loss falls; the rows and seed -> loss after training."""
     seeds = seed_list(cfg)
     several = len(seeds) > 1
     settings = train_settings(cfg)
@@ -245,10 +218,8 @@ def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: 
 
 def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
                     idle: set[str] = frozenset()) -> CheckRow:
-    """Step 2: every trainable parameter of the (first seed's) model changed during the smoke
-    training, but those of modules that only ever ran on empty inputs (``idle``: an expert
-    no token chose). One that did not is outside the optimiser (created in ``forward`` after
-    the optimiser was built) or gets no gradient at any step; its name is given."""
+    """Step 2: every trainable parameter changed in training, but those of ``idle`` modules
+    (an expert no token chose)."""
     still = [name for name, p in model.named_parameters() if p.requires_grad
              and name not in idle
              and (name not in initial or torch.equal(p.detach(), initial[name]))]
@@ -264,8 +235,7 @@ def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
 
 
 def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
-    """``seeds.csv``: one row per seed of the run, with the summary numbers a one-seed
-    run of that seed gets (``final_loss``: its loss on its fixed batches, ``steps``)."""
+    """``seeds.csv``: per seed, the summary numbers a one-seed run of it gets."""
     return [{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
             for seed, loss in losses.items()]
 

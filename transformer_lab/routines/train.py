@@ -1,43 +1,5 @@
-"""``tlab train``: one configuration trained on its task, the researcher's everyday run.
-
-The run's model (``build_model(cfg, seed)``) trains for ``train.steps`` steps with the
-``optimizer`` group's optimiser and ``train.schedule``; every ``train.log_every`` steps a
-``train`` row and every ``train.eval_every`` steps (and at the end) a held-out ``val`` row go
-to ``metrics.csv``: the loss, token accuracy and, by task,
-
-* a language task (``task=lm``, ``task=text``): ``ppl``, the perplexity ``exp(loss)`` of the
-  held-out next-token cross-entropy;
-* a sequence task (``task=reverse``, ``task=copy``): ``exact_match``, the fraction of held-out
-  sequences predicted entirely right (greedy decoding in a decoder).
-
-``routine.seeds`` = N > 1 (``--seeds``): seeds ``seed .. seed+N-1`` train one after another,
-each built and trained as a run of its own (the same numbers as a one-seed run of that seed);
-``seeds.csv`` has one row per seed with the numbers such a run puts in its summary, so that
-``tlab report`` pairs the seeds of a sweep (``-m pe=rope,alibi``) and gives verdicts.
-``summary.csv``: those numbers, averaged over the seeds (``steps``: the longest; ``wall_s``: the
-whole run's).
-The console prints one line per seed (and their mean). Where it trained and how fast: ``device``,
-``world_size``, ``step_ms`` and ``steady_tokens_per_s`` (the first step and evaluations left
-out) and ``mfu`` (``Utilisation``, ``training.throughput``). Under torchrun (``tlab train --nproc
-N``) only rank 0 keeps files (``RunCheckpoints``); docs/scale.md.
-
-Each seed's final weights are kept as it finishes (``RunCheckpoints``): ``model.safetensors``
-for one seed, ``models/seed<k>.safetensors`` for several (``training.checkpoint``: each file's
-header holds the config that rebuilds its model, its seed and the task's tokenizer). The run
-also keeps its resumable state in ``checkpoint.pt`` (atomically replaced; ``train.checkpoint``,
-on by default): at the end, and when SIGINT (Ctrl-C) or SIGTERM stops it (at the end of the
-current step: ``trainer.stop_between_steps``); with ``train.checkpoint_every`` = N > 0 also at
-the start, every N steps and after each seed. It holds each finished seed's final trainer state
-(``Trainer.state_dict``), the current seed's and the number of rows ``metrics.csv`` had then.
-``--resume RUN_DIR`` reruns the run in its own directory: this routine finds ``checkpoint.pt``
-there, cuts ``metrics.csv`` back to those rows and goes on from that state, so the finished
-run's files equal those of a run never stopped (timings aside). ``--resume RUN_DIR
-train.steps=N`` trains every seed on to N steps from its kept state (a finished run extended);
-the schedule is then that of an N-step run from the kept step on.
-
-In this order: the settings, the kept models and state, one seed's training, the numbers and
-the table, the routine.
-"""
+"""``tlab train``: one configuration trained on its task, each seed a run of its own, with its
+weights and resumable state kept (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -93,8 +55,8 @@ SETTINGS = {"seeds": POSITIVE_INT}
 # --- one seed ------------------------------------------------------------------------------
 
 class HeldOutLog:
-    """One seed's metrics rows on their way to ``metrics.csv``: on a language task each held-out
-    (``val``) row gains ``ppl``; the last held-out row is kept (the run's final numbers)."""
+    """A seed's metrics rows: held-out rows gain ``ppl`` on a language task; ``last`` is the
+    last held-out row."""
 
     def __init__(self, log: Any, language: bool) -> None:
         self.log = log
@@ -125,8 +87,7 @@ class TrainedSeed:
     trainer: dict[str, Any] | None = None  # its final ``Trainer.state_dict``, on the CPU
 
     def state(self) -> dict[str, Any]:
-        """As the resumable state keeps it (``from_state`` reads it back; ``train_seed`` goes
-        on from it)."""
+        """As the resumable state keeps it (``from_state`` reads it back)."""
         return {"seed": self.seed, "result": asdict(self.result), "params": self.params,
                 "held_out": dict(self.held_out), "trainer": self.trainer}
 
@@ -150,8 +111,7 @@ class TrainedSeed:
 
 
 def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
-    """``seed_init`` and ``seed_data`` of a row when the run sets either apart (for ``tlab
-    report``'s variance by source), else nothing."""
+    """``seed_init`` and ``seed_data`` of a row when the run sets either apart, else nothing."""
     if cfg.get("seed_init") is None and cfg.get("seed_data") is None:
         return {}
     return dict(zip(("seed_init", "seed_data"), seed_sources(cfg, seed), strict=True))
@@ -161,15 +121,14 @@ def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
 
 @dataclass
 class ResumePoint:
-    """Where an interrupted run goes on: the seeds it finished and, if it stopped within a seed,
-    that seed's state (``RunCheckpoints.save_progress``)."""
+    """Where an interrupted run goes on: the seeds it finished and the current seed's state."""
 
     done: list[TrainedSeed]
     current: dict[str, Any] | None  # seed, trainer (Trainer.state_dict), result, held_out
 
     def states(self, steps: int) -> dict[int, dict[str, Any]]:
-        """The state each seed goes on from, by seed: the current one's, and a finished seed's
-        final one when it trained fewer than ``steps`` steps (the run is extended)."""
+        """Seed -> the state it goes on from: the current one's, and a finished seed's when it
+        trained fewer than ``steps`` steps (the run is extended)."""
         states = {s.seed: s.state() for s in self.done if s.result.steps < steps}
         if self.current is not None:
             states[int(self.current["seed"])] = self.current
@@ -177,9 +136,7 @@ class ResumePoint:
 
 
 class RunCheckpoints:
-    """What a ``tlab train`` run keeps in its directory: each seed's final weights and (unless
-    ``train.checkpoint=false``) its resumable state (``checkpoint.pt``): at the end and when
-    stopped, and with ``train.checkpoint_every`` also as it goes (``periodic``)."""
+    """Each seed's final weights and the run's resumable state (``checkpoint.pt``)."""
 
     def __init__(self, cfg: DictConfig, run: RunDirectory, task: Task, seeds: Sequence[int]
                  ) -> None:
@@ -192,8 +149,7 @@ class RunCheckpoints:
         # than torch.save of a small model)
 
     def resume_point(self) -> ResumePoint | None:
-        """The state the run left in its directory (None for a new run): ``metrics.csv`` is cut
-        back to the rows it had then."""
+        """The state the run left (None for a new run); ``metrics.csv`` cut back to match."""
         if not self.path.is_file():
             return None
         state = load_state(self.path)
@@ -201,8 +157,8 @@ class RunCheckpoints:
         return ResumePoint([TrainedSeed.from_state(s) for s in state["done"]], state["current"])
 
     def save_progress(self, done: Sequence[TrainedSeed], current: dict[str, Any] | None) -> None:
-        """The resumable state: the finished seeds, the current one's (None between seeds) and
-        the rows ``metrics.csv`` has now."""
+        """The finished seeds, the current one's state (None between seeds) and the rows
+        ``metrics.csv`` has now."""
         if self.enabled and self.writes:
             save_state(self.path, {"config": self.config,
                                    "done": [s.state() for s in done], "current": current,
@@ -216,21 +172,14 @@ class RunCheckpoints:
         save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
 
-    def finish(self, trained: Sequence[TrainedSeed]) -> None:
-        """Every seed is trained and kept: the final state, from which ``--resume RUN
-        train.steps=N`` trains the run further."""
-        self.save_progress(trained, None)
-
 
 # --- one seed ------------------------------------------------------------------------------
 
 def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
                checkpoint: Callable[[dict[str, Any]], None] | None = None,
                resume: Mapping[str, Any] | None = None) -> tuple[TrainedSeed, nn.Module]:
-    """Build the model of ``cfg`` with ``seed`` and train it for ``train.steps`` steps, as a run
-    of its own; its rows go to ``log`` tagged with the stage and seed. ``checkpoint(current)``
-    gets the seed's resumable state every ``train.checkpoint_every`` steps; ``resume``: such a
-    state to go on from. Returns the seed's numbers and its trained model."""
+    """Build the model of ``cfg`` with ``seed`` and train it for ``train.steps`` steps (from
+    ``resume``, a state ``checkpoint`` got); its numbers and its trained model."""
     settings = train_settings(cfg)
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
@@ -271,15 +220,15 @@ def is_language(task: Task) -> bool:
 # --- the numbers and the table --------------------------------------------------------------
 
 def run_summary(seeds: list[TrainedSeed], language: bool) -> dict[str, Any]:
-    """``summary.csv``'s numbers: each seed's (``TrainedSeed.numbers``) averaged over the seeds;
-    ``steps`` the longest, ``params`` the model's."""
+    """Each seed's ``TrainedSeed.numbers`` averaged; ``steps`` the longest."""
     rows = [s.numbers(language) for s in seeds]
-    summary = {key: _mean([row[key] for row in rows]) for key in rows[0]}
+    summary = {key: mean_or_nan([row[key] for row in rows]) for key in rows[0]}
     summary.update(params=rows[0]["params"], steps=max(row["steps"] for row in rows))
     return summary
 
 
-def _mean(values: list[Any]) -> float:
+def mean_or_nan(values: Sequence[Any]) -> float:
+    """The mean of the values that are not None; NaN without any."""
     numbers = [float(v) for v in values if v is not None]
     return statistics.fmean(numbers) if numbers else math.nan
 
@@ -326,8 +275,7 @@ def describe_run(cfg: DictConfig, params: int) -> str:
 
 @dataclass
 class Utilisation:
-    """The device a run trained on and its model FLOPs utilisation (``training.throughput``):
-    FLOPs per token by the budget formula over the device's peak."""
+    """The device a run trained on and its model FLOPs utilisation (``training.throughput``)."""
 
     device: Any
     ranks: int
@@ -344,8 +292,7 @@ class Utilisation:
         return cls(device, ranks, flops, peak, source)
 
     def numbers(self, numbers: dict[str, Any]) -> dict[str, Any]:
-        """``numbers`` with ``mfu`` (from the steady tokens/s: the first step and evaluations
-        left out)."""
+        """``numbers`` with ``mfu`` (from the steady tokens/s)."""
         tokens = float(numbers.get("steady_tokens_per_s", math.nan))
         return {**numbers, "mfu": model_flops_utilisation(tokens, self.flops_per_token,
                                                           self.peak, self.ranks)}
@@ -362,8 +309,7 @@ class Utilisation:
 
 def interrupted(stop: Interrupted, run: RunDirectory, seed: int, seeds: Sequence[int],
                 steps: int, kept: bool) -> Interrupted:
-    """``stop`` (SIGINT or SIGTERM) with a message that says where the run stopped and how to
-    go on with it."""
+    """``stop`` (SIGINT, SIGTERM) saying where the run stopped and how to go on with it."""
     if stop.step is None or not kept:  # a second signal, or train.checkpoint=false
         return stop
     where = f"at step {stop.step} of {steps}" + (f" of seed {seed} ({len(seeds)} seeds)"
@@ -374,9 +320,8 @@ def interrupted(stop: Interrupted, run: RunDirectory, seed: int, seeds: Sequence
 
 
 def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
-    """Train every seed one after another, keeping each one's final weights, print the table;
-    PASS when every seed's held-out loss is finite (a diverging seed stops the run:
-    ``Diverged``). A run directory holding ``checkpoint.pt`` (``--resume``) goes on from it."""
+    """Train every seed one after another (going on from a kept ``checkpoint.pt``), print the
+    table; PASS when every held-out loss is finite."""
     clock = Stopwatch()
     task, seeds, steps = inputs.task, seed_list(cfg), int(cfg.train.steps)
     language = is_language(task)
@@ -405,7 +350,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
             if kept.periodic:
                 kept.save_progress(list(latest.values()), None)
     trained = [latest[seed] for seed in seeds]
-    kept.finish(trained)
+    kept.save_progress(trained, None)  # the final state: --resume RUN train.steps=N goes on
     utilisation = Utilisation.of(cfg, task)
     per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
                 for s in trained]

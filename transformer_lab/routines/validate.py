@@ -1,35 +1,5 @@
-"""``tlab validate``: the source article's four-step validation routine on one configuration.
-
-    step 1  the article's minimal model (4 tokens, d_model 8, one layer) runs forward and backward:
-            output shape, finite loss, a finite gradient for every parameter, parameter count;
-            and the component properties of ``measures/model_properties.py`` (causality,
-            position injectivity, finiteness at max_len, batch independence, train/eval, ...)
-    step 2  <= 10 optimiser steps on fixed batches: the loss must fall (else: learning rate,
-            PE-to-embedding scale, dead gradients)
-    step 3  4-token reversal to held-out exact match >= routine.target, beside a NoPE control
-            (and, for a rotary PE, the relative-position property of its scores)
-    step 4  the FFN activations of routine.compare compared over routine.compare.routine.steps
-            steps and seeds (150 x 6 by default): each must train to a
-            finite, falling loss; the numbers (speed, perplexity, gradient-norm spread) are a
-            comparison, written to comparison.csv and loss_curves.png; with seeds, each
-            activation's check detail ends with its verdict against the first, paired by seed
-
-The pe, block, norm_layer, ffn and arch of the run are shared by every step; the sizes
-and training settings of steps 1-2 and 4 are the run's config with ``routine.smoke`` /
-``routine.compare`` merged over it (``configs/experiment/validate.yaml``). A failing step 1
-stops the routine (the later steps would not mean anything); later failures do not, so the
-table shows everything that is wrong. A diverging step is a FAIL of that step.
-
-Step 4 does not depend on steps 1-3: where a second core is free for it (``comparison_beside``)
-it trains in a forked process beside them (:class:`StepBeside`), and its rows, files and metrics
-rows join the run after step 3 as if it had run there; its numbers are those of a run after
-step 3.
-
-Writes ``validation.csv`` (``step, check, status, metric, value, threshold, wall_s, detail``;
-one row per check, appended as each step ends so an interrupted run keeps the finished steps),
-``reverse.csv``, ``comparison.csv``, ``compare_runs.csv``, ``loss_curves.png`` and every
-training row in ``metrics.csv`` (``stage`` = smoke / reverse_task / compare).
-"""
+"""``tlab validate``: the source article's four-step validation routine on one configuration;
+step 4 may run in a forked process beside steps 1-3 (docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -87,10 +57,8 @@ def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
 
 
 def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with a step's block (``routine.smoke`` / ``routine.compare``: a smaller model,
-    its training settings, its routine) merged over it; where the run's components cannot be
-    built at that model size (a preset's partial rotary at a head size of 4), the block without
-    its ``model`` sizes, and a note saying so ("" otherwise)."""
+    """``cfg`` with a step's block merged over it; where the run's components cannot be built
+    at that size, the block without its ``model`` sizes and a note saying so ("" otherwise)."""
     from transformer_lab.config.architecture import check_architecture
     from transformer_lab.model import build_model
 
@@ -232,9 +200,8 @@ class StagedRun(RunDirectory):
 
 
 class StepBeside:
-    """``step(staged_run)`` in a forked process on another core (threads would share the GIL,
-    which a tiny model's step mostly holds); ``collect`` its result into the run, or ``cancel``
-    it. The child is quiet; Ctrl-C ends it at once, and it dies with the parent."""
+    """``step(staged_run)`` in a forked process on another core; ``collect`` its result into
+    the run, or ``cancel`` it."""
 
     STAGING = ".step-beside"  # the step's folder in the run directory, until collected
 

@@ -1,14 +1,5 @@
-"""Variants of one run's config, and metrics rows tagged with the variant they belong to.
-
-The validation routine trains several models in one run directory: the chosen PE and its NoPE
-control (step 3), one model per activation and seed (step 4); ``tlab compare --vary`` one per
-value and seed. Each is the run's own config with one config group swapped
-(``with_choice(cfg, "pe", "none")``), one value set (``with_value(cfg, "train.lr", 1e-3)``: a
-group's choice or a key's value, as ``KEY=VALUE`` on the command line) or a block of settings
-merged over it (``merged(cfg, patch)``); the run's ``metrics.csv`` tells them apart by the
-columns ``stage``, ``variant`` and ``seed`` (``stage_log``). ``train_settings`` turns a variant's
-``train.*`` keys and its ``optimizer`` node into the trainer's typed settings.
-"""
+"""Variants of one run's config (another group choice or key value, a merged block), their
+typed training settings, seeds, and metrics rows tagged with the variant."""
 
 from __future__ import annotations
 
@@ -17,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf, open_dict
+from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
 from transformer_lab.config.tree import (
     choice_file,
@@ -38,9 +29,8 @@ def stage_log(log: CsvLog | None, stage: str, variant: str = "",
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
-    """The typed training settings of ``cfg``: its ``train.*`` keys, ``model.d_model`` and
-    its ``optimizer`` node (a config without one, e.g. an older run's: AdamW with
-    ``train.betas`` and ``train.weight_decay``)."""
+    """The typed training settings of ``cfg`` (without an ``optimizer`` node, as an older
+    run's: AdamW)."""
     node = cfg.get("optimizer")
     return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
                                       int(cfg.model.d_model),
@@ -48,14 +38,13 @@ def train_settings(cfg: DictConfig) -> TrainSettings:
 
 
 def optimizer_settings(node: DictConfig) -> OptimizerSettings:
-    """An ``optimizer`` node (``configs/optimizer/*.yaml``, interpolations resolved) as typed
-    settings."""
+    """An ``optimizer`` node (interpolations resolved) as typed settings."""
     return _optimizer_settings(OmegaConf.to_container(node, resolve=True))
 
 
 def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
-    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists become
-    tuples, as torch's signatures have them); ``rest`` in the same way."""
+    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists as
+    tuples); ``rest`` in the same way."""
     rest = values.get("rest")
     return OptimizerSettings(
         name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
@@ -66,11 +55,8 @@ def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
 
 
 def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
-    """(initialisation seed, data-order seed) of the run's seed ``seed`` (one of
-    ``seed_list``): both ``seed``, unless ``seed_init`` / ``seed_data`` set one apart, which
-    then moves by the same offset (``seed_init=5 --seeds 3``: initial weights of 5, 6, 7, data
-    orders of 0, 1, 2). The model is built with the first, the trainer's batches drawn with
-    the second."""
+    """(initialisation seed, data-order seed) of the run's seed ``seed``: both ``seed`` unless
+    ``seed_init`` / ``seed_data`` set one apart, which then moves by the same offset."""
     offset = seed - int(cfg.seed)
     init, data = cfg.get("seed_init"), cfg.get("seed_data")
     return (seed if init is None else int(init) + offset,
@@ -82,9 +68,15 @@ def seed_list(cfg: DictConfig) -> list[int]:
     return [int(cfg.seed) + offset for offset in range(int(cfg.routine.get("seeds", 1)))]
 
 
+def as_list(value: Any) -> list[str]:
+    """A list, or a comma-separated string, as a list of stripped strings (None: [])."""
+    if isinstance(value, ListConfig | list | tuple):
+        return [str(v).strip() for v in value]
+    return [v.strip() for v in str(value or "").split(",") if v.strip()]
+
+
 def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> DictConfig:
-    """The node of ``group=choice`` (``config.tree.choice_node``: interpolations left
-    unresolved); ``user_dirs``: the user's ``--config-dir`` trees, searched after tlab's."""
+    """The node of ``group=choice`` (unresolved), in tlab's tree then ``user_dirs``."""
     node = choice_node(group, choice, user_dirs)
     if node is None:
         valid = ", ".join(group_choices(group, user_dirs))
@@ -93,8 +85,7 @@ def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> Dict
 
 
 def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``),
-    found in tlab's tree or the ``--config-dir`` trees ``cfg`` was composed with."""
+    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
     variant = copy.deepcopy(cfg)
     with open_dict(variant):
         variant[group] = load_choice(group, choice, user_config_dirs(cfg))
@@ -102,17 +93,13 @@ def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
 
 
 def is_group(cfg: DictConfig, key: str) -> bool:
-    """True when ``key`` names a config group (a folder of choices in tlab's tree or the
-    ``--config-dir`` trees ``cfg`` was composed with), not a key."""
+    """True when ``key`` names a config group, not a key."""
     return "." not in key and bool(group_choices(key, user_config_dirs(cfg)))
 
 
 def with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
-    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it, for a group or a
-    key. A group's choice brings its own node (``with_choice``; the settings you gave inside
-    the group do not carry over), a ``# @package _global_`` choice such as a preset its group
-    choices and keys (``with_global_choice``); a key must exist and takes ``value`` as it is.
-    ``ConfigError`` (one line) for an unknown choice or key."""
+    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it: a group's choice
+    (a ``_global_`` one such as a preset: ``with_global_choice``) or an existing key's value."""
     if is_group(cfg, key):
         path = choice_file(key, str(value), user_config_dirs(cfg))
         if path is not None and _package(path) == "_global_":
@@ -141,8 +128,8 @@ def _package(path: Path) -> str | None:
 
 
 def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """``cfg`` with a ``_global_`` choice applied as Hydra applies it after the experiment (a
-    preset: its ``override /group: choice`` entries, then its keys merged over the config)."""
+    """``cfg`` with a ``_global_`` choice (a preset) applied as Hydra applies it after the
+    experiment: its ``override /group: choice`` entries, then its keys."""
     node = load_choice(group, choice, user_config_dirs(cfg))
     variant = cfg
     for entry in node.get("defaults", []):
@@ -160,11 +147,8 @@ def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
 
 
 def merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
-    """A copy of ``cfg`` with ``patch`` merged over it; ``patch.routine`` replaces the routine.
-
-    Interpolations stay live, so ``pe.head_dim: ${tlab.div:${model.d_model},...}`` follows a
-    patched ``model.d_model``.
-    """
+    """A copy of ``cfg`` with ``patch`` merged over it (interpolations live); ``patch.routine``
+    replaces the routine."""
     variant = copy.deepcopy(cfg)
     if patch is None:
         return variant

@@ -1,6 +1,2 @@
-"""``tlab extrapolate``: what to train and evaluate (``plan``), the configs, tasks and models at
-each length (``lengths``), the routine (``routine``), its tables and plot (``tables``)."""
-
-from transformer_lab.routines.extrapolate.routine import check_config, run_extrapolate
-
-__all__ = ["check_config", "run_extrapolate"]
+"""``tlab extrapolate``: ``plan`` (what to train and evaluate), ``lengths`` (configs, tasks and
+models at each length), ``routine``, ``tables`` (curves, plot, table, verdicts)."""

@@ -1,13 +1,4 @@
-"""``tlab extrapolate``'s configs, tasks and models at each length (moved out of
-``routine.py``, which trains and evaluates with them):
-
-    config_for           ``cfg`` with another PE node, ``task.seq_len`` and ``model.max_len``
-    task_at              the task at one length (same ``data_seed``); ``ConfigError`` if it cannot
-    tasks_by_length      the training task and one task per evaluation length
-    positions_reachable  None, or why the model's PE cannot encode that many positions
-    scaled_model         the trained model with its RoPE rebuilt for a scaling (weights shared)
-    evaluate             held-out loss, token accuracy and exact match
-"""
+"""``tlab extrapolate``'s configs, tasks and (scaled) models at each length."""
 
 from __future__ import annotations
 
@@ -27,8 +18,7 @@ from transformer_lab.training.trainer import evaluate_model
 
 
 def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | None) -> DictConfig:
-    """A copy of ``cfg`` with PE ``node`` and ``task.seq_len = seq_len``; ``model.max_len`` is
-    ``max_len`` when given (the training model length for the models this routine builds)."""
+    """A copy of ``cfg`` with PE ``node``, ``task.seq_len`` and (when given) ``model.max_len``."""
     out = copy.deepcopy(cfg)
     with_flag = OmegaConf.is_struct(out)
     OmegaConf.set_struct(out, False)
@@ -41,8 +31,8 @@ def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | N
 
 
 def task_at(cfg: DictConfig, seq_len: int, what: str) -> Task:
-    """The task at ``seq_len`` (same ``data_seed``); a task that cannot make it is a
-    ``ConfigError`` naming ``what`` (e.g. "evaluation length 64")."""
+    """The task at ``seq_len`` (same ``data_seed``); ``ConfigError`` naming ``what`` if it
+    cannot be made."""
     try:
         return build_task(config_for(cfg, cfg.pe, seq_len, None))
     except ConfigError as exc:
@@ -50,8 +40,7 @@ def task_at(cfg: DictConfig, seq_len: int, what: str) -> Task:
 
 
 def tasks_by_length(cfg: DictConfig, plan: Plan) -> dict[int, Task]:
-    """The training task and one task per evaluation length, all with the same ``data_seed``
-    (the held-out split is the same hash rule at every length)."""
+    """The training task and one task per evaluation length, all with the same ``data_seed``."""
     tasks = {plan.train_len: task_at(cfg, plan.train_len, "the training length")}
     for length in plan.eval_lens:
         if length not in tasks:
@@ -72,8 +61,8 @@ def positions_reachable(model: TransformerModel, length: int) -> str | None:
 
 def scaled_model(model: TransformerModel, cfg_pe: DictConfig, settings: Mapping[str, Any]
                  ) -> TransformerModel:
-    """``model`` with its RoPE rebuilt from ``cfg_pe.pe`` plus ``settings`` (no copy when
-    ``settings`` is empty). RoPE has no parameters, so the trained weights are shared."""
+    """``model`` with its RoPE rebuilt from ``cfg_pe.pe`` plus ``settings``, sharing the
+    trained weights (``model`` itself when ``settings`` is empty)."""
     if not settings:
         return model
     spec = {**OmegaConf.to_container(cfg_pe.pe, resolve=True), **settings}

@@ -1,10 +1,5 @@
-"""What ``tlab extrapolate`` trains and evaluates, read and checked from ``cfg.routine``.
-
-``make_plan(cfg)`` -> :class:`Plan`: the PEs (and their config nodes), the training length, the
-evaluation lengths (``"2x"`` or a token count), the RoPE scalings (:class:`Scaling`, ``name`` or
-``name:value``), the seeds and the fine-tune settings. Bad input raises ``ConfigError`` with one
-line naming the value and the valid ones. The routine is in ``routine.py``.
-"""
+"""What ``tlab extrapolate`` trains and evaluates (``make_plan``), read and checked from
+``cfg.routine``."""
 
 from __future__ import annotations
 
@@ -13,12 +8,12 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig
+from omegaconf import DictConfig
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.tree import user_config_dirs
 from transformer_lab.errors import ConfigError
-from transformer_lab.routines.variants import load_choice, seed_list
+from transformer_lab.routines.variants import as_list, load_choice, seed_list
 
 # Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
 RATIO_SCALINGS = ("linear", "ntk", "yarn")
@@ -26,11 +21,9 @@ SCALING_CHOICES = (*ROPE_SCALINGS, "base")
 _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$")
 
 
-
-
 @dataclass(frozen=True)
 class Scaling:
-    """One entry of ``routine.scalings``: ``name`` or ``name:value`` (see module docstring)."""
+    """One entry of ``routine.scalings``: ``name`` or ``name:value``."""
 
     name: str  # none | linear | ntk | dynamic | yarn | base
     value: float | None = None  # fixed factor, or the base for ``base``
@@ -95,13 +88,7 @@ def parse_eval_length(entry: Any, train_len: int) -> int:
     return length
 
 
-def _as_list(value: Any) -> list[Any]:
-    """A Hydra list, or a comma-separated string, as a Python list (None -> [])."""
-    if value is None:
-        return []
-    if isinstance(value, ListConfig | list | tuple):
-        return list(value)
-    return [v for v in str(value).split(",") if v.strip()]
+
 
 
 @dataclass
@@ -127,8 +114,7 @@ def supports_scaling(pe_node: DictConfig) -> bool:
 
 
 def pe_node(cfg: DictConfig, name: str) -> DictConfig:
-    """The config node of PE ``name``: the composed ``cfg.pe`` (with the user's ``pe.*``
-    overrides) when it is that PE, else ``<config tree>/pe/<name>.yaml``."""
+    """The config node of PE ``name``: ``cfg.pe`` when it is that PE, else its choice file."""
     if cfg.pe.get("name") == name:
         return cfg.pe
     try:
@@ -138,20 +124,19 @@ def pe_node(cfg: DictConfig, name: str) -> DictConfig:
 
 
 def make_plan(cfg: DictConfig) -> Plan:
-    """Read ``cfg.routine`` (its keys checked by the routine's ``SETTINGS``) and check what
-    ties them to each other and to the task; ``ConfigError`` with one line on bad input."""
+    """Read ``cfg.routine`` and check what ties its keys to each other and to the task."""
     r = cfg.routine
     if "seq_len" not in cfg.task:
         raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "
                           "whose length can be set (reverse, copy, lm, text)")
-    pes = [str(p).strip() for p in _as_list(r.get("pes"))] or [str(cfg.pe.get("name"))]
+    pes = as_list(r.get("pes")) or [str(cfg.pe.get("name"))]
     if len(set(pes)) != len(pes):
         raise ConfigError(f"routine.pes={pes} names a pe twice; list each once")
     nodes = {pe: pe_node(cfg, pe) for pe in pes}
     train_len = r.get("train_len") or cfg.task.seq_len
-    entries = _as_list(r.get("eval_lens")) or ["1x"]
+    entries = as_list(r.get("eval_lens")) or ["1x"]
     eval_lens = sorted({parse_eval_length(e, train_len) for e in entries})
-    scalings = [parse_scaling(s) for s in _as_list(r.get("scalings"))] or [Scaling("none")]
+    scalings = [parse_scaling(s) for s in as_list(r.get("scalings"))] or [Scaling("none")]
     if len({s.label for s in scalings}) != len(scalings):
         raise ConfigError(f"routine.scalings={[s.label for s in scalings]} lists one twice")
     scaled = [s.label for s in scalings if s.name != "none"]
@@ -162,6 +147,5 @@ def make_plan(cfg: DictConfig) -> Plan:
     finetune_steps = r.get("finetune_steps", 0) or 0
     finetune_lr = r.get("finetune_lr") or cfg.train.lr
     max_len = r.get("max_len")
-    return Plan(pes, nodes, train_len, eval_lens, scalings,
-                seeds, finetune_steps, float(finetune_lr),
-                max_len)
+    return Plan(pes, nodes, train_len, eval_lens, scalings, seeds, finetune_steps,
+                float(finetune_lr), max_len)

@@ -1,53 +1,5 @@
-"""``tlab extrapolate``: train at one length, evaluate at longer ones (the article's pitfall 6.2).
-
-For every positional encoding in ``routine.pes`` and every seed, one model is trained on the task
-at ``routine.train_len`` (``task.seq_len``; for ``reverse``/``copy`` under ``arch=decoder`` the
-model sees ``2 * train_len`` positions, ``source SEP target``). The trained model is then
-evaluated, without retraining, on a task made with the same ``data_seed`` at each length of
-``routine.eval_lens`` (``"2x"`` = twice ``train_len``, ``24`` = 24 tokens): held-out loss, token
-accuracy and (reverse/copy) exact match by greedy decoding.
-
-RoPE models are evaluated once per entry of ``routine.scalings`` (context-extension remedies,
-see :func:`transformer_lab.components.positional.rope_inverse_frequencies`), with
-``original_max_len`` = the training model length ``L`` and, at an evaluation length ``L'``:
-
-======================= =================================================================
-entry                   what the model's RoPE becomes at ``L'``
-======================= =================================================================
-``none``                unchanged: plain extrapolation
-``linear``              position interpolation (Chen et al. 2023): ``theta_i / s``
-``ntk``                 NTK-aware base ``base * s^(d/(d-2))`` (bloc97 2023)
-``dynamic``             dynamic NTK: ``s`` recomputed from the current length (factor 1)
-``yarn``                YaRN (Peng et al. 2023): per-pair ramp + attention temperature
-``base:N``              a plain larger base ``N`` (e.g. 500000, the LLaMA 3 value)
-======================= =================================================================
-
-with ``s = max(1, L'/L)`` unless a factor is written after a colon (``yarn:4``). Positional
-encodings without a ``scaling`` setting (sinusoidal, learned, ALiBi, T5, NoPE) are evaluated as
-trained (``scaling=none``) only. Training with a larger base from the start is ``pe.base=500000``.
-
-With ``routine.finetune_steps > 0`` each (model, scaling) pair is also fine-tuned for that many
-steps at every evaluation length longer than ``train_len`` and evaluated again (the position
-interpolation recipe: PI + a short fine-tune; with ``none`` it is plain fine-tuning at the longer
-length, the paper's baseline).
-
-Every model is built for its training length: ``model.max_len`` (the learned table size) is the
-training model length unless ``routine.max_len`` is set. A learned table asked for positions it
-does not have (``pe.interpolate=false``) cannot be evaluated there: its rows in
-``extrapolation.csv`` get ``status=error`` and the reason, the other encodings still run (this is
-the article's "learned PE fails past its max length"). Bad requests stop the run before anything is
-trained (``ConfigError``, exit 2): an evaluation length below 1, an unknown scaling, a factor
-<= 0, a scaling with no RoPE encoding in ``routine.pes``, a length the task cannot generate.
-
-Writes ``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`, one row per pe, scaling, seed,
-evaluation length and fine-tune setting), ``extrapolation.png`` (metric vs length per encoding)
-and the training rows of every model in ``metrics.csv`` (tagged with ``pe``, ``scaling``,
-``seed``, ``phase``).
-
-Files: ``plan.py`` reads and checks ``cfg.routine`` (the plan), ``lengths.py`` makes the configs,
-tasks and (scaled) models at each length, this file trains and evaluates, ``tables.py`` makes the
-curves, the plot and the terminal table.
-"""
+"""``tlab extrapolate``: train at one length, evaluate at longer ones, with RoPE scalings and
+fine-tuning (the article's pitfall 6.2; docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -56,7 +8,6 @@ import dataclasses
 import math
 import time
 from collections.abc import Mapping
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -93,7 +44,7 @@ from transformer_lab.routines.extrapolate.tables import (
 from transformer_lab.routines.variants import train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
-from transformer_lab.training.trainer import Trainer, count_parameters
+from transformer_lab.training.trainer import Trainer, TrainSettings, count_parameters
 
 # The routine's own keys (``routines.check_settings``; what ties them together: ``make_plan``).
 SETTINGS = {"pes": Rule("list", nullable=True), "train_len": int_rule(1, nullable=True),
@@ -114,8 +65,7 @@ def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
-    """Pre-flight checks (``routines.check_routine``): the plan parses, every evaluation length
-    can be generated, every PE builds. Raises ``ConfigError``; writes nothing."""
+    """Pre-flight: the plan parses, every evaluation length can be made, every PE builds."""
     plan = make_plan(cfg)
     train_task = tasks_by_length(cfg, plan)[plan.train_len]
     option = pretrained_option(cfg)
@@ -131,7 +81,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 def model_max_len(cfg: DictConfig, plan: Plan, train_model_len: int) -> int | None:
     """``model.max_len`` of the models built: ``routine.max_len`` or the training model
-    length; None (the config's, i.e. the checkpoint's) with ``--from-hf`` or ``--from-run``."""
+    length; None (the checkpoint's) with ``--from-hf`` or ``--from-run``."""
     return None if pretrained_option(cfg) else plan.max_len or train_model_len
 
 
@@ -179,8 +129,7 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
 
 
 def rewrite(table: CsvLog, rows: list[dict[str, Any]]) -> None:
-    """Write ``table``'s file again with ``rows`` (its rows were written as they came, without
-    the verdict columns, which need every seed)."""
+    """Write ``table``'s file again with ``rows`` (now with the verdict columns)."""
     table.close()
     CsvLog(table.path, table.columns).write_all(rows)
 
@@ -188,8 +137,8 @@ def rewrite(table: CsvLog, rows: list[dict[str, Any]]) -> None:
 def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
                      device: torch.device, run: RunDirectory, table: CsvLog
                      ) -> tuple[list[dict[str, Any]], int]:
-    """Train one model at ``plan.train_len``; evaluate it at every length and scaling. Each row
-    is written to ``table`` as soon as it exists (an interrupted run keeps them)."""
+    """Train one model at ``plan.train_len``; evaluate it at every length and scaling, each
+    row written to ``table`` as soon as it exists."""
     node = plan.pe_nodes[pe]
     train_task = tasks[plan.train_len]
     original_max_len = train_task.model_seq_len
@@ -204,14 +153,10 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
-    trainer = Trainer(model, train_task, train_settings(cfg), seed, log)
-    try:
-        with progress_bar(log, f"extrapolate: training pe={pe} seed={seed} at length "
-                          f"{plan.train_len}", total=steps) if steps else nullcontext():
-            if steps:
-                trainer.fit(steps)
-    except Diverged as exc:
-        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {exc}")
+    diverged = _fit(model, train_task, train_settings(cfg), seed, log, steps,
+                    f"extrapolate: training pe={pe} seed={seed} at length {plan.train_len}")
+    if diverged is not None:
+        rows = [_error_row(base_row, scaling.label, length, f"training diverged: {diverged}")
                 for scaling in plan.scalings_for(pe) for length in plan.eval_lens]
         table.write_all(rows)
         return rows, 0
@@ -249,13 +194,23 @@ def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, 
     settings = dataclasses.replace(train_settings(cfg), lr=float(plan.finetune_lr), warmup=0)
     log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed, phase="finetune",
                     seq_len=length)
+    diverged = _fit(model, task, settings, seed, log, int(plan.finetune_steps),
+                    f"extrapolate: fine-tuning pe={pe} {scaling.label} at length {length}")
+    return None if diverged is None else f"fine-tuning diverged: {diverged}"
+
+
+def _fit(model: TransformerModel, task: Task, settings: TrainSettings, seed: int, log: TaggedLog,
+         steps: int, title: str) -> str | None:
+    """Train ``model`` in place for ``steps`` steps (0: its trainer only built); why it
+    diverged, or None."""
     trainer = Trainer(model, task, settings, seed, log)
+    if not steps:
+        return None
     try:
-        with progress_bar(log, f"extrapolate: fine-tuning pe={pe} {scaling.label} at "
-                          f"length {length}", total=int(plan.finetune_steps)):
-            trainer.fit(plan.finetune_steps)
+        with progress_bar(log, title, total=steps):
+            trainer.fit(steps)
     except Diverged as exc:
-        return f"fine-tuning diverged: {exc}"
+        return str(exc)
     return None
 
 

@@ -1,13 +1,5 @@
-"""The outputs of ``tlab extrapolate`` besides its CSV: curves averaged over seeds, the plot
-(metric against evaluation length), the terminal table and the verdict columns. Rows are those of
-``extrapolation.csv`` (:data:`EXTRAPOLATION_COLUMNS`).
-
-Verdicts (``with_verdicts``): at each evaluation length, each curve's held-out loss against its
-baseline curve, paired by seed (``measures.statistics``). A pe's reference curve is its
-``none`` scaling without fine-tuning (else its first curve); a scaled or fine-tuned curve is
-tested against its own pe's reference, a reference against the first pe's. Holm runs over the
-curves that share a baseline. The ``baseline`` column names the curve each row is tested
-against."""
+"""``tlab extrapolate``'s curves (mean over seeds), plot, terminal table and verdict columns
+(each curve against its baseline curve, paired by seed: docs/routines.md)."""
 
 from __future__ import annotations
 
@@ -57,9 +49,8 @@ def mean_curves(rows: list[Mapping[str, Any]], metric: str
 
 
 def plot_extrapolation(rows: list[Mapping[str, Any]], path: Path, train_len: int) -> Path | None:
-    """Token accuracy, exact match (if any) and loss against evaluation length: one colour per
-    PE (+scaling), dashed after fine-tuning, mean over seeds; a dotted line marks the training
-    length. Returns None (no file) when no row has a number."""
+    """Token accuracy, exact match (if any) and loss against evaluation length, mean over seeds;
+    None (no file) when no row has a number."""
     panels = {metric.replace("_", " "): curves for metric in ("accuracy", "exact_match", "loss")
               if (curves := mean_curves(rows, metric))}
     if not panels:
@@ -72,8 +63,7 @@ def plot_extrapolation(rows: list[Mapping[str, Any]], path: Path, train_len: int
 
 
 def results_table(rows: list[Mapping[str, Any]], title: str) -> Table:
-    """Terminal table: one line per curve, one column per evaluation length (mean over seeds):
-    exact match / token accuracy for seq2seq tasks, token accuracy / loss for LM."""
+    """One line per curve, one column per evaluation length (mean over seeds)."""
     has_match = any(r["status"] == "ok" and not math.isnan(r.get("exact_match", math.nan))
                     for r in rows)
     first, second = ("exact_match", "accuracy") if has_match else ("accuracy", "loss")
@@ -104,8 +94,7 @@ def _fmt(value: float | None) -> str:
 
 
 def baselines(rows: list[Mapping[str, Any]]) -> dict[str, str]:
-    """curve label -> the label of the curve it is tested against (itself for the first pe's
-    reference): see the module docstring."""
+    """Curve label -> the label of the curve it is tested against."""
     curves: dict[str, list[str]] = {}  # pe -> its curve labels, in order of appearance
     for row in rows:
         labels = curves.setdefault(row["pe"], [])
@@ -122,9 +111,8 @@ def baselines(rows: list[Mapping[str, Any]]) -> dict[str, str]:
 
 
 def with_verdicts(rows: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """``rows`` with the ``baseline``, ``loss_ci_*`` and verdict columns filled: per evaluation
-    length and baseline, ``verdict_table`` over the seeds' held-out losses (an error row counts
-    as a missing seed)."""
+    """``rows`` with the ``baseline``, ``loss_ci_*`` and verdict columns, per evaluation length
+    and baseline (an error row counts as a missing seed)."""
     out = [dict(row) for row in rows]
     against = baselines(out)
     for row in out:
