@@ -276,14 +276,15 @@ def simulate(family: Family, sims: int, group: int, most: int, alpha: float, res
         setattr(outcome, name, int((verdicts != 0).any(axis=(1, 2)).sum()))
         if name == "fp_peeking":
             outcome.fp_fixed = int((verdicts[..., -1] != 0).any(axis=1).sum())
+    every_seed = list(range(1, most + 1))  # auto:MAX looks after every seed
     for null, name in ((centred, "fp_group"), (centred * flips, "fp_group_symmetric")):
-        crossing, _ = group_decisions(null, looks, most, alpha)
+        crossing, _ = group_decisions(null, every_seed, most, alpha)
         setattr(outcome, name, int((crossing >= 0).any(axis=1).sum()))
-    crossing, direction = group_decisions(alternative, looks, most, alpha)
+    crossing, direction = group_decisions(alternative, every_seed, most, alpha)
     decided = crossing >= 0
     outcome.right_group = int((decided & (direction == truth)).sum())
     outcome.wrong_group = int((decided & (direction != truth)).sum())
-    seeds = np.where(decided, np.asarray(looks)[np.maximum(crossing, 0)], most)  # (sims, K)
+    seeds = np.where(decided, crossing + 1, most)  # (sims, K)
     outcome.seeds_group_variant = int(seeds.sum())
     outcome.seeds_group = int(np.where(decided.all(axis=1), seeds.max(axis=1), most).sum())
     crossing, direction = auto_decisions(alternative, looks, alpha)
@@ -348,23 +349,31 @@ def planned_rows(sims: int, alpha: float, rng: np.random.Generator,
             effect = brentq(lambda e, n=n, c=critical, power=power: stats.nct.sf(
                 c, n - 1, e * math.sqrt(n)) - power, 1e-3, 10.0)
             longest = math.ceil(1.5 * n)
-            d = rng.normal(effect, 1.0, size=(sims, 1, longest))
-            found, found_t = None, None
-            for most in range(n, longest + 1):
-                looks = list(range(1, most + 1))
-                crossing, direction = group_decisions(d[..., :most], looks, most, alpha,
-                                                      draws=4_096, spend=spend)
-                right = float(((crossing >= 0) & (direction > 0)).mean())
-                seeds = float(np.where(crossing >= 0, np.maximum(crossing, 0) + 1, most).mean())
-                if right >= power and (found is None or seeds < found["mean_seeds_group"]):
-                    found = dict(max_seeds=most, power_group=right, mean_seeds_group=seeds)
-                crossing, direction = t_design_decisions(d[:, 0, :most], most, alpha, spend, rng)
-                right = float(((crossing >= 0) & (direction > 0)).mean())
-                seeds = float(np.where(crossing >= 0, crossing + 3, most).mean())
-                if right >= power and (found_t is None or seeds < found_t["mean_seeds_t"]):
-                    found_t = dict(max_seeds_t=most, power_t=right, mean_seeds_t=seeds)
-            if found:
-                most = found["max_seeds"]
+
+            def sign_flip_design(d: np.ndarray, most: int) -> tuple[float, float]:
+                crossing, direction = group_decisions(d[:, None, :most], list(range(
+                    1, most + 1)), most, alpha, draws=4_096, spend=spend)
+                seeds = np.where(crossing >= 0, crossing + 1, most)
+                return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
+
+            def t_design(d: np.ndarray, most: int) -> tuple[float, float]:
+                crossing, direction = t_design_decisions(d[:, :most], most, alpha, spend, rng)
+                seeds = np.where(crossing >= 0, crossing + 3, most)
+                return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
+
+            found = {}
+            for name, design in (("group", sign_flip_design), ("t", t_design)):
+                # MAX planned on one set of runs, its power and mean seeds measured on another
+                planning = rng.normal(effect, 1.0, size=(sims, longest))
+                outcomes = {most: design(planning, most) for most in range(n, longest + 1)}
+                reaching = [m for m, (right, _) in outcomes.items() if right >= power]
+                if reaching:
+                    most = min(reaching, key=lambda m: outcomes[m][1])
+                    right, seeds = design(rng.normal(effect, 1.0, size=(sims, most)), most)
+                    found.update({f"max_seeds_{name}": most, f"power_{name}": right,
+                                  f"mean_seeds_{name}": seeds})
+            if "max_seeds_group" in found:
+                most = found["max_seeds_group"]
                 null = rng.normal(0.0, 1.0, size=(sims, 1, most))
                 found["fpr_group"] = float((group_decisions(
                     null, list(range(1, most + 1)), most, alpha, draws=4_096,
@@ -376,13 +385,13 @@ def planned_rows(sims: int, alpha: float, rng: np.random.Generator,
                     sign_flip = m
                     break
             row = dict(power=power, fixed_t_seeds=n, effect_sd=effect, spending=spend,
-                       fixed_sign_flip_seeds=sign_flip, **(found or {}), **(found_t or {}))
-            if found:
+                       fixed_sign_flip_seeds=sign_flip, **found)
+            if "mean_seeds_group" in found:
                 row["ratio_vs_fixed_t"] = found["mean_seeds_group"] / n
                 if sign_flip:
                     row["ratio_vs_fixed_sign_flip"] = found["mean_seeds_group"] / sign_flip
-            if found_t:
-                row["ratio_t_design_vs_fixed_t"] = found_t["mean_seeds_t"] / n
+            if "mean_seeds_t" in found:
+                row["ratio_t_design_vs_fixed_t"] = found["mean_seeds_t"] / n
             rows.append(row)
     return rows
 
@@ -460,10 +469,35 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--planned-out", type=Path, default=PLANNED_OUT)
     parser.add_argument("--planned-sims", type=int, default=2_000,
                         help="simulated runs per planned effect (0: skip that table)")
+    parser.add_argument("--spending", default=SPEND,
+                        help="the planned table's spending function (auto:MAX uses "
+                             f"{SPEND})")
+    parser.add_argument("--families", action=argparse.BooleanOptionalAction, default=True,
+                        help="simulate the committed studies' families (--no-families: "
+                             "only the planned table)")
     args = parser.parse_args(argv)
     if args.most < args.group or args.group < 1:
         parser.error(f"--max {args.most} must be at least --group {args.group} >= 1")
     rng = np.random.default_rng(args.seed)
+    start = time.perf_counter()
+    total = simulate_families(args, rng) if args.families else None
+    if args.planned_sims:
+        planned = planned_rows(args.planned_sims, args.alpha, rng, spend=args.spending)
+        write_csv(args.planned_out, planned)
+        print(f"at a planned effect (normal differences, one variant; {args.spending} "
+              f"spending), {time.perf_counter() - start:.0f} s:")
+        for row in planned:
+            print("  " + ", ".join(f"{k}={_cell(v)}" for k, v in row.items()))
+    if total is not None:
+        fixed = total["fixed_seeds"] if total["fixed_seeds"] is not None else f">{args.most}"
+        print(f"false_positive_rate={total['fpr_auto']:.4f} "
+              f"naive_peeking_rate={total['fpr_peeking']:.4f} "
+              f"mean_seeds_auto={total['mean_seeds_auto']:.2f} fixed_seeds={fixed}")
+
+
+def simulate_families(args: argparse.Namespace, rng: np.random.Generator) -> dict:
+    """The committed studies' families (``simulate``): their table written and printed; the
+    pooled ``all`` row returned."""
     start = time.perf_counter()
     rows, pooled = [], Outcome()
     for family in families():
@@ -478,21 +512,11 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.sims} runs per family, groups of {args.group}, max {args.most} seeds, "
           f"alpha {args.alpha}, {time.perf_counter() - start:.0f} s")
     print_table(rows)
-    fixed = total["fixed_seeds"] if total["fixed_seeds"] is not None else f">{args.most}"
     print(f"group-sequential (auto:MAX): false_positive_rate={total['fpr_group']:.4f} "
           f"(symmetric null {total['fpr_group_symmetric']:.4f}) power={total['power_group']:.3f} "
           f"mean_seeds={total['mean_seeds_group']:.2f} fixed_seeds_same_power="
           f"{total['fixed_seeds_group']}")
-    if args.planned_sims:
-        planned = planned_rows(args.planned_sims, args.alpha, rng)
-        write_csv(args.planned_out, planned)
-        print("at a planned effect (normal differences, one variant):")
-        for row in planned:
-            print("  " + ", ".join(f"{k}={_cell(v)}" for k, v in row.items()))
-    print(f"false_positive_rate={total['fpr_auto']:.4f} "
-          f"naive_peeking_rate={total['fpr_peeking']:.4f} "
-          f"mean_seeds_auto={total['mean_seeds_auto']:.2f} fixed_seeds={fixed}")
-
+    return total
 
 if __name__ == "__main__":
     main()

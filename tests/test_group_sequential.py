@@ -96,3 +96,19 @@ def test_the_test_decides_a_clear_effect_early_and_not_a_null_one():
 def test_a_bad_spending_function_is_refused_naming_the_valid_ones():
     with pytest.raises(ValueError, match="obrien_fleming, pocock and hsd:G"):
         GroupSequentialTest(["a", "b"], "a", max_seeds=8, spend="linear")
+
+
+def test_a_look_spends_what_earlier_looks_could_not():
+    # Eight equal magnitudes, a look after every seed, all 2^8 sign patterns (exact): at 6
+    # seeds the smallest share beyond a boundary (2 / 2^6) exceeds the level spent so far, at
+    # 7 seeds 2 / 2^7 does not exceed it. The level left unspent at looks 1-6 carries over, so
+    # the run of seven equal signs stops at look 7, and no look overspends the cumulative level.
+    looks, alpha = list(range(1, 9)), 0.05
+    spent = increments(looks, 8, alpha)
+    assert 2 / 2 ** 6 > spent[:6].sum() and spent[6] < 2 / 2 ** 7 <= spent[:7].sum()
+    signs = sign_draws(8)
+    assert len(np.unique(signs, axis=0)) == len(signs) == 2 ** 8  # every pattern once
+    bounds, levels = sign_flip_boundaries(np.ones(8), looks, spent, signs)
+    assert np.all(np.isinf(bounds[:6])) and bounds[6] == 7.0
+    assert np.all(np.cumsum(levels) <= np.cumsum(spent) + 1e-12)
+    assert levels.sum() == pytest.approx(2 / 2 ** 7)  # look 7's all-equal runs only

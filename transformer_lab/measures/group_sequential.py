@@ -1,32 +1,8 @@
-"""A planned group-sequential design over seeds (``--seeds auto:MAX``): the paired test of every
-variant against the baseline is read after each group of seeds up to ``MAX``, each look spending
-a share of ``alpha`` given by an alpha-spending function, so that the false-positive rate over
-all looks is at most ``alpha`` (Lan & DeMets 1983, "Discrete sequential boundaries for clinical
-trials"; Jennison & Turnbull 2000, "Group Sequential Methods", ch. 7).
-
-Where the anytime-valid test (``measures.sequential``) may go on for ever and so pays for it in
-seeds, this design knows its last look (``MAX``): a boundary that spends almost nothing early
-(O'Brien & Fleming's shape) and nearly all of ``alpha`` at ``MAX`` costs a fixed design of
-``MAX`` seeds little power, and stops early when the effect is large.
-
-- **Statistic**: the sum of the paired differences ``d_i = variant - baseline`` seen so far,
-  as in the fixed sign-flip test of ``measures.statistics``.
-- **Boundary, conditional on the magnitudes** (a sequential permutation test): under H0 (a
-  seed's variant and baseline values exchangeable) the signs of the ``d_i`` are fair coins
-  given their magnitudes. With the magnitudes seen up to look k, ``SIGN_DRAWS`` random sign
-  vectors (one fixed draw per test) give the null law of the sums at looks 1..k; look k's
-  boundary ``c_k`` on ``|sum|`` is the smallest value at which the share of draws that first
-  cross at look k does not exceed the level spent there. A boundary depends only on the
-  magnitudes before it, so the design keeps ``alpha`` for any law of the magnitudes, as the
-  fixed sign-flip test does (Jennison & Turnbull ch. 8 for permutation group-sequential tests).
-- **Spending**: the level spent by look k is ``spend(t_k) - spend(t_{k-1})`` at information
-  fraction ``t_k = n_k / MAX``: ``obrien_fleming`` ``4 - 4 Phi(z_{a/4} / sqrt(t))`` (each side
-  O'Brien-Fleming-like at ``a / 2``, as gsDesign's sfLDOF), ``pocock``
-  ``a log(1 + (e - 1) t)``, ``hsd:G`` Hwang, Shih & DeCani ``a (1 - e^{-G t}) / (1 - e^{-G})``.
-- **K variants**: Bonferroni, each variant's design at ``alpha / K``.
-- **Interval**: a repeated confidence interval at the last look, the t interval
-  ``mean +/- t_{n-1}(1 - a_k / 2) sd / sqrt(n)`` at the look's nominal level ``a_k`` (the share
-  of sign draws beyond its boundary): an approximation, the verdict is the sum's.
+"""The planned group-sequential design of ``--seeds auto:MAX`` (Lan & DeMets 1983; Jennison &
+Turnbull 2000, ch. 7-8): each variant's sum of paired differences is read after every seed up to
+MAX against a boundary from the sign-flip null law of the magnitudes seen (a sequential
+permutation test), each look spending its share of ``alpha / K`` by an alpha-spending function;
+a look spends what earlier looks could not (their discrete levels). README, "A planned design".
 """
 
 from __future__ import annotations
