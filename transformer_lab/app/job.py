@@ -59,6 +59,8 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
             run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
             outcome = get_routine(cfg.routine.name)(cfg, run, inputs)
         numbers, result = outcome.summary, outcome.result
+        if len(outcome.seeds) > 1:
+            run.write_table("seeds", outcome.seeds)
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
         run.info["objective"] = objective_value(cfg, run.path, numbers)  # for a search
         error = None if outcome.passed else outcome.message or None

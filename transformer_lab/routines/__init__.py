@@ -52,6 +52,8 @@ class RoutineOutcome:
     summary: dict[str, Any] = field(default_factory=dict)  # summary.csv fields
     message: str = ""
     result: list[str] = field(default_factory=list)  # the final line's counts ("26 checks")
+    # seeds.csv (written with 2+): per seed, the numbers a one-seed run of it puts in summary
+    seeds: list[dict[str, Any]] = field(default_factory=list)
 
 
 def get_routine(name: str) -> Callable[..., RoutineOutcome]:

@@ -301,14 +301,22 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
     return parts
 
 
-def compare_runs(cfg: DictConfig, run: RunDirectory, stage: str = "compare",
-                 keep_weights: bool = False) -> list[SeedRun]:
-    """Train every variant with the fixed seeds of ``routine.seeds`` (``VariantTrainer``)."""
-    seeds = seed_list(cfg)
-    trainer = VariantTrainer(cfg, run, stage, keep_weights)
-    for name, variant in variant_configs(cfg):
-        trainer.train(name, variant, seeds)
-    return trainer.runs
+def comparison(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
+               ) -> tuple[list[SeedRun], list[dict]]:
+    """Every variant trained with the same seeds (``routine.seeds``; ``auto[:MAX]``: until the
+    sequential test decides), ``comparison.csv`` written: every ``SeedRun`` and the rows."""
+    test = None
+    if seed_plan(cfg).auto:
+        runs, test = compare_runs_until_decided(cfg, run, keep_weights)
+    else:
+        trainer = VariantTrainer(cfg, run, "compare", keep_weights)
+        for name, variant in variant_configs(cfg):
+            trainer.train(name, variant, seed_list(cfg))
+        runs = trainer.runs
+    rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg),
+                           variation(cfg).key)
+    run.write_table("comparison", with_seed_columns(rows, test), COMPARISON_COLUMNS)
+    return runs, rows
 
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
@@ -719,14 +727,8 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     """Train every variant, write the tables and plot, print the verdicts; PASS when every
     variant trained to a finite, falling loss."""
     clock = Stopwatch()
-    vary, test = variation(cfg), None
-    if seed_plan(cfg).auto:
-        runs, test = compare_runs_until_decided(cfg, run, keep_weights=True)
-    else:
-        runs = compare_runs(cfg, run, keep_weights=True)
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg), vary.key)
-    with_seed_columns(rows, test)
-    run.write_table("comparison", rows, COMPARISON_COLUMNS)
+    vary = variation(cfg)
+    runs, rows = comparison(cfg, run, keep_weights=True)
     arch = "decoder" if cfg.arch.causal else "encoder"
     plot_loss_curves(runs, run.path / "loss_curves.png",
                      f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")

@@ -279,18 +279,11 @@ def reversal_summary(runs: list[ReversalRun]) -> dict:
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
-def seed_rows(runs: list[ReversalRun]) -> list[dict]:
-    """``seeds.csv``: per seed of the chosen PE, :func:`reversal_summary` of that seed alone."""
-    return [{"seed": run.seed, **reversal_summary([run])} for run in runs if run.role == "chosen"]
-
-
 def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
     rows, runs = reversal_runs(cfg, run.metrics)
     table = reverse_rows(runs)
     run.write_table("reverse", table, REVERSE_COLUMNS)
-    if len(per_seed := seed_rows(runs)) > 1:
-        run.write_table("seeds", per_seed)
     print_table(check_table(rows, f"tlab reverse-task - {run.path}"))
     if (line := verdict_line(table)) is not None:
         console.print(line, highlight=False, markup=False)
@@ -298,7 +291,9 @@ def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> R
     summary = {**reversal_summary(runs), "wall_s": clock.lap()}
     message = "; ".join(f"{r.check}: {r.detail}" for r in failed)
     return RoutineOutcome(passed=not failed, summary=summary, message=message,
-                          result=check_counts([r.status for r in rows]))
+                          result=check_counts([r.status for r in rows]),
+                          seeds=[{"seed": r.seed, **reversal_summary([r])} for r in runs
+                                 if r.role == "chosen"])
 
 
 # What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.

@@ -234,12 +234,6 @@ def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
                     detail=detail)
 
 
-def seed_rows(cfg: DictConfig, losses: dict[int, float]) -> list[dict]:
-    """``seeds.csv``: per seed, the summary numbers a one-seed run of it gets."""
-    return [{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
-            for seed, loss in losses.items()]
-
-
 # The routine's own keys (``routines.check_settings``).
 SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSITIVE_INT,
             "min_drop": number_rule(), "seeds": POSITIVE_INT, "max_len": int_rule(1, nullable=True)}
@@ -276,8 +270,6 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     smoke_rows, losses = smoke_training(cfg, model, task, run.metrics, batches)
     rows += smoke_rows
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
-    if len(losses) > 1:
-        run.write_table("seeds", seed_rows(cfg, losses))
     print_table(check_table(rows, f"tlab smoke - {run.path}"))
     passed = all(r.passed for r in rows)
     failed = [r.check for r in rows if not r.passed]
@@ -287,6 +279,8 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                  "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
         message="" if passed else f"failed: {', '.join(failed)}",
         result=check_counts([r.status for r in rows]),
+        seeds=[{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
+               for seed, loss in losses.items()],
     )
 
 

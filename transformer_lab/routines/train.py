@@ -354,8 +354,6 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     utilisation = Utilisation.of(cfg, task)
     per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
                 for s in trained]
-    if len(per_seed) > 1:
-        run.write_table("seeds", per_seed)
     summary = utilisation.numbers(run_summary(trained, language))
     summary.update(world_size=utilisation.ranks, device=str(utilisation.device),
                    peak_flop_per_s=utilisation.peak, peak_source=utilisation.source)
@@ -365,7 +363,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                             f"{describe_run(cfg, trained[0].params)}\n{utilisation.caption()}"))
     finite = all(math.isfinite(s.result.final_loss) for s in trained)
     summary["wall_s"] = clock.lap()
-    return RoutineOutcome(passed=finite, summary=summary,
+    return RoutineOutcome(passed=finite, summary=summary, seeds=per_seed,
                           message="" if finite else "a held-out loss is not finite")
 
 

@@ -30,11 +30,7 @@ from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
-from transformer_lab.routines.compare import (
-    COMPARISON_COLUMNS,
-    comparison_checks,
-    comparison_rows,
-)
+from transformer_lab.routines.compare import comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, stage_log
@@ -118,17 +114,10 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
     seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
-    test = None
     try:
-        if compare.seed_plan(cfg).auto:
-            runs, test = compare.compare_runs_until_decided(cfg, run)
-        else:
-            runs = compare.compare_runs(cfg, run)
+        runs, rows = compare.comparison(cfg, run)
     except Diverged as exc:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
-    compare.with_seed_columns(rows, test)
-    run.write_table("comparison", rows, COMPARISON_COLUMNS)
     compare.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
                              f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
