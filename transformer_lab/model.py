@@ -174,12 +174,9 @@ class TransformerModel(nn.Module):
 
     @property
     def context_window(self) -> int | None:
-        """The most positions the model can encode where its PE is a table it cannot extend (a
-        learned table without ``interpolate``); None: no limit."""
-        if self.pe_kind != "additive" or getattr(self.positional, "interpolate", False):
-            return None
-        window = getattr(self.positional, "max_len", None)
-        return int(window) if isinstance(window, int) else None
+        """The most positions the model can encode: its PE's ``context_window`` (a learned table
+        without ``interpolate``); None (or none declared): no limit."""
+        return getattr(self.positional, "context_window", None)
 
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, n_new: int, *, temperature: float = 0.0,

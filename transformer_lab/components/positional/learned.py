@@ -62,6 +62,11 @@ class LearnedPositionalEncoding(nn.Module):
             else:
                 self.weight.copy_(sinusoidal_table(self.max_len, self.d_model))
 
+    @property
+    def context_window(self) -> int | None:
+        """The most positions it encodes: ``max_len``; None (no limit) with ``interpolate``."""
+        return None if self.interpolate else self.max_len
+
     def table(self, length: int) -> torch.Tensor:
         """The table for ``length`` positions, ``(length, d_model)``: stored rows, or interpolated
         past ``max_len`` (``interpolate=True``)."""
