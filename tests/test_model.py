@@ -132,3 +132,16 @@ def test_context_window_is_the_one_the_pe_declares(cfg_for):
         for _ in range(8):
             ids.append(int(model(torch.tensor([ids[-3:]]))[0, -1].argmax()))
     assert model.generate(prefix, 8)[0].tolist() == ids[6:]
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope"])
+def test_the_pe_reads_no_position_values_so_the_forward_is_one_graph(cfg_for, pe):
+    """No ``int(positions.max())`` (a device sync) in the forward: torch.compile's fullgraph
+    raises at a graph break."""
+    cfg = cfg_for(f"pe={pe}", "arch=decoder")
+    build_task(cfg)
+    model = build_model(cfg, seed=0).eval()
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    torch.compiler.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(tokens), model(tokens), rtol=0, atol=0)

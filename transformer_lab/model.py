@@ -128,6 +128,10 @@ class TransformerModel(nn.Module):
         q_len = tokens.shape[1]
         offset = 0 if cache is None else cache.length
         k_len = offset + q_len
+        window = self.context_window  # checked here, from ints: the PE need not read positions
+        if window is not None and k_len > window:
+            raise ValueError(f"sequence length {k_len} is longer than the model's context window "
+                             f"({window} positions); use at most {window} tokens")
         positions = torch.arange(offset, k_len, device=tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
         mask = self.attention_mask(q_len, k_len, tokens.device)  # (H, T, T_k), (T, T_k), None
