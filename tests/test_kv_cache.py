@@ -331,3 +331,14 @@ def test_the_cache_mutants_are_classified_by_tlab_mutants():
         "pe=rope/decoder": ("correct-passed", ""),
         "pe=alibi/decoder": ("correct-passed", ""),
     }
+
+
+def test_a_cache_past_the_learned_table_is_refused_naming_the_length():
+    """The model checks ``offset + T`` against its PE's ``context_window`` (the learned table
+    checks only the ``T`` it is given)."""
+    model = _model("pe=learned", "model.max_len=8")
+    cache = model.new_cache()
+    with torch.no_grad():
+        model(_tokens(length=6), cache=cache)
+        with pytest.raises(ValueError, match=r"sequence length 9 is longer than .*\b8\b"):
+            model(_tokens(length=3), cache=cache)

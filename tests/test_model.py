@@ -112,3 +112,36 @@ def test_embedding_scale_and_pe_scale(cfg_for):
     torch.testing.assert_close(model.embed(tokens, torch.arange(4)), expected)
     cfg.model.embed_scale = "sqrt"
     assert build_model(cfg).embed_scale == pytest.approx(8**0.5)
+
+
+def test_context_window_is_the_one_the_pe_declares(cfg_for):
+    def decoder(*overrides: str):
+        cfg = cfg_for("arch=decoder", "model.max_len=12", "model.init_std=0.3",
+                      "model.d_model=16", "model.n_layers=2", "model.embed_scale=none", *overrides)
+        build_task(cfg)
+        return build_model(cfg, seed=0).eval()
+
+    assert decoder("pe=learned").context_window == 12
+    assert decoder("pe=learned", "pe.interpolate=true").context_window is None
+    model = decoder("pe=rope")
+    assert model.context_window is None
+    model.positional.context_window = 3  # a PE of the user's own that declares a window
+    prefix = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    ids = prefix[0].tolist()
+    with torch.no_grad():  # the reference: a full forward over the last 3 tokens each time
+        for _ in range(8):
+            ids.append(int(model(torch.tensor([ids[-3:]]))[0, -1].argmax()))
+    assert model.generate(prefix, 8)[0].tolist() == ids[6:]
+
+
+@pytest.mark.parametrize("pe", ["learned", "rope"])
+def test_the_pe_reads_no_position_values_so_the_forward_is_one_graph(cfg_for, pe):
+    """No ``int(positions.max())`` (a device sync) in the forward: torch.compile's fullgraph
+    raises at a graph break."""
+    cfg = cfg_for(f"pe={pe}", "arch=decoder")
+    build_task(cfg)
+    model = build_model(cfg, seed=0).eval()
+    tokens = torch.tensor([[1, 2, 3, 4, 5]])
+    torch.compiler.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    torch.testing.assert_close(compiled(tokens), model(tokens), rtol=0, atol=0)

@@ -7,7 +7,9 @@ tokens (B, T) -> embedding (+ additive PE) -> blocks -> final norm -> head -> lo
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import replace
+from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -126,6 +128,10 @@ class TransformerModel(nn.Module):
         q_len = tokens.shape[1]
         offset = 0 if cache is None else cache.length
         k_len = offset + q_len
+        window = self.context_window  # checked here, from ints: the PE need not read positions
+        if window is not None and k_len > window:
+            raise ValueError(f"sequence length {k_len} is longer than the model's context window "
+                             f"({window} positions); use at most {window} tokens")
         positions = torch.arange(offset, k_len, device=tokens.device)  # (T,)
         x = self.embed(tokens, positions)  # (B, T, D)
         mask = self.attention_mask(q_len, k_len, tokens.device)  # (H, T, T_k), (T, T_k), None
@@ -172,12 +178,9 @@ class TransformerModel(nn.Module):
 
     @property
     def context_window(self) -> int | None:
-        """The most positions the model can encode where its PE is a table it cannot extend (a
-        learned table without ``interpolate``); None: no limit."""
-        if self.pe_kind != "additive" or getattr(self.positional, "interpolate", False):
-            return None
-        window = getattr(self.positional, "max_len", None)
-        return int(window) if isinstance(window, int) else None
+        """The most positions the model can encode: its PE's ``context_window`` (a learned table
+        without ``interpolate``); None (or none declared): no limit."""
+        return getattr(self.positional, "context_window", None)
 
     @torch.no_grad()
     def generate(self, prefix: torch.Tensor, n_new: int, *, temperature: float = 0.0,
@@ -241,45 +244,54 @@ def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
     embeddings N(0, model.init_std), zero biases, unit norm gains."""
     if seed is not None:
         torch.manual_seed(int(seed))
-    m = cfg.model
-    positional = instantiate_component(cfg, "pe")
+    specs = {group: resolve_component(cfg, group) for group in ("pe", "norm_layer", "ffn", "block")}
+
+    def component(group: str, **kwargs: Any) -> Any:
+        return instantiate_component(specs[group], group, **kwargs)
+
+    model = assemble_model(cfg.model, component, causal=cfg.arch.causal)
     try:
-        check_positional_module(positional)
+        check_positional_module(model.positional)
     except TypeError as exc:
         raise ConfigError(f"pe={cfg.pe.get('name')}: {exc}") from exc
-    make_norm = instantiate_component(cfg, "norm_layer")  # a partial: d_model -> norm module
-    feedforward_spec = resolve_component(cfg, "ffn")
-    block_spec = resolve_component(cfg, "block")
+    return model
+
+
+def assemble_model(m: Mapping[str, Any], component: Callable[..., Any],
+                   causal: bool) -> TransformerModel:
+    """The model of the settings ``m`` (``cfg.model``), ``component(group, **kwargs)`` building
+    the ``pe``, ``norm_layer``, ``ffn`` and ``block`` components (an exported
+    ``modeling_tlab.py`` runs this too)."""
+    positional = component("pe")
+    make_norm = component("norm_layer")  # a partial: d_model -> norm module
     blocks = []
     parallel = {"parallel": True} if m.get("parallel_block") else {}  # model.parallel_block
-    for _ in range(m.n_layers):
+    for _ in range(m["n_layers"]):
         attention = MultiHeadAttention(
-            m.d_model, m.n_heads, bias=m.attn_bias, dropout=m.dropout.attention,
-            init_std=m.init_std, **attention_knobs(m),
+            m["d_model"], m["n_heads"], bias=m["attn_bias"], dropout=m["dropout"]["attention"],
+            init_std=m["init_std"], **attention_knobs(m),
         )
-        feedforward = instantiate_component(feedforward_spec, "ffn")
-        block = instantiate_component(block_spec, "block", attention=attention,
-                                      feedforward=feedforward, make_norm=make_norm, **parallel)
-        blocks.append(block)
-    final_norm = make_norm(m.d_model) if blocks and blocks[0].needs_final_norm else None
-    embed_norm = make_norm(m.d_model) if m.get("embed_norm") else None
+        blocks.append(component("block", attention=attention, feedforward=component("ffn"),
+                                make_norm=make_norm, **parallel))
+    final_norm = make_norm(m["d_model"]) if blocks and blocks[0].needs_final_norm else None
+    embed_norm = make_norm(m["d_model"]) if m.get("embed_norm") else None
     return TransformerModel(
-        vocab_size=m.vocab_size,
-        d_model=m.d_model,
+        vocab_size=m["vocab_size"],
+        d_model=m["d_model"],
         positional=positional,
         blocks=blocks,
         final_norm=final_norm,
-        causal=cfg.arch.causal,
-        embed_scale=embedding_scale(m.embed_scale, m.d_model),
-        pe_scale=m.pe_scale,
-        embed_dropout=m.dropout.embedding,
-        init_std=m.init_std,
+        causal=causal,
+        embed_scale=embedding_scale(m["embed_scale"], m["d_model"]),
+        pe_scale=m["pe_scale"],
+        embed_dropout=m["dropout"]["embedding"],
+        init_std=m["init_std"],
         embed_norm=embed_norm,
         tie_embeddings=bool(m.get("tie_embeddings", False)),
     )
 
 
-def attention_knobs(m: DictConfig) -> dict:
+def attention_knobs(m: Mapping[str, Any]) -> dict:
     """The attention keywords of ``cfg.model`` beyond the original Transformer's
     (GQA, head size...)."""
     return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),

@@ -44,11 +44,7 @@ def check_unbuilt(cfg: DictConfig) -> None:
     check_schema(cfg)  # types, ranges, required keys (config/schema.py)
     check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
     check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
-    from transformer_lab.training.schedules import SCHEDULES
-
-    if cfg.train.schedule not in SCHEDULES:
-        raise ConfigError(f"train.schedule='{cfg.train.schedule}' is not known; valid: "
-                          f"{', '.join(SCHEDULES)}")
+    train_settings(cfg)  # the typed train.* settings' own checks (train.schedule...)
     check_device(cfg.train.device)  # auto, cpu, cuda, cuda:K
     check_threads(cfg.train.get("threads"))
 

@@ -186,14 +186,22 @@ class MultiHeadAttention(nn.Module):
         scale: float | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same computation written out, returning probabilities (B, H, T_q, T_k) too."""
-        scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
-        scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
-        if inputs.mask is not None:
-            scores = scores + inputs.mask
-        elif inputs.is_causal:  # T_q == T_k (the model passes a mask otherwise)
-            seq = q.shape[-2]
-            future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-            scores = scores.masked_fill(future, float("-inf"))
+        scores = attention_scores(q, k, inputs, scale)  # (B, H, T_q, T_k)
         weights = scores.float().softmax(dim=-1).to(v.dtype)  # fp32 softmax, as autocast does
         out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T_q, Dh)
         return out, weights.detach()
+
+
+def attention_scores(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs,
+                     scale: float | None = None) -> torch.Tensor:
+    """The logits SDPA weighs: q (B, H, T_q, Dh) . k (B, H, T_k, Dh) scaled (None: 1 / sqrt(Dh)),
+    plus ``inputs.mask``, or -inf at future keys with ``is_causal``. -> (B, H, T_q, T_k)."""
+    scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    if inputs.mask is not None:
+        return scores + inputs.mask
+    if inputs.is_causal:  # T_q == T_k (the model passes a mask otherwise)
+        seq = q.shape[-2]
+        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
+        return scores.masked_fill(future, float("-inf"))
+    return scores

@@ -32,7 +32,8 @@ MODELING_FILE = "modeling_tlab.py"
 # In dependency order: a module's names are defined before a later one uses them.
 BUNDLED: tuple[ModuleType, ...] = (base, rope_scaling, sinusoidal, learned, none, rotary, alibi,
                                    t5_bias, attention, norms, feedforward, moe, block)
-MODEL_NAMES = ("embedding_scale", "attention_knobs", "TransformerModel", "next_token")
+MODEL_NAMES = ("embedding_scale", "attention_knobs", "TransformerModel", "next_token",
+               "assemble_model")
 COMPONENTS_PACKAGE = "transformer_lab.components."
 
 
@@ -53,35 +54,15 @@ class ConfigError(ValueError):
     """tlab's one-line refusals (a ValueError here)."""
 
 
-def _component(spec: dict, **kwargs):
-    """A component from its resolved tlab config node (``_target_`` one of the classes above)."""
-    spec = dict(spec)
+def _component(settings: dict, group: str, **kwargs):
+    """The component of ``group`` from its resolved tlab config node in ``settings`` (its
+    ``_target_`` one of the classes above)."""
+    spec = dict(settings[group])
     target = globals()[spec.pop("_target_").rsplit(".", 1)[-1]]
     spec.pop("name", None)
     if spec.pop("_partial_", False):
         return functools.partial(target, **spec, **kwargs)
     return target(**spec, **kwargs)
-
-
-def build_tlab_model(settings: dict) -> TransformerModel:
-    """tlab's ``build_model`` on the resolved settings that ``config.json`` holds."""
-    m = settings["model"]
-    positional = _component(settings["pe"])
-    make_norm = _component(settings["norm_layer"])
-    parallel = {"parallel": True} if m["parallel_block"] else {}
-    blocks = []
-    for _ in range(m["n_layers"]):
-        attention = MultiHeadAttention(m["d_model"], m["n_heads"], bias=m["attn_bias"],
-                                       **attention_knobs(m))
-        blocks.append(_component(settings["block"], attention=attention,
-                                 feedforward=_component(settings["ffn"]), make_norm=make_norm,
-                                 **parallel))
-    final_norm = make_norm(m["d_model"]) if blocks and blocks[0].needs_final_norm else None
-    embed_norm = make_norm(m["d_model"]) if m["embed_norm"] else None
-    return TransformerModel(
-        vocab_size=m["vocab_size"], d_model=m["d_model"], positional=positional, blocks=blocks,
-        final_norm=final_norm, causal=True, embed_scale=m["embed_scale"],
-        pe_scale=m["pe_scale"], embed_norm=embed_norm, tie_embeddings=m["tie_embeddings"])
 
 
 def _non_persistent(model: nn.Module, name: str) -> bool:
@@ -112,7 +93,8 @@ class TlabForCausalLM(PreTrainedModel, GenerationMixin):
     def __init__(self, config: TlabConfig) -> None:
         super().__init__(config)
         with torch.device("cpu"):  # tables computed in __init__ (sinusoidal, ALiBi slopes)
-            self.model = build_tlab_model(config.tlab)
+            self.model = assemble_model(config.tlab["model"],
+                                        functools.partial(_component, config.tlab), causal=True)
         # transformers may re-create non-persistent buffers empty while loading: keep them
         self._computed_buffers = {name: buffer.clone() for name, buffer in
                                   self.named_buffers() if _non_persistent(self, name)}
@@ -247,7 +229,7 @@ def modeling_source() -> str:
 
 
 def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
-    """The resolved settings ``build_tlab_model`` rebuilds the model from; ``ConfigError`` for a
+    """The resolved settings ``assemble_model`` rebuilds the model from; ``ConfigError`` for a
     component of the user's own (its code is not tlab's to bundle)."""
     settings: dict[str, Any] = {}
     for group in COMPONENTS:
@@ -268,7 +250,8 @@ def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
         "embed_norm": bool(m.get("embed_norm")),
         "tie_embeddings": bool(m.get("tie_embeddings", False)),
         "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
-        "max_len": int(m.max_len)}
+        "max_len": int(m.max_len), "init_std": float(m.init_std),
+        "dropout": {"attention": 0.0, "embedding": 0.0}}  # an export for inference
     return settings
 
 

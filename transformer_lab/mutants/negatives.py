@@ -10,7 +10,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention
+from transformer_lab.components.attention import (
+    AttentionInputs,
+    MultiHeadAttention,
+    attention_scores,
+)
 from transformer_lab.components.block import NormFactory, PostNormBlock, PreNormBlock
 from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
 from transformer_lab.components.positional import RotaryPositionalEncoding
@@ -157,13 +161,7 @@ def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInpu
         q, k = inputs.rotary(q, k, inputs.positions)
     repeats = attention.n_heads // attention.n_kv_heads  # grouped-query attention
     k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
-    scale = attention.scale if attention.scale is not None else 1 / math.sqrt(q.shape[-1])
-    scores = (q @ k.transpose(-2, -1)).float() * scale  # (B, H, T_q, T_k)
-    if inputs.mask is not None:
-        scores = scores + inputs.mask
-    elif inputs.is_causal:
-        future = torch.ones(seq, k.shape[-2], dtype=torch.bool, device=x.device).triu(1)
-        scores = scores.masked_fill(future, float("-inf"))
+    scores = attention_scores(q, k, inputs, attention.scale).float()  # (B, H, T_q, T_k)
     weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
     if inputs.need_weights:
         attention.last_weights = weights.detach()

@@ -195,10 +195,9 @@ class SelfMaskingALiBi(ALiBiPositionalBias):
 
 
 class BF16TableRoPE(RotaryPositionalEncoding):
-    """RoPE whose cos/sin tables are stored in bfloat16 (modded-nanogpt #39): every rotation
-    uses angles rounded to 8 bits, in a float32 run too."""
+    """RoPE whose cos/sin are kept in bfloat16, as a table stored so (modded-nanogpt #39): every
+    rotation uses angles rounded to 8 bits, in a float32 run too."""
 
-    def _build_cache(self, length: int) -> None:
-        super()._build_cache(length)
-        self.cos_cached = self.cos_cached.bfloat16()  # (L, rot/2) bf16
-        self.sin_cached = self.sin_cached.bfloat16()
+    def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = super().cos_sin(positions)  # (T, rot/2) each
+        return cos.bfloat16(), sin.bfloat16()  # bug: stored as bfloat16

@@ -62,6 +62,11 @@ class LearnedPositionalEncoding(nn.Module):
             else:
                 self.weight.copy_(sinusoidal_table(self.max_len, self.d_model))
 
+    @property
+    def context_window(self) -> int | None:
+        """The most positions it encodes: ``max_len``; None (no limit) with ``interpolate``."""
+        return None if self.interpolate else self.max_len
+
     def table(self, length: int) -> torch.Tensor:
         """The table for ``length`` positions, ``(length, d_model)``: stored rows, or interpolated
         past ``max_len`` (``interpolate=True``)."""
@@ -78,12 +83,18 @@ class LearnedPositionalEncoding(nn.Module):
         return table[0].t()  # (length, d)
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        """positions (T,) -> (T, d_model). Without ``interpolate`` only T is checked, not the
+        values (the model's positions are ``arange(offset, offset + T)``, and the model checks
+        ``offset + T`` against ``context_window``); ``interpolate`` resamples the table to
+        ``max(positions) + 1`` rows."""
+        if not self.interpolate:
+            self.table(positions.shape[-1])  # the length error past max_len
+            return F.embedding(positions, self.weight)  # (T, d_model); an index error past it
         if positions.numel() == 0:
             return self.weight[:0]  # (0, d)
         if int(positions.min()) < 0:
             raise ValueError(f"positions must be >= 0, got min {int(positions.min())}")
-        length = int(positions.max()) + 1
-        return self.table(length)[positions]  # (T, d_model)
+        return self.table(int(positions.max()) + 1)[positions]  # (T, d_model)
 
     def extra_repr(self) -> str:
         return (

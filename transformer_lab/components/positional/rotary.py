@@ -140,11 +140,9 @@ class RotaryPositionalEncoding(nn.Module):
         self.high_freq_factor = float(high_freq_factor)
 
         inv_freq, attention_scale = self._frequencies(seq_len=None)  # validates the arguments
-        self._inv_freq = inv_freq  # (rot/2,) float32, CPU; kept out of state_dict and .to()
+        self._inv_freq = inv_freq  # (rot/2,) float32; out of state_dict and .to(): cos_sin moves it
         self.attention_scale = attention_scale
         self._dynamic_len = original_max_len  # sequence length the frequencies were made for
-        self.register_buffer("cos_cached", torch.empty(0, rot // 2), persistent=False)
-        self.register_buffer("sin_cached", torch.empty(0, rot // 2), persistent=False)
 
     def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
         return rope_inverse_frequencies(
@@ -172,27 +170,14 @@ class RotaryPositionalEncoding(nn.Module):
         if effective != self._dynamic_len:
             self._inv_freq, _ = self._frequencies(seq_len=effective)
             self._dynamic_len = effective
-            self.cos_cached = self.cos_cached[:0]  # invalidate the tables
-            self.sin_cached = self.sin_cached[:0]
-
-    def _build_cache(self, length: int) -> None:
-        device = self.cos_cached.device
-        positions = torch.arange(length, device=device)  # (L,)
-        cos, sin = rotary_cos_sin(positions, self._inv_freq.to(device))  # (L, rot/2)
-        self.cos_cached = cos * self.attention_scale
-        self.sin_cached = sin * self.attention_scale
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors."""
-        if positions.is_floating_point() or (positions.numel() and int(positions.min()) < 0):
-            cos, sin = rotary_cos_sin(positions, self._inv_freq.to(positions.device))
-            return cos * self.attention_scale, sin * self.attention_scale
-        needed = int(positions.max()) + 1 if positions.numel() else 0
-        stale = self.cos_cached.dtype != torch.float32  # e.g. after model.to(bfloat16)
-        if needed > self.cos_cached.shape[0] or stale:
-            self._build_cache(max(needed, self.cos_cached.shape[0]))
-        positions = positions.to(self.cos_cached.device)
-        return self.cos_cached[positions], self.sin_cached[positions]  # (T, rot/2) each
+        """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors, computed
+        from the positions: no table to size, so no read of their values."""
+        if self._inv_freq.device != positions.device:  # moved once, not at every call
+            self._inv_freq = self._inv_freq.to(positions.device)
+        cos, sin = rotary_cos_sin(positions, self._inv_freq)  # (T, rot/2) each
+        return cos * self.attention_scale, sin * self.attention_scale
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.head_dim:
