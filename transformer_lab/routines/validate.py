@@ -40,6 +40,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +50,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,
@@ -62,6 +65,7 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
 from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
+    SeedRun,
     comparison_checks,
     comparison_rows,
 )
@@ -150,18 +154,40 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
     seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
-    test = None
+    return comparison_results(cfg, run, train_comparison(cfg, run))
+
+
+@dataclass
+class ComparisonTraining:
+    """Step 4's training: its runs and sequential test (``seeds=auto``), or its divergence."""
+
+    runs: list[SeedRun]
+    test: SequentialTest | None
+    wall_s: float
+    diverged: str | None = None
+
+
+def train_comparison(cfg: DictConfig, run: RunDirectory) -> ComparisonTraining:
+    clock = Stopwatch()
     try:
         if compare.seed_plan(cfg).auto:
             runs, test = compare.compare_runs_until_decided(cfg, run)
         else:
-            runs = compare.compare_runs(cfg, run)
+            runs, test = compare.compare_runs(cfg, run), None
     except Diverged as exc:
-        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
-    compare.with_seed_columns(rows, test)
+        return ComparisonTraining([], None, clock.lap(), diverged=str(exc))
+    return ComparisonTraining(runs, test, clock.lap())
+
+
+def comparison_results(cfg: DictConfig, run: RunDirectory,
+                       trained: ComparisonTraining) -> list[CheckRow]:
+    """Step 4's rows, ``comparison.csv`` and ``loss_curves.png`` from its training."""
+    if trained.diverged is not None:
+        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {trained.diverged}")]
+    rows = comparison_rows(trained.runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
+    compare.with_seed_columns(rows, trained.test)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
-    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+    compare.plot_loss_curves(trained.runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
                              f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
     return comparison_checks(rows)
@@ -185,17 +211,6 @@ def comparison_beside(cfg: DictConfig) -> bool:
             return False
     in_multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     return not in_multirun and torch.get_num_threads() == 1 and available_cores() >= 2
-
-
-def import_what_both_processes_use() -> None:
-    """Before the fork: what steps 1-3 and step 4 both import, paid once instead of twice
-    (torch.optim's first optimizer imports torch's compiler package, about a second;
-    ``scipy.stats`` and pandas make the verdict columns)."""
-    import pandas  # noqa: F401
-    import scipy.stats  # noqa: F401
-    import torch
-
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
 
 
 class StepFailed(Exception):
@@ -300,16 +315,6 @@ def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: A
     results.send((outcome, value, staged.held.rows))
 
 
-def comparison_alone(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]]:
-    """Step 4 as the second process runs it: its rows carry its own wall time."""
-    def step(run: RunDirectory) -> list[CheckRow]:
-        clock = Stopwatch()
-        rows = comparison_step(cfg, run)
-        _spread(rows, clock.lap())
-        return rows
-    return step
-
-
 def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
@@ -320,11 +325,21 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
                        total=int(routine.steps) * plan.count * len(activations))
+    # what the rows (scipy.stats: the verdicts) and the plot (matplotlib) need, imported while
+    # the second process trains (its training needs neither)
+    import scipy.stats  # noqa: F401
+
+    import transformer_lab.results.plots  # noqa: F401
+
     try:
-        return beside.collect(run, bar)
+        trained = beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
+    clock = Stopwatch()
+    rows = comparison_results(cfg, run, trained)
+    _spread(rows, trained.wall_s + clock.lap())
+    return rows
 
 
 def _spread(rows: list[CheckRow], wall_s: float | None) -> None:
@@ -362,7 +377,7 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
     if beside is None:
         step_rows = comparison_step(configs["compare"], run)
         _record(log, step_rows, clock.lap())
-    else:  # the second process's rows carry its own wall time
+    else:  # its rows carry the second process's wall time and their own
         step_rows = collect_comparison(configs["compare"], beside, run)
         _record(log, step_rows)
     return rows + step_rows, summary
@@ -376,8 +391,7 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
             console.print(f"{steps} run {note}", highlight=False, markup=False)
     beside = None
     if comparison_beside(cfg):
-        import_what_both_processes_use()
-        beside = StepBeside(comparison_alone(configs["compare"]), run)
+        beside = StepBeside(partial(train_comparison, configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
     finally:
