@@ -168,6 +168,7 @@ class ComparisonTraining:
 
 
 def train_comparison(cfg: DictConfig, run: RunDirectory) -> ComparisonTraining:
+    """Step 4's training and ``loss_curves.png``."""
     clock = Stopwatch()
     try:
         if compare.seed_plan(cfg).auto:
@@ -176,20 +177,20 @@ def train_comparison(cfg: DictConfig, run: RunDirectory) -> ComparisonTraining:
             runs, test = compare.compare_runs(cfg, run), None
     except Diverged as exc:
         return ComparisonTraining([], None, clock.lap(), diverged=str(exc))
+    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
+                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
     return ComparisonTraining(runs, test, clock.lap())
 
 
 def comparison_results(cfg: DictConfig, run: RunDirectory,
                        trained: ComparisonTraining) -> list[CheckRow]:
-    """Step 4's rows, ``comparison.csv`` and ``loss_curves.png`` from its training."""
+    """Step 4's rows and ``comparison.csv`` (the verdicts) from its training."""
     if trained.diverged is not None:
         return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {trained.diverged}")]
     rows = comparison_rows(trained.runs, cfg.routine.get("loss_target"), compare.baseline_of(cfg))
     compare.with_seed_columns(rows, trained.test)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
-    compare.plot_loss_curves(trained.runs, run.path / "loss_curves.png",
-                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
-                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
     return comparison_checks(rows)
 
 
@@ -325,11 +326,7 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
                        total=int(routine.steps) * plan.count * len(activations))
-    # what the rows (scipy.stats: the verdicts) and the plot (matplotlib) need, imported while
-    # the second process trains (its training needs neither)
-    import scipy.stats  # noqa: F401
-
-    import transformer_lab.results.plots  # noqa: F401
+    import scipy.stats  # noqa: F401 - the verdicts', imported while the second process trains
 
     try:
         trained = beside.collect(run, bar)
