@@ -86,8 +86,15 @@ STEP_HINTS = {
 
 def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The configs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
-    return {"smoke": at_step_size(cfg, cfg.routine.smoke)[0], "reverse_task": cfg,
-            "compare": at_step_size(cfg, cfg.routine.compare)[0]}
+    return configs_and_notes(cfg)[0]
+
+
+def configs_and_notes(cfg: DictConfig) -> tuple[dict[str, DictConfig], dict[str, str]]:
+    """:func:`step_configs` and, for steps 1-2 and 4, :func:`at_step_size`'s note."""
+    smoke_cfg, smoke_note = at_step_size(cfg, cfg.routine.smoke)
+    compare_cfg, compare_note = at_step_size(cfg, cfg.routine.compare)
+    return ({"smoke": smoke_cfg, "reverse_task": cfg, "compare": compare_cfg},
+            {"steps 1-2": smoke_note, "step 4": compare_note})
 
 
 def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
@@ -194,7 +201,7 @@ def comparison_results(cfg: DictConfig, run: RunDirectory,
     return comparison_checks(rows)
 
 
-def comparison_beside(cfg: DictConfig) -> bool:
+def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
     """Step 4 runs in a second process beside steps 1-3 (``routine.parallel``, default true)
     where that is safe and pays: Linux (``fork``), the CPU, one torch thread (``train.threads=1``,
     the default: a forked child hangs in OpenMP's thread pool once the parent has used it), two
@@ -207,7 +214,7 @@ def comparison_beside(cfg: DictConfig) -> bool:
 
     from transformer_lab.training.threads import available_cores
 
-    for config in step_configs(cfg).values():
+    for config in (configs or step_configs(cfg)).values():
         if not str(config.train.device).startswith("cpu") or config.train.get("threads") != 1:
             return False
     in_multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
@@ -382,12 +389,12 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
 
 def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
-    configs = step_configs(cfg)
-    for steps, block in (("steps 1-2", cfg.routine.smoke), ("step 4", cfg.routine.compare)):
-        if note := at_step_size(cfg, block)[1]:
+    configs, notes = configs_and_notes(cfg)
+    for steps, note in notes.items():
+        if note:
             console.print(f"{steps} run {note}", highlight=False, markup=False)
     beside = None
-    if comparison_beside(cfg):
+    if comparison_beside(cfg, configs):
         beside = StepBeside(partial(train_comparison, configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
