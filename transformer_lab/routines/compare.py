@@ -305,18 +305,28 @@ def comparison(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
                ) -> tuple[list[SeedRun], list[dict]]:
     """Every variant trained with the same seeds (``routine.seeds``; ``auto[:MAX]``: until the
     sequential test decides), ``comparison.csv`` written: every ``SeedRun`` and the rows."""
-    test = None
+    runs, test = train_variants(cfg, run, keep_weights)
+    return runs, write_comparison(cfg, run, runs, test)
+
+
+def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
+                   ) -> tuple[list[SeedRun], SequentialTest | None]:
+    """Every variant's seeds trained: the runs, and the sequential test with ``auto[:MAX]``."""
     if seed_plan(cfg).auto:
-        runs, test = compare_runs_until_decided(cfg, run, keep_weights)
-    else:
-        trainer = VariantTrainer(cfg, run, "compare", keep_weights)
-        for name, variant in variant_configs(cfg):
-            trainer.train(name, variant, seed_list(cfg))
-        runs = trainer.runs
+        return compare_runs_until_decided(cfg, run, keep_weights)
+    trainer = VariantTrainer(cfg, run, "compare", keep_weights)
+    for name, variant in variant_configs(cfg):
+        trainer.train(name, variant, seed_list(cfg))
+    return trainer.runs, None
+
+
+def write_comparison(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun],
+                     test: SequentialTest | None) -> list[dict]:
+    """The rows and verdicts of trained variants, written as ``comparison.csv``."""
     rows = comparison_rows(runs, cfg.routine.get("loss_target"), baseline_of(cfg),
                            variation(cfg).key)
     run.write_table("comparison", with_seed_columns(rows, test), COMPARISON_COLUMNS)
-    return runs, rows
+    return rows
 
 
 def compare_runs_until_decided(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False

@@ -10,6 +10,8 @@ import signal
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.errors import ConfigError, Diverged
+from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,
@@ -30,7 +33,7 @@ from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
-from transformer_lab.routines.compare import comparison_checks
+from transformer_lab.routines.compare import SeedRun, comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
 from transformer_lab.routines.variants import merged, stage_log
@@ -48,8 +51,15 @@ STEP_HINTS = {
 
 def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
     """The configs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
-    return {"smoke": at_step_size(cfg, cfg.routine.smoke)[0], "reverse_task": cfg,
-            "compare": at_step_size(cfg, cfg.routine.compare)[0]}
+    return configs_and_notes(cfg)[0]
+
+
+def configs_and_notes(cfg: DictConfig) -> tuple[dict[str, DictConfig], dict[str, str]]:
+    """:func:`step_configs` and, for steps 1-2 and 4, :func:`at_step_size`'s note."""
+    smoke_cfg, smoke_note = at_step_size(cfg, cfg.routine.smoke)
+    compare_cfg, compare_note = at_step_size(cfg, cfg.routine.compare)
+    return ({"smoke": smoke_cfg, "reverse_task": cfg, "compare": compare_cfg},
+            {"steps 1-2": smoke_note, "step 4": compare_note})
 
 
 def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
@@ -114,17 +124,41 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
     seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
+    return comparison_results(cfg, run, train_comparison(cfg, run))
+
+
+@dataclass
+class ComparisonTraining:
+    """Step 4's training: its runs and sequential test (``seeds=auto``), or its divergence."""
+
+    runs: list[SeedRun]
+    test: SequentialTest | None
+    wall_s: float
+    diverged: str | None = None
+
+
+def train_comparison(cfg: DictConfig, run: RunDirectory) -> ComparisonTraining:
+    """Step 4's training and ``loss_curves.png``."""
+    clock = Stopwatch()
     try:
-        runs, rows = compare.comparison(cfg, run)
+        runs, test = compare.train_variants(cfg, run)
     except Diverged as exc:
-        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
+        return ComparisonTraining([], None, clock.lap(), diverged=str(exc))
     compare.plot_loss_curves(runs, run.path / "loss_curves.png",
                              f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
                              f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
-    return comparison_checks(rows)
+    return ComparisonTraining(runs, test, clock.lap())
 
 
-def comparison_beside(cfg: DictConfig) -> bool:
+def comparison_results(cfg: DictConfig, run: RunDirectory,
+                       trained: ComparisonTraining) -> list[CheckRow]:
+    """Step 4's rows and ``comparison.csv`` (the verdicts) from its training."""
+    if trained.diverged is not None:
+        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {trained.diverged}")]
+    return comparison_checks(compare.write_comparison(cfg, run, trained.runs, trained.test))
+
+
+def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
     """Step 4 runs in a second process beside steps 1-3 (``routine.parallel``, default true)
     where that is safe and pays: Linux (``fork``), the CPU, one torch thread (``train.threads=1``,
     the default: a forked child hangs in OpenMP's thread pool once the parent has used it), two
@@ -137,22 +171,11 @@ def comparison_beside(cfg: DictConfig) -> bool:
 
     from transformer_lab.training.threads import available_cores
 
-    for config in step_configs(cfg).values():
+    for config in (configs or step_configs(cfg)).values():
         if not str(config.train.device).startswith("cpu") or config.train.get("threads") != 1:
             return False
     in_multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     return not in_multirun and torch.get_num_threads() == 1 and available_cores() >= 2
-
-
-def import_what_both_processes_use() -> None:
-    """Before the fork: what steps 1-3 and step 4 both import, paid once instead of twice
-    (torch.optim's first optimizer imports torch's compiler package, about a second;
-    ``scipy.stats`` and pandas make the verdict columns)."""
-    import pandas  # noqa: F401
-    import scipy.stats  # noqa: F401
-    import torch
-
-    torch.optim.AdamW([torch.zeros(1, requires_grad=True)])
 
 
 class StepFailed(Exception):
@@ -256,16 +279,6 @@ def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: A
     results.send((outcome, value, staged.held.rows))
 
 
-def comparison_alone(cfg: DictConfig) -> Callable[[RunDirectory], list[CheckRow]]:
-    """Step 4 as the second process runs it: its rows carry its own wall time."""
-    def step(run: RunDirectory) -> list[CheckRow]:
-        clock = Stopwatch()
-        rows = comparison_step(cfg, run)
-        _spread(rows, clock.lap())
-        return rows
-    return step
-
-
 def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
@@ -276,11 +289,17 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
                        total=int(routine.steps) * plan.count * len(activations))
+    import scipy.stats  # noqa: F401 - the verdicts', imported while the second process trains
+
     try:
-        return beside.collect(run, bar)
+        trained = beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
+    clock = Stopwatch()
+    rows = comparison_results(cfg, run, trained)
+    _spread(rows, trained.wall_s + clock.lap())
+    return rows
 
 
 def _spread(rows: list[CheckRow], wall_s: float | None) -> None:
@@ -318,7 +337,7 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
     if beside is None:
         step_rows = comparison_step(configs["compare"], run)
         _record(log, step_rows, clock.lap())
-    else:  # the second process's rows carry its own wall time
+    else:  # its rows carry the second process's wall time and their own
         step_rows = collect_comparison(configs["compare"], beside, run)
         _record(log, step_rows)
     return rows + step_rows, summary
@@ -326,14 +345,13 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
 
 def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
-    configs = step_configs(cfg)
-    for steps, block in (("steps 1-2", cfg.routine.smoke), ("step 4", cfg.routine.compare)):
-        if note := at_step_size(cfg, block)[1]:
+    configs, notes = configs_and_notes(cfg)
+    for steps, note in notes.items():
+        if note:
             console.print(f"{steps} run {note}", highlight=False, markup=False)
     beside = None
-    if comparison_beside(cfg):
-        import_what_both_processes_use()
-        beside = StepBeside(comparison_alone(configs["compare"]), run)
+    if comparison_beside(cfg, configs):
+        beside = StepBeside(partial(train_comparison, configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
     finally:
