@@ -105,7 +105,7 @@ def test_a_look_spends_what_earlier_looks_could_not():
     # the run of seven equal signs stops at look 7, and no look overspends the cumulative level.
     looks, alpha = list(range(1, 9)), 0.05
     spent = increments(looks, 8, alpha)
-    assert 2 / 2 ** 6 > spent[:6].sum() and spent[6] < 2 / 2 ** 7 <= spent[:7].sum()
+    assert spent[:6].sum() < 2 / 2 ** 6 and spent[6] < 2 / 2 ** 7 <= spent[:7].sum()
     signs = sign_draws(8)
     assert len(np.unique(signs, axis=0)) == len(signs) == 2 ** 8  # every pattern once
     bounds, levels = sign_flip_boundaries(np.ones(8), looks, spent, signs)

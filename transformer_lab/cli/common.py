@@ -37,8 +37,10 @@ Seeds = Annotated[int | None, typer.Option(
     show_default=False)]
 SeedsOrAuto = Annotated[str | None, typer.Option(
     "--seeds", help="N: seeds seed..seed+N-1 (the experiment's default), each variant on the "
-    "same ones; auto[:MAX]: seeds two at a time until an anytime-valid test gives every "
-    "variant a verdict against the baseline, at most MAX (default 32).", show_default=False)]
+    "same ones; auto: seeds two at a time until an anytime-valid test gives every variant a "
+    "verdict against the baseline (at most 32; anytime:MAX for another cap); auto:MAX: a "
+    "group-sequential design planned to MAX seeds, a look after every seed.",
+    show_default=False)]
 ConfigDir = Annotated[Path | None, typer.Option(
     "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "
     "to tlab's (tlab's own file wins where a name is in both); choose from it as usual "

@@ -383,7 +383,8 @@ class VariantTrainer:
         label = name if self.vary.key == "ffn" else f"{self.vary.key}={name}"
         steps = int(self.cfg.routine.steps)
         seed_text = (f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}" if seeds[0] ==
-                     int(self.cfg.seed) else f"seeds {seeds[0]}-{seeds[-1]}")
+                     int(self.cfg.seed) else f"seed {seeds[0]}" if len(seeds) == 1
+                     else f"seeds {seeds[0]}-{seeds[-1]}")
         with progress_bar(self.run.metrics, f"{label}, {seed_text}: {steps} steps",
                           total=steps * len(seeds)):
             keep = partial(keep_weights_of, self.run, variant, name, self.vary.key,
