@@ -251,6 +251,20 @@ def test_extrapolate_is_deterministic_and_learned_interpolates(tlab, tmp_path: P
     assert [r["status"] for r in tables[0]] == ["ok", "ok"]  # interpolated past the table
 
 
+def test_seed_init_and_seed_data_set_each_seeds_training_and_finetuning(tlab, tmp_path: Path
+                                                                         ) -> None:
+    """``seed=1`` is ``seed_init=1 seed_data=1`` for every seed: the same numbers."""
+    args = ["experiment=extrapolate", *TINY, "train.steps=2", "routine.seeds=2",
+            "routine.eval_lens=[1x,2x]", "routine.finetune_steps=2"]
+    losses = []
+    for name, overrides in (("plain", ["seed=1"]), ("sources", ["seed_init=1", "seed_data=1"])):
+        code, _, err = tlab(*args, *overrides, f"hydra.run.dir={tmp_path / name}")
+        assert code == 0, err
+        rows = read_csv(tmp_path / name / "extrapolation.csv")
+        losses.append([(r["eval_len"], r["finetune_steps"], r["loss"]) for r in rows])
+    assert len(losses[0]) == 2 * 3 and losses[1] == losses[0]  # 2 seeds x (1x, 2x, 2x tuned)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["routine.eval_lens=[1x,0]"], r"evaluation length of 0; it must be at least 1"),
     (["routine.eval_lens=[0x]"], r"'0x' gives an evaluation length of 0"),

@@ -134,7 +134,7 @@ def test_context_window_is_the_one_the_pe_declares(cfg_for):
     assert model.generate(prefix, 8)[0].tolist() == ids[6:]
 
 
-@pytest.mark.parametrize("pe", ["learned", "rope"])
+@pytest.mark.parametrize("pe", ["learned", "rope", "sinusoidal"])
 def test_the_pe_reads_no_position_values_so_the_forward_is_one_graph(cfg_for, pe):
     """No ``int(positions.max())`` (a device sync) in the forward: torch.compile's fullgraph
     raises at a graph break."""

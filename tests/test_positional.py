@@ -88,6 +88,29 @@ def test_sinusoidal_module_extends_past_max_len() -> None:
     assert torch.allclose(out, sinusoidal_table(10, 8))
 
 
+def test_sinusoidal_module_computes_far_positions_from_an_offset_as_the_formula() -> None:
+    """Positions far past ``max_len``, from an offset (as a KV cache gives them), against the
+    formula in float64. fp32 rounds ``w_i`` (``exp`` of a rounded exponent ``e <= 0``: relative
+    ``eps (|e| + 1)``) and the product ``pos w_i`` (``eps / 2``): an angle error of at most
+    ``pos w_i eps (|e| + 1.5) <= 1.5 eps pos`` (as ``w_i = exp(e)``), plus ``sin``/``cos``'s own
+    rounding, about 1 ulp of a value in [-1, 1]."""
+    d, base, last = 16, 10000.0, 4095
+    positions = torch.arange(last - 95, last + 1)  # (96,)
+    pe = SinusoidalPositionalEncoding(d_model=d, max_len=8, base=base)
+    out = pe(positions)  # (96, d)
+    assert out.shape == (96, d) and out.dtype == torch.float32
+    frequencies = torch.tensor([base ** (-2 * i / d) for i in range(d // 2)], dtype=torch.float64)
+    angles = positions.double()[:, None] * frequencies[None, :]  # (96, d/2)
+    expected = torch.stack((angles.sin(), angles.cos()), dim=-1).flatten(-2)  # (96, d)
+    eps = torch.finfo(torch.float32).eps
+    torch.testing.assert_close(out.double(), expected, rtol=0, atol=eps * (1.5 * last + 2))
+    # the same float32 angles as the table's rows: only sin/cos's rounding (1 ulp each) differs
+    torch.testing.assert_close(out, sinusoidal_table(last + 1, d, base)[positions],
+                               rtol=0, atol=2 * eps)
+    # a module cast to bfloat16 still computes its angles in float32, then rounds its output
+    assert torch.equal(pe.to(torch.bfloat16)(positions), out.to(torch.bfloat16))
+
+
 # --------------------------------------------------------------------------------------------
 # apply_rotary
 

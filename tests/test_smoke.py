@@ -102,6 +102,19 @@ def test_same_seed_gives_identical_metrics(tlab, tmp_path):
     assert pd.read_csv(tmp_path / "c" / "metrics.csv")["loss"].tolist() != losses[0]
 
 
+def test_seed_init_and_seed_data_set_every_seeds_weights_and_batches(tlab, tmp_path):
+    """``seed=1`` is ``seed_init=1 seed_data=1``, for the first seed and the next one alike."""
+    losses = []
+    for name, overrides in (("plain", ["seed=1"]), ("sources", ["seed_init=1", "seed_data=1"])):
+        out = tmp_path / name
+        code, _, err = tlab("experiment=smoke", "routine.seeds=2", *overrides,
+                            f"hydra.run.dir={out}")
+        assert code == 0, err
+        metrics = pd.read_csv(out / "metrics.csv")
+        losses.append(metrics[metrics.split == "train"]["loss"].tolist())
+    assert len(losses[0]) == 2 * 10 and losses[1] == losses[0]  # 2 seeds x routine.steps
+
+
 def test_smoke_fails_with_a_diagnosis_when_the_lr_is_zero(tlab, tmp_path):
     code, stdout, _ = tlab("experiment=smoke", "train.lr=1e-9", f"hydra.run.dir={tmp_path / 'r'}")
     assert code == 1

@@ -158,29 +158,21 @@ class TopLeftALiBi(ALiBiPositionalBias):
         return table[:, :q_len, :k_len]  # (H, Tq, Tk) bug: rows k_len - q_len .. k_len - 1
 
 
-def floor_division_table(max_len: int, d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """:func:`sinusoidal_table` with the exponent ``2i / d_model`` floor-divided, as ``/`` on
-    integer tensors did in old PyTorch: every frequency 1. ``(max_len, d_model)``."""
-    position = torch.arange(max_len, dtype=torch.float32)[:, None]  # (L, 1)
+def floor_division_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
+    """:func:`sinusoid_frequencies` with the exponent ``2i / d_model`` floor-divided, as ``/`` on
+    integer tensors did in old PyTorch: every frequency 1. ``(ceil(d/2),)``."""
     exponent = torch.div(torch.arange(0, d_model, 2), d_model, rounding_mode="floor")  # all 0
-    freqs = base ** -exponent.float()  # (ceil(d/2),) all 1
-    angles = position * freqs[None, :]  # (L, ceil(d/2))
-    table = torch.zeros(max_len, d_model)
-    table[:, 0::2] = torch.sin(angles)
-    table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
-    return table  # (L, d_model)
+    return base ** -exponent.float()  # (ceil(d/2),) all 1
 
 
 class AliasingSinusoidalPE(SinusoidalPositionalEncoding):
     """Sinusoidal PE whose frequencies are all 1 (a wrong ``div_term``,
-    :func:`floor_division_table`): far positions alias (p and p + 44, as 44 is about 7 x 2 pi)."""
+    :func:`floor_division_frequencies`): far positions alias (p and p + 44, as 44 is about
+    7 x 2 pi)."""
 
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len, base)
-        self.table = floor_division_table(max_len, d_model, base)
-
-    def _extend(self, length: int) -> None:
-        self.table = floor_division_table(length, self.d_model, self.base).to(self.table)
+        self.frequencies = floor_division_frequencies(d_model, base)  # (ceil(d/2),)
 
 
 class SelfMaskingALiBi(ALiBiPositionalBias):

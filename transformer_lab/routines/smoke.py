@@ -30,8 +30,9 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLo
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list, train_settings
+from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
 from transformer_lab.tasks import Batch, Task
+from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
 PE_SWAMP_RATIO = 5.0  # PE norm this many times the embedding norm swamps the tokens
@@ -171,8 +172,9 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
     with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
         for seed in seeds:  # one model in memory at a time (the pre-flight's estimate)
             if seed != seeds[0]:
-                model = build_model(cfg, seed=seed)
-                generator = torch.Generator().manual_seed(seed)
+                init_seed, data_seed = seed_sources(cfg, seed)
+                model = build_model(cfg, seed=init_seed)
+                generator = torch.Generator().manual_seed(data_seed)
                 batches = [task.train_batch(cfg.routine.batch_size, generator)
                            for _ in range(cfg.routine.n_batches)]
             log = TaggedLog(metrics, seed=seed) if several else metrics
@@ -187,7 +189,7 @@ def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: 
     """One seed's smoke training on its fixed batches and its check row (its loss after
     training goes into ``afters``; with ``moved``, its ``parameters_move`` row goes there)."""
     clock = Stopwatch()
-    trainer = Trainer(model, task, settings, seed, metrics)
+    trainer = Trainer(model, task, settings, seed_sources(cfg, seed)[1], metrics)
     before = _fixed_loss(trainer, fixed)
     # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
     # ratio after training hides a PE that swamped the tokens when training began
@@ -251,13 +253,17 @@ def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
 
 def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
                 ) -> tuple[Task, TransformerModel, list[Batch]]:
-    """The task, the model (seeded with ``cfg.seed``) and the fixed batches of steps 1-2;
-    ``inputs``: the task and model already built for ``cfg`` (by the app's validation)."""
+    """The task, the model (initialised and batches drawn with ``seed_sources`` of ``cfg.seed``)
+    and the fixed batches of steps 1-2; ``inputs``: the task and model already built for ``cfg``
+    (by the app's validation)."""
+    init_seed, data_seed = seed_sources(cfg, int(cfg.seed))
     if inputs is None:
-        task = build_task(cfg)
-        inputs = JobInputs(task=task, model=build_model(cfg, seed=cfg.seed))
+        inputs = JobInputs(task=build_task(cfg), model=build_model(cfg, seed=init_seed))
+    elif init_seed != int(cfg.seed):  # the pre-flight's model has ``seed``'s weights
+        inputs = JobInputs(task=inputs.task, model=build_model(cfg, seed=init_seed))
+        load_pretrained(inputs.model, cfg)
     task, model = inputs.task, inputs.model
-    generator = torch.Generator().manual_seed(cfg.seed)
+    generator = torch.Generator().manual_seed(data_seed)
     batches = [task.train_batch(cfg.routine.batch_size, generator)
                for _ in range(cfg.routine.n_batches)]
     return task, model, batches

@@ -41,7 +41,7 @@ from transformer_lab.routines.extrapolate.tables import (
     verdict_lines,
     with_verdicts,
 )
-from transformer_lab.routines.variants import train_settings
+from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 from transformer_lab.training.trainer import Trainer, TrainSettings, count_parameters
@@ -144,7 +144,8 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     original_max_len = train_task.model_seq_len
     cfg_pe = config_for(cfg, node, plan.train_len, model_max_len(cfg, plan, original_max_len))
     cfg_pe.model.vocab_size = train_task.vocab_size
-    model = build_model(cfg_pe, seed=seed)
+    init_seed, data_seed = seed_sources(cfg, seed)
+    model = build_model(cfg_pe, seed=init_seed)
     steps = int(cfg.train.steps)
     if pretrained_option(cfg):  # the checkpoint's weights, evaluated without training
         load_pretrained(model, cfg_pe)
@@ -153,7 +154,7 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
-    diverged = _fit(model, train_task, train_settings(cfg), seed, log, steps,
+    diverged = _fit(model, train_task, train_settings(cfg), data_seed, log, steps,
                     f"extrapolate: training pe={pe} seed={seed} at length {plan.train_len}")
     if diverged is not None:
         rows = [_error_row(base_row, scaling.label, length, f"training diverged: {diverged}")
@@ -194,7 +195,8 @@ def _finetune(cfg: DictConfig, plan: Plan, model: TransformerModel, task: Task, 
     settings = dataclasses.replace(train_settings(cfg), lr=float(plan.finetune_lr), warmup=0)
     log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed, phase="finetune",
                     seq_len=length)
-    diverged = _fit(model, task, settings, seed, log, int(plan.finetune_steps),
+    diverged = _fit(model, task, settings, seed_sources(cfg, seed)[1], log,
+                    int(plan.finetune_steps),
                     f"extrapolate: fine-tuning pe={pe} {scaling.label} at length {length}")
     return None if diverged is None else f"fine-tuning diverged: {diverged}"
 
