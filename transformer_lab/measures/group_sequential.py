@@ -2,7 +2,8 @@
 Turnbull 2000, ch. 7-8): each variant's sum of paired differences is read after every seed up to
 MAX against a boundary from the sign-flip null law of the magnitudes seen (a sequential
 permutation test), each look spending its share of ``alpha / K`` by an alpha-spending function;
-a look spends what earlier looks could not (their discrete levels). README, "A planned design".
+a look spends what earlier looks could not (their discrete levels). docs/statistics.md; the
+measured costs: README, "A planned design".
 """
 
 from __future__ import annotations

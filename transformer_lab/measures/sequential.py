@@ -1,54 +1,7 @@
-"""An anytime-valid paired test over seeds that arrive in groups (``--seeds auto[:MAX]``): a
-verdict per variant against the baseline that may be read after every group, and the run
-stopped as soon as every variant has one, with the false-positive rate still at most ``alpha``.
-
-Why not re-run the fixed test: checking the sign-flip p-value of ``measures.statistics`` after
-every group and stopping at p < 0.05 inflates false positives several-fold (the benchmark
-``python -m benchmarks.sequential_error`` measures by how much). A test martingale does not:
-by Ville's inequality (1939) a nonnegative martingale that starts at 1 ever reaches ``1 / a``
-with probability at most ``a``, whatever the stopping rule (Ramdas, Grunwald, Vovk & Shafer
-2023, "Game-theoretic statistics and safe anytime-valid inference").
-
-The construction, a sequential sign-flip test (testing symmetry by betting):
-
-- **Assumption** (the one the fixed sign-flip test makes): the seeds are independent and, if
-  the variant does not matter, a seed's variant and baseline values are exchangeable, so the
-  paired difference ``d_i = variant - baseline`` is symmetric about 0. Then each difference's
-  sign is a fair coin, independent of every magnitude ``|d_j|`` and of the earlier signs.
-- **Bets**: a bettor who stakes the fraction ``lam`` of its wealth on the sign of ``d_i``,
-  scaled by a weight ``w_i in [0, 1]``, multiplies its wealth by ``1 + lam * sign(d_i) * w_i``.
-  ``w_i = min(1, |d_i| / q(|d_1|, ..., |d_t|))``, ``q`` the upper quartile of the magnitudes
-  seen once ``d_i``'s group has arrived (``t`` seeds): a function of magnitudes only
-  (allowed: the signs are fair coins given them). So the largest quarter of the seeds bet
-  fully and the others in proportion to their size (a Huber-like weighted sign test): more
-  power than signs alone on normal noise, a seed far off (a diverging one) counts no more
-  than a large typical one, equal magnitudes all bet fully, and the bet leans on the mean
-  more than a median scale would: a skewed difference whose mean is 0 but median is not is
-  rarely called (the median scale, in the benchmark's centred null, was). The wealth of
-  each ``lam`` in ``BETS`` (0.05 .. 0.95) on the positive side (``up``: the variant is
-  higher) and the negative side (``down``) are mixed with equal weights, a mixture of test
-  martingales being one (the "diversified Kelly" mixture of Waudby-Smith & Ramdas 2023,
-  "Estimating means of bounded random variables by betting", JRSS-B); the two-sided e-value
-  is ``(up + down) / 2``.
-- **Correction over K variants**: e-value Bonferroni. Variant k is decided when its e-value
-  first reaches ``K / alpha`` (Ville per variant at ``alpha / K``, a union bound over the K).
-  The variants share the baseline's seeds, so their martingales are dependent; Bonferroni
-  needs no assumption on how. Direction: ``better`` or ``worse`` by the larger side.
-- **Confidence sequence**: the centre of symmetry ``m`` of the differences (their mean and
-  median, under the location model ``d_i = m + symmetric noise``) lies in
-  ``{m : the e-value of d_i - m stayed below K / alpha at every group so far}`` at every
-  group with probability at least ``1 - alpha`` simultaneously over the K variants
-  (Howard, Ramdas, McAuliffe & Sekhon 2021, "Time-uniform, nonparametric, nonasymptotic
-  confidence sequences": inverting a family of tests). ``0`` leaves that set exactly when the
-  verdict comes (``interval`` gives the set's hull). Few seeds give an unbounded interval: a
-  sign bet needs several same-signed seeds before it can exclude anything.
-
-Functions (numpy, any leading batch shape; no torch):
-
-    e_process            (up, down) e-values at each group of paired differences
-    first_crossing       the group at which an e-value first reaches a threshold
-    confidence_sequence  the interval of ``m`` not excluded up to the last group
-    SequentialTest       per variant against the baseline, updated one group at a time
+"""The anytime-valid paired test of ``--seeds auto`` (a sequential sign-flip test by betting:
+a test martingale per variant and side, Ville's inequality, e-value Bonferroni over variants, a
+confidence sequence by inverting the tests). The construction and its references:
+docs/statistics.md.
 """
 
 from __future__ import annotations
