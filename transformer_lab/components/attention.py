@@ -139,9 +139,11 @@ class MultiHeadAttention(nn.Module):
         v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = self.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
+    def positioned(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The new q, k, v joined with the KV cache, rotated by a rotary PE and with each K/V
+        head repeated for its query heads: q (B, H, T, Dh), k and v (B, H_kv, T, Dh) ->
+        q (B, H, T, Dh), k and v (B, H, T_k, Dh)."""
         if inputs.cache is not None:
             k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): earlier tokens and these
             if inputs.rotary is not None:
@@ -152,6 +154,11 @@ class MultiHeadAttention(nn.Module):
             repeats = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(repeats, dim=1)  # (B, H, T_k, Dh)
             v = v.repeat_interleave(repeats, dim=1)
+        return q, k, v
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q, k, v = self.positioned(*self.split_heads(x), inputs)  # (B, H, T, Dh), (B, H, T_k, Dh)
         dropout_p = self.dropout if self.training else 0.0
         if inputs.need_weights:
             out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p,

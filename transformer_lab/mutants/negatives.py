@@ -153,14 +153,7 @@ def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInpu
     q, k, v = attention.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
     if q_transform is not None:
         q, k = q_transform(q, k)
-    if inputs.cache is not None:
-        k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): cached tokens and these
-        if inputs.rotary is not None:
-            q, k = attention._rotate_separately(q, k, inputs)
-    elif inputs.rotary is not None:
-        q, k = inputs.rotary(q, k, inputs.positions)
-    repeats = attention.n_heads // attention.n_kv_heads  # grouped-query attention
-    k, v = k.repeat_interleave(repeats, dim=1), v.repeat_interleave(repeats, dim=1)
+    q, k, v = attention.positioned(q, k, v, inputs)  # (B, H, T, Dh), (B, H, T_k, Dh) x 2
     scores = attention_scores(q, k, inputs, attention.scale).float()  # (B, H, T_q, T_k)
     weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
     if inputs.need_weights:
