@@ -332,6 +332,26 @@ def t_design_decisions(differences: np.ndarray, most: int, alpha: float, spend: 
     return crossing, np.where(np.take_along_axis(t, at, 1)[:, 0] > 0, 1, -1)
 
 
+def sign_flip_design(d: np.ndarray, most: int, alpha: float, spend: str,
+                     rng: np.random.Generator) -> tuple[float, float]:
+    """``auto:MAX`` (a look after every seed) on one variant's runs d (runs, >= most): its
+    power (verdicts above 0) and mean seeds. ``rng`` is unused (the boundaries' signs are
+    fixed); it is there to match ``t_design``."""
+    crossing, direction = group_decisions(d[:, None, :most], list(range(1, most + 1)), most,
+                                          alpha, draws=4_096, spend=spend)
+    seeds = np.where(crossing >= 0, crossing + 1, most)
+    return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
+
+
+def t_design(d: np.ndarray, most: int, alpha: float, spend: str,
+             rng: np.random.Generator) -> tuple[float, float]:
+    """The group-sequential t-test (``t_design_decisions``) on d (runs, >= most): its power
+    and mean seeds."""
+    crossing, direction = t_design_decisions(d[:, :most], most, alpha, spend, rng)
+    seeds = np.where(crossing >= 0, crossing + 3, most)
+    return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
+
+
 def planned_rows(sims: int, alpha: float, rng: np.random.Generator,
                  fixed_sizes: tuple[int, ...] = (8, 12, 16, 24, 32),
                  powers: tuple[float, ...] = (0.8, 0.9), spend: str = SPEND) -> list[dict]:
@@ -353,26 +373,17 @@ def planned_rows(sims: int, alpha: float, rng: np.random.Generator,
                 c, n - 1, e * math.sqrt(n)) - power, 1e-3, 10.0)
             longest = math.ceil(1.5 * n)
 
-            def sign_flip_design(d: np.ndarray, most: int) -> tuple[float, float]:
-                crossing, direction = group_decisions(d[:, None, :most], list(range(
-                    1, most + 1)), most, alpha, draws=4_096, spend=spend)
-                seeds = np.where(crossing >= 0, crossing + 1, most)
-                return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
-
-            def t_design(d: np.ndarray, most: int) -> tuple[float, float]:
-                crossing, direction = t_design_decisions(d[:, :most], most, alpha, spend, rng)
-                seeds = np.where(crossing >= 0, crossing + 3, most)
-                return float(((crossing >= 0) & (direction > 0)).mean()), float(seeds.mean())
-
             found = {}
             for name, design in (("group", sign_flip_design), ("t", t_design)):
                 # MAX planned on one set of runs, its power and mean seeds measured on another
                 planning = rng.normal(effect, 1.0, size=(sims, longest))
-                outcomes = {most: design(planning, most) for most in range(n, longest + 1)}
+                outcomes = {most: design(planning, most, alpha, spend, rng)
+                            for most in range(n, longest + 1)}
                 reaching = [m for m, (right, _) in outcomes.items() if right >= power]
                 if reaching:
                     most = min(reaching, key=lambda m: outcomes[m][1])
-                    right, seeds = design(rng.normal(effect, 1.0, size=(sims, most)), most)
+                    right, seeds = design(rng.normal(effect, 1.0, size=(sims, most)), most,
+                                          alpha, spend, rng)
                     found.update({f"max_seeds_{name}": most, f"power_{name}": right,
                                   f"mean_seeds_{name}": seeds})
             if "max_seeds_group" in found:
