@@ -299,13 +299,14 @@ def attention_knobs(m: Mapping[str, Any]) -> dict:
             "out_bias": m.get("out_bias")}
 
 
-def build_checked_model(cfg: DictConfig, seq_len: int) -> TransformerModel:
-    """``build_model(cfg, seed=cfg.seed)`` with each component run at ``seq_len`` against its
-    protocol (``config.protocols``), leaving the model and torch's generator as ``build_model``
-    leaves them."""
+def build_checked_model(cfg: DictConfig, seq_len: int, seed: int | None = None
+                        ) -> TransformerModel:
+    """``build_model(cfg, seed)`` (default ``cfg.seed``) with each component run at ``seq_len``
+    against its protocol (``config.protocols``), leaving the model and torch's generator as
+    ``build_model`` leaves them."""
     from transformer_lab.config.protocols import check_protocols
 
-    model = build_model(cfg, seed=cfg.seed)
+    model = build_model(cfg, seed=cfg.seed if seed is None else seed)
     model.eval()  # e.g. BatchNorm's running statistics stay untouched
     with torch.random.fork_rng(devices=[]):
         check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)

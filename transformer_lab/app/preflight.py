@@ -12,7 +12,7 @@ from transformer_lab.config.schema import check_schema
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
-from transformer_lab.routines.variants import train_settings
+from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.training.distributed import check_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
@@ -28,7 +28,8 @@ def preflight(cfg: DictConfig) -> JobInputs:
         raise ConfigError(f"model.vocab_size={requested_vocab} is not used: the vocabulary is "
                           f"the task's ({task.vocab_size}); set task.vocab_size instead")
     check_resources(cfg, task)  # refuse what cannot fit in memory, before building the model
-    inputs = JobInputs(task=task, model=build_checked_model(cfg, task.model_seq_len))
+    init_seed = seed_sources(cfg, int(cfg.seed))[0]  # seed_init=, else seed
+    inputs = JobInputs(task=task, model=build_checked_model(cfg, task.model_seq_len, init_seed))
     check_optimizer(train_settings(cfg).optimizer, inputs.model)  # the optimizer group
     # --from-hf DIR, --from-run RUN: its weights, checked to fit the model built here
     load_pretrained(inputs.model, cfg)

@@ -32,7 +32,6 @@ from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
 from transformer_lab.tasks import Batch, Task
-from transformer_lab.training.pretrained import load_pretrained
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
 PE_SWAMP_RATIO = 5.0  # PE norm this many times the embedding norm swamps the tokens
@@ -255,13 +254,10 @@ def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
                 ) -> tuple[Task, TransformerModel, list[Batch]]:
     """The task, the model (initialised and batches drawn with ``seed_sources`` of ``cfg.seed``)
     and the fixed batches of steps 1-2; ``inputs``: the task and model already built for ``cfg``
-    (by the app's validation)."""
+    (by the pre-flight, with the same initialisation seed)."""
     init_seed, data_seed = seed_sources(cfg, int(cfg.seed))
     if inputs is None:
         inputs = JobInputs(task=build_task(cfg), model=build_model(cfg, seed=init_seed))
-    elif init_seed != int(cfg.seed):  # the pre-flight's model has ``seed``'s weights
-        inputs = JobInputs(task=inputs.task, model=build_model(cfg, seed=init_seed))
-        load_pretrained(inputs.model, cfg)
     task, model = inputs.task, inputs.model
     generator = torch.Generator().manual_seed(data_seed)
     batches = [task.train_batch(cfg.routine.batch_size, generator)
