@@ -289,8 +289,6 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
                        f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
                        total=int(routine.steps) * plan.count * len(activations))
-    import scipy.stats  # noqa: F401 - the verdicts', imported while the second process trains
-
     try:
         trained = beside.collect(run, bar)
     except StepFailed as exc:
