@@ -13,8 +13,7 @@ from torch import nn
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_common import Family, Unsupported
-from transformer_lab.interop.hf_families import FAMILIES
+from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, build_model
 
 MISSING = "transformers is not installed (pip install 'transformer_lab[hf]')"

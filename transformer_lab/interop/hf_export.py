@@ -16,8 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf import preset_of, to_hf
-from transformer_lab.interop.hf_common import COMPONENTS, Family, Unsupported
-from transformer_lab.interop.hf_families import FAMILIES
+from transformer_lab.interop.hf_families import COMPONENTS, FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, embedding_scale
 
 # Keys of the model node that shape the forward pass (the others: training, sizes of tables).

@@ -25,7 +25,7 @@ from transformer_lab.components.positional import (
     t5_bias,
 )
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_common import COMPONENTS
+from transformer_lab.interop.hf_families import COMPONENTS
 from transformer_lab.model import TransformerModel
 
 MODELING_FILE = "modeling_tlab.py"
