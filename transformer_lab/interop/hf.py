@@ -16,14 +16,12 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, build_model
 
-MISSING = "transformers is not installed (pip install 'transformer_lab[hf]')"
-
-
 def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ConfigError(MISSING) from None
+        raise ConfigError("transformers is not installed (pip install 'transformer_lab[hf]')"
+                          ) from None
     return transformers
 
 
