@@ -174,23 +174,19 @@ def text_lines(file: Path) -> Iterator[list[str]]:
         yield [carry]
 
 
-def char_vocabulary(file: Path) -> CharTokenizer:
-    """The char tokenizer of ``file``'s text: one pass over it, a chunk at a time."""
-    seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
-    for text in text_chunks(file):
-        seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
-    return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
-
-
 def token_dtype(vocab_size: int) -> np.dtype:
     """``uint16`` when every id fits (vocabulary up to 65,536 tokens), else ``uint32``."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
 def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
-    """The tokenizer of ``file`` (char: its characters; bpe: trained on its lines)."""
+    """The tokenizer of ``file`` (char: its characters; bpe: trained on its lines), from one pass
+    over it, a chunk at a time."""
     if kind == "char":
-        return char_vocabulary(file)
+        seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
+        for text in text_chunks(file):
+            seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+        return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
     if kind == "byte":
         return ByteTokenizer()
     return train_bpe(itertools.chain.from_iterable(text_lines(file)), bpe_vocab_size)

@@ -16,6 +16,7 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, build_model
 
+
 def _transformers() -> Any:
     try:
         import transformers
