@@ -326,22 +326,17 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
         return hit
     tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
-    count = 0
 
     def write_ids(temp: str) -> None:
-        nonlocal count
         with open(temp, "wb") as out:
-            count = encode_file(file, tokenizer, out)
-
-    def write_meta(temp: str) -> None:
-        meta = {"source": path, "sha256": sha256, "tokenizer": kind, "vocab_size":
-                tokenizer.vocab_size, "dtype": dtype.name, "tokens": count,
-                "spec": tokenizer_spec(tokenizer)}
-        Path(temp).write_text(json.dumps(meta), encoding="utf-8")
+            encode_file(file, tokenizer, out)
 
     try:  # ids first, then the entry's description: a killed run leaves no usable half
-        atomic_write(bin_path, write_ids)
-        atomic_write(meta_path, write_meta)
+        count = atomic_write(bin_path, write_ids).stat().st_size // dtype.itemsize
+        meta = json.dumps({"source": path, "sha256": sha256, "tokenizer": kind,
+                           "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
+                           "tokens": count, "spec": tokenizer_spec(tokenizer)})
+        atomic_write(meta_path, lambda temp: Path(temp).write_text(meta, encoding="utf-8"))
     except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
         with tempfile.TemporaryFile() as out:
             encode_file(file, tokenizer, out)
