@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import os
+import shutil
 import sys
 import tempfile
 import urllib.error
@@ -89,21 +90,18 @@ def _download(corpus: Corpus, url: str, path: Path) -> None:
                                          dir=path.parent)
     temp = Path(temp_name)
     try:
-        digest, size = hashlib.sha256(), 0
         with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
-            while block := r.read(CHUNK):
-                out.write(block)
-                digest.update(block)
-                size += len(block)
+            shutil.copyfileobj(r, out, CHUNK)
+        size, sha256 = temp.stat().st_size, file_sha256(temp)
         if size != corpus.size:
             raise ValueError(
                 f"task.corpus={corpus.name}: the download from {url} stopped after {size:,} of "
                 f"{corpus.size:,} bytes; it was not used. Try again, or use a local copy with "
                 "task.path=FILE")
-        if digest.hexdigest() != corpus.sha256:
+        if sha256 != corpus.sha256:
             raise ValueError(
                 f"task.corpus={corpus.name}: the file from {url} ({size:,} bytes) has sha256 "
-                f"{digest.hexdigest()[:12]}..., expected {corpus.sha256[:12]}... "
+                f"{sha256[:12]}..., expected {corpus.sha256[:12]}... "
                 f"({corpus.size:,} bytes); it was not used. Try again, or use a local copy "
                 "with task.path=FILE")
         os.replace(temp, path)

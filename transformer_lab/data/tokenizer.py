@@ -95,19 +95,14 @@ class BpeTokenizer:
         return self.tokenizer.decode([int(i) for i in ids])
 
 
-def _tokenizers_library() -> object:
-    try:
-        import tokenizers
-    except ImportError as exc:
-        raise ValueError("task.tokenizer=bpe needs the tokenizers library: pip install "
-                         "'transformer_lab[text]' (or use task.tokenizer=char|byte)") from exc
-    return tokenizers
-
-
 def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
     """Byte-level BPE with ``vocab_size`` tokens trained on ``text`` (a string, or its lines
     as ``str.splitlines(keepends=True)`` cuts them; deterministic)."""
-    tk = _tokenizers_library()
+    try:
+        import tokenizers as tk
+    except ImportError as exc:
+        raise ValueError("task.tokenizer=bpe needs the tokenizers library: pip install "
+                         "'transformer_lab[text]' (or use task.tokenizer=char|byte)") from exc
     tokenizer = tk.Tokenizer(tk.models.BPE())
     tokenizer.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = tk.decoders.ByteLevel()
@@ -179,23 +174,19 @@ def text_lines(file: Path) -> Iterator[list[str]]:
         yield [carry]
 
 
-def char_vocabulary(file: Path) -> CharTokenizer:
-    """The char tokenizer of ``file``'s text: one pass over it, a chunk at a time."""
-    seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
-    for text in text_chunks(file):
-        seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
-    return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
-
-
 def token_dtype(vocab_size: int) -> np.dtype:
     """``uint16`` when every id fits (vocabulary up to 65,536 tokens), else ``uint32``."""
     return np.dtype(np.uint16 if vocab_size <= 1 << 16 else np.uint32)
 
 
 def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
-    """The tokenizer of ``file`` (char: its characters; bpe: trained on its lines)."""
+    """The tokenizer of ``file`` (char: its characters; bpe: trained on its lines), from one pass
+    over it, a chunk at a time."""
     if kind == "char":
-        return char_vocabulary(file)
+        seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
+        for text in text_chunks(file):
+            seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+        return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
     if kind == "byte":
         return ByteTokenizer()
     return train_bpe(itertools.chain.from_iterable(text_lines(file)), bpe_vocab_size)
@@ -214,12 +205,6 @@ def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
         out.write(ids.tobytes())
         count += len(ids)
     return count
-
-
-def check_bpe_vocab_size(vocab_size: int) -> None:
-    if vocab_size <= BYTE_ALPHABET:
-        raise ValueError(f"task.bpe_vocab_size={vocab_size} is too small: byte-level BPE "
-                         f"starts from the {BYTE_ALPHABET} byte values; use more (e.g. 512)")
 
 
 def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
@@ -242,19 +227,20 @@ def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
         return None
     try:  # JSON from a file made elsewhere: data only
         data = json.loads(spec)
-        if data["kind"] == "char":
+        kind = data["kind"]
+        if kind == "char":
             return CharTokenizer(list(data["chars"]))
-        if data["kind"] == "byte":
-            return ByteTokenizer()
-        if data["kind"] == "bpe":
+        if kind == "bpe":
             import tokenizers
 
             return BpeTokenizer(tokenizers.Tokenizer.from_str(data["tokenizer"]))
     except Exception as exc:
         raise ConfigError(f"the tokenizer kept with the weights cannot be read "
                           f"({type(exc).__name__})") from None
-    raise ConfigError(f"the tokenizer kept with the weights is of kind {data['kind']!r}; "
-                      "known: char, byte, bpe")
+    if kind != "byte":
+        raise ConfigError(f"the tokenizer kept with the weights is of kind {kind!r}; "
+                          "known: char, byte, bpe")
+    return ByteTokenizer()
 
 
 @dataclass(frozen=True)
@@ -310,13 +296,6 @@ def _cached(bin_path: Path, meta_path: Path, sha256: str) -> tuple[np.ndarray, T
         return None
 
 
-def cache_paths(sha256: str, kind: str, bpe_vocab_size: int) -> tuple[Path, Path]:
-    """``<cache dir>/tokens/<sha256[:16]>-<char|byte|bpe<vocab>>.bin`` and its ``.json``."""
-    label = f"bpe{bpe_vocab_size}" if kind == "bpe" else kind
-    stem = cache_dir() / TOKENS_DIR / f"{sha256[:16]}-{label}"
-    return stem.with_suffix(".bin"), stem.with_suffix(".json")
-
-
 def content_sha256(file: Path) -> str:
     """The sha256 of ``file``, remembered in ``<cache dir>/tokens/seen`` by its path, inode, size
     and modification and change times, so an unchanged file is not read again."""
@@ -339,28 +318,25 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
              bpe_vocab_size: int) -> tuple[np.ndarray, Tokenizer]:
     file = Path(path)
     sha256 = content_sha256(file)
-    bin_path, meta_path = cache_paths(sha256, kind, bpe_vocab_size)
+    label = f"bpe{bpe_vocab_size}" if kind == "bpe" else kind  # <sha256[:16]>-<label>.bin, .json
+    stem = cache_dir() / TOKENS_DIR / f"{sha256[:16]}-{label}"
+    bin_path, meta_path = stem.with_suffix(".bin"), stem.with_suffix(".json")
     hit = _cached(bin_path, meta_path, sha256)
     if hit is not None:
         return hit
     tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
-    count = 0
 
     def write_ids(temp: str) -> None:
-        nonlocal count
         with open(temp, "wb") as out:
-            count = encode_file(file, tokenizer, out)
-
-    def write_meta(temp: str) -> None:
-        meta = {"source": path, "sha256": sha256, "tokenizer": kind, "vocab_size":
-                tokenizer.vocab_size, "dtype": dtype.name, "tokens": count,
-                "spec": tokenizer_spec(tokenizer)}
-        Path(temp).write_text(json.dumps(meta), encoding="utf-8")
+            encode_file(file, tokenizer, out)
 
     try:  # ids first, then the entry's description: a killed run leaves no usable half
-        atomic_write(bin_path, write_ids)
-        atomic_write(meta_path, write_meta)
+        count = atomic_write(bin_path, write_ids).stat().st_size // dtype.itemsize
+        meta = json.dumps({"source": path, "sha256": sha256, "tokenizer": kind,
+                           "vocab_size": tokenizer.vocab_size, "dtype": dtype.name,
+                           "tokens": count, "spec": tokenizer_spec(tokenizer)})
+        atomic_write(meta_path, lambda temp: Path(temp).write_text(meta, encoding="utf-8"))
     except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
         with tempfile.TemporaryFile() as out:
             encode_file(file, tokenizer, out)
@@ -376,8 +352,9 @@ def load_tokens(file: Path, kind: str = "char",
     UTF-8."""
     if kind not in TOKENIZERS:
         raise ValueError(f"task.tokenizer='{kind}' is not known; valid: {', '.join(TOKENIZERS)}")
-    if kind == "bpe":
-        check_bpe_vocab_size(int(bpe_vocab_size))
+    if kind == "bpe" and int(bpe_vocab_size) <= BYTE_ALPHABET:
+        raise ValueError(f"task.bpe_vocab_size={bpe_vocab_size} is too small: byte-level BPE "
+                         f"starts from the {BYTE_ALPHABET} byte values; use more (e.g. 512)")
     stat = Path(file).stat()
     return _encoded(str(Path(file).resolve()), stat.st_mtime_ns, stat.st_size, kind,
                     int(bpe_vocab_size))

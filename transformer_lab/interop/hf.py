@@ -13,18 +13,16 @@ from torch import nn
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_common import Family, Unsupported
-from transformer_lab.interop.hf_families import FAMILIES
+from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, build_model
-
-MISSING = "transformers is not installed (pip install 'transformer_lab[hf]')"
 
 
 def _transformers() -> Any:
     try:
         import transformers
     except ImportError:
-        raise ConfigError(MISSING) from None
+        raise ConfigError("transformers is not installed (pip install 'transformer_lab[hf]')"
+                          ) from None
     return transformers
 
 
@@ -97,10 +95,18 @@ def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any)
 
 def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
                 may_miss: tuple[str, ...] = ()) -> None:
-    """Load ``state`` into ``model``, its vocabulary cut to the model's; ``ConfigError`` naming the
-    first tensor of another shape, or those missing (but ``may_miss``) or unexpected."""
+    """Load ``state`` into ``model``, its embedding and head cut to the model's first rows;
+    ``ConfigError`` for a larger vocabulary than the checkpoint's, naming the first tensor of
+    another shape, or those missing (but ``may_miss``) or unexpected."""
     own = model.state_dict()
-    fit_vocabulary(state, own)
+    for name in ("token_embedding.weight", "lm_head.weight"):
+        if name in state and name in own:
+            rows, theirs = own[name].shape[0], state[name].shape[0]
+            if rows > theirs:
+                raise ConfigError(f"the task's vocabulary ({rows} tokens) is larger than the "
+                                  f"checkpoint's ({theirs}); use a task with at most {theirs} "
+                                  "tokens (e.g. task.tokenizer=char)")
+            state[name] = state[name][:rows]
     wrong = [k for k, v in state.items() if k in own and v.shape != own[k].shape]
     if wrong:
         raise ConfigError(f"{source} does not fit the model built here: {wrong[0]} is "
@@ -111,20 +117,6 @@ def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
     if missing or unexpected:
         raise ConfigError(f"{source} does not fit the model built here: missing {missing[:3]}, "
                           f"unexpected {unexpected[:3]}")
-
-
-def fit_vocabulary(state: dict[str, Any], own: dict[str, Any]) -> None:
-    """Cut ``state``'s embedding and head (in place) to the first rows of the model's (``own``);
-    ``ConfigError`` for a vocabulary larger than the checkpoint's."""
-    for name in ("token_embedding.weight", "lm_head.weight"):
-        if name not in state or name not in own:
-            continue
-        rows, theirs = own[name].shape[0], state[name].shape[0]
-        if rows > theirs:
-            raise ConfigError(f"the task's vocabulary ({rows} tokens) is larger than the "
-                              f"checkpoint's ({theirs}); use a task with at most {theirs} "
-                              "tokens (e.g. task.tokenizer=char)")
-        state[name] = state[name][:rows]
 
 
 def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()

@@ -16,8 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf import preset_of, to_hf
-from transformer_lab.interop.hf_common import COMPONENTS, Family, Unsupported
-from transformer_lab.interop.hf_families import FAMILIES
+from transformer_lab.interop.hf_families import COMPONENTS, FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, embedding_scale
 
 # Keys of the model node that shape the forward pass (the others: training, sizes of tables).
@@ -35,23 +34,6 @@ ROPE_SCALING_KEYS = {"factor", "original_max_len", "beta_fast", "beta_slow", "at
 PROBE_LENGTH = 8  # tokens of the logits check (fewer where model.max_len is shorter)
 
 
-def causal_family(cfg: DictConfig) -> Family:
-    """The HF causal-LM family of a decoder's components (``ConfigError`` for an encoder or
-    none)."""
-    if not cfg.arch.causal:
-        raise ConfigError("tlab export writes causal language models (AutoModelForCausalLM); "
-                          "this run's model is an encoder (arch=encoder), whose output head "
-                          "no HF encoder class holds")
-    preset = preset_of(cfg)
-    family = next((f for f in FAMILIES.values() if f.preset == preset and f.output_head), None)
-    if family is None:
-        causal = sorted({f.preset for f in FAMILIES.values() if f.output_head})
-        raise ConfigError(f"no Hugging Face causal LM has this run's components ("
-                          f"{components_text(cfg)}); tlab exports the presets "
-                          f"{', '.join(causal)} (train with preset=...)")
-    return family
-
-
 def components_text(cfg: DictConfig) -> str:
     return " ".join(f"{group}={cfg[group].get('name')}" for group in COMPONENTS)
 
@@ -62,8 +44,8 @@ def forward_settings(cfg: DictConfig) -> dict[str, Any]:
     head_dim = m.get("head_dim") or m.d_model // m.n_heads
     explicit = {"n_kv_heads": m.get("n_kv_heads") or m.n_heads, "head_dim": head_dim,
                 "attn_scale": m.get("attn_scale") or 1 / math.sqrt(head_dim),
-                "qkv_bias": _first_set(m.get("qkv_bias"), m.attn_bias),
-                "out_bias": _first_set(m.get("out_bias"), m.attn_bias),
+                "qkv_bias": m.attn_bias if m.get("qkv_bias") is None else m.qkv_bias,
+                "out_bias": m.attn_bias if m.get("out_bias") is None else m.out_bias,
                 "embed_scale": embedding_scale(m.embed_scale, m.d_model)}
     settings = {f"model.{key}": explicit.get(key, m.get(key)) for key in MODEL_KEYS}
     settings["arch"] = "decoder" if cfg.arch.causal else "encoder"
@@ -74,10 +56,6 @@ def forward_settings(cfg: DictConfig) -> dict[str, Any]:
         settings.update({f"{group}.{key}": value for key, value in node.items()
                          if key not in ignored and not isinstance(value, dict)})
     return settings
-
-
-def _first_set(value: Any, default: Any) -> Any:
-    return default if value is None else value
 
 
 def check_expressible(cfg: DictConfig, family: Family) -> Any:
@@ -119,14 +97,6 @@ def _shown(value: Any) -> str:
     if isinstance(value, bool):
         return str(value).lower()
     return "null" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
-
-
-def without_special_tokens(hf: Any) -> Any:
-    """No BOS, EOS or padding id in the model's (generation) config: tlab's tokenizers have none."""
-    for config in (hf.config, getattr(hf, "generation_config", None)):
-        if config is not None:
-            config.bos_token_id = config.eos_token_id = config.pad_token_id = None
-    return hf
 
 
 def check_same_logits(model: TransformerModel, hf: Any, cfg: DictConfig) -> float:
@@ -181,10 +151,10 @@ def fold_scales(model: TransformerModel, cfg: DictConfig
     return model, cfg, folds
 
 
-def family_export(model: TransformerModel, cfg: DictConfig) -> tuple[Any, list[str]]:
+def family_export(model: TransformerModel, cfg: DictConfig, family: Family
+                  ) -> tuple[Any, list[str]]:
     """(the family's ``transformers`` model with tlab's logits, what was folded); ``ConfigError``
     naming what the family cannot express."""
-    family = causal_family(cfg)
     folded_model, folded_cfg, folds = fold_scales(model, cfg)
     try:
         check_expressible(folded_cfg, family)
@@ -193,7 +163,9 @@ def family_export(model: TransformerModel, cfg: DictConfig) -> tuple[Any, list[s
             raise ConfigError(f"{refusal} (the output head shares the embedding table, so the "
                               "scale cannot be folded into it)") from None
         raise
-    hf = without_special_tokens(to_hf(folded_model, folded_cfg))
+    hf = to_hf(folded_model, folded_cfg)
+    for config in (hf.config, hf.generation_config):  # tlab's tokenizers have no special tokens
+        config.bos_token_id = config.eos_token_id = config.pad_token_id = None
     check_same_logits(model, hf, cfg)
     return hf, folds
 
@@ -203,12 +175,16 @@ def export_model(model: TransformerModel, cfg: DictConfig, directory: Path) -> R
     own code); ``ConfigError`` for an encoder or a component of your own."""
     from transformer_lab.interop.hf_remote import load_remote, write_remote_code
 
-    family = causal_family_or_none(cfg)  # an encoder is refused here
-    if family is None:
-        reason = f"no transformers causal LM has this run's components ({components_text(cfg)})"
-    else:
+    if not cfg.arch.causal:
+        raise ConfigError("tlab export writes causal language models (AutoModelForCausalLM); "
+                          "this run's model is an encoder (arch=encoder), whose output head "
+                          "no HF encoder class holds")
+    preset = preset_of(cfg)
+    family = next((f for f in FAMILIES.values() if f.preset == preset and f.output_head), None)
+    reason = f"no transformers causal LM has this run's components ({components_text(cfg)})"
+    if family is not None:
         try:
-            hf, folds = family_export(model, cfg)
+            hf, folds = family_export(model, cfg, family)
         except ConfigError as refusal:
             reason = str(refusal).rstrip(".")
         else:
@@ -220,13 +196,3 @@ def export_model(model: TransformerModel, cfg: DictConfig, directory: Path) -> R
     check_same_logits(model, load_remote(directory), cfg)
     return Route("TlabForCausalLM", True, f"{reason}: the run's own code is written beside "
                  "the weights (modeling_tlab.py)")
-
-
-def causal_family_or_none(cfg: DictConfig) -> Family | None:
-    """``causal_family``, None where no family has the components (an encoder is refused)."""
-    try:
-        return causal_family(cfg)
-    except ConfigError:
-        if not cfg.arch.causal:
-            raise
-        return None

@@ -25,7 +25,7 @@ from transformer_lab.components.positional import (
     t5_bias,
 )
 from transformer_lab.errors import ConfigError
-from transformer_lab.interop.hf_common import COMPONENTS
+from transformer_lab.interop.hf_families import COMPONENTS
 from transformer_lab.model import TransformerModel
 
 MODELING_FILE = "modeling_tlab.py"
@@ -35,6 +35,10 @@ BUNDLED: tuple[ModuleType, ...] = (base, rope_scaling, sinusoidal, learned, none
 MODEL_NAMES = ("embedding_scale", "attention_knobs", "TransformerModel", "next_token",
                "assemble_model")
 COMPONENTS_PACKAGE = "transformer_lab.components."
+# The model settings ``assemble_model`` reads (the components' own are in their nodes).
+REMOTE_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "attn_bias", "n_kv_heads",
+                     "head_dim", "attn_scale", "qkv_bias", "out_bias", "parallel_block",
+                     "embed_norm", "tie_embeddings", "max_len", "init_std")
 
 
 def _tlab_version() -> str:
@@ -240,17 +244,9 @@ def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
                               f"{target}); tlab export bundles tlab's built-in components only: "
                               f"train with a built-in {group} to export")
         settings[group] = node
-    m = cfg.model
-    settings["model"] = {
-        "vocab_size": int(m.vocab_size), "d_model": int(m.d_model),
-        "n_layers": int(m.n_layers), "n_heads": int(m.n_heads), "attn_bias": bool(m.attn_bias),
-        "n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
-        "attn_scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
-        "out_bias": m.get("out_bias"), "parallel_block": bool(m.get("parallel_block")),
-        "embed_norm": bool(m.get("embed_norm")),
-        "tie_embeddings": bool(m.get("tie_embeddings", False)),
+    model_node = OmegaConf.to_container(cfg.model, resolve=True)
+    settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
         "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
-        "max_len": int(m.max_len), "init_std": float(m.init_std),
         "dropout": {"attention": 0.0, "embedding": 0.0}}  # an export for inference
     return settings
 
@@ -262,24 +258,19 @@ def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path)
     from safetensors.torch import save_file
 
     settings = remote_settings(model, cfg)
+    m = settings["model"]
     (directory / MODELING_FILE).write_text(modeling_source(), encoding="utf-8")
+    no_special_tokens = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
+                         "transformers_version": transformers.__version__}
     config = {"architectures": ["TlabForCausalLM"], "model_type": "tlab",
               "auto_map": {"AutoConfig": "modeling_tlab.TlabConfig",
                            "AutoModelForCausalLM": "modeling_tlab.TlabForCausalLM"},
-              "tlab": settings, "tie_word_embeddings": settings["model"]["tie_embeddings"],
-              "vocab_size": settings["model"]["vocab_size"],
-              "hidden_size": settings["model"]["d_model"],
-              "num_hidden_layers": settings["model"]["n_layers"],
-              "num_attention_heads": settings["model"]["n_heads"],
-              "max_position_embeddings": settings["model"]["max_len"],
-              "bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-              "dtype": "float32", "transformers_version": transformers.__version__}
-    (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n",
-                                           encoding="utf-8")
-    generation = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
-                  "transformers_version": transformers.__version__}
-    (directory / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n",
-                                                      encoding="utf-8")
+              "tlab": settings, "tie_word_embeddings": m["tie_embeddings"],
+              "vocab_size": m["vocab_size"], "hidden_size": m["d_model"],
+              "num_hidden_layers": m["n_layers"], "num_attention_heads": m["n_heads"],
+              "max_position_embeddings": m["max_len"], "dtype": "float32", **no_special_tokens}
+    for name, content in (("config.json", config), ("generation_config.json", no_special_tokens)):
+        (directory / name).write_text(json.dumps(content, indent=2) + "\n", encoding="utf-8")
     state = {f"model.{key}": value.detach().contiguous().clone()
              for key, value in model.state_dict().items()}
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})

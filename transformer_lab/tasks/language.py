@@ -17,20 +17,16 @@ class LanguageModelTask(Task):
     arrays, or a tokenised file's ``TokenFile``, of which only the windows are read)."""
 
     def __init__(self, train: np.ndarray | TokenFile, held_out: np.ndarray | TokenFile,
-                 seq_len: int,
-                 vocab_size: int, eval_size: int, data_seed: int) -> None:
+                 seq_len: int, vocab_size: int, eval_size: int, data_seed: int) -> None:
         if seq_len < 2:
             raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
         for name, stream in (("training", train), ("held-out", held_out)):
             if len(stream) <= seq_len + 1:
-                raise ValueError(
-                    f"the {name} text has {len(stream)} tokens, fewer than task.seq_len+2="
-                    f"{seq_len + 2}; use a shorter task.seq_len or more text"
-                )
-        self.train_tokens = train
-        self.held_out_tokens = held_out
-        self.seq_len = seq_len
-        self.model_seq_len = seq_len
+                raise ValueError(f"the {name} text has {len(stream)} tokens, fewer than "
+                                 f"task.seq_len+2={seq_len + 2}; use a shorter task.seq_len or "
+                                 "more text")
+        self.train_tokens, self.held_out_tokens = train, held_out
+        self.seq_len = self.model_seq_len = seq_len
         self.vocab_size = vocab_size
         self._eval = self._windows(held_out, eval_size, torch.Generator().manual_seed(data_seed))
 

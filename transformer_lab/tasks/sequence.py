@@ -14,15 +14,8 @@ SEP = 0  # token id 0 separates source and target; symbols are 1 .. vocab_size -
 class SequenceTransformTask(Task):
     """Map a random symbol sequence to ``transform(sequence)``; subclasses define transform."""
 
-    def __init__(
-        self,
-        seq_len: int,
-        vocab_size: int,
-        causal: bool,
-        eval_size: int = 512,
-        holdout_mod: int = 10,
-        data_seed: int = 1234,
-    ) -> None:
+    def __init__(self, seq_len: int, vocab_size: int, causal: bool, eval_size: int = 512,
+                 holdout_mod: int = 10, data_seed: int = 1234) -> None:
         if seq_len < 2:
             raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
         if vocab_size < 3:
@@ -35,7 +28,8 @@ class SequenceTransformTask(Task):
         self.holdout_mod = holdout_mod
         self.model_seq_len = 2 * seq_len if causal else seq_len
         self._place_values = (vocab_size ** torch.arange(seq_len)).to(torch.int64)  # (L,)
-        self._eval = self._make_eval_batch(eval_size, data_seed)
+        held_out = self._sample(eval_size, torch.Generator().manual_seed(data_seed), held_out=True)
+        self._eval = self._layout(held_out)
 
     def transform(self, source: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
@@ -47,14 +41,11 @@ class SequenceTransformTask(Task):
 
     def _sample(self, n: int, generator: torch.Generator, held_out: bool) -> torch.Tensor:
         """n distinct-split sources (n, L) with symbols in 1 .. vocab_size - 1."""
-        chunks, have = [], 0
-        while have < n:
-            draw = torch.randint(
-                1, self.vocab_size, (max(2 * n, 64), self.seq_len), generator=generator
-            )
-            keep = draw[self._is_held_out(draw) == held_out]
-            chunks.append(keep)
-            have += len(keep)
+        chunks: list[torch.Tensor] = []
+        while sum(map(len, chunks)) < n:
+            draw = torch.randint(1, self.vocab_size, (max(2 * n, 64), self.seq_len),
+                                 generator=generator)
+            chunks.append(draw[self._is_held_out(draw) == held_out])
         return torch.cat(chunks)[:n]
 
     def _layout(self, source: torch.Tensor) -> Batch:
@@ -66,10 +57,6 @@ class SequenceTransformTask(Task):
         targets = sequence[:, 1:].clone()  # (B, 2L)
         targets[:, : self.seq_len] = IGNORE_INDEX
         return Batch(sequence[:, :-1], targets)
-
-    def _make_eval_batch(self, size: int, seed: int) -> Batch:
-        generator = torch.Generator().manual_seed(seed)
-        return self._layout(self._sample(size, generator, held_out=True))
 
     def train_batch(self, batch_size: int, generator: torch.Generator) -> Batch:
         return self._layout(self._sample(batch_size, generator, held_out=False))
