@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from transformer_lab.config.instantiate import HYDRA_KEYS, given_component, locate
 
@@ -18,8 +18,8 @@ Node = DictConfig | Mapping[str, Any]
 
 
 def component_class(node: Node | None) -> type | None:
-    """The class named by ``node._target_`` (that of a Python API component: the class or
-    instance given); None without one or when it cannot be imported."""
+    """The class named by ``node._target_`` (or given to the Python API); None without one or
+    when it cannot be imported."""
     if node is None:
         return None
     given = given_component(node)
@@ -36,22 +36,19 @@ def component_class(node: Node | None) -> type | None:
 
 
 def component_arguments(node: Node) -> dict[str, Any]:
-    """The node's constructor keyword arguments, interpolations resolved where they resolve."""
-    if isinstance(node, DictConfig):
+    """The node's constructor keyword arguments, interpolations resolved where they resolve (a
+    node loaded on its own keeps what resolves)."""
+    arguments = {}
+    for key in node:
+        if key in _NOT_ARGUMENTS:
+            continue
         try:
-            spec = OmegaConf.to_container(node, resolve=True)
-        except Exception:  # e.g. a node loaded on its own: keep what resolves
-            spec = {}
-            for key in node:
-                try:
-                    value = node[key]
-                except Exception:
-                    continue
-                spec[key] = (OmegaConf.to_container(value, resolve=True)
-                             if isinstance(value, DictConfig) else value)
-    else:
-        spec = dict(node)
-    return {k: v for k, v in spec.items() if k not in _NOT_ARGUMENTS}
+            value = node[key]
+            arguments[key] = (OmegaConf.to_container(value, resolve=True)
+                              if isinstance(value, DictConfig | ListConfig) else value)
+        except Exception:
+            continue
+    return arguments
 
 
 def call_with_accepted(method: Any, arguments: Mapping[str, Any]) -> Any:
