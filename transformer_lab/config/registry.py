@@ -45,31 +45,24 @@ def registered_targets() -> frozenset[str]:
     """The ``_target_`` names of tlab's config tree (outside ``hydra/``) and the ``nn.Module``
     and task classes of ``OWN_PACKAGES``, under every module path that exports them."""
     import yaml
+    from torch import nn
 
     from transformer_lab.config.tree import CONFIG_DIR
+    from transformer_lab.tasks.base import Task
 
     names: set[str] = set()
     for path in CONFIG_DIR.rglob("*.yaml"):
         if path.relative_to(CONFIG_DIR).parts[0] != "hydra":
             names.update(target for _, target in _targets(yaml.safe_load(path.read_text())))
-    for package in OWN_PACKAGES:
-        names.update(_own_classes(package))
+    for package_name in OWN_PACKAGES:
+        package = importlib.import_module(package_name)
+        modules = [package, *(importlib.import_module(info.name) for info in
+                              pkgutil.walk_packages(package.__path__, f"{package_name}."))]
+        names.update(f"{module.__name__}.{name}" for module in modules
+                     for name, value in vars(module).items()
+                     if isinstance(value, type) and issubclass(value, nn.Module | Task)
+                     and value.__module__.startswith("transformer_lab."))
     return frozenset(names)
-
-
-def _own_classes(package_name: str) -> set[str]:
-    """``module.Class`` for each tlab component or task class a module of the package has."""
-    from torch import nn
-
-    from transformer_lab.tasks.base import Task
-
-    package = importlib.import_module(package_name)
-    modules = [package] + [importlib.import_module(info.name) for info in
-                           pkgutil.walk_packages(package.__path__, f"{package_name}.")]
-    return {f"{module.__name__}.{name}" for module in modules
-            for name, value in vars(module).items()
-            if isinstance(value, type) and issubclass(value, nn.Module | Task)
-            and value.__module__.startswith("transformer_lab.")}
 
 
 def user_components(config: Any) -> list[str]:

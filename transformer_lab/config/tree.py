@@ -34,9 +34,8 @@ def offered_in_process(choices: Mapping[str, Mapping[str, dict[str, Any]]]) -> I
         yield
     finally:
         for group, nodes in choices.items():
-            left = {c: n for c, n in _IN_PROCESS_CHOICES.pop(group, {}).items() if c not in nodes}
-            if left:
-                _IN_PROCESS_CHOICES[group] = left
+            for choice in nodes:
+                _IN_PROCESS_CHOICES[group].pop(choice, None)
 
 
 def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:

@@ -242,18 +242,17 @@ def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int
             return None
         return sum(v for k, v in measured.items() if k == prefix or k.startswith(prefix + "."))
 
-    rows = []
     first = None if hidden is None else ffn_activation_bytes(batch, seq_len, hidden, size)
     act = measured.get("blocks.0.feedforward.act") if m.n_layers and measured else None
-    rows.append(BudgetRow("activations", "ffn_hidden (first FFN activation)", "layer 0",
-                          f"B*T*H*bytes = {batch}*{seq_len}*{hidden}*{size}", first, act, "bytes",
-                          compare(first, act), "the tensor the FFN activation keeps; " + how))
-    scores = attention_scores_bytes(batch, seq_len, m.n_heads, size)
     core = measured.get("blocks.0.attention") if m.n_layers and measured else None
-    rows.append(BudgetRow("activations", "attention_scores (if materialised)", "layer 0",
-                          f"B*H*T^2*bytes = {batch}*{m.n_heads}*{seq_len}^2*{size}", scores, core,
-                          "bytes", "INFO", "measured: what attention itself keeps (fused SDPA: "
-                          "q, k, v, output and the log-sum-exp, no T x T matrix)"))
+    rows = [BudgetRow("activations", "ffn_hidden (first FFN activation)", "layer 0",
+                      f"B*T*H*bytes = {batch}*{seq_len}*{hidden}*{size}", first, act, "bytes",
+                      compare(first, act), "the tensor the FFN activation keeps; " + how),
+            BudgetRow("activations", "attention_scores (if materialised)", "layer 0",
+                      f"B*H*T^2*bytes = {batch}*{m.n_heads}*{seq_len}^2*{size}",
+                      attention_scores_bytes(batch, seq_len, m.n_heads, size), core, "bytes",
+                      "INFO", "measured: what attention itself keeps (fused SDPA: q, k, v, "
+                      "output and the log-sum-exp, no T x T matrix)")]
     terms = layer_activation_terms(cfg, batch, seq_len, size)
     formula = None if terms is None else sum(terms.values())
     for i in range(m.n_layers):
