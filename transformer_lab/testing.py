@@ -80,8 +80,9 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
 
     label = _label(pe)
     components = api.OfferedComponents()
+    choice = components.choice("pe", pe)  # a name as it is; a class or an instance offered
     node = (OmegaConf.to_container(load_choice("pe", pe)) if isinstance(pe, str)
-            else components.nodes["pe"][components.choice("pe", pe)])
+            else components.nodes["pe"][choice])
     model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512}
     cfg = OmegaConf.create({"model": model, "pe": node})
     try:
