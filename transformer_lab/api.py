@@ -41,8 +41,7 @@ class Result:
 
     @property
     def table(self) -> Any:
-        """The command's main CSV as a pandas DataFrame (``validation.csv``, ``smoke.csv``,
-        ``reverse.csv``, ``comparison.csv``, ``checks.csv``)."""
+        """The command's main CSV (``MAIN_TABLES``) as a pandas DataFrame."""
         return self.read(self.table_name)
 
     @property
@@ -51,8 +50,7 @@ class Result:
         return self.read("summary")
 
     def read(self, name: str) -> Any:
-        """Any CSV of the run directory by name (``"metrics"``, ``"compare_runs"``, ...); an
-        empty DataFrame when the run did not write it."""
+        """Any CSV of the run directory by name (``"metrics"``); empty if the run wrote none."""
         import pandas as pd
 
         if name not in self._tables:
@@ -127,8 +125,7 @@ class OfferedComponents:
 
     @contextmanager
     def offered(self) -> Iterator[None]:
-        """Within the block, the components are choices of their groups, built from the
-        objects given."""
+        """Within the block, the components are choices of their groups, built as given."""
         from transformer_lab.config.instantiate import components_given
         from transformer_lab.config.tree import offered_in_process
 

@@ -36,8 +36,7 @@ def component_class(node: Node | None) -> type | None:
 
 
 def component_arguments(node: Node) -> dict[str, Any]:
-    """The node's constructor keyword arguments, interpolations resolved where they resolve (a
-    node loaded on its own keeps what resolves)."""
+    """The node's constructor keyword arguments, interpolations resolved where they resolve."""
     arguments = {}
     for key in node:
         if key in _NOT_ARGUMENTS:

@@ -26,8 +26,7 @@ _TRUST_CODE: ContextVar[bool] = ContextVar("tlab_trust_code", default=False)
 
 @contextmanager
 def trusting_code(trust: bool = True) -> Iterator[None]:
-    """Within the block (``--trust-code``), a saved config may name the user components its run
-    recorded."""
+    """Within the block (``--trust-code``), a saved config may name its run's user components."""
     token = _TRUST_CODE.set(bool(trust))
     try:
         yield

@@ -114,8 +114,7 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
 
 
 def preflight(cfg: DictConfig) -> None:
-    """The component part of the app's pre-flight: each component run against its protocol
-    (``ConfigError`` names it)."""
+    """The app's pre-flight of the components: each run against its protocol (``ConfigError``)."""
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_checked_model
 
