@@ -50,33 +50,27 @@ def component_arguments(node: Node) -> dict[str, Any]:
     return arguments
 
 
-def call_with_accepted(method: Any, arguments: Mapping[str, Any]) -> Any:
-    """``method(**arguments)`` with only the arguments its signature takes (all of them if it
-    has ``**kwargs``); None when a required argument is missing."""
+def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
+    """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
+    for the node's keyword arguments and ``extra`` (those it takes; None when a required one is
+    missing). None when undeclared. A Python API instance counts its own parameters."""
+    given = given_component(node) if node is not None else None
+    if attribute == "count_parameters" and hasattr(given, "parameters") \
+            and not isinstance(given, type):
+        return sum(p.numel() for p in given.parameters())
+    cls = component_class(node)
+    method = getattr(cls, attribute, None) if cls is not None else None
+    if method is None or not callable(method) or isinstance(method, type):
+        return method
+    arguments = {**component_arguments(node), **extra}
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):
         return method(**arguments)
-    params = signature.parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         arguments = {k: v for k, v in arguments.items() if k in signature.parameters}
     try:
         signature.bind(**arguments)
     except TypeError:
         return None
     return method(**arguments)
-
-
-def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
-    """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
-    for the node's keyword arguments (those it takes) and ``extra``. None when undeclared. An
-    instance given to the Python API counts its own parameters (``count_parameters``)."""
-    given = given_component(node) if node is not None else None
-    if attribute == "count_parameters" and hasattr(given, "parameters") \
-            and not isinstance(given, type):
-        return sum(p.numel() for p in given.parameters())
-    cls = component_class(node)
-    value = getattr(cls, attribute, None) if cls is not None else None
-    if value is None or not callable(value) or isinstance(value, type):
-        return value
-    return call_with_accepted(value, {**component_arguments(node), **extra})

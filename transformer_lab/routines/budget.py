@@ -353,15 +353,13 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
     cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's
     model = build_model(cfg, seed=cfg.seed)
     rows = parameter_rows(cfg, model)
-    measure = bool(cfg.routine.measure)
+    measure, measure_batch = bool(cfg.routine.measure), int(cfg.routine.measure_batch)
     measured = None
     if measure:
         model = model.to(TORCH_DTYPES[dtype])
         with console.status(f"measuring activations ({dtype}, T={seq_len})"):
-            measured = measure_activations(model, batch, seq_len, vocab,
-                                           int(cfg.routine.measure_batch))
-    rows += activation_rows(cfg, measured, batch, seq_len, dtype,
-                            int(cfg.routine.measure_batch))
+            measured = measure_activations(model, batch, seq_len, vocab, measure_batch)
+    rows += activation_rows(cfg, measured, batch, seq_len, dtype, measure_batch)
     rows += flop_rows(cfg, model, seq_len, measure)
     rows += article_rows()
     run.write_table("budget", [asdict(r) for r in rows], BUDGET_COLUMNS)
