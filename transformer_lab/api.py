@@ -1,30 +1,6 @@
-"""The Python API: tlab's commands as functions, for notebooks and test suites.
-
-    import transformer_lab as tl
-
-    result = tl.validate(pe=MyPE, arch="decoder", overrides=["model.d_model=64"])
-    result.passed      # bool: the command's exit code was 0
-    result.table       # pandas.DataFrame of the command's main CSV (validation.csv here)
-    result.run_dir     # Path of the run directory (config.yaml, summary.csv, plots, ...)
-
-``validate``, ``smoke``, ``reverse_task``, ``compare_activations`` and ``check`` run the command
-of the same name in this process as the CLI runs a single run: the same arguments, checked by
-``app.hydra_app.checked_arguments``, composed by ``app.arguments.compose_first_job`` and run by
-``app.hydra_app.run_single`` (pre-flight, run directory, job, every file), so the files they
-write are the CLI's. Bad input raises ``transformer_lab.errors.ConfigError`` with the CLI's
-one-line message (nothing is written).
-
-A component (``pe=``, ``ffn=``, ``norm_layer=``, an item of ``activations=``) may be the name of
-a choice (``"rope"``), a class, or an instance, defined anywhere, a notebook, ``__main__`` or a
-test function included: while the command runs it is a choice of its group offered in this
-process (``OfferedComponents``: no file), whose config node names its class by its import path
-(``module.qualname``, as ``config.yaml`` records it) and which is built from the object given.
-A class gets its size arguments from the model (``d_model``, ``d_ff``, ``n_heads``,
-``head_dim``, ``max_len``), keeps its plain defaults (an override may change them), and any
-other argument must be given: ``overrides=["pe.alpha=0.5"]``; a norm layer class is called with
-``d_model``. An instance is deep-copied for every model built (its sizes must match the run's
-model). Runs are single runs (no ``-m`` sweeps) in this process.
-"""
+"""The Python API (docs/python_api.md): tlab's commands as functions run in this process as the
+CLI runs a single run, returning a ``Result``; a component may be a choice name, a class or an
+instance, offered as a choice of its group while the command runs (``OfferedComponents``)."""
 
 from __future__ import annotations
 
@@ -65,8 +41,7 @@ class Result:
 
     @property
     def table(self) -> Any:
-        """The command's main CSV as a pandas DataFrame (``validation.csv``, ``smoke.csv``,
-        ``reverse.csv``, ``comparison.csv``, ``checks.csv``)."""
+        """The command's main CSV (``MAIN_TABLES``) as a pandas DataFrame."""
         return self.read(self.table_name)
 
     @property
@@ -75,8 +50,7 @@ class Result:
         return self.read("summary")
 
     def read(self, name: str) -> Any:
-        """Any CSV of the run directory by name (``"metrics"``, ``"compare_runs"``, ...); an
-        empty DataFrame when the run did not write it."""
+        """Any CSV of the run directory by name (``"metrics"``); empty if the run wrote none."""
         import pandas as pd
 
         if name not in self._tables:
@@ -87,13 +61,6 @@ class Result:
     def __repr__(self) -> str:
         verdict = "passed" if self.passed else f"failed (exit code {self.exit_code})"
         return f"Result({self.command}: {verdict}, run_dir='{self.run_dir}')"
-
-
-def _is_plain(value: object) -> bool:
-    """A default that a config node holds as it is (and an override can replace)."""
-    if isinstance(value, str):
-        return "${" not in value and value != "???"
-    return value is None or isinstance(value, bool | int | float)
 
 
 def _class_arguments(cls: type, group: str) -> dict[str, Any]:
@@ -111,18 +78,11 @@ def _class_arguments(cls: type, group: str) -> dict[str, Any]:
             arguments[parameter.name] = SIZE_ARGUMENTS[parameter.name]
         elif parameter.default is parameter.empty:
             arguments[parameter.name] = "???"
-        elif _is_plain(parameter.default):
+        elif parameter.default is None or isinstance(parameter.default, bool | int | float) \
+                or (isinstance(parameter.default, str) and "${" not in parameter.default
+                    and parameter.default != "???"):  # a plain default, as it is
             arguments[parameter.name] = parameter.default
     return arguments
-
-
-def _unused(name: str, taken: Any) -> str:
-    """``name``, else the first of ``name_2``, ``name_3``, ... not in ``taken``."""
-    candidate, n = name, 1
-    while candidate in taken:
-        n += 1
-        candidate = f"{name}_{n}"
-    return candidate
 
 
 class OfferedComponents:
@@ -141,33 +101,31 @@ class OfferedComponents:
         class name (``Name_2`` where that is taken)."""
         if component is None or isinstance(component, str):
             return component
-        key = (group, id(component))
-        if key not in self._choices:
-            self._choices[key] = self._offer(group, component)
-        return self._choices[key]
-
-    def _offer(self, group: str, component: object) -> str:
+        if (group, id(component)) in self._choices:
+            return self._choices[group, id(component)]
         from transformer_lab.config.tree import group_choices
 
-        is_class = isinstance(component, type)
-        cls = component if is_class else type(component)
+        cls = component if isinstance(component, type) else type(component)
         target = f"{cls.__module__}.{cls.__qualname__}"
-        name = _unused(cls.__name__, {*group_choices(group, self.user_dirs),
-                                      *self.nodes.get(group, {}),
-                                      *(choice for t, choice in self.given if t == target)})
+        taken = {*group_choices(group, self.user_dirs), *self.nodes.get(group, {}),
+                 *(choice for t, choice in self.given if t == target)}
+        name, n = cls.__name__, 1
+        while name in taken:  # Name_2, Name_3, ...
+            n += 1
+            name = f"{cls.__name__}_{n}"
         self.given[target, name] = component
         node = {"name": name, "_target_": target}
         if group == "norm_layer":
             node["_partial_"] = True  # called with d_model
-        if is_class:
+        if cls is component:
             node.update(_class_arguments(cls, group))
         self.nodes.setdefault(group, {})[name] = node
+        self._choices[group, id(component)] = name
         return name
 
     @contextmanager
     def offered(self) -> Iterator[None]:
-        """Within the block, the components are choices of their groups, built from the
-        objects given."""
+        """Within the block, the components are choices of their groups, built as given."""
         from transformer_lab.config.instantiate import components_given
         from transformer_lab.config.tree import offered_in_process
 

@@ -18,36 +18,32 @@ def _label(component: Component) -> str:
         getattr(component, "__name__", type(component).__name__)
 
 
-def _failed_rows(result: Result, hints: dict[int, str] | None = None) -> list[str]:
-    """One line per FAIL row (``step check: detail``), then each failing step's hint."""
-    table = result.table
-    if table.empty or "status" not in table:
-        return [f"{result.table_name}.csv was not written; see {result.run_dir / 'run.log'}"]
-    failed = table[table.status == "FAIL"]
-    lines = [f"  step {row.step} {row.check}: {row.detail}" for row in failed.itertuples()]
-    for step in dict.fromkeys(failed.step):
-        if hints and int(step) in hints:
-            lines.append(f"  -> step {step}: {hints[int(step)]}")
-    if not lines:  # no FAIL row: the run ended otherwise (diverged, error)
-        summary = result.summary
-        error = summary.error[0] if not summary.empty and "error" in summary else "unknown"
-        lines.append(f"  {error}")
-    return lines
-
-
-def _run_checked(command: Any, what: str, out: str | Path | None,
-                 hints: dict[int, str] | None, **kwargs: Any) -> Result:
+def _run_checked(command: Any, what: str, out: str | Path | None, **kwargs: Any) -> Result:
     """Run ``command`` into ``out`` (default: a temporary directory, removed if it passes);
-    ``AssertionError`` listing the failed rows otherwise."""
+    ``AssertionError`` listing the FAIL rows (``step check: detail``) and their steps' hints
+    otherwise."""
+    from transformer_lab.routines.validate import STEP_HINTS
+
     temp = None if out is not None else Path(tempfile.mkdtemp(prefix="tlab-test-"))
     result = command(out=out if out is not None else temp / "run", **kwargs)
     if result.passed:
         if temp is not None:
             shutil.rmtree(temp, ignore_errors=True)
         return result
-    lines = [f"{what} failed (exit code {result.exit_code}):", *_failed_rows(result, hints),
-             f"run directory: {result.run_dir}"]
-    raise AssertionError("\n".join(lines))
+    lines = [f"{what} failed (exit code {result.exit_code}):"]
+    table = result.table
+    if table.empty or "status" not in table:
+        lines.append(f"{result.table_name}.csv was not written; see {result.run_dir / 'run.log'}")
+    else:
+        failed = table[table.status == "FAIL"]
+        lines += [f"  step {row.step} {row.check}: {row.detail}" for row in failed.itertuples()]
+        lines += [f"  -> step {step}: {STEP_HINTS[int(step)]}"
+                  for step in dict.fromkeys(failed.step) if int(step) in STEP_HINTS]
+        if failed.empty:  # no FAIL row: the run ended otherwise (diverged, error)
+            summary = result.summary
+            has_error = not summary.empty and "error" in summary
+            lines.append(f"  {summary.error[0] if has_error else 'unknown'}")
+    raise AssertionError("\n".join([*lines, f"run directory: {result.run_dir}"]))
 
 
 def assert_positional_encoding(pe: Component, arch: str = "encoder", *,
@@ -55,10 +51,8 @@ def assert_positional_encoding(pe: Component, arch: str = "encoder", *,
                                out: str | Path | None = None) -> Result:
     """``tlab validate`` with this PE: the model runs, the loss falls, reversal beats the NoPE
     control (and, for a rotary PE, scores depend on n - m only), activations train."""
-    from transformer_lab.routines.validate import STEP_HINTS
-
     return _run_checked(api.validate, f"pe={_label(pe)} (arch={arch}): tlab validate", out,
-                        STEP_HINTS, pe=pe, arch=arch, overrides=overrides)
+                        pe=pe, arch=arch, overrides=overrides)
 
 
 def assert_trains(pe: Component = None, *, ffn: Component = None,
@@ -66,12 +60,10 @@ def assert_trains(pe: Component = None, *, ffn: Component = None,
                   overrides: Sequence[str] = (), out: str | Path | None = None) -> Result:
     """``tlab smoke`` with these components: a tiny model runs forward and backward and its loss
     falls within 10 steps."""
-    from transformer_lab.routines.validate import STEP_HINTS
-
     chosen = [f"{group}={_label(c)}" for group, c in
               (("pe", pe), ("ffn", ffn), ("norm_layer", norm_layer)) if c is not None]
     what = f"{', '.join(chosen) or 'the default model'} (arch={arch}): tlab smoke"
-    return _run_checked(api.smoke, what, out, STEP_HINTS, pe=pe, ffn=ffn,
+    return _run_checked(api.smoke, what, out, pe=pe, ffn=ffn,
                         norm_layer=norm_layer, arch=arch, overrides=overrides)
 
 
@@ -88,11 +80,9 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
 
     label = _label(pe)
     components = api.OfferedComponents()
-    if isinstance(pe, str):
-        node = OmegaConf.to_container(load_choice("pe", pe))
-    else:
-        choice = components.choice("pe", pe)
-        node = components.nodes["pe"][choice]
+    choice = components.choice("pe", pe)  # a name as it is; a class or an instance offered
+    node = (OmegaConf.to_container(load_choice("pe", pe)) if isinstance(pe, str)
+            else components.nodes["pe"][choice])
     model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512}
     cfg = OmegaConf.create({"model": model, "pe": node})
     try:

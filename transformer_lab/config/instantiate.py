@@ -1,11 +1,6 @@
 """From a config group to an object: ``_target_`` instantiation with one-line errors, and the
-task of a config.
-
-A group's node is ``{_target_: dotted.path, name: label, **keyword arguments}``; ``name`` is a
-label for tables and messages, not an argument. The Python API's components (a class or an
-instance, defined anywhere, a notebook or a function included) are named by their class's
-``module.qualname`` and built from the object given (``components_given``), not imported.
-"""
+task of a config. ``name`` is a label, not an argument; the Python API's components (a class or
+an instance) are built from the object given (``components_given``), not imported."""
 
 from __future__ import annotations
 
@@ -37,8 +32,7 @@ def components_given(given: Mapping[tuple[str, str], Any]) -> Iterator[None]:
 
 
 def given_component(node: Mapping[str, Any]) -> Any:
-    """The class or instance given in this process for ``node`` (by its ``_target_`` and
-    ``name``); None for any other node."""
+    """The class or instance given in this process for ``node``; None for any other node."""
     return _GIVEN.get((str(node.get("_target_")), str(node.get("name"))))
 
 
@@ -48,9 +42,8 @@ def given_targets() -> set[str]:
 
 
 def locate(path: str) -> Any:
-    """The object a dotted ``_target_`` path names, found as ``hydra.utils.instantiate`` finds
-    it (``hydra.utils.get_object``); a failure is raised, not also logged by Hydra (the caller
-    reports it in one line)."""
+    """The object a dotted ``_target_`` names (``hydra.utils.get_object``), a failure raised
+    without Hydra also logging it (the caller reports it in one line)."""
     from hydra.utils import get_object
 
     hydra_log = logging.getLogger("hydra.utils")
@@ -68,13 +61,9 @@ def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
 
 
 def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
-    """Instantiate the ``_target_`` of config group ``group`` (minus its ``name`` label).
-
-    Flat specs, and those of the components given in this process, are built directly
-    (``_target_(**spec, **kwargs)``, or a partial with ``_partial_``); anything richer goes
-    through ``hydra.utils.instantiate`` (which imports every ``_target_``). Any failure
-    (unknown ``_target_``, bad argument) becomes a ``ConfigError`` naming group, choice and cause.
-    """
+    """Build the ``_target_`` of config group ``group`` (or of the plain node ``cfg``): flat and
+    given specs directly, nested ones through ``hydra.utils.instantiate``. ``ConfigError``
+    naming group, choice and cause for any failure."""
     spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
     given = given_component(spec)
     name = spec.pop("name", spec.get("_target_"))

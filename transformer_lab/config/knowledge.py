@@ -7,7 +7,7 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from transformer_lab.config.instantiate import HYDRA_KEYS, given_component, locate
 
@@ -18,8 +18,8 @@ Node = DictConfig | Mapping[str, Any]
 
 
 def component_class(node: Node | None) -> type | None:
-    """The class named by ``node._target_`` (that of a Python API component: the class or
-    instance given); None without one or when it cannot be imported."""
+    """The class named by ``node._target_`` (or given to the Python API); None without one or
+    when it cannot be imported."""
     if node is None:
         return None
     given = given_component(node)
@@ -37,50 +37,40 @@ def component_class(node: Node | None) -> type | None:
 
 def component_arguments(node: Node) -> dict[str, Any]:
     """The node's constructor keyword arguments, interpolations resolved where they resolve."""
-    if isinstance(node, DictConfig):
+    arguments = {}
+    for key in node:
+        if key in _NOT_ARGUMENTS:
+            continue
         try:
-            spec = OmegaConf.to_container(node, resolve=True)
-        except Exception:  # e.g. a node loaded on its own: keep what resolves
-            spec = {}
-            for key in node:
-                try:
-                    value = node[key]
-                except Exception:
-                    continue
-                spec[key] = (OmegaConf.to_container(value, resolve=True)
-                             if isinstance(value, DictConfig) else value)
-    else:
-        spec = dict(node)
-    return {k: v for k, v in spec.items() if k not in _NOT_ARGUMENTS}
+            value = node[key]
+            arguments[key] = (OmegaConf.to_container(value, resolve=True)
+                              if isinstance(value, DictConfig | ListConfig) else value)
+        except Exception:
+            continue
+    return arguments
 
 
-def call_with_accepted(method: Any, arguments: Mapping[str, Any]) -> Any:
-    """``method(**arguments)`` with only the arguments its signature takes (all of them if it
-    has ``**kwargs``); None when a required argument is missing."""
+def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
+    """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
+    for the node's keyword arguments and ``extra`` (those it takes; None when a required one is
+    missing). None when undeclared. A Python API instance counts its own parameters."""
+    given = given_component(node) if node is not None else None
+    if attribute == "count_parameters" and hasattr(given, "parameters") \
+            and not isinstance(given, type):
+        return sum(p.numel() for p in given.parameters())
+    cls = component_class(node)
+    method = getattr(cls, attribute, None) if cls is not None else None
+    if method is None or not callable(method) or isinstance(method, type):
+        return method
+    arguments = {**component_arguments(node), **extra}
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):
         return method(**arguments)
-    params = signature.parameters.values()
-    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params):
+    if not any(p.kind is p.VAR_KEYWORD for p in signature.parameters.values()):
         arguments = {k: v for k, v in arguments.items() if k in signature.parameters}
     try:
         signature.bind(**arguments)
     except TypeError:
         return None
     return method(**arguments)
-
-
-def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
-    """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
-    for the node's keyword arguments (those it takes) and ``extra``. None when undeclared. An
-    instance given to the Python API counts its own parameters (``count_parameters``)."""
-    given = given_component(node) if node is not None else None
-    if attribute == "count_parameters" and hasattr(given, "parameters") \
-            and not isinstance(given, type):
-        return sum(p.numel() for p in given.parameters())
-    cls = component_class(node)
-    value = getattr(cls, attribute, None) if cls is not None else None
-    if value is None or not callable(value) or isinstance(value, type):
-        return value
-    return call_with_accepted(value, {**component_arguments(node), **extra})

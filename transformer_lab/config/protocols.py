@@ -16,10 +16,6 @@ def _shape(value: Any) -> str:
     return str(tuple(value.shape)) if isinstance(value, torch.Tensor) else type(value).__name__
 
 
-def _label(cfg: DictConfig, group: str, module: object) -> str:
-    return f"{group}={cfg[group].get('name')} ({type(module).__name__})"
-
-
 def _call(label: str, what: str, fn: Any, *args: Any) -> Any:
     try:
         with torch.no_grad():
@@ -29,35 +25,31 @@ def _call(label: str, what: str, fn: Any, *args: Any) -> Any:
         raise ConfigError(f"{label}: {what} failed: {message}") from exc
 
 
-def check_positional(cfg: DictConfig, pe: nn.Module, d_model: int, n_heads: int,
-                     head_dim: int, seq_len: int) -> None:
-    label, kind = _label(cfg, "pe", pe), pe.kind
-    if kind == "additive":
+def _check_positional(label: str, pe: nn.Module, d_model: int, n_heads: int, head_dim: int,
+                      seq_len: int) -> None:
+    if pe.kind == "additive":
         out = _call(label, f"pe(positions of length {seq_len})", pe, torch.arange(seq_len))
         if not isinstance(out, torch.Tensor) or tuple(out.shape) != (seq_len, d_model):
             raise ConfigError(f"{label}: an additive PE must return (T, d_model) = "
                               f"{(seq_len, d_model)} for T positions, got {_shape(out)}")
-    elif kind == "rotary":
+    elif pe.kind == "rotary":
         q = torch.randn(1, n_heads, seq_len, head_dim)  # (B, H, T, Dh)
         out = _call(label, "pe(q, k, positions)", pe, q, q.clone(), torch.arange(seq_len))
-        ok = (isinstance(out, tuple | list) and len(out) == 2
-              and all(isinstance(t, torch.Tensor) and t.shape == q.shape for t in out))
-        if not ok:
-            got = (", ".join(_shape(t) for t in out) if isinstance(out, tuple | list)
-                   else _shape(out))
+        pair = out if isinstance(out, tuple | list) else (out,)
+        if len(pair) != 2 or not all(isinstance(t, torch.Tensor) and t.shape == q.shape
+                                     for t in pair):
             raise ConfigError(f"{label}: a rotary PE must return (q, k) shaped like q and k "
-                              f"{tuple(q.shape)}, got {got}")
-    elif kind == "bias":
+                              f"{tuple(q.shape)}, got {', '.join(_shape(t) for t in pair)}")
+    elif pe.kind == "bias":
         out = _call(label, f"pe({seq_len}, {seq_len})", pe, seq_len, seq_len)
-        ok = isinstance(out, torch.Tensor) and out.dim() == 3 and out.shape[0] in (1, n_heads) \
-            and tuple(out.shape[1:]) == (seq_len, seq_len)
-        if not ok:
+        if not (isinstance(out, torch.Tensor) and out.dim() == 3
+                and out.shape[0] in (1, n_heads) and tuple(out.shape[1:]) == (seq_len, seq_len)):
             raise ConfigError(f"{label}: a bias PE must return (n_heads, T, T) = "
                               f"{(n_heads, seq_len, seq_len)}, got {_shape(out)}")
 
 
-def _check_shape_preserving(label: str, name: str, module: object, d_model: int, seq_len: int,
-                            not_a_module: str, wrong_shape: str) -> None:
+def _check_shape_kept(label: str, name: str, module: object, d_model: int, seq_len: int,
+                      not_a_module: str, wrong_shape: str) -> None:
     """``module`` is an ``nn.Module`` mapping (B, T, d_model) to the same shape."""
     if not isinstance(module, nn.Module):
         raise ConfigError(f"{label}: {not_a_module}")
@@ -67,30 +59,26 @@ def _check_shape_preserving(label: str, name: str, module: object, d_model: int,
         raise ConfigError(f"{label}: {wrong_shape}; {tuple(x.shape)} came out as {_shape(out)}")
 
 
-def check_feedforward(cfg: DictConfig, ffn: object, d_model: int, seq_len: int) -> None:
-    _check_shape_preserving(
-        _label(cfg, "ffn", ffn), "ffn", ffn, d_model, seq_len,
-        "an FFN must be a torch.nn.Module built with d_model and d_ff keywords",
-        "an FFN must map (B, T, d_model) -> (B, T, d_model)")
-
-
-def check_norm(cfg: DictConfig, norm: object, d_model: int, seq_len: int) -> None:
-    _check_shape_preserving(
-        _label(cfg, "norm_layer", norm), "norm", norm, d_model, seq_len,
-        "norm_layer must be a callable d_model -> torch.nn.Module (use _partial_: true for a "
-        "class)",
-        "a norm must keep the shape (B, T, d_model)")
-
-
 def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
     """``ConfigError`` naming the group and class of the first component of ``model`` that does
     not follow its protocol: pe (additive ``(T,) -> (T, d_model)``, rotary ``(q, k, positions)
     -> (q, k)``, bias ``(T, T) -> (n_heads or 1, T, T)``), ffn and norm ``(B, T, d_model)`` kept."""
     m = cfg.model
+
+    def label(group: str, module: object) -> str:
+        return f"{group}={cfg[group].get('name')} ({type(module).__name__})"
+
     head_dim = m.get("head_dim") or m.d_model // m.n_heads  # model.head_dim (T5 d_kv, ...)
-    check_positional(cfg, model.positional, m.d_model, m.n_heads, head_dim, seq_len)
-    block = model.blocks[0] if len(model.blocks) else None
-    if block is not None:
-        check_feedforward(cfg, block.feedforward, m.d_model, seq_len)
-        if getattr(block, "norm1", None) is not None:  # a norm-free block (ReZero) has none
-            check_norm(cfg, block.norm1, m.d_model, seq_len)
+    _check_positional(label("pe", model.positional), model.positional, m.d_model, m.n_heads,
+                      head_dim, seq_len)
+    if not len(model.blocks):
+        return
+    block = model.blocks[0]
+    _check_shape_kept(label("ffn", block.feedforward), "ffn", block.feedforward, m.d_model,
+                      seq_len, "an FFN must be a torch.nn.Module built with d_model and d_ff "
+                      "keywords", "an FFN must map (B, T, d_model) -> (B, T, d_model)")
+    if getattr(block, "norm1", None) is not None:  # a norm-free block (ReZero) has none
+        _check_shape_kept(label("norm_layer", block.norm1), "norm", block.norm1, m.d_model,
+                          seq_len, "norm_layer must be a callable d_model -> torch.nn.Module "
+                          "(use _partial_: true for a class)",
+                          "a norm must keep the shape (B, T, d_model)")

@@ -1,14 +1,7 @@
-"""The components a saved config may name, and the check of a config read from a run.
-
-A run directory or an exported checkpoint is data from elsewhere. Before anything rebuilds a
-model from a config it read (a weights file's header, a run's recorded overrides), the config
-is checked here by name only, nothing imported: every ``_target_`` must be one of tlab's own
-components (:func:`registered_targets`: the ``_target_`` of every file of tlab's config tree,
-and the component and task classes of tlab's own packages) or a class given to the Python API
-in this process. A run trained with a user's own component loads only with ``--trust-code``
-(:func:`trusting_code`), and then only the components the run recorded when it was trained.
-See docs/security.md.
-"""
+"""The components a saved config may name, and the check of a config read from a run: every
+``_target_`` must be one of tlab's own components or a class given to the Python API, checked by
+name only before anything is imported; ``--trust-code`` adds those the run recorded
+(docs/security.md)."""
 
 from __future__ import annotations
 
@@ -33,8 +26,7 @@ _TRUST_CODE: ContextVar[bool] = ContextVar("tlab_trust_code", default=False)
 
 @contextmanager
 def trusting_code(trust: bool = True) -> Iterator[None]:
-    """Within the block, a saved config may name the user components its run recorded
-    (``--trust-code``)."""
+    """Within the block (``--trust-code``), a saved config may name its run's user components."""
     token = _TRUST_CODE.set(bool(trust))
     try:
         yield
@@ -49,54 +41,38 @@ def code_trusted() -> bool:
 
 @functools.cache
 def registered_targets() -> frozenset[str]:
-    """The dotted names a saved config may use as ``_target_``: those of tlab's config tree
-    (outside ``hydra/``) and the ``nn.Module`` and task classes of ``OWN_PACKAGES``, under
-    every module path that exports them."""
+    """The ``_target_`` names of tlab's config tree (outside ``hydra/``) and the ``nn.Module``
+    and task classes of ``OWN_PACKAGES``, under every module path that exports them."""
     import yaml
+    from torch import nn
 
     from transformer_lab.config.tree import CONFIG_DIR
+    from transformer_lab.tasks.base import Task
 
     names: set[str] = set()
     for path in CONFIG_DIR.rglob("*.yaml"):
         if path.relative_to(CONFIG_DIR).parts[0] != "hydra":
             names.update(target for _, target in _targets(yaml.safe_load(path.read_text())))
-    for package in OWN_PACKAGES:
-        names.update(_own_classes(package))
+    for package_name in OWN_PACKAGES:
+        package = importlib.import_module(package_name)
+        modules = [package, *(importlib.import_module(info.name) for info in
+                              pkgutil.walk_packages(package.__path__, f"{package_name}."))]
+        names.update(f"{module.__name__}.{name}" for module in modules
+                     for name, value in vars(module).items()
+                     if isinstance(value, type) and issubclass(value, nn.Module | Task)
+                     and value.__module__.startswith("transformer_lab."))
     return frozenset(names)
 
 
-def _own_classes(package_name: str) -> set[str]:
-    """``module.Class`` for each component or task class a module of the package defines or
-    exports (defined in tlab)."""
-    from torch import nn
-
-    from transformer_lab.tasks.base import Task
-
-    package = importlib.import_module(package_name)
-    modules = [package] + [importlib.import_module(info.name) for info in
-                           pkgutil.walk_packages(package.__path__, f"{package_name}.")]
-    return {f"{module.__name__}.{name}" for module in modules
-            for name, value in vars(module).items()
-            if isinstance(value, type) and issubclass(value, nn.Module | Task)
-            and value.__module__.startswith("transformer_lab.")}
-
-
-def is_registered(target: str) -> bool:
-    """True for one of tlab's components, or a class given to the Python API in this process."""
-    return target in registered_targets() or target in given_targets()
+def user_components(config: Any) -> list[str]:
+    """The ``_target_`` names of a config (plain values or an OmegaConf node) that are not
+    tlab's: what a run records it was trained with, for ``--trust-code``."""
+    return sorted({str(t) for _, t in _targets(_plain(config))} - registered_targets())
 
 
 def _targets(node: Any) -> Iterator[tuple[str, Any]]:
     """``(key path, value)`` of every ``_target_`` in a tree of plain values."""
     return ((where, value) for where, key, value, _ in _walk(node) if key == "_target_")
-
-
-def user_components(config: Any) -> list[str]:
-    """The ``_target_`` names of a config (plain values or an OmegaConf node) that are not
-    tlab's (a Python API component's too): what a run records it was trained with, for
-    ``--trust-code``."""
-    plain = _plain(config)
-    return sorted({str(t) for _, t in _targets(plain) if str(t) not in registered_targets()})
 
 
 def _plain(config: Any) -> Any:
@@ -108,15 +84,9 @@ def _plain(config: Any) -> Any:
 
 
 def check_saved_config(config: Any, source: str, recorded: Sequence[str] = ()) -> None:
-    """Refuse (``ConfigError``, one line naming the key and ``source``, the file it came from)
-    a config read from a run that names a callable other than tlab's components, anywhere in
-    its tree, before anything is imported or called.
-
-    Checked by name only: each ``_target_`` is registered (:func:`is_registered`) or, with
-    ``--trust-code``, one of ``recorded`` (the user components the run recorded when it was
-    trained); ``_partial_`` is a bool beside a ``_target_``; ``_args_``, ``_recursive_`` and
-    ``_convert_`` (never in tlab's tree) need ``--trust-code``; no value is an interpolation
-    (a saved config is resolved when written)."""
+    """Refuse (``ConfigError``, one line naming the key and ``source``) a config read from a run
+    that names a callable other than tlab's components (or, with ``--trust-code``, one of
+    ``recorded``), an instantiate option, a misplaced ``_partial_`` or an interpolation."""
     trusted = code_trusted()
     for path, key, value, node in _walk(_plain(config)):
         where = f"{source}: {path}"
@@ -128,9 +98,8 @@ def check_saved_config(config: Any, source: str, recorded: Sequence[str] = ()) -
         if key == "_target_":
             if not isinstance(value, str):
                 raise ConfigError(f"{where} is not a component name")
-            if is_registered(value):
-                continue
-            if trusted and value in recorded:
+            if value in registered_targets() or value in given_targets() \
+                    or (trusted and value in recorded):
                 continue
             if trusted:
                 raise ConfigError(f"{where}={value} is none of tlab's components nor one the run "

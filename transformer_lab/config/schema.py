@@ -13,12 +13,15 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer_lab.errors import ConfigError
 
 _ABSENT = object()
+_FIXED_TEXTS = {"embed_scale": "sqrt, none or a positive number", "any": "any value",
+                "bool": "true or false"}
 
 
 @dataclass(frozen=True)
 class Rule:
-    """What one key may hold. ``kind``: int, number, bool, str, list, embed_scale (sqrt, none
-    or a number) or any; ``open_low``/``open_high``: strict bounds; ``item``: a list's rule."""
+    """What one key may hold, and its check. ``kind``: int, number, bool, str, list, embed_scale
+    (sqrt, none or a number) or any; ``open_low``/``open_high``: strict bounds; ``item``: a list's
+    rule."""
 
     kind: str
     low: float | None = None
@@ -33,15 +36,11 @@ class Rule:
 
     def describe(self) -> str:
         """What is valid, in words (the end of the one-line message)."""
-        if self.kind == "list":
+        if self.kind in _FIXED_TEXTS:
+            text = _FIXED_TEXTS[self.kind]
+        elif self.kind == "list":
             items = self.item.describe() if self.item else "values"
-            text = f"a non-empty list of {items}" if self.min_items else f"a list of {items}"
-        elif self.kind == "embed_scale":
-            text = "sqrt, none or a positive number"
-        elif self.kind == "any":
-            text = "any value"
-        elif self.kind == "bool":
-            text = "true or false"
+            text = f"a {'non-empty ' if self.min_items else ''}list of {items}"
         elif self.kind == "str":
             text = ("one of " + ", ".join(self.choices)) if self.choices else "a string"
         elif self.kind == "int" and self.low == 1 and self.high is None:
@@ -49,23 +48,43 @@ class Rule:
         elif self.kind == "number" and self.low == 0 and self.open_low and self.high is None:
             text = "a positive number"
         else:
-            what = "an integer" if self.kind == "int" else "a number"
-            text = what + _range_text(self)
+            text = ("an integer" if self.kind == "int" else "a number") + self._range_text()
         return text + (" or null" if self.nullable else "")
 
+    def _range_text(self) -> str:
+        low, high = self.low, self.high
+        if low is not None and high is not None:
+            left, right = "(" if self.open_low else "[", ")" if self.open_high else "]"
+            return f" in {left}{low:g}, {high:g}{right}"
+        if low is not None:
+            return f" {'>' if self.open_low else '>='} {low:g}"
+        return "" if high is None else f" {'<' if self.open_high else '<='} {high:g}"
 
-def _range_text(rule: Rule) -> str:
-    def fmt(x: float) -> str:
-        return f"{x:g}"
+    def fits(self, value: Any) -> bool:
+        """True if ``value`` (not null) satisfies the rule."""
+        number = isinstance(value, int | float) and not isinstance(value, bool) \
+            and math.isfinite(value)
+        if self.kind == "list":
+            return isinstance(value, list) and len(value) >= self.min_items \
+                and (self.item is None or all(self.item.fits(v) for v in value))
+        if self.kind not in ("int", "number"):
+            return {"any": True, "bool": isinstance(value, bool),
+                    "str": isinstance(value, str) and (not self.choices or value in self.choices),
+                    "embed_scale": value in ("sqrt", "none") or (number and value > 0)}[self.kind]
+        if not number or (self.kind == "int" and not isinstance(value, int)):
+            return False
+        if self.low is not None and (value <= self.low if self.open_low else value < self.low):
+            return False
+        return self.high is None or (value < self.high if self.open_high else value <= self.high)
 
-    if rule.low is not None and rule.high is not None:
-        left, right = "(" if rule.open_low else "[", ")" if rule.open_high else "]"
-        return f" in {left}{fmt(rule.low)}, {fmt(rule.high)}{right}"
-    if rule.low is not None:
-        return f" {'>' if rule.open_low else '>='} {fmt(rule.low)}"
-    if rule.high is not None:
-        return f" {'<' if rule.open_high else '<='} {fmt(rule.high)}"
-    return ""
+    def check(self, key: str, value: Any) -> None:
+        """``ConfigError`` (one line) unless ``value`` (``_ABSENT``: missing) fits at ``key``."""
+        if value is _ABSENT and self.required:
+            raise ConfigError(f"{key} is required and cannot be deleted (~{key}); set it "
+                              f"instead: {key}=<{self.describe()}>")
+        if value is not _ABSENT and not (value is None and self.nullable) \
+                and (value is None or not self.fits(value)):
+            raise ConfigError(f"{key}={_shown(value)} is not valid; it must be {self.describe()}")
 
 
 def int_rule(low: float | None = None, **kw: Any) -> Rule:
@@ -160,45 +179,15 @@ def _value(cfg: DictConfig, key: str) -> Any:
     """The value at ``key``, resolved; ``_ABSENT`` if the key is missing or ``???``."""
     parent_key, _, leaf = key.rpartition(".")
     parent = OmegaConf.select(cfg, parent_key, default=_ABSENT) if parent_key else cfg
-    if not isinstance(parent, DictConfig) or leaf not in parent or OmegaConf.is_missing(parent,
-                                                                                       leaf):
+    if not isinstance(parent, DictConfig) or leaf not in parent \
+            or OmegaConf.is_missing(parent, leaf):
         return _ABSENT
     try:
         value = parent[leaf]
     except Exception as exc:  # an interpolation that cannot be resolved
         message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise ConfigError(f"{key} cannot be resolved: {message}") from None
-    if isinstance(value, ListConfig):
-        return OmegaConf.to_container(value, resolve=True)
-    return value
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, int | float) and not isinstance(value, bool)
-
-
-def _fits(rule: Rule, value: Any) -> bool:
-    """True if ``value`` satisfies ``rule`` (null handled by the caller)."""
-    if rule.kind == "any":
-        return True
-    if rule.kind == "bool":
-        return isinstance(value, bool)
-    if rule.kind == "str":
-        return isinstance(value, str) and (not rule.choices or value in rule.choices)
-    if rule.kind == "embed_scale":
-        return value in ("sqrt", "none") or (_is_number(value) and math.isfinite(value)
-                                             and value > 0)
-    if rule.kind == "list":
-        if not isinstance(value, list) or len(value) < rule.min_items:
-            return False
-        return rule.item is None or all(_fits(rule.item, v) for v in value)
-    if rule.kind == "int" and (not isinstance(value, int) or isinstance(value, bool)):
-        return False
-    if not _is_number(value) or not math.isfinite(value):
-        return False
-    if rule.low is not None and (value <= rule.low if rule.open_low else value < rule.low):
-        return False
-    return rule.high is None or (value < rule.high if rule.open_high else value <= rule.high)
+    return OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
 
 
 def _shown(value: Any) -> str:
@@ -233,13 +222,4 @@ def check_known(cfg: DictConfig, node: str, known: set[str]) -> None:
 def check_keys(cfg: DictConfig, rules: Mapping[str, Rule]) -> None:
     """``ConfigError`` (one line) for the first dotted key of ``rules`` that ``cfg`` breaks."""
     for key, rule in rules.items():
-        value = _value(cfg, key)
-        if value is _ABSENT:
-            if rule.required:
-                raise ConfigError(f"{key} is required and cannot be deleted (~{key}); set it "
-                                  f"instead: {key}=<{rule.describe()}>")
-            continue
-        if value is None and rule.nullable:
-            continue
-        if value is None or not _fits(rule, value):
-            raise ConfigError(f"{key}={_shown(value)} is not valid; it must be {rule.describe()}")
+        rule.check(key, _value(cfg, key))

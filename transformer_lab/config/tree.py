@@ -1,13 +1,7 @@
-"""Where the Hydra config tree is and what it offers (no heavy imports: used by ``tlab list``).
-
-The tree lives in ``configs/`` at the repository root and is copied into the wheel as
-``transformer_lab/configs``; ``CONFIG_DIR`` finds whichever is present. A user's own trees
-(``--config-dir``) are searched after it; in them a folder with a group's old name
-(``GROUP_ALIASES``: ``activation/``, ``norm/``) still holds choices of the new group until tlab
-0.3. The Python API's components are choices offered in this process, with no file
-(``offered_in_process``). Hydra finds both kinds in its ConfigStore (``store_choices``),
-as no folder of the group's name has them.
-"""
+"""Where the Hydra config tree is and what it offers (no heavy imports: used by ``tlab list``):
+``configs/`` (in the wheel ``transformer_lab/configs``), then the user's ``--config-dir`` trees,
+whose old-named group folders (``GROUP_ALIASES``) still count until tlab 0.3, then the choices
+the Python API offers in this process; Hydra finds the last two in its ConfigStore."""
 
 from __future__ import annotations
 
@@ -32,17 +26,16 @@ _SAVED_STORES: list[Any] = []  # per open config_store_kept block: the ConfigSto
 
 @contextmanager
 def offered_in_process(choices: Mapping[str, Mapping[str, dict[str, Any]]]) -> Iterator[None]:
-    """Within the block, ``choices`` (group -> choice -> config node of plain values) are
-    choices of their groups, after every file of the same name."""
+    """Within the block, ``choices`` (group -> choice -> plain config node) are choices of their
+    groups, after every file of the same name."""
     for group, nodes in choices.items():
         _IN_PROCESS_CHOICES.setdefault(group, {}).update(nodes)
     try:
         yield
     finally:
         for group, nodes in choices.items():
-            left = {c: n for c, n in _IN_PROCESS_CHOICES.pop(group, {}).items() if c not in nodes}
-            if left:
-                _IN_PROCESS_CHOICES[group] = left
+            for choice in nodes:
+                _IN_PROCESS_CHOICES[group].pop(choice, None)
 
 
 def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
@@ -51,8 +44,7 @@ def config_dirs(user_dirs: Iterable[Path | str] = ()) -> list[Path]:
 
 
 def user_config_dirs(cfg: Any) -> list[Path]:
-    """The ``--config-dir`` trees a composed config was made with (its ``config_dirs`` key,
-    filled in by the app), so routines find the user's choices too."""
+    """The ``--config-dir`` trees a composed config was made with (its ``config_dirs`` key)."""
     return [Path(d) for d in (cfg.get("config_dirs") or ())]
 
 
@@ -62,8 +54,8 @@ def group_folders(group: str) -> list[str]:
 
 
 def group_choices(group: str, user_dirs: Iterable[Path | str] = ()) -> list[str]:
-    """The YAML files of a config group in every searched tree (in its old-named folders too),
-    without extension, and the choices offered in this process; sorted."""
+    """The choices of a config group: its YAML files in every searched tree (old-named folders
+    too) and those offered in this process; sorted."""
     dirs = config_dirs(user_dirs)
     return sorted({p.stem for folder in group_folders(group) for d in dirs
                    for p in (d / folder).glob("*.yaml")} | set(_IN_PROCESS_CHOICES.get(group, {})))
@@ -78,9 +70,8 @@ def choice_file(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -
 
 
 def choice_node(group: str, choice: str, user_dirs: Iterable[Path | str] = ()) -> Any:
-    """The config node of ``group=choice`` as Hydra would compose it (interpolations left
-    unresolved): its file (``choice_file``), else the node offered in this process; None if
-    neither has it."""
+    """The config node of ``group=choice``, interpolations unresolved: its file, else the node
+    offered in this process; None if neither has it."""
     from omegaconf import OmegaConf
 
     path = choice_file(group, choice, user_dirs)
@@ -104,11 +95,9 @@ def old_group_folder_notes(user_dirs: Iterable[Path | str]) -> list[str]:
 
 @contextmanager
 def config_store_kept() -> Iterator[None]:
-    """Within the block (a command), ``store_choices`` may offer choices in Hydra's
-    ConfigStore; afterwards the ConfigStore is as it was before (through Hydra's singleton
-    state, ``hydra.core.singleton``, as launchers carry it), so that a later command in this
-    process finds none of them (Hydra would merge a stored node into a file of the same
-    name)."""
+    """Within the block (a command), ``store_choices`` may fill Hydra's ConfigStore; afterwards
+    it is restored (Hydra's singleton state), so that a later command does not merge a stored
+    node into a file of the same name."""
     _SAVED_STORES.append(None)
     try:
         yield
@@ -124,30 +113,25 @@ def config_store_kept() -> Iterator[None]:
 
 
 def store_choices(user_dirs: Iterable[Path | str]) -> None:
-    """Offer in Hydra's ConfigStore the choices that no folder of the group's name holds:
-    those of old-named folders (the first tree's where several have one) and those offered in
-    this process. A choice that a folder of the group's name holds too is left out: that file
-    wins, as in ``choice_file``. Hydra searches the store after every config folder, and a
-    launcher carries it to its worker processes. Inside ``config_store_kept`` the store is
-    restored when the block ends."""
+    """Offer in Hydra's ConfigStore (searched after every folder, carried by launchers) the
+    choices of old-named folders (the first tree's) and those offered in this process, unless
+    a folder of the group's name holds that choice (the file wins, as in ``choice_file``)."""
     from hydra.core.config_store import ConfigStore
     from hydra.core.singleton import Singleton
     from omegaconf import OmegaConf
 
     dirs = config_dirs(user_dirs)
-    choices: dict[str, dict[str, Path | dict[str, Any]]] = {}
+    choices: dict[tuple[str, str], Path | dict[str, Any]] = {}  # (group, choice) -> file or node
     for folder in old_group_folders(user_dirs):
-        group = GROUP_ALIASES[folder.name]
         for path in sorted(folder.glob("*.yaml")):
-            choices.setdefault(group, {}).setdefault(path.stem, path)
+            choices.setdefault((GROUP_ALIASES[folder.name], path.stem), path)
     for group, nodes in _IN_PROCESS_CHOICES.items():
         for choice, node in nodes.items():
-            choices.setdefault(group, {}).setdefault(choice, node)
-    stored = [(group, choice, found) for group, options in choices.items()
-              for choice, found in options.items()
+            choices.setdefault((group, choice), node)
+    stored = [(group, choice, found) for (group, choice), found in choices.items()
               if not any((d / group / f"{choice}.yaml").is_file() for d in dirs)]
     if stored and _SAVED_STORES and _SAVED_STORES[-1] is None:
         _SAVED_STORES[-1] = Singleton.get_state()["instances"].get(ConfigStore)
     for group, choice, found in stored:
-        ConfigStore.instance().store(name=choice, group=group, provider="tlab", node=OmegaConf.load(
-            found) if isinstance(found, Path) else found)
+        node = OmegaConf.load(found) if isinstance(found, Path) else found
+        ConfigStore.instance().store(name=choice, group=group, provider="tlab", node=node)

@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import asdict, dataclass
-from typing import Any
 
 import torch
 from omegaconf import DictConfig
@@ -61,9 +60,7 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     budget_settings(cfg)
 
 
-# --------------------------------------------------------------------------------------------
 # a row of budget.csv
-
 
 BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",
                   "status", "detail"]
@@ -81,9 +78,6 @@ class BudgetRow:
     status: str = ""  # PASS | FAIL | SKIP | INFO (no check) | DIFF (an article figure differs)
     detail: str = ""
 
-    def as_row(self) -> dict[str, Any]:
-        return asdict(self)
-
 
 def compare(expected: float | None, measured: float | None) -> str:
     """PASS when formula and measurement agree exactly, FAIL when not, SKIP without a formula."""
@@ -92,7 +86,13 @@ def compare(expected: float | None, measured: float | None) -> str:
     return "PASS" if expected == measured else "FAIL"
 
 
-# --------------------------------------------------------------------------------------------
+def params_row(component: str, scope: str, formula: str, expected: float | None,
+               measured: float | None, status: str = "", detail: str = "") -> BudgetRow:
+    """A row of the parameters section; the status compares formula and model unless given."""
+    return BudgetRow("parameters", component, scope, formula, expected, measured, "params",
+                     status or compare(expected, measured), detail)
+
+
 # parameters
 
 
@@ -103,17 +103,14 @@ def numel(module: nn.Module | None) -> int:
 def qkv_slices(attention: nn.Module) -> dict[str, int]:
     """Parameters of Q, K, V (rows of the fused ``qkv_proj``) and O of one attention."""
     d_model = attention.out_proj.weight.shape[0]
-    sizes = {name: getattr(attention, size, d_model)
-             for name, size in (("q", "q_size"), ("k", "kv_size"), ("v", "kv_size"))}
+    sizes = [getattr(attention, "q_size", d_model), *[getattr(attention, "kv_size", d_model)] * 2]
     counts, start = {}, 0
-    for name in "qkv":
-        rows = slice(start, start + sizes[name])
-        start += sizes[name]
-        weight = attention.qkv_proj.weight[rows].numel()
+    for name, size in zip("qkv", sizes, strict=True):
         bias = attention.qkv_proj.bias
-        counts[name] = weight + (0 if bias is None else bias[rows].numel())
-    counts["o"] = numel(attention.out_proj)
-    return counts
+        counts[name] = attention.qkv_proj.weight[start:start + size].numel() + (
+            0 if bias is None else bias[start:start + size].numel())
+        start += size
+    return {**counts, "o": numel(attention.out_proj)}
 
 
 def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
@@ -121,17 +118,16 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     m = cfg.model
     formulas = parameter_breakdown(cfg)
     d, layers = m.d_model, m.n_layers
-    rows = [BudgetRow("parameters", "token_embedding", "model", "V*D", formulas[
-        "token_embedding"], numel(model.token_embedding), "params")]
-    rows.append(BudgetRow("parameters", "positional", "model", f"pe={cfg.pe.get('name')}",
-                          formulas["positional"], numel(model.positional), "params"))
+    rows = [params_row("token_embedding", "model", "V*D", formulas["token_embedding"],
+                       numel(model.token_embedding)),
+            params_row("positional", "model", f"pe={cfg.pe.get('name')}",
+                       formulas["positional"], numel(model.positional))]
 
     def per_layer(component: str, formula: str, expected: int | None, measure) -> BudgetRow:
         measured = [measure(block) for block in model.blocks]
         bad = [i for i, value in enumerate(measured) if value != expected]
-        row = BudgetRow("parameters", component, f"layer (x{layers})", formula, expected,
-                        measured[0] if measured else None, "params")
-        row.status = compare(expected, row.measured)
+        row = params_row(component, f"layer (x{layers})", formula, expected,
+                         measured[0] if measured else None)
         if expected is not None and bad:
             row.status = "FAIL"
             row.detail = f"layers {bad} differ from the formula: {[measured[i] for i in bad]}"
@@ -141,10 +137,10 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     default = all(knobs[k] is None for k in knobs)  # the original Transformer's attention
     projections = (attention_projection_params(d, m.attn_bias) if default
                    else attention_projection_params(d, m.attn_bias, m.n_heads, **knobs))
-    bias_text = " + D" if m.attn_bias else ""
+    formulas_qkvo = {"q": "D*H*Dh", "k": "D*H_kv*Dh", "v": "D*H_kv*Dh", "o": "H*Dh*D"}
     for name in "qkvo":
-        formula = f"D*D{bias_text}" if default else (
-            "D*H*Dh" if name == "q" else "H*Dh*D" if name == "o" else "D*H_kv*Dh") + " (+ bias)"
+        formula = f"D*D{' + D' if m.attn_bias else ''}" if default \
+            else formulas_qkvo[name] + " (+ bias)"
         rows.append(per_layer(f"attention.{name}", formula, projections[name],
                               lambda block, name=name: qkv_slices(block.attention)[name]))
     attention = sum(projections.values())
@@ -166,30 +162,25 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     layer = None if None in (ffn, block_norms) else attention + ffn + block_norms
     rows.append(per_layer("layer", "attention + feedforward + norms", layer, numel))
     final = model.final_norm if not isinstance(model.final_norm, nn.Identity) else None
-    rows.append(BudgetRow("parameters", "final_norm", "model", "pre/sandwich only", final_norm,
-                          numel(final), "params"))
+    rows.append(params_row("final_norm", "model", "pre/sandwich only", final_norm, numel(final)))
     embed_norm = getattr(model, "embed_norm", None)
     if m.get("embed_norm"):
-        rows.append(BudgetRow("parameters", "embed_norm", "model", "model.embed_norm",
-                              embedding_norm_params(cfg), numel(embed_norm), "params"))
+        rows.append(params_row("embed_norm", "model", "model.embed_norm",
+                               embedding_norm_params(cfg), numel(embed_norm)))
     tied = model.lm_head.weight is model.token_embedding.weight
-    rows.append(BudgetRow("parameters", "output_head", "model",
-                          "0 (tied to the embedding)" if m.get("tie_embeddings")
-                          else "D*V (no bias)", formulas["output_head"],
-                          0 if tied else numel(model.lm_head), "params"))
+    rows.append(params_row("output_head", "model", "0 (tied to the embedding)"
+                           if m.get("tie_embeddings") else "D*V (no bias)",
+                           formulas["output_head"], 0 if tied else numel(model.lm_head)))
     rows += moe_rows(cfg, model, formulas)
     total = numel(model)
-    rows.append(BudgetRow("parameters", "total", "model", "sum of the above", formulas["total"],
-                          total, "params"))
-    for row in rows:
-        row.status = row.status or compare(row.expected, row.measured)
+    rows.append(params_row("total", "model", "sum of the above", formulas["total"], total))
     parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head,
              embed_norm)
     counted = {id(q): q.numel() for part in parts if part is not None for q in part.parameters()}
     unaccounted = total - sum(counted.values())  # a tied matrix counted once
-    rows.append(BudgetRow("parameters", "unaccounted", "model", "total - components", 0,
-                          unaccounted, "params", compare(0, unaccounted),
-                          "parameters outside the listed components" if unaccounted else ""))
+    rows.append(params_row("unaccounted", "model", "total - components", 0, unaccounted,
+                           detail="parameters outside the listed components" if unaccounted
+                           else ""))
     ffn_total = sum(numel(block.feedforward) for block in model.blocks)
     rows.append(BudgetRow("parameters", "ffn_share", "model", "FFN / total", None,
                           round(100 * ffn_total / max(total, 1), 2), "%", "INFO",
@@ -205,27 +196,24 @@ def moe_rows(cfg: DictConfig, model: TransformerModel,
              formulas: dict[str, int | None]) -> list[BudgetRow]:
     """An MoE FFN: the parameters a token uses (router + top_k experts), formula vs built."""
     active = active_ffn_params(cfg)
-    if not model.blocks or active is None or active == formulas["feedforward"] // max(
-            cfg.model.n_layers, 1):
+    layers = cfg.model.n_layers
+    if not model.blocks or active is None or active == formulas["feedforward"] // max(layers, 1):
         return []
     ffn = model.blocks[0].feedforward
     top_k = int(getattr(ffn, "top_k", 0))
     experts = getattr(ffn, "experts", None)
     measured = None if experts is None else numel(ffn.gate) + top_k * numel(experts[0])
-    layers = cfg.model.n_layers
-    rows = [BudgetRow("parameters", "feedforward (active per token)", f"layer (x{layers})",
-                      f"D*E + top_k*expert, top_k={top_k}", active, measured, "params")]
     total_active = None if formulas["total"] is None else (
         formulas["total"] - layers * (formulas["feedforward"] // max(layers, 1) - active))
     measured_total = None if measured is None else numel(model) - layers * (
         numel(ffn) - measured)
-    rows.append(BudgetRow("parameters", "total (active per token)", "model",
-                          "total - L*(FFN - active FFN)", total_active, measured_total, "params",
-                          detail=f"of {formulas['total']:,} in all" if formulas["total"] else ""))
-    return rows
+    return [params_row("feedforward (active per token)", f"layer (x{layers})",
+                       f"D*E + top_k*expert, top_k={top_k}", active, measured),
+            params_row("total (active per token)", "model", "total - L*(FFN - active FFN)",
+                       total_active, measured_total,
+                       detail=f"of {formulas['total']:,} in all" if formulas["total"] else "")]
 
 
-# --------------------------------------------------------------------------------------------
 # activation memory and FLOPs
 
 
@@ -249,25 +237,22 @@ def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int
     how = (f"saved-tensor hooks, measured at batch {measure_batch} and {measure_batch + 1}, "
            f"extrapolated to {batch}" if measure_batch != batch else "saved-tensor hooks")
 
-    def saved(prefix: str, own_only: bool = False) -> int | None:
+    def saved(prefix: str) -> int | None:
         if measured is None:
             return None
-        if own_only:
-            return measured.get(prefix)
         return sum(v for k, v in measured.items() if k == prefix or k.startswith(prefix + "."))
 
-    rows = []
     first = None if hidden is None else ffn_activation_bytes(batch, seq_len, hidden, size)
-    act = saved("blocks.0.feedforward.act", own_only=True) if m.n_layers else None
-    rows.append(BudgetRow("activations", "ffn_hidden (first FFN activation)", "layer 0",
-                          f"B*T*H*bytes = {batch}*{seq_len}*{hidden}*{size}", first, act, "bytes",
-                          compare(first, act), "the tensor the FFN activation keeps; " + how))
-    scores = attention_scores_bytes(batch, seq_len, m.n_heads, size)
-    core = saved("blocks.0.attention", own_only=True) if m.n_layers else None
-    rows.append(BudgetRow("activations", "attention_scores (if materialised)", "layer 0",
-                          f"B*H*T^2*bytes = {batch}*{m.n_heads}*{seq_len}^2*{size}", scores, core,
-                          "bytes", "INFO", "measured: what attention itself keeps (fused SDPA: "
-                          "q, k, v, output and the log-sum-exp, no T x T matrix)"))
+    act = measured.get("blocks.0.feedforward.act") if m.n_layers and measured else None
+    core = measured.get("blocks.0.attention") if m.n_layers and measured else None
+    rows = [BudgetRow("activations", "ffn_hidden (first FFN activation)", "layer 0",
+                      f"B*T*H*bytes = {batch}*{seq_len}*{hidden}*{size}", first, act, "bytes",
+                      compare(first, act), "the tensor the FFN activation keeps; " + how),
+            BudgetRow("activations", "attention_scores (if materialised)", "layer 0",
+                      f"B*H*T^2*bytes = {batch}*{m.n_heads}*{seq_len}^2*{size}",
+                      attention_scores_bytes(batch, seq_len, m.n_heads, size), core, "bytes",
+                      "INFO", "measured: what attention itself keeps (fused SDPA: q, k, v, "
+                      "output and the log-sum-exp, no T x T matrix)")]
     terms = layer_activation_terms(cfg, batch, seq_len, size)
     formula = None if terms is None else sum(terms.values())
     for i in range(m.n_layers):
@@ -337,7 +322,6 @@ def article_rows() -> list[BudgetRow]:
     return rows
 
 
-# --------------------------------------------------------------------------------------------
 # the terminal table
 
 
@@ -369,18 +353,16 @@ def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routine
     cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's
     model = build_model(cfg, seed=cfg.seed)
     rows = parameter_rows(cfg, model)
-    measure = bool(cfg.routine.measure)
+    measure, measure_batch = bool(cfg.routine.measure), int(cfg.routine.measure_batch)
     measured = None
     if measure:
         model = model.to(TORCH_DTYPES[dtype])
         with console.status(f"measuring activations ({dtype}, T={seq_len})"):
-            measured = measure_activations(model, batch, seq_len, vocab,
-                                           int(cfg.routine.measure_batch))
-    rows += activation_rows(cfg, measured, batch, seq_len, dtype,
-                            int(cfg.routine.measure_batch))
+            measured = measure_activations(model, batch, seq_len, vocab, measure_batch)
+    rows += activation_rows(cfg, measured, batch, seq_len, dtype, measure_batch)
     rows += flop_rows(cfg, model, seq_len, measure)
     rows += article_rows()
-    run.write_table("budget", [r.as_row() for r in rows], BUDGET_COLUMNS)
+    run.write_table("budget", [asdict(r) for r in rows], BUDGET_COLUMNS)
     print_table(budget_table(rows, f"tlab budget - {run.path}"))
     failed = [f"{r.component} ({r.scope})" for r in rows if r.status == "FAIL"]
     total = next(r.measured for r in rows if r.component == "total")

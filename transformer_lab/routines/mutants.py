@@ -8,6 +8,7 @@ import sys
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig
@@ -108,24 +109,12 @@ def suite(cfg: DictConfig) -> list[Candidate]:
     return candidates
 
 
-class _Run:
-    """What ``validate``'s step functions write to: ``metrics`` and ``write_table``."""
-
-    def __init__(self, run: RunDirectory, name: str) -> None:
-        self.metrics = TaggedLog(run.metrics, component=name)
-        self.path = run.path
-
-    def write_table(self, *_args: Any, **_kwargs: Any) -> None:  # one table per run, not here
-        return None
-
-
 def first_failure(rows: list[CheckRow]) -> CheckRow | None:
     return next((row for row in rows if not row.passed), None)
 
 
 def preflight(cfg: DictConfig) -> None:
-    """The component part of the app's pre-flight: each component run against its protocol
-    (``ConfigError`` names it)."""
+    """The app's pre-flight of the components: each run against its protocol (``ConfigError``)."""
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_checked_model
 
@@ -145,7 +134,9 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     except ConfigError as exc:
         return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
     configs = validate.step_configs(cfg)
-    target = _Run(run, candidate.name)
+    # what validate's steps write to: metrics tagged with the candidate, no table of their own
+    target = SimpleNamespace(metrics=TaggedLog(run.metrics, component=candidate.name),
+                             path=run.path, write_table=lambda *args, **kwargs: None)
     try:
         rows = validate.smoke_steps(configs["smoke"], target)
         if first_failure(rows) is None:
@@ -163,14 +154,13 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
 
 def confusion(verdicts: list[Verdict]) -> dict[str, int]:
     counts = Counter(v.outcome for v in verdicts)
-    return {outcome: counts.get(outcome, 0) for outcome in OUTCOMES}
+    return {outcome: counts[outcome] for outcome in OUTCOMES}
 
 
 def mutation_score(counts: dict[str, int]) -> float | None:
     """Fraction of the broken components caught at any step (None without any)."""
-    broken = counts["caught-expected"] + counts["caught-elsewhere"] + counts["missed"]
     caught = counts["caught-expected"] + counts["caught-elsewhere"]
-    return caught / broken if broken else None
+    return caught / (caught + counts["missed"]) if caught + counts["missed"] else None
 
 
 def confusion_table(counts: dict[str, int], score: float | None) -> Table:
@@ -192,9 +182,8 @@ def verdict_table(verdicts: list[Verdict]) -> Table:
     colours = {"correct-passed": "green", "caught-expected": "green", "missed": "bold red",
                "correct-failed": "bold red", "caught-elsewhere": "yellow"}
     for v in verdicts:
-        row = v.as_row()
-        table.add_row(row["name"], row["kind"], row["expected"], row["caught"],
-                      f"[{colours[v.outcome]}]{v.outcome}[/]")
+        table.add_row(v.candidate.name, v.candidate.kind, v.candidate.expected,
+                      v.caught or "none", f"[{colours[v.outcome]}]{v.outcome}[/]")
     return table
 
 
