@@ -85,9 +85,7 @@ class ALiBiPositionalBias(nn.Module):
                 f"n_heads={n_heads} is not valid for symmetric='split' (one left-looking and "
                 f"one right-looking group); use n_heads >= 2 or symmetric='abs'"
             )
-        self.n_heads = n_heads
-        self.causal = causal
-        self.symmetric = symmetric
+        self.n_heads, self.causal, self.symmetric = n_heads, causal, symmetric
         self.slope_power = slope_power
         if not causal and symmetric == "split":
             n_left = n_heads // 2
@@ -99,20 +97,14 @@ class ALiBiPositionalBias(nn.Module):
         self.register_buffer("cached", torch.empty(n_heads, 0, 0), persistent=False)
 
     def _build(self, size: int) -> torch.Tensor:
-        device = self.slopes.device
-        i = torch.arange(size, device=device)[:, None]  # (L, 1) query positions
-        j = torch.arange(size, device=device)[None, :]  # (1, L) key positions
-        slopes = self.slopes.float()[:, None, None]  # (H, 1, 1)
-        if self.causal:
-            dist = (i - j).clamp(min=0).float()  # (L, L)
-            return -slopes * dist  # (H, L, L)
-        dist = (i - j).abs().float()  # (L, L)
-        bias = -slopes * dist  # (H, L, L)
-        if self.symmetric == "split":
+        positions = torch.arange(size, device=self.slopes.device)
+        i, j = positions[:, None], positions[None, :]  # (L, 1) queries, (1, L) keys
+        distance = (i - j).clamp(min=0) if self.causal else (i - j).abs()  # (L, L)
+        bias = -self.slopes.float()[:, None, None] * distance.float()  # (H, L, L)
+        if not self.causal and self.symmetric == "split":
             n_left = self.n_heads // 2
-            neg_inf = torch.tensor(float("-inf"), device=device)
-            bias[:n_left] = torch.where(j > i, neg_inf, bias[:n_left])  # left-looking heads
-            bias[n_left:] = torch.where(j < i, neg_inf, bias[n_left:])  # right-looking heads
+            bias[:n_left].masked_fill_(j > i, float("-inf"))  # left-looking heads
+            bias[n_left:].masked_fill_(j < i, float("-inf"))  # right-looking heads
         return bias
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:

@@ -48,19 +48,13 @@ class LearnedPositionalEncoding(nn.Module):
             raise ValueError(f"max_len={max_len} is not valid; it must be >= 1")
         if d_model < 1:
             raise ValueError(f"d_model={d_model} is not valid; it must be >= 1")
-        self.d_model = d_model
-        self.max_len = max_len
-        self.init = init
-        self.interpolate = interpolate
+        self.d_model, self.max_len, self.init, self.interpolate = d_model, max_len, init, interpolate
         self.weight = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
         with torch.no_grad():
-            if self.init == "normal":
+            if init == "normal":
                 nn.init.normal_(self.weight, mean=0.0, std=0.02)
             else:
-                self.weight.copy_(sinusoidal_table(self.max_len, self.d_model))
+                self.weight.copy_(sinusoidal_table(max_len, d_model))
 
     @property
     def context_window(self) -> int | None:
@@ -97,7 +91,5 @@ class LearnedPositionalEncoding(nn.Module):
         return self.table(int(positions.max()) + 1)[positions]  # (T, d_model)
 
     def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, max_len={self.max_len}, init={self.init!r}, "
-            f"interpolate={self.interpolate}"
-        )
+        return (f"d_model={self.d_model}, max_len={self.max_len}, init={self.init!r}, "
+                f"interpolate={self.interpolate}")

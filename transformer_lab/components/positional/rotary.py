@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from .rope_scaling import ROPE_SCALINGS, rope_inverse_frequencies
+from .rope_scaling import rope_inverse_frequencies
 
 ROTARY_STYLES: tuple[str, ...] = ("half", "interleaved")
 
@@ -39,20 +39,15 @@ def rotate_with_cos_sin(
 
     Shapes: x ``(..., T, d)``, cos and sin ``(T, d/2)`` -> ``(..., T, d)``."""
     _check_style(style)
-    d = x.shape[-1]
-    half = d // 2
-    xf = x.to(torch.float32)
-    cos = cos.to(torch.float32)
-    sin = sin.to(torch.float32)
+    half = x.shape[-1] // 2
+    xf, cos, sin = x.to(torch.float32), cos.to(torch.float32), sin.to(torch.float32)
     if style == "half":
         x1, x2 = xf[..., :half], xf[..., half:]  # (..., T, d/2) each
         out = torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)  # (..., T, d)
     else:
         x_even, x_odd = xf[..., 0::2], xf[..., 1::2]  # (..., T, d/2) each
-        out_even = x_even * cos - x_odd * sin
-        out_odd = x_even * sin + x_odd * cos
-        out = torch.stack([out_even, out_odd], dim=-1)  # (..., T, d/2, 2)
-        out = out.flatten(-2)  # (..., T, d)
+        pairs = [x_even * cos - x_odd * sin, x_even * sin + x_odd * cos]
+        out = torch.stack(pairs, dim=-1).flatten(-2)  # (..., T, d/2, 2) -> (..., T, d)
     return out.to(x.dtype)
 
 
@@ -112,9 +107,6 @@ class RotaryPositionalEncoding(nn.Module):
     ) -> None:
         super().__init__()
         _check_style(style)
-        if scaling not in ROPE_SCALINGS:
-            valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
-            raise ValueError(f"scaling={scaling!r} is not valid; choose one of {valid}")
         if not 0.0 < rotary_fraction <= 1.0:
             raise ValueError(
                 f"rotary_fraction={rotary_fraction} is not valid; it must be in (0, 1]"
@@ -126,57 +118,26 @@ class RotaryPositionalEncoding(nn.Module):
                 f"{rotary_fraction})={rot} is not valid; it must be even and > 0 "
                 f"(choose head_dim and rotary_fraction so that rot is a positive even number)"
             )
-        self.head_dim = head_dim
-        self.rot = rot
-        self.base = float(base)
-        self.style = style
-        self.rotary_fraction = rotary_fraction
-        self.scaling = scaling
-        self.factor = float(factor)
-        self.original_max_len = original_max_len
-        self.beta_fast, self.beta_slow = float(beta_fast), float(beta_slow)
-        self.attention_factor = attention_factor
-        self.low_freq_factor = float(low_freq_factor)
-        self.high_freq_factor = float(high_freq_factor)
-
-        inv_freq, attention_scale = self._frequencies(seq_len=None)  # validates the arguments
-        self._inv_freq = inv_freq  # (rot/2,) float32; out of state_dict and .to(): cos_sin moves it
-        self.attention_scale = attention_scale
+        self.head_dim, self.rot, self.base, self.style = head_dim, rot, float(base), style
+        self.scaling, self.factor, self.original_max_len = scaling, float(factor), original_max_len
+        #: the keywords of rope_inverse_frequencies
+        self.scaling_options = dict(
+            scaling=scaling, factor=self.factor, original_max_len=original_max_len,
+            beta_fast=float(beta_fast), beta_slow=float(beta_slow),
+            attention_factor=attention_factor, low_freq_factor=float(low_freq_factor),
+            high_freq_factor=float(high_freq_factor))
+        # inv_freq (rot/2,) float32 is out of state_dict and .to(): cos_sin moves it (validates
+        # the arguments); dynamic scaling recomputes it for a longer sequence
+        self.inv_freq, self.attention_scale = rope_inverse_frequencies(
+            rot, self.base, **self.scaling_options)
         self._dynamic_len = original_max_len  # sequence length the frequencies were made for
-
-    def _frequencies(self, seq_len: int | None) -> tuple[torch.Tensor, float]:
-        return rope_inverse_frequencies(
-            self.rot,
-            self.base,
-            scaling=self.scaling,
-            factor=self.factor,
-            original_max_len=self.original_max_len,
-            seq_len=seq_len,
-            beta_fast=self.beta_fast,
-            beta_slow=self.beta_slow,
-            attention_factor=self.attention_factor,
-            low_freq_factor=self.low_freq_factor,
-            high_freq_factor=self.high_freq_factor,
-        )
-
-    @property
-    def inv_freq(self) -> torch.Tensor:
-        """Current inverse frequencies ``(rot // 2,)``, float32."""
-        return self._inv_freq
-
-    def _update_dynamic(self, seq_len: int) -> None:
-        assert self.original_max_len is not None
-        effective = max(seq_len, self.original_max_len)
-        if effective != self._dynamic_len:
-            self._inv_freq, _ = self._frequencies(seq_len=effective)
-            self._dynamic_len = effective
 
     def cos_sin(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Scaled cos/sin for ``positions (T,)`` -> two ``(T, rot/2)`` float32 tensors, computed
         from the positions: no table to size, so no read of their values."""
-        if self._inv_freq.device != positions.device:  # moved once, not at every call
-            self._inv_freq = self._inv_freq.to(positions.device)
-        cos, sin = rotary_cos_sin(positions, self._inv_freq)  # (T, rot/2) each
+        if self.inv_freq.device != positions.device:  # moved once, not at every call
+            self.inv_freq = self.inv_freq.to(positions.device)
+        cos, sin = rotary_cos_sin(positions, self.inv_freq)  # (T, rot/2) each
         return cos * self.attention_scale, sin * self.attention_scale
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -196,7 +157,11 @@ class RotaryPositionalEncoding(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor]:
         _check_positions(positions, q, "q")
         if self.scaling == "dynamic" and positions.numel():
-            self._update_dynamic(int(positions.max()) + 1)
+            length = max(int(positions.max()) + 1, self.original_max_len)
+            if length != self._dynamic_len:  # NTK frequencies for the sequence's length
+                self.inv_freq, _ = rope_inverse_frequencies(
+                    self.rot, self.base, **{**self.scaling_options, "seq_len": length})
+                self._dynamic_len = length
         cos, sin = self.cos_sin(positions)  # (T, rot/2) each
         return self._rotate(q, cos, sin), self._rotate(k, cos, sin)
 
