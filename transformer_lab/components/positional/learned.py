@@ -48,7 +48,8 @@ class LearnedPositionalEncoding(nn.Module):
             raise ValueError(f"max_len={max_len} is not valid; it must be >= 1")
         if d_model < 1:
             raise ValueError(f"d_model={d_model} is not valid; it must be >= 1")
-        self.d_model, self.max_len, self.init, self.interpolate = d_model, max_len, init, interpolate
+        self.d_model, self.max_len = d_model, max_len
+        self.init, self.interpolate = init, interpolate
         self.weight = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
         with torch.no_grad():
             if init == "normal":
