@@ -1,8 +1,6 @@
-"""A Transformer assembled from a composed config (components: the ``pe``, ``ffn``, ``block``,
-``norm_layer`` groups' ``_target_``); KV-cache positions: docs/custom_components.md.
-
-tokens (B, T) -> embedding (+ additive PE) -> blocks -> final norm -> head -> logits (B, T, V)
-"""
+"""A Transformer assembled from the ``pe``, ``ffn``, ``block`` and ``norm_layer`` components
+(KV-cache positions: docs/custom_components.md): tokens (B, T) -> embedding (+ additive PE)
+-> blocks -> final norm -> head -> logits (B, T, V)."""
 
 from __future__ import annotations
 
@@ -38,21 +36,11 @@ def embedding_scale(setting: str | float, d_model: int) -> float:
 class TransformerModel(nn.Module):
     """Token embedding, positional encoding, a stack of blocks and an output head."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        positional: nn.Module,
-        blocks: list[TransformerBlock],
-        final_norm: nn.Module | None,
-        causal: bool,
-        embed_scale: float = 1.0,
-        pe_scale: float = 1.0,
-        embed_dropout: float = 0.0,
-        init_std: float = 0.02,
-        embed_norm: nn.Module | None = None,
-        tie_embeddings: bool = False,
-    ) -> None:
+    def __init__(self, vocab_size: int, d_model: int, positional: nn.Module,
+                 blocks: list[TransformerBlock], final_norm: nn.Module | None, causal: bool,
+                 embed_scale: float = 1.0, pe_scale: float = 1.0, embed_dropout: float = 0.0,
+                 init_std: float = 0.02, embed_norm: nn.Module | None = None,
+                 tie_embeddings: bool = False) -> None:
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.positional = positional

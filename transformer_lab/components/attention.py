@@ -1,6 +1,5 @@
 """Multi-head self-attention on SDPA (Vaswani et al. 2017, sec. 3.2), with GQA, a KV cache and the
 knobs of real architectures (docs/custom_components.md).
-
 Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T_k, Dh) -> out (B, T, D)."""
 
 from __future__ import annotations
@@ -98,19 +97,10 @@ class MultiHeadAttention(nn.Module):
         qkv_bias, out_bias = (bias if b is None else b for b in (qkv_bias, out_bias))
         return (d_model + qkv_bias) * (q + k + v) + (q + out_bias) * d_model  # bias: 0 or 1
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        scale: float | None = None,
-        qkv_bias: bool | None = None,
-        out_bias: bool | None = None,
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+                 init_std: float = 0.02, n_kv_heads: int | None = None, head_dim: int | None = None,
+                 scale: float | None = None, qkv_bias: bool | None = None,
+                 out_bias: bool | None = None) -> None:
         super().__init__()
         if head_dim is None and d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")

@@ -1,6 +1,5 @@
 """Position-wise FFNs: ``act(x W1 + b1) W2 + b2`` (Vaswani et al. 2017, eq. 2) and the GLU family
 ``(act(x W_gate) * (x W_up)) W_down`` (Shazeer 2020, arXiv:2002.05202).
-
 Shapes: (B, T, d_model) -> hidden (B, T, d_ff) -> (B, T, d_model)."""
 
 from __future__ import annotations
@@ -46,15 +45,8 @@ class FeedForward(nn.Module):
         """``2 D F`` weights (+ ``F + D`` biases)."""
         return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        activation: str = "gelu",
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True,
+                 dropout: float = 0.0, init_std: float = 0.02) -> None:
         super().__init__()
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.act = make_activation(activation)
@@ -92,16 +84,8 @@ class GatedFeedForward(nn.Module):
         hidden = gated_hidden_size(d_ff, match_params)
         return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        activation: str = "silu",
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        match_params: bool = False,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = True,
+                 dropout: float = 0.0, init_std: float = 0.02, match_params: bool = False) -> None:
         super().__init__()
         d_hidden = gated_hidden_size(d_ff, match_params)
         self.gate_proj = nn.Linear(d_model, d_hidden, bias=bias)

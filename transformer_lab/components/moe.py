@@ -1,7 +1,6 @@
 """Mixture-of-Experts FFN: a router sends each token to ``top_k`` of ``n_experts`` FFNs (Shazeer et
 al. 2017, arXiv:1701.06538; Switch, arXiv:2101.03961; Mixtral, arXiv:2401.04088), with the
 load-balance and z-loss as ``aux_loss`` (docs/custom_components.md).
-
 Shapes: x (B, T, D) -> (B, T, D)."""
 
 from __future__ import annotations
@@ -65,22 +64,11 @@ class MoEFeedForward(nn.Module):
         """Router weights that multiply every token (``D E``): part of N in the 6N rule."""
         return d_model * n_experts
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        n_experts: int = 8,
-        top_k: int = 2,
-        expert: str = "swiglu",
-        router: str = "softmax_then_topk",
-        normalize_topk: bool = True,
-        load_balance_coef: float = 0.01,
-        z_loss_coef: float = 0.0,
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        match_params: bool = False,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, n_experts: int = 8, top_k: int = 2,
+                 expert: str = "swiglu", router: str = "softmax_then_topk",
+                 normalize_topk: bool = True, load_balance_coef: float = 0.01,
+                 z_loss_coef: float = 0.0, bias: bool = True, dropout: float = 0.0,
+                 init_std: float = 0.02, match_params: bool = False) -> None:
         super().__init__()
         if router not in ROUTERS:
             raise ValueError(f"router={router!r} is not valid; choose one of {', '.join(ROUTERS)}")
@@ -128,12 +116,7 @@ class MoEFeedForward(nn.Module):
             token, slot = (chosen == index).nonzero(as_tuple=True)
             y = expert(flat[token]) * weights[token, slot, None]  # (N_i, D)
             out.index_add_(0, token, y.to(out.dtype))
-        self._auxiliary(logits, probs, chosen)
-        return out.view(batch, seq, d_model)
-
-    def _auxiliary(self, logits: torch.Tensor, probs: torch.Tensor,
-                   chosen: torch.Tensor) -> None:
-        """Set ``aux_loss`` (weighted load-balance + z-loss) and ``aux_metrics``."""
+        # aux_loss: the weighted load-balance loss (+ z-loss); aux_metrics: each expert's share
         assigned = F.one_hot(chosen, self.n_experts).float().sum(dim=1)  # (N, E) 0/1
         tokens_per_expert = assigned.mean(dim=0)  # (E,) F_i, sums to top_k
         loss = self.load_balance_coef * self.n_experts * (tokens_per_expert
@@ -144,6 +127,7 @@ class MoEFeedForward(nn.Module):
         fractions = (tokens_per_expert / self.top_k).detach()  # (E,) sums to 1
         self.aux_metrics = {f"moe_expert{i}_fraction": fractions[i]
                             for i in range(self.n_experts)}
+        return out.view(batch, seq, d_model)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, top_k={self.top_k}, router={self.router!r}, "

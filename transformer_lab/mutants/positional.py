@@ -11,8 +11,6 @@ from transformer_lab.components.positional import (
     SinusoidalPositionalEncoding,
     apply_rotary,
     rope_inverse_frequencies,
-    rotary_cos_sin,
-    rotate_with_cos_sin,
     sinusoidal_table,
 )
 
@@ -138,13 +136,10 @@ class StaleDynamicRoPE(RotaryPositionalEncoding):
     def forward(self, q: torch.Tensor, k: torch.Tensor,
                 positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         stale_len = max(q.shape[-2], self.original_max_len or 0)  # bug: max(positions) + 1
-        inv_freq, scale = rope_inverse_frequencies(
-            self.head_dim, self.base, scaling=self.scaling, factor=self.factor,
-            original_max_len=self.original_max_len, seq_len=stale_len)  # (Dh/2,)
-        cos, sin = rotary_cos_sin(positions, inv_freq.to(q.device))  # (T, Dh/2) each
-        cos, sin = cos * scale, sin * scale
-        return (rotate_with_cos_sin(q, cos, sin, self.style),  # (B, H, T, Dh)
-                rotate_with_cos_sin(k, cos, sin, self.style))
+        self.inv_freq, _ = rope_inverse_frequencies(
+            self.rot, self.base, **{**self.scaling_options, "seq_len": stale_len})  # (Dh/2,)
+        cos, sin = self.cos_sin(positions)  # (T, Dh/2) each
+        return self._rotate(q, cos, sin), self._rotate(k, cos, sin)  # (B, H, T, Dh) each
 
 
 class TopLeftALiBi(ALiBiPositionalBias):

@@ -35,7 +35,6 @@ class ALiBiPositionalBias(nn.Module):
     """ALiBi (``kind = "bias"``; Press et al. 2021, arXiv:2108.12409): ``-m_h * distance`` added to
     the logits. Decoder: ``-m_h max(i - j, 0)``; encoder ``symmetric="abs"``: ``-m_h |i - j|``;
     ``"split"``: half the heads look left, half right (``-inf`` the other way).
-
     Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32, the last ``q_len``
     positions."""
 

@@ -15,7 +15,6 @@ class LearnedPositionalEncoding(nn.Module):
     """A learned ``(max_len, d_model)`` table added to the token embeddings (``kind = "additive"``;
     BERT, Devlin et al. 2018, arXiv:1810.04805; GPT-2). ``init="sinusoidal"`` starts from Vaswani's
     table; ``interpolate=True`` resamples the table linearly past ``max_len``.
-
     Shapes: positions ``(T,)`` long -> ``(T, d_model)``."""
 
     kind = "additive"
@@ -35,9 +34,8 @@ class LearnedPositionalEncoding(nn.Module):
             return ("sinusoidal_shift", "permutation")
         return ("permutation",)
 
-    def __init__(
-        self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, init: str = "normal",
+                 interpolate: bool = False) -> None:
         super().__init__()
         if init not in LEARNED_INITS:
             valid = " or ".join(repr(v) for v in LEARNED_INITS)

@@ -16,9 +16,8 @@ def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base**exponents)
 
 
-def _yarn_correction_range(
-    beta_fast: float, beta_slow: float, dim: int, base: float, max_len: int
-) -> tuple[int, int]:
+def _yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float,
+                           max_len: int) -> tuple[int, int]:
     """Dimension range ``[low, high]`` over which YaRN ramps from extrapolation to interpolation:
     the pair indices whose wavelengths make ``beta_fast`` and ``beta_slow`` turns over ``max_len``
     positions."""
@@ -29,28 +28,12 @@ def _yarn_correction_range(
     return max(math.floor(pair_index(beta_fast)), 0), min(math.ceil(pair_index(beta_slow)), dim - 1)
 
 
-def _linear_ramp(low: float, high: float, n: int) -> torch.Tensor:
-    """0 up to index ``low``, 1 from index ``high``, linear in between: shape ``(n,)``."""
-    if low == high:
-        high += 0.001  # avoid a division by zero, as HF does
-    ramp = (torch.arange(n, dtype=torch.float32) - low) / (high - low)  # (n,)
-    return ramp.clamp(0.0, 1.0)
-
-
-def rope_inverse_frequencies(
-    head_dim: int,
-    base: float = 10000.0,
-    *,
-    scaling: str = "none",
-    factor: float = 1.0,
-    original_max_len: int | None = None,
-    seq_len: int | None = None,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    attention_factor: float | None = None,
-    low_freq_factor: float = 1.0,
-    high_freq_factor: float = 4.0,
-) -> tuple[torch.Tensor, float]:
+def rope_inverse_frequencies(head_dim: int, base: float = 10000.0, *, scaling: str = "none",
+                             factor: float = 1.0, original_max_len: int | None = None,
+                             seq_len: int | None = None, beta_fast: float = 32.0,
+                             beta_slow: float = 1.0, attention_factor: float | None = None,
+                             low_freq_factor: float = 1.0,
+                             high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
     """``(inv_freq (head_dim // 2,) float32, attention (cos/sin) scale)`` for RoPE.
 
     ``none``: ``base^(-2i/d)`` (Su et al. 2021); ``linear``: ``/ factor`` (Chen et al. 2023,
@@ -91,26 +74,23 @@ def rope_inverse_frequencies(
     elif scaling == "dynamic" and seq_len is not None and seq_len > original_max_len:
         stretch = (factor * seq_len / original_max_len) - (factor - 1)
         inv_freq = _default_inv_freq(d, base * stretch ** (d / (d - 2)))
-    elif scaling == "llama3":
-        inv_freq = _llama3_inv_freq(inv_freq, factor, original_max_len, low_freq_factor,
-                                    high_freq_factor)
+    elif scaling == "llama3":  # by wavelength, as HF ``_compute_llama3_parameters``
+        low_freq_wavelen = original_max_len / low_freq_factor
+        high_freq_wavelen = original_max_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq  # (d/2,)
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original_max_len / wavelen - low_freq_factor) / (
+            high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
     elif scaling == "yarn":
         scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
         low, high = _yarn_correction_range(beta_fast, beta_slow, d, base, original_max_len)
-        extrapolation_weight = 1.0 - _linear_ramp(low, high, d // 2)  # (d/2,) 1 = keep theta_i
+        if low == high:
+            high += 0.001  # avoid a division by zero, as HF does
+        ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
+        extrapolation_weight = 1.0 - ramp  # (d/2,) 1 = keep theta_i
         inv_freq = (inv_freq / factor) * (1.0 - extrapolation_weight) + (
             inv_freq * extrapolation_weight)
     return inv_freq, scale if attention_factor is None else float(attention_factor)
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_max_len: int,
-                     low_freq_factor: float, high_freq_factor: float) -> torch.Tensor:
-    """Llama 3.1's frequency-dependent interpolation (as HF ``_compute_llama3_parameters``)."""
-    low_freq_wavelen = original_max_len / low_freq_factor
-    high_freq_wavelen = original_max_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq  # (d/2,)
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled)

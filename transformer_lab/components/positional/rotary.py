@@ -21,22 +21,19 @@ def _check_positions(positions: torch.Tensor, x: torch.Tensor, name: str) -> Non
                          f"({x.shape[-2]},) to match {name} of shape {tuple(x.shape)}")
 
 
-def rotary_cos_sin(
-    positions: torch.Tensor, inv_freq: torch.Tensor
-) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(positions: torch.Tensor,
+                   inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``cos(m theta_i)`` and ``sin(m theta_i)`` in float32: positions ``(T,)``, inv_freq ``(d/2,)``
     -> ``(T, d/2)`` each."""
     angles = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, d/2)
     return torch.cos(angles), torch.sin(angles)
 
 
-def rotate_with_cos_sin(
-    x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, style: str = "half"
-) -> torch.Tensor:
+def rotate_with_cos_sin(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                        style: str = "half") -> torch.Tensor:
     """Rotate each pair of dimensions of ``x`` by the given angles, in float32, returned in ``x``'s
     dtype. ``style``: ``half`` pairs ``(x[i], x[i + d/2])`` (GPT-NeoX, HF LLaMA), ``interleaved``
     pairs ``(x[2i], x[2i+1])`` (RoFormer, Meta LLaMA).
-
     Shapes: x ``(..., T, d)``, cos and sin ``(T, d/2)`` -> ``(..., T, d)``."""
     _check_style(style)
     half = x.shape[-1] // 2
@@ -51,12 +48,10 @@ def rotate_with_cos_sin(
     return out.to(x.dtype)
 
 
-def apply_rotary(
-    x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0, style: str = "half"
-) -> torch.Tensor:
+def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 10000.0,
+                 style: str = "half") -> torch.Tensor:
     """RoPE without scaling (Su et al. 2021, arXiv:2104.09864): pair ``i`` rotated by
     ``m base^(-2i/d)``.
-
     Shapes: x ``(..., T, d)`` (``d`` even), positions ``(T,)`` -> ``(..., T, d)``."""
     _check_style(style)
     d = x.shape[-1]
@@ -72,7 +67,6 @@ class RotaryPositionalEncoding(nn.Module):
     """RoPE on queries and keys (``kind = "rotary"``; Su et al. 2021, RoFormer, arXiv:2104.09864):
     ``q_m . k_n`` depends on ``n - m`` only. ``style``, ``rotary_fraction`` (GPT-NeoX
     ``rotary_pct``) and the context scalings of :func:`rope_inverse_frequencies`.
-
     Shapes: q ``(B, H, T, head_dim)``, k ``(B, H_kv, T, head_dim)``, positions ``(T,)`` -> q, k."""
 
     kind = "rotary"
@@ -90,21 +84,11 @@ class RotaryPositionalEncoding(nn.Module):
         """None (cos/sin are computed)."""
         return 0
 
-    def __init__(
-        self,
-        head_dim: int,
-        base: float = 10000.0,
-        style: str = "half",
-        rotary_fraction: float = 1.0,
-        scaling: str = "none",
-        factor: float = 1.0,
-        original_max_len: int | None = None,
-        beta_fast: float = 32.0,
-        beta_slow: float = 1.0,
-        attention_factor: float | None = None,
-        low_freq_factor: float = 1.0,
-        high_freq_factor: float = 4.0,
-    ) -> None:
+    def __init__(self, head_dim: int, base: float = 10000.0, style: str = "half",
+                 rotary_fraction: float = 1.0, scaling: str = "none", factor: float = 1.0,
+                 original_max_len: int | None = None, beta_fast: float = 32.0,
+                 beta_slow: float = 1.0, attention_factor: float | None = None,
+                 low_freq_factor: float = 1.0, high_freq_factor: float = 4.0) -> None:
         super().__init__()
         _check_style(style)
         if not 0.0 < rotary_fraction <= 1.0:
@@ -152,9 +136,8 @@ class RotaryPositionalEncoding(nn.Module):
         x_rot = rotate_with_cos_sin(x_rot, cos, sin, self.style)
         return torch.cat([x_rot, x_pass], dim=-1)  # (B, H, T, Dh)
 
-    def forward(
-        self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, q: torch.Tensor, k: torch.Tensor,
+                positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         _check_positions(positions, q, "q")
         if self.scaling == "dynamic" and positions.numel():
             length = max(int(positions.max()) + 1, self.original_max_len)

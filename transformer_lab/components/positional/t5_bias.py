@@ -10,15 +10,10 @@ from torch import nn
 from .base import query_offset
 
 
-def t5_relative_bucket(
-    relative_position: torch.Tensor,
-    bidirectional: bool = True,
-    num_buckets: int = 32,
-    max_distance: int = 128,
-) -> torch.Tensor:
+def t5_relative_bucket(relative_position: torch.Tensor, bidirectional: bool = True,
+                       num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
     """T5's bucket of each relative position ``key - query`` (Raffel et al. 2019, arXiv:1910.10683;
     as Mesh TensorFlow and HF): exact for small distances, log-spaced up to ``max_distance``.
-
     Shapes: any integer tensor -> ``LongTensor`` of the same shape, in ``[0, num_buckets)``."""
     least = 4 if bidirectional else 2
     if num_buckets < least:
@@ -48,7 +43,6 @@ def t5_relative_bucket(
 class T5RelativeBias(nn.Module):
     """T5's learned bucketed relative bias (``kind = "bias"``; Raffel et al. 2019,
     arXiv:1910.10683): ``bias[h, i, j] = E[bucket(j - i), h]``; ``bidirectional`` for encoders.
-
     Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``, the last ``q_len`` positions."""
 
     kind = "bias"
@@ -63,13 +57,8 @@ class T5RelativeBias(nn.Module):
         """The ``(num_buckets, n_heads)`` table."""
         return num_buckets * n_heads
 
-    def __init__(
-        self,
-        n_heads: int,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        bidirectional: bool = True,
-    ) -> None:
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128,
+                 bidirectional: bool = True) -> None:
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads={n_heads} is not valid; it must be >= 1")
