@@ -23,11 +23,8 @@ def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
         start = 2.0 ** (-slope_power / n)
         return [start ** (i + 1) for i in range(n)]
 
-    if math.log2(n_heads).is_integer():
-        slopes = power_of_two_slopes(n_heads)
-    else:
-        p = 2 ** math.floor(math.log2(n_heads))
-        slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
+    p = 2 ** math.floor(math.log2(n_heads))  # the power of two at or below n_heads
+    slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
 
 
@@ -58,12 +55,10 @@ class ALiBiPositionalBias(nn.Module):
         """What it does on the 4-token reversal task with :meth:`reversal_settings`."""
         if arch == "decoder":
             return "solves, slower: 400-600 steps with a cosine schedule"
-        if symmetric == "split":
-            return "solves, slowly: 1700-3000 steps with a cosine schedule over 5000"
-        if symmetric == "abs":
-            return ("slow: -m|i-j| cannot tell left from right (one layer: NoPE level); two "
-                    "layers learn it from the edges (seed 0: 1450 steps, cosine over 3000)")
-        return None
+        return {"split": "solves, slowly: 1700-3000 steps with a cosine schedule over 5000",
+                "abs": "slow: -m|i-j| cannot tell left from right (one layer: NoPE level); two "
+                       "layers learn it from the edges (seed 0: 1450 steps, cosine over 3000)",
+                }.get(symmetric)
 
     @classmethod
     def reversal_settings(cls, arch: str, symmetric: str = "abs") -> dict[str, object]:
