@@ -30,16 +30,13 @@ class LearnedPositionalEncoding(nn.Module):
     @classmethod
     def property_checks(cls, init: str = "normal") -> tuple[str, ...]:
         """``tlab check``'s checks; a sinusoidal start also gets the shift property."""
-        if init == "sinusoidal":
-            return ("sinusoidal_shift", "permutation")
-        return ("permutation",)
+        return ("sinusoidal_shift", "permutation") if init == "sinusoidal" else ("permutation",)
 
     def __init__(self, d_model: int, max_len: int, init: str = "normal",
                  interpolate: bool = False) -> None:
         super().__init__()
         if init not in LEARNED_INITS:
-            valid = " or ".join(repr(v) for v in LEARNED_INITS)
-            raise ValueError(f"init={init!r} is not valid; choose {valid}")
+            raise ValueError(f"init={init!r} is not valid; choose 'normal' or 'sinusoidal'")
         if max_len < 2 and interpolate:
             raise ValueError(f"max_len={max_len} is not valid with interpolate=True; use >= 2")
         if max_len < 1:
