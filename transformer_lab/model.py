@@ -1,11 +1,10 @@
-"""A Transformer assembled from a composed config (components: the ``pe``, ``ffn``, ``block``,
-``norm_layer`` groups' ``_target_``); KV-cache positions: docs/custom_components.md.
-
-tokens (B, T) -> embedding (+ additive PE) -> blocks -> final norm -> head -> logits (B, T, V)
-"""
+"""A Transformer assembled from the ``pe``, ``ffn``, ``block`` and ``norm_layer`` components
+(KV-cache positions: docs/custom_components.md): tokens (B, T) -> embedding (+ additive PE)
+-> blocks -> final norm -> head -> logits (B, T, V)."""
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -24,12 +23,10 @@ from transformer_lab.errors import ConfigError
 
 def embedding_scale(setting: str | float, d_model: int) -> float:
     """``"sqrt"`` -> sqrt(d_model) (Vaswani et al. sec. 3.4), ``"none"`` -> 1, or a number."""
-    if setting == "sqrt":
-        return math.sqrt(d_model)
     if setting in ("none", None):
         return 1.0
     try:
-        return float(setting)
+        return math.sqrt(d_model) if setting == "sqrt" else float(setting)
     except (TypeError, ValueError):
         raise ValueError(
             f"model.embed_scale={setting!r} is not valid; use 'sqrt', 'none' or a number"
@@ -39,22 +36,11 @@ def embedding_scale(setting: str | float, d_model: int) -> float:
 class TransformerModel(nn.Module):
     """Token embedding, positional encoding, a stack of blocks and an output head."""
 
-    def __init__(
-        self,
-        vocab_size: int,
-        d_model: int,
-        positional: nn.Module,
-        blocks: list[TransformerBlock],
-        final_norm: nn.Module | None,
-        causal: bool,
-        embed_scale: float = 1.0,
-        pe_scale: float = 1.0,
-        embed_dropout: float = 0.0,
-        init_std: float = 0.02,
-        embed_norm: nn.Module | None = None,
-        tie_embeddings: bool = False,
-        output_head: bool = True,
-    ) -> None:
+    def __init__(self, vocab_size: int, d_model: int, positional: nn.Module,
+                 blocks: list[TransformerBlock], final_norm: nn.Module | None, causal: bool,
+                 embed_scale: float = 1.0, pe_scale: float = 1.0, embed_dropout: float = 0.0,
+                 init_std: float = 0.02, embed_norm: nn.Module | None = None,
+                 tie_embeddings: bool = False) -> None:
         super().__init__()
         self.token_embedding = nn.Embedding(vocab_size, d_model)
         self.positional = positional
@@ -72,8 +58,7 @@ class TransformerModel(nn.Module):
             self.embed_norm = embed_norm  # (BERT) a norm on the embeddings, before dropout
         if tie_embeddings:  # (GPT-2, T5) one matrix for the input and the output
             self.lm_head.weight = self.token_embedding.weight
-        self.output_head = output_head  # False: forward returns the final hidden states
-        self._aux_sources: list[nn.Module] | None = None  # ``_reporters()``, found once
+        self.output_head = True  # False (interop): forward returns the final hidden states
 
     @property
     def pe_kind(self) -> str:
@@ -152,24 +137,22 @@ class TransformerModel(nn.Module):
 
     def auxiliary_loss(self) -> torch.Tensor | None:
         """Sum of the modules' ``aux_loss`` from the last forward (MoE load balancing), or None."""
-        losses = [m.aux_loss for m in self._reporters()
+        losses = [m.aux_loss for m in self._reporters
                   if isinstance(getattr(m, "aux_loss", None), torch.Tensor)]
         return torch.stack(losses).sum() if losses else None
 
     def auxiliary_metrics(self) -> dict[str, float]:
         """The modules' ``aux_metrics`` from the last forward, averaged per name."""
         gathered: dict[str, list[float]] = {}
-        for module in self._reporters():
+        for module in self._reporters:
             for name, value in (getattr(module, "aux_metrics", None) or {}).items():
                 gathered.setdefault(name, []).append(float(value))
         return {name: sum(v) / len(v) for name, v in gathered.items()}
 
+    @functools.cached_property
     def _reporters(self) -> list[nn.Module]:
         """The modules with an ``aux_loss`` or ``aux_metrics``, found once."""
-        if self._aux_sources is None:
-            self._aux_sources = [m for m in self.modules()
-                                 if hasattr(m, "aux_loss") or hasattr(m, "aux_metrics")]
-        return self._aux_sources
+        return [m for m in self.modules() if hasattr(m, "aux_loss") or hasattr(m, "aux_metrics")]
 
     def attention_maps(self, tokens: torch.Tensor) -> list[torch.Tensor]:
         """Attention probabilities of every layer for ``tokens``: a list of (B, H, T, T)."""
@@ -276,17 +259,9 @@ def assemble_model(m: Mapping[str, Any], component: Callable[..., Any],
     final_norm = make_norm(m["d_model"]) if blocks and blocks[0].needs_final_norm else None
     embed_norm = make_norm(m["d_model"]) if m.get("embed_norm") else None
     return TransformerModel(
-        vocab_size=m["vocab_size"],
-        d_model=m["d_model"],
-        positional=positional,
-        blocks=blocks,
-        final_norm=final_norm,
-        causal=causal,
-        embed_scale=embedding_scale(m["embed_scale"], m["d_model"]),
-        pe_scale=m["pe_scale"],
-        embed_dropout=m["dropout"]["embedding"],
-        init_std=m["init_std"],
-        embed_norm=embed_norm,
+        m["vocab_size"], m["d_model"], positional, blocks, final_norm, causal,
+        embed_scale=embedding_scale(m["embed_scale"], m["d_model"]), pe_scale=m["pe_scale"],
+        embed_dropout=m["dropout"]["embedding"], init_std=m["init_std"], embed_norm=embed_norm,
         tie_embeddings=bool(m.get("tie_embeddings", False)),
     )
 

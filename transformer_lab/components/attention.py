@@ -1,11 +1,11 @@
 """Multi-head self-attention on SDPA (Vaswani et al. 2017, sec. 3.2), with GQA, a KV cache and the
 knobs of real architectures (docs/custom_components.md).
-
 Shapes: x (B, T, D) -> q (B, H, T, Dh), k, v (B, H_kv, T_k, Dh) -> out (B, T, D)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -28,12 +28,11 @@ class LayerKV:
     def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Add the new tokens' k, v (B, H_kv, T_new, Dh); return every key and value held,
         (B, H_kv, T, Dh) each."""
-        if self.keys is None:
-            self.keys, self.values = k, v
-        else:
-            self.keys = torch.cat([self.keys, k], dim=-2)  # (B, H_kv, T + T_new, Dh)
-            self.values = torch.cat([self.values, v], dim=-2)
-        return self.keys, self.values
+        if self.keys is not None:
+            k = torch.cat([self.keys, k], dim=-2)  # (B, H_kv, T + T_new, Dh)
+            v = torch.cat([self.values, v], dim=-2)
+        self.keys, self.values = k, v
+        return k, v
 
 
 @dataclass
@@ -66,12 +65,24 @@ class AttentionInputs:
     key_positions: torch.Tensor | None = None  # (T_k,) with a cache: positions of every key
 
 
+def init_linear(layer: nn.Linear, std: float) -> None:
+    """Weights N(0, std), bias 0."""
+    nn.init.normal_(layer.weight, mean=0.0, std=std)
+    if layer.bias is not None:
+        nn.init.zeros_(layer.bias)
+
+
 def projection_sizes(d_model: int, n_heads: int, n_kv_heads: int | None = None,
                      head_dim: int | None = None) -> tuple[int, int, int]:
     """Output sizes of the Q, K and V projections: ``(H Dh, H_kv Dh, H_kv Dh)``."""
     head_dim = d_model // n_heads if head_dim is None else head_dim
     n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
     return n_heads * head_dim, n_kv_heads * head_dim, n_kv_heads * head_dim
+
+
+def softmax(scores: torch.Tensor) -> torch.Tensor:
+    """Attention weights over the keys, the last axis."""
+    return scores.softmax(dim=-1)
 
 
 class MultiHeadAttention(nn.Module):
@@ -82,61 +93,37 @@ class MultiHeadAttention(nn.Module):
                          n_kv_heads: int | None = None, head_dim: int | None = None,
                          qkv_bias: bool | None = None, out_bias: bool | None = None) -> int:
         """``D (H + 2 H_kv) Dh + H Dh D`` weights (+ ``(H + 2 H_kv) Dh`` and ``D`` biases)."""
-        sizes = projection_sizes(d_model, n_heads, n_kv_heads, head_dim)
-        qkv_bias = bias if qkv_bias is None else qkv_bias
-        out_bias = bias if out_bias is None else out_bias
-        qkv = sum(sizes[:3])
-        return (d_model * qkv + (qkv if qkv_bias else 0)
-                + sizes[0] * d_model + (d_model if out_bias else 0))
+        q, k, v = projection_sizes(d_model, n_heads, n_kv_heads, head_dim)
+        qkv_bias, out_bias = (bias if b is None else b for b in (qkv_bias, out_bias))
+        return (d_model + qkv_bias) * (q + k + v) + (q + out_bias) * d_model  # bias: 0 or 1
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        n_kv_heads: int | None = None,
-        head_dim: int | None = None,
-        scale: float | None = None,
-        qkv_bias: bool | None = None,
-        out_bias: bool | None = None,
-    ) -> None:
+    def __init__(self, d_model: int, n_heads: int, bias: bool = True, dropout: float = 0.0,
+                 init_std: float = 0.02, n_kv_heads: int | None = None, head_dim: int | None = None,
+                 scale: float | None = None, qkv_bias: bool | None = None,
+                 out_bias: bool | None = None) -> None:
         super().__init__()
         if head_dim is None and d_model % n_heads != 0:
             raise ValueError(f"d_model={d_model} is not divisible by n_heads={n_heads}")
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         if n_kv_heads < 1 or n_heads % n_kv_heads != 0:
             raise ValueError(f"n_heads={n_heads} is not divisible by n_kv_heads={n_kv_heads}")
-        self.n_heads = n_heads
-        self.n_kv_heads = n_kv_heads
+        self.n_heads, self.n_kv_heads = n_heads, n_kv_heads
         self.head_dim = d_model // n_heads if head_dim is None else head_dim
         self.scale = scale  # None: SDPA's 1 / sqrt(head_dim)
         self.dropout = dropout
-        q_size, k_size, v_size = projection_sizes(d_model, n_heads, n_kv_heads, self.head_dim)
-        self.q_size, self.kv_size = q_size, k_size
-        qkv_bias = bias if qkv_bias is None else qkv_bias
-        out_bias = bias if out_bias is None else out_bias
-        self.qkv_proj = nn.Linear(d_model, q_size + k_size + v_size, bias=qkv_bias)
-        self.out_proj = nn.Linear(q_size, d_model, bias=out_bias)
-        for layer in (self.qkv_proj, self.out_proj):
-            nn.init.normal_(layer.weight, mean=0.0, std=init_std)
-            if layer.bias is not None:
-                nn.init.zeros_(layer.bias)
+        self.q_size, self.kv_size, _ = projection_sizes(d_model, n_heads, n_kv_heads,
+                                                        self.head_dim)
+        self.qkv_proj = nn.Linear(d_model, self.q_size + 2 * self.kv_size,
+                                  bias=bias if qkv_bias is None else qkv_bias)
+        self.out_proj = nn.Linear(self.q_size, d_model, bias=bias if out_bias is None else out_bias)
+        init_linear(self.qkv_proj, init_std)
+        init_linear(self.out_proj, init_std)
         self.last_weights: torch.Tensor | None = None
 
     def split_heads(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x (B, T, D) -> q (B, H, T, Dh), k and v (B, H_kv, T, Dh)."""
-        batch, seq, _ = x.shape
-        qkv = self.qkv_proj(x)  # (B, T, (H + 2 H_kv) Dh)
-        if self.n_kv_heads == self.n_heads:
-            qkv = qkv.view(batch, seq, 3, self.n_heads, self.head_dim)  # (B, T, 3, H, Dh)
-            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # each (B, H, T, Dh)
-            return q, k, v
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q = q.view(batch, seq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, Dh)
-        k = k.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, Dh)
-        v = v.view(batch, seq, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        qkv = self.qkv_proj(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k, v = (t.unflatten(-1, (-1, self.head_dim)).transpose(1, 2) for t in qkv)
         return q, k, v
 
     def positioned(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -146,57 +133,39 @@ class MultiHeadAttention(nn.Module):
         q (B, H, T, Dh), k and v (B, H, T_k, Dh)."""
         if inputs.cache is not None:
             k, v = inputs.cache.append(k, v)  # (B, H_kv, T_k, Dh): earlier tokens and these
-            if inputs.rotary is not None:
-                q, k = self._rotate_separately(q, k, inputs)
-        elif inputs.rotary is not None:
+        if inputs.rotary is not None and inputs.cache is None:
             q, k = inputs.rotary(q, k, inputs.positions)
+        elif inputs.rotary is not None:  # each goes in twice; the other output is dropped
+            q = inputs.rotary(q, q, inputs.positions)[0]  # (B, H, T_q, Dh)
+            k = inputs.rotary(k, k, inputs.key_positions)[1]  # (B, H_kv, T_k, Dh)
         if self.n_kv_heads != self.n_heads:  # each K/V head serves H / H_kv query heads
             repeats = self.n_heads // self.n_kv_heads
             k = k.repeat_interleave(repeats, dim=1)  # (B, H, T_k, Dh)
             v = v.repeat_interleave(repeats, dim=1)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        batch, seq, _ = x.shape
-        q, k, v = self.positioned(*self.split_heads(x), inputs)  # (B, H, T, Dh), (B, H, T_k, Dh)
-        dropout_p = self.dropout if self.training else 0.0
+    def written_out(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                    inputs: AttentionInputs,
+                    weigh: Callable[[torch.Tensor], torch.Tensor] = softmax) -> torch.Tensor:
+        """SDPA's computation written out, ``weigh`` (fp32 scores -> weights, both (B, H, T_q,
+        T_k)) in place of the softmax; keeps ``last_weights`` with ``need_weights``.
+        -> (B, H, T_q, Dh)."""
+        scores = attention_scores(q, k, inputs, self.scale).float()  # fp32, as autocast does
+        weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
         if inputs.need_weights:
-            out, self.last_weights = self._attention_with_weights(q, k, v, inputs, dropout_p,
-                                                                  self.scale)
+            self.last_weights = weights.detach()
+        return F.dropout(weights, p=self.dropout if self.training else 0.0) @ v
+
+    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
+        q, k, v = self.positioned(*self.split_heads(x), inputs)  # (B, H, T, Dh), (B, H, T_k, Dh)
+        if inputs.need_weights:
+            out = self.written_out(q, k, v, inputs)  # (B, H, T_q, Dh)
         else:
             out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=inputs.mask, dropout_p=dropout_p, is_causal=inputs.is_causal,
-                scale=self.scale,
+                q, k, v, attn_mask=inputs.mask, dropout_p=self.dropout if self.training else 0.0,
+                is_causal=inputs.is_causal, scale=self.scale,
             )  # (B, H, T_q, Dh)
-        out = out.transpose(1, 2).reshape(batch, seq, self.q_size)  # (B, T, H Dh)
-        return self.out_proj(out)
-
-    @staticmethod
-    def _rotate_separately(q: torch.Tensor, k: torch.Tensor,
-                           inputs: AttentionInputs) -> tuple[torch.Tensor, torch.Tensor]:
-        """With a cache: the new queries (B, H, T_q, Dh) rotated at their positions and every key
-        (B, H_kv, T_k, Dh) at its own (each goes in twice; the other output is dropped)."""
-        key_positions = inputs.key_positions
-        if key_positions is None:
-            key_positions = torch.arange(k.shape[-2], device=k.device)  # (T_k,)
-        q_rotated = inputs.rotary(q, q, inputs.positions)[0]  # (B, H, T_q, Dh)
-        k_rotated = inputs.rotary(k, k, key_positions)[1]  # (B, H_kv, T_k, Dh)
-        return q_rotated, k_rotated
-
-    @staticmethod
-    def _attention_with_weights(
-        q: torch.Tensor,
-        k: torch.Tensor,
-        v: torch.Tensor,
-        inputs: AttentionInputs,
-        dropout_p: float,
-        scale: float | None = None,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """The same computation written out, returning probabilities (B, H, T_q, T_k) too."""
-        scores = attention_scores(q, k, inputs, scale)  # (B, H, T_q, T_k)
-        weights = scores.float().softmax(dim=-1).to(v.dtype)  # fp32 softmax, as autocast does
-        out = F.dropout(weights, p=dropout_p) @ v  # (B, H, T_q, Dh)
-        return out, weights.detach()
+        return self.out_proj(out.transpose(1, 2).flatten(2))  # (B, T, H Dh) -> (B, T, D)
 
 
 def attention_scores(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs,

@@ -18,15 +18,9 @@ class TransformerBlock(nn.Module):
 
     needs_final_norm = False
 
-    def __init__(
-        self,
-        d_model: int,
-        attention: MultiHeadAttention,
-        feedforward: nn.Module,
-        make_norm: NormFactory,
-        residual_scale: float = 1.0,
-        residual_dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, residual_scale: float = 1.0,
+                 residual_dropout: float = 0.0) -> None:
         super().__init__()
         self.attention = attention
         self.feedforward = feedforward
@@ -35,18 +29,11 @@ class TransformerBlock(nn.Module):
         self.residual_scale = residual_scale
         self.dropout = nn.Dropout(residual_dropout)
 
-    def scale_and_drop(self, y: torch.Tensor, scale: float | None = None) -> torch.Tensor:
-        """``scale * dropout(y)``, skipping the no-op cases (p = 0 or eval; scale 1)."""
+    def scale_and_drop(self, y: torch.Tensor) -> torch.Tensor:
+        """``residual_scale * dropout(y)``, skipping the no-op cases (p = 0 or eval; scale 1)."""
         if self.training and self.dropout.p > 0.0:
             y = self.dropout(y)
-        scale = self.residual_scale if scale is None else scale
-        return y if scale == 1.0 else scale * y
-
-    def branch_attention(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return self.scale_and_drop(self.attention(x, inputs))
-
-    def branch_feedforward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.scale_and_drop(self.feedforward(x))
+        return y if self.residual_scale == 1.0 else self.residual_scale * y
 
 
 class PostNormBlock(TransformerBlock):
@@ -56,8 +43,8 @@ class PostNormBlock(TransformerBlock):
     norms_per_block = 2
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        x = self.norm1(x + self.branch_attention(x, inputs))
-        return self.norm2(x + self.branch_feedforward(x))
+        x = self.norm1(x + self.scale_and_drop(self.attention(x, inputs)))
+        return self.norm2(x + self.scale_and_drop(self.feedforward(x)))
 
 
 class PreNormBlock(TransformerBlock):
@@ -69,27 +56,17 @@ class PreNormBlock(TransformerBlock):
     #: accepts ``parallel=True`` (``model.parallel_block``)
     supports_parallel = True
 
-    def __init__(
-        self,
-        d_model: int,
-        attention: MultiHeadAttention,
-        feedforward: nn.Module,
-        make_norm: NormFactory,
-        residual_scale: float = 1.0,
-        residual_dropout: float = 0.0,
-        parallel: bool = False,
-    ) -> None:
-        super().__init__(
-            d_model, attention, feedforward, make_norm, residual_scale, residual_dropout
-        )
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, residual_scale: float = 1.0,
+                 residual_dropout: float = 0.0, parallel: bool = False) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, residual_scale,
+                         residual_dropout)
         self.parallel = parallel
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        if self.parallel:
-            attended = self.branch_attention(self.norm1(x), inputs)  # (B, T, D)
-            return x + attended + self.branch_feedforward(self.norm2(x))
-        x = x + self.branch_attention(self.norm1(x), inputs)
-        return x + self.branch_feedforward(self.norm2(x))
+        h = x + self.scale_and_drop(self.attention(self.norm1(x), inputs))  # (B, T, D)
+        ffn_input = x if self.parallel else h  # parallel (GPT-J): both sublayers read x
+        return h + self.scale_and_drop(self.feedforward(self.norm2(ffn_input)))
 
 
 class SandwichNormBlock(TransformerBlock):
@@ -98,18 +75,11 @@ class SandwichNormBlock(TransformerBlock):
     needs_final_norm = True
     norms_per_block = 4
 
-    def __init__(
-        self,
-        d_model: int,
-        attention: MultiHeadAttention,
-        feedforward: nn.Module,
-        make_norm: NormFactory,
-        residual_scale: float = 1.0,
-        residual_dropout: float = 0.0,
-    ) -> None:
-        super().__init__(
-            d_model, attention, feedforward, make_norm, residual_scale, residual_dropout
-        )
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, residual_scale: float = 1.0,
+                 residual_dropout: float = 0.0) -> None:
+        super().__init__(d_model, attention, feedforward, make_norm, residual_scale,
+                         residual_dropout)
         self.norm1_out = make_norm(d_model)
         self.norm2_out = make_norm(d_model)
 
@@ -124,33 +94,20 @@ class DeepNormBlock(TransformerBlock):
 
     norms_per_block = 2
 
-    def __init__(
-        self,
-        d_model: int,
-        attention: MultiHeadAttention,
-        feedforward: nn.Module,
-        make_norm: NormFactory,
-        n_layers: int,
-        alpha: float | None = None,
-        beta: float | None = None,
-        residual_scale: float = 1.0,
-        residual_dropout: float = 0.0,
-    ) -> None:
+    def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
+                 make_norm: NormFactory, n_layers: int, alpha: float | None = None,
+                 beta: float | None = None, residual_scale: float = 1.0,
+                 residual_dropout: float = 0.0) -> None:
         super().__init__(d_model, attention, feedforward, make_norm, 1.0, residual_dropout)
         self.alpha = alpha if alpha is not None else (2 * n_layers) ** 0.25
         self.beta = beta if beta is not None else (8 * n_layers) ** -0.25
-        self._scale_init(self.beta)
-
-    @torch.no_grad()
-    def _scale_init(self, beta: float) -> None:
-        """Multiply the V, output-projection and FFN weights by beta (Q and K keep gain 1)."""
-        v_rows = self.attention.kv_size  # V is the last slice of the fused QKV weight
-        self.attention.qkv_proj.weight[-v_rows:].mul_(beta)
-        self.attention.out_proj.weight.mul_(beta)
-        for module in self.feedforward.modules():
-            if isinstance(module, nn.Linear):
-                module.weight.mul_(beta)
+        with torch.no_grad():  # V, output projection and FFN weights times beta (Q, K keep gain 1)
+            self.attention.qkv_proj.weight[-self.attention.kv_size:].mul_(self.beta)  # V: last
+            self.attention.out_proj.weight.mul_(self.beta)
+            for module in self.feedforward.modules():
+                if isinstance(module, nn.Linear):
+                    module.weight.mul_(self.beta)
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        x = self.norm1(self.alpha * x + self.scale_and_drop(self.attention(x, inputs), 1.0))
-        return self.norm2(self.alpha * x + self.scale_and_drop(self.feedforward(x), 1.0))
+        x = self.norm1(self.alpha * x + self.scale_and_drop(self.attention(x, inputs)))
+        return self.norm2(self.alpha * x + self.scale_and_drop(self.feedforward(x)))

@@ -1,12 +1,13 @@
 """Position-wise FFNs: ``act(x W1 + b1) W2 + b2`` (Vaswani et al. 2017, eq. 2) and the GLU family
 ``(act(x W_gate) * (x W_up)) W_down`` (Shazeer 2020, arXiv:2002.05202).
-
 Shapes: (B, T, d_model) -> hidden (B, T, d_ff) -> (B, T, d_model)."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+from transformer_lab.components.attention import init_linear
 
 # One registry of element-wise activations, shared by both FFN kinds.
 ACTIVATIONS: dict[str, nn.Module | type[nn.Module]] = {
@@ -22,21 +23,14 @@ ACTIVATIONS: dict[str, nn.Module | type[nn.Module]] = {
 def make_activation(name: str) -> nn.Module:
     """Return the activation module called ``name`` (see ``ACTIVATIONS``)."""
     if name not in ACTIVATIONS:
-        valid = ", ".join(sorted(ACTIVATIONS))
-        raise ValueError(f"activation '{name}' is not known; valid: {valid}")
+        raise ValueError(
+            f"activation '{name}' is not known; valid: {', '.join(sorted(ACTIVATIONS))}")
     return ACTIVATIONS[name]()
-
-
-def _init_linear(layer: nn.Linear, std: float) -> None:
-    nn.init.normal_(layer.weight, mean=0.0, std=std)
-    if layer.bias is not None:
-        nn.init.zeros_(layer.bias)
 
 
 class FeedForward(nn.Module):
     """Two-matrix FFN: ``down(dropout(act(up(x))))``."""
 
-    gated = False
     # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
     #: weight matrices that multiply activations (the ``6N`` FLOPs rule counts them)
     weight_matrices = 2
@@ -51,22 +45,15 @@ class FeedForward(nn.Module):
         """``2 D F`` weights (+ ``F + D`` biases)."""
         return 2 * d_model * d_ff + ((d_ff + d_model) if bias else 0)
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        activation: str = "gelu",
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "gelu", bias: bool = True,
+                 dropout: float = 0.0, init_std: float = 0.02) -> None:
         super().__init__()
         self.up_proj = nn.Linear(d_model, d_ff, bias=bias)
         self.act = make_activation(activation)
         self.dropout = nn.Dropout(dropout)
         self.down_proj = nn.Linear(d_ff, d_model, bias=bias)
         for layer in (self.up_proj, self.down_proj):
-            _init_linear(layer, init_std)
+            init_linear(layer, init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.up_proj(x))  # (B, T, d_ff)
@@ -82,7 +69,6 @@ class GatedFeedForward(nn.Module):
     """GLU-family FFN (SwiGLU, GeGLU, ReGLU): ``down(dropout(act(gate(x)) * up(x)))``, named as in
     LLaMA."""
 
-    gated = True
     # What tlab knows about this FFN (docs/custom_components.md, "What a component declares").
     weight_matrices = 3
 
@@ -98,16 +84,8 @@ class GatedFeedForward(nn.Module):
         hidden = gated_hidden_size(d_ff, match_params)
         return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        activation: str = "silu",
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        match_params: bool = False,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = True,
+                 dropout: float = 0.0, init_std: float = 0.02, match_params: bool = False) -> None:
         super().__init__()
         d_hidden = gated_hidden_size(d_ff, match_params)
         self.gate_proj = nn.Linear(d_model, d_hidden, bias=bias)
@@ -116,17 +94,9 @@ class GatedFeedForward(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.down_proj = nn.Linear(d_hidden, d_model, bias=bias)
         for layer in (self.gate_proj, self.up_proj, self.down_proj):
-            _init_linear(layer, init_std)
+            init_linear(layer, init_std)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.act(self.gate_proj(x)) * self.up_proj(x)  # (B, T, d_hidden)
         return self.down_proj(self.dropout(h))  # (B, T, d_model)
 
-
-__all__ = [
-    "ACTIVATIONS",
-    "FeedForward",
-    "GatedFeedForward",
-    "gated_hidden_size",
-    "make_activation",
-]

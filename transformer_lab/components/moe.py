@@ -1,7 +1,6 @@
 """Mixture-of-Experts FFN: a router sends each token to ``top_k`` of ``n_experts`` FFNs (Shazeer et
 al. 2017, arXiv:1701.06538; Switch, arXiv:2101.03961; Mixtral, arXiv:2401.04088), with the
 load-balance and z-loss as ``aux_loss`` (docs/custom_components.md).
-
 Shapes: x (B, T, D) -> (B, T, D)."""
 
 from __future__ import annotations
@@ -17,34 +16,15 @@ ROUTERS: tuple[str, ...] = ("softmax_then_topk", "topk_then_softmax")
 GATED_EXPERTS: dict[str, str] = {"swiglu": "silu", "geglu": "gelu", "reglu": "relu"}
 
 
-def expert_names() -> tuple[str, ...]:
-    """Every built-in FFN an expert can be (the ``ffn`` group's names)."""
-    return tuple(sorted(set(ACTIVATIONS) | set(GATED_EXPERTS)))
-
-
-def expert_class(expert: str) -> type[nn.Module]:
-    """``GatedFeedForward`` for the GLU family, ``FeedForward`` otherwise."""
-    if expert not in expert_names():
-        raise ValueError(f"expert={expert!r} is not a built-in FFN; valid: "
-                         f"{', '.join(expert_names())}")
-    return GatedFeedForward if expert in GATED_EXPERTS else FeedForward
-
-
-def make_expert(expert: str, d_model: int, d_ff: int, bias: bool, dropout: float,
-                init_std: float, match_params: bool) -> nn.Module:
-    """One expert FFN called ``expert`` (an ``ffn`` choice: gelu, relu, swiglu, ...)."""
-    if expert_class(expert) is GatedFeedForward:
-        return GatedFeedForward(d_model, d_ff, GATED_EXPERTS[expert], bias, dropout, init_std,
-                                match_params)
-    return FeedForward(d_model, d_ff, expert, bias, dropout, init_std)
-
-
-def _expert_parameters(d_model: int, d_ff: int, expert: str, bias: bool,
-                       match_params: bool) -> int:
-    arguments = {"d_model": d_model, "d_ff": d_ff, "bias": bias}
-    if expert_class(expert) is GatedFeedForward:
-        arguments["match_params"] = match_params
-    return expert_class(expert).count_parameters(**arguments)
+def expert_class(expert: str, match_params: bool) -> tuple[type[nn.Module], dict[str, bool]]:
+    """The FFN class of the expert called ``expert`` (an ``ffn`` choice: gelu, swiglu, ...) and
+    the keywords it takes beyond ``FeedForward``'s."""
+    if expert in GATED_EXPERTS:
+        return GatedFeedForward, {"match_params": match_params}
+    if expert not in ACTIVATIONS:
+        names = ", ".join(sorted(set(ACTIVATIONS) | set(GATED_EXPERTS)))
+        raise ValueError(f"expert={expert!r} is not a built-in FFN; valid: {names}")
+    return FeedForward, {}
 
 
 class MoEFeedForward(nn.Module):
@@ -56,51 +36,39 @@ class MoEFeedForward(nn.Module):
                          expert: str = "swiglu", bias: bool = True,
                          match_params: bool = False) -> int:
         """``D E`` (router) + ``E`` times the expert's own ``count_parameters``."""
-        return d_model * n_experts + n_experts * _expert_parameters(d_model, d_ff, expert, bias,
-                                                                    match_params)
+        return cls.active_parameters(d_model, d_ff, n_experts, n_experts, expert, bias,
+                                     match_params)
 
     @classmethod
     def active_parameters(cls, d_model: int, d_ff: int, n_experts: int = 8, top_k: int = 2,
                           expert: str = "swiglu", bias: bool = True,
                           match_params: bool = False) -> int:
         """Parameters one token uses: the router and ``top_k`` experts."""
-        return d_model * n_experts + top_k * _expert_parameters(d_model, d_ff, expert, bias,
-                                                                match_params)
+        ffn, keywords = expert_class(expert, match_params)
+        return d_model * n_experts + top_k * ffn.count_parameters(d_model, d_ff, bias, **keywords)
 
     @classmethod
     def hidden_size(cls, d_ff: int, top_k: int = 2, expert: str = "swiglu",
                     match_params: bool = False) -> int:
         """Hidden activation width per token: ``top_k`` experts' hidden sizes."""
-        if expert_class(expert) is GatedFeedForward:
-            return top_k * GatedFeedForward.hidden_size(d_ff, match_params)
-        return top_k * d_ff
+        ffn, keywords = expert_class(expert, match_params)
+        return top_k * ffn.hidden_size(d_ff, **keywords)
 
     @classmethod
     def weight_matrices(cls, expert: str = "swiglu") -> int:
         """Matrices of one expert that multiply activations (2; gated 3)."""
-        return expert_class(expert).weight_matrices
+        return expert_class(expert, False)[0].weight_matrices
 
     @classmethod
     def routing_weights(cls, d_model: int, n_experts: int = 8) -> int:
         """Router weights that multiply every token (``D E``): part of N in the 6N rule."""
         return d_model * n_experts
 
-    def __init__(
-        self,
-        d_model: int,
-        d_ff: int,
-        n_experts: int = 8,
-        top_k: int = 2,
-        expert: str = "swiglu",
-        router: str = "softmax_then_topk",
-        normalize_topk: bool = True,
-        load_balance_coef: float = 0.01,
-        z_loss_coef: float = 0.0,
-        bias: bool = True,
-        dropout: float = 0.0,
-        init_std: float = 0.02,
-        match_params: bool = False,
-    ) -> None:
+    def __init__(self, d_model: int, d_ff: int, n_experts: int = 8, top_k: int = 2,
+                 expert: str = "swiglu", router: str = "softmax_then_topk",
+                 normalize_topk: bool = True, load_balance_coef: float = 0.01,
+                 z_loss_coef: float = 0.0, bias: bool = True, dropout: float = 0.0,
+                 init_std: float = 0.02, match_params: bool = False) -> None:
         super().__init__()
         if router not in ROUTERS:
             raise ValueError(f"router={router!r} is not valid; choose one of {', '.join(ROUTERS)}")
@@ -112,8 +80,10 @@ class MoEFeedForward(nn.Module):
         self.load_balance_coef, self.z_loss_coef = load_balance_coef, z_loss_coef
         self.gate = nn.Linear(d_model, n_experts, bias=False)  # the router (HF Mixtral: gate)
         nn.init.normal_(self.gate.weight, mean=0.0, std=init_std)
+        ffn, keywords = expert_class(expert, match_params)
+        activation = GATED_EXPERTS.get(expert, expert)
         self.experts = nn.ModuleList(
-            make_expert(expert, d_model, d_ff, bias, dropout, init_std, match_params)
+            ffn(d_model, d_ff, activation, bias, dropout, init_std, **keywords)
             for _ in range(n_experts))
         self.aux_loss: torch.Tensor | None = None
         self.aux_metrics: dict[str, torch.Tensor] = {}
@@ -146,12 +116,7 @@ class MoEFeedForward(nn.Module):
             token, slot = (chosen == index).nonzero(as_tuple=True)
             y = expert(flat[token]) * weights[token, slot, None]  # (N_i, D)
             out.index_add_(0, token, y.to(out.dtype))
-        self._auxiliary(logits, probs, chosen)
-        return out.view(batch, seq, d_model)
-
-    def _auxiliary(self, logits: torch.Tensor, probs: torch.Tensor,
-                   chosen: torch.Tensor) -> None:
-        """Set ``aux_loss`` (weighted load-balance + z-loss) and ``aux_metrics``."""
+        # aux_loss: the weighted load-balance loss (+ z-loss); aux_metrics: each expert's share
         assigned = F.one_hot(chosen, self.n_experts).float().sum(dim=1)  # (N, E) 0/1
         tokens_per_expert = assigned.mean(dim=0)  # (E,) F_i, sums to top_k
         loss = self.load_balance_coef * self.n_experts * (tokens_per_expert
@@ -162,6 +127,7 @@ class MoEFeedForward(nn.Module):
         fractions = (tokens_per_expert / self.top_k).detach()  # (E,) sums to 1
         self.aux_metrics = {f"moe_expert{i}_fraction": fractions[i]
                             for i in range(self.n_experts)}
+        return out.view(batch, seq, d_model)
 
     def extra_repr(self) -> str:
         return (f"n_experts={self.n_experts}, top_k={self.top_k}, router={self.router!r}, "

@@ -91,8 +91,5 @@ class RenormalisedTop1MoE(MoEFeedForward):
 
     def route(self, logits: torch.Tensor,
               probs: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        if probs is None:
-            probs = logits.float().softmax(dim=-1)  # (N, E)
-        weights, chosen = probs.topk(self.top_k, dim=-1)  # (N, k)
-        weights = weights / weights.sum(dim=-1, keepdim=True)  # (N, k): all 1 at top_k 1
-        return weights.to(logits.dtype), chosen
+        weights, chosen = super().route(logits, probs)  # (N, k): p_i at top_k 1
+        return weights / weights.sum(dim=-1, keepdim=True), chosen  # all 1 at top_k 1

@@ -3,6 +3,7 @@ must pass them. Each docstring cites its paper; the blocks follow docs/custom_co
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 
@@ -10,11 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.components.attention import (
-    AttentionInputs,
-    MultiHeadAttention,
-    attention_scores,
-)
+from transformer_lab.components.attention import AttentionInputs, MultiHeadAttention, softmax
 from transformer_lab.components.block import NormFactory, PostNormBlock, PreNormBlock
 from transformer_lab.components.feedforward import FeedForward, GatedFeedForward
 from transformer_lab.components.positional import RotaryPositionalEncoding
@@ -58,8 +55,7 @@ class SquaredReLUFFN(FeedForward):
     ``down(relu(up(x))^2)``. (B, T, D) -> (B, T, D)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.relu(self.up_proj(x)).square()  # (B, T, d_ff)
-        return self.down_proj(self.dropout(h))  # (B, T, D)
+        return self.down_proj(self.dropout(F.relu(self.up_proj(x)).square()))  # (B, T, D)
 
 
 class MishFFN(FeedForward):
@@ -67,8 +63,7 @@ class MishFFN(FeedForward):
     (B, T, D) -> (B, T, D)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = F.mish(self.up_proj(x))  # (B, T, d_ff)
-        return self.down_proj(self.dropout(h))  # (B, T, D)
+        return self.down_proj(self.dropout(F.mish(self.up_proj(x))))  # (B, T, D)
 
 
 class KerpleLogBias(nn.Module):
@@ -149,19 +144,12 @@ def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInpu
     the softmax, honouring every field of ``inputs`` (rotary PE, ``mask`` or ``is_causal``, KV
     ``cache`` holding keys before rotation, ``need_weights``). ``q_transform(q, k)`` changes q
     and k before the PE (QK-norm). x (B, T, D) -> (B, T, D)."""
-    batch, seq, _ = x.shape
     q, k, v = attention.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
     if q_transform is not None:
         q, k = q_transform(q, k)
     q, k, v = attention.positioned(q, k, v, inputs)  # (B, H, T, Dh), (B, H, T_k, Dh) x 2
-    scores = attention_scores(q, k, inputs, attention.scale).float()  # (B, H, T_q, T_k)
-    weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
-    if inputs.need_weights:
-        attention.last_weights = weights.detach()
-    if attention.training and attention.dropout > 0:
-        weights = F.dropout(weights, attention.dropout)
-    out = (weights @ v).transpose(1, 2).reshape(batch, seq, attention.q_size)  # (B, T, H Dh)
-    return attention.out_proj(out)  # (B, T, D)
+    out = attention.written_out(q, k, v, inputs, weigh)  # (B, H, T, Dh)
+    return attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, T, H Dh) -> (B, T, D)
 
 
 class ReZeroBlock(nn.Module):
@@ -210,12 +198,12 @@ class ZeroGateAttentionBlock(PreNormBlock):
 
 
 class WrittenOutAttention(nn.Module):
-    """Base of the attentions below: tlab's ``attention`` (projections, ``last_weights``)
-    computed with :func:`attend` and :meth:`weigh`. x (B, T, D) -> (B, T, D)."""
+    """tlab's ``attention`` (projections, ``last_weights``) computed with :func:`attend` and
+    ``weigh`` in place of the softmax. x (B, T, D) -> (B, T, D)."""
 
-    def __init__(self, attention: MultiHeadAttention) -> None:
+    def __init__(self, attention: MultiHeadAttention, weigh: Weighing = softmax) -> None:
         super().__init__()
-        self.inner = attention
+        self.inner, self.weigh = attention, weigh
 
     @property
     def last_weights(self) -> torch.Tensor | None:
@@ -225,55 +213,41 @@ class WrittenOutAttention(nn.Module):
     def last_weights(self, value: torch.Tensor | None) -> None:
         self.inner.last_weights = value
 
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        return scores.softmax(dim=-1)
-
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
         return attend(self.inner, x, inputs, self.weigh)
 
 
-class SigmoidAttention(WrittenOutAttention):
+def sigmoid_weights(scores: torch.Tensor, bias: float) -> torch.Tensor:
     """Sigmoid attention (Ramapuram et al. 2024, arXiv 2409.04431): each key weighted by
-    ``sigmoid(q . k / sqrt(d) - log(max_len))``; the weights do not sum to one."""
-
-    def __init__(self, attention: MultiHeadAttention, max_len: int) -> None:
-        super().__init__(attention)
-        self.bias = -math.log(max_len)
-
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        return torch.sigmoid(scores + self.bias)
+    ``sigmoid(q . k / sqrt(d) + bias)``, ``bias = -log(max_len)``; they do not sum to one."""
+    return torch.sigmoid(scores + bias)
 
 
 def softmax_plus_one(scores: torch.Tensor) -> torch.Tensor:
-    """``exp(s_j) / (1 + sum_k exp(s_k))`` over the last axis (an extra logit 0 that takes
-    the rest of the weight), computed stably; -inf scores get 0. (..., T_k) -> (..., T_k)."""
+    """Softmax plus one, "quiet attention" (Miller 2023; Bondarenko et al. 2023, arXiv
+    2306.12929): ``exp(s_j) / (1 + sum_k exp(s_k))`` over the last axis (an extra logit 0 takes
+    the rest of the weight: a head can attend to nothing); -inf scores get 0. (..., T_k)."""
     padded = F.pad(scores, (0, 1))  # (..., T_k + 1): the extra logit 0
     return padded.softmax(dim=-1)[..., :-1]
 
 
-class QuietAttention(WrittenOutAttention):
-    """Softmax plus one, "quiet attention" (Miller 2023; Bondarenko et al. 2023, arXiv
-    2306.12929): a head can attend to nothing; the weights sum to less than one."""
-
-    def weigh(self, scores: torch.Tensor) -> torch.Tensor:
-        return softmax_plus_one(scores)
-
-
 class SigmoidAttentionBlock(PreNormBlock):
-    """Pre-LN block with :class:`SigmoidAttention` in place of softmax attention."""
+    """Pre-LN block with sigmoid attention (:func:`sigmoid_weights`) in place of the softmax."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, max_len: int = 64, **kwargs: object) -> None:
-        super().__init__(d_model, SigmoidAttention(attention, max_len), feedforward, make_norm,
-                         **kwargs)
+        sigmoid = functools.partial(sigmoid_weights, bias=-math.log(max_len))
+        super().__init__(d_model, WrittenOutAttention(attention, sigmoid), feedforward,
+                         make_norm, **kwargs)
 
 
 class QuietAttentionBlock(PreNormBlock):
-    """Pre-LN block with :class:`QuietAttention` (softmax plus one)."""
+    """Pre-LN block with softmax plus one (:func:`softmax_plus_one`) in place of the softmax."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
-        super().__init__(d_model, QuietAttention(attention), feedforward, make_norm, **kwargs)
+        super().__init__(d_model, WrittenOutAttention(attention, softmax_plus_one), feedforward,
+                         make_norm, **kwargs)
 
 
 class QKNormAttention(WrittenOutAttention):

@@ -36,16 +36,10 @@ class RMSTimesNorm(nn.Module):
         return x * rms * self.weight  # (B, T, D)
 
 
-class SquaredVarianceLayerNorm(nn.Module):
+class SquaredVarianceLayerNorm(nn.LayerNorm):
     """LayerNorm dividing by ``sqrt(var^2 + eps)`` (the variance squared) instead of
     ``sqrt(var + eps)``: the output scales like 1 / input below unit scale.
     (B, T, D) -> (B, T, D)."""
-
-    def __init__(self, d_model: int, eps: float = 1e-5) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(d_model))
-        self.bias = nn.Parameter(torch.zeros(d_model))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         mean = x.mean(dim=-1, keepdim=True)  # (B, T, 1)

@@ -158,21 +158,15 @@ class TopLeftALiBi(ALiBiPositionalBias):
         return table[:, :q_len, :k_len]  # (H, Tq, Tk) bug: rows k_len - q_len .. k_len - 1
 
 
-def floor_division_frequencies(d_model: int, base: float = 10000.0) -> torch.Tensor:
-    """:func:`sinusoid_frequencies` with the exponent ``2i / d_model`` floor-divided, as ``/`` on
-    integer tensors did in old PyTorch: every frequency 1. ``(ceil(d/2),)``."""
-    exponent = torch.div(torch.arange(0, d_model, 2), d_model, rounding_mode="floor")  # all 0
-    return base ** -exponent.float()  # (ceil(d/2),) all 1
-
-
 class AliasingSinusoidalPE(SinusoidalPositionalEncoding):
-    """Sinusoidal PE whose frequencies are all 1 (a wrong ``div_term``,
-    :func:`floor_division_frequencies`): far positions alias (p and p + 44, as 44 is about
-    7 x 2 pi)."""
+    """Sinusoidal PE whose exponent ``2i / d_model`` is floor-divided (a wrong ``div_term``, as
+    ``/`` on integer tensors did in old PyTorch): every frequency is 1, so far positions alias
+    (p and p + 44, as 44 is about 7 x 2 pi)."""
 
     def __init__(self, d_model: int, max_len: int = 512, base: float = 10000.0) -> None:
         super().__init__(d_model, max_len, base)
-        self.frequencies = floor_division_frequencies(d_model, base)  # (ceil(d/2),)
+        exponent = torch.div(torch.arange(0, d_model, 2), d_model, rounding_mode="floor")  # 0s
+        self.frequencies = base ** -exponent.float()  # (ceil(d/2),) all 1
 
 
 class SelfMaskingALiBi(ALiBiPositionalBias):

@@ -2,27 +2,18 @@
 
 from __future__ import annotations
 
-from .alibi import ALIBI_SYMMETRIC, ALiBiPositionalBias, alibi_slopes
+from .alibi import ALiBiPositionalBias, alibi_slopes
 from .base import PE_KINDS, check_positional_module
-from .learned import LEARNED_INITS, LearnedPositionalEncoding
+from .learned import LearnedPositionalEncoding
 from .none import NoPositionalEncoding
 from .rope_scaling import ROPE_SCALINGS, rope_inverse_frequencies
-from .rotary import (
-    ROTARY_STYLES,
-    RotaryPositionalEncoding,
-    apply_rotary,
-    rotary_cos_sin,
-    rotate_with_cos_sin,
-)
+from .rotary import RotaryPositionalEncoding, apply_rotary, rotary_cos_sin, rotate_with_cos_sin
 from .sinusoidal import SinusoidalPositionalEncoding, sinusoidal_table
 from .t5_bias import T5RelativeBias, t5_relative_bucket
 
 __all__ = [
-    "ALIBI_SYMMETRIC",
-    "LEARNED_INITS",
     "PE_KINDS",
     "ROPE_SCALINGS",
-    "ROTARY_STYLES",
     "ALiBiPositionalBias",
     "LearnedPositionalEncoding",
     "NoPositionalEncoding",

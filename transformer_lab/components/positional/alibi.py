@@ -23,11 +23,8 @@ def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
         start = 2.0 ** (-slope_power / n)
         return [start ** (i + 1) for i in range(n)]
 
-    if math.log2(n_heads).is_integer():
-        slopes = power_of_two_slopes(n_heads)
-    else:
-        p = 2 ** math.floor(math.log2(n_heads))
-        slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
+    p = 2 ** math.floor(math.log2(n_heads))  # the power of two at or below n_heads
+    slopes = power_of_two_slopes(p) + power_of_two_slopes(2 * p)[0::2][: n_heads - p]
     return torch.tensor(slopes, dtype=torch.float32)
 
 
@@ -35,7 +32,6 @@ class ALiBiPositionalBias(nn.Module):
     """ALiBi (``kind = "bias"``; Press et al. 2021, arXiv:2108.12409): ``-m_h * distance`` added to
     the logits. Decoder: ``-m_h max(i - j, 0)``; encoder ``symmetric="abs"``: ``-m_h |i - j|``;
     ``"split"``: half the heads look left, half right (``-inf`` the other way).
-
     Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)`` float32, the last ``q_len``
     positions."""
 
@@ -59,12 +55,10 @@ class ALiBiPositionalBias(nn.Module):
         """What it does on the 4-token reversal task with :meth:`reversal_settings`."""
         if arch == "decoder":
             return "solves, slower: 400-600 steps with a cosine schedule"
-        if symmetric == "split":
-            return "solves, slowly: 1700-3000 steps with a cosine schedule over 5000"
-        if symmetric == "abs":
-            return ("slow: -m|i-j| cannot tell left from right (one layer: NoPE level); two "
-                    "layers learn it from the edges (seed 0: 1450 steps, cosine over 3000)")
-        return None
+        return {"split": "solves, slowly: 1700-3000 steps with a cosine schedule over 5000",
+                "abs": "slow: -m|i-j| cannot tell left from right (one layer: NoPE level); two "
+                       "layers learn it from the edges (seed 0: 1450 steps, cosine over 3000)",
+                }.get(symmetric)
 
     @classmethod
     def reversal_settings(cls, arch: str, symmetric: str = "abs") -> dict[str, object]:
@@ -85,9 +79,7 @@ class ALiBiPositionalBias(nn.Module):
                 f"n_heads={n_heads} is not valid for symmetric='split' (one left-looking and "
                 f"one right-looking group); use n_heads >= 2 or symmetric='abs'"
             )
-        self.n_heads = n_heads
-        self.causal = causal
-        self.symmetric = symmetric
+        self.n_heads, self.causal, self.symmetric = n_heads, causal, symmetric
         self.slope_power = slope_power
         if not causal and symmetric == "split":
             n_left = n_heads // 2
@@ -99,20 +91,14 @@ class ALiBiPositionalBias(nn.Module):
         self.register_buffer("cached", torch.empty(n_heads, 0, 0), persistent=False)
 
     def _build(self, size: int) -> torch.Tensor:
-        device = self.slopes.device
-        i = torch.arange(size, device=device)[:, None]  # (L, 1) query positions
-        j = torch.arange(size, device=device)[None, :]  # (1, L) key positions
-        slopes = self.slopes.float()[:, None, None]  # (H, 1, 1)
-        if self.causal:
-            dist = (i - j).clamp(min=0).float()  # (L, L)
-            return -slopes * dist  # (H, L, L)
-        dist = (i - j).abs().float()  # (L, L)
-        bias = -slopes * dist  # (H, L, L)
-        if self.symmetric == "split":
+        positions = torch.arange(size, device=self.slopes.device)
+        i, j = positions[:, None], positions[None, :]  # (L, 1) queries, (1, L) keys
+        distance = (i - j).clamp(min=0) if self.causal else (i - j).abs()  # (L, L)
+        bias = -self.slopes.float()[:, None, None] * distance.float()  # (H, L, L)
+        if not self.causal and self.symmetric == "split":
             n_left = self.n_heads // 2
-            neg_inf = torch.tensor(float("-inf"), device=device)
-            bias[:n_left] = torch.where(j > i, neg_inf, bias[:n_left])  # left-looking heads
-            bias[n_left:] = torch.where(j < i, neg_inf, bias[n_left:])  # right-looking heads
+            bias[:n_left].masked_fill_(j > i, float("-inf"))  # left-looking heads
+            bias[n_left:].masked_fill_(j < i, float("-inf"))  # right-looking heads
         return bias
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:

@@ -26,44 +26,32 @@ def query_offset(q_len: int, k_len: int) -> int:
     return k_len - q_len
 
 
-def _valid_kinds() -> str:
-    return ", ".join(repr(k) for k in PE_KINDS)
-
-
 def check_positional_module(module: object) -> None:
     """``TypeError`` naming the class, its ``kind`` and the valid kinds (and the missing method's
     signature) when ``module`` does not follow the protocol."""
-    name = type(module).__name__
+    name, valid = type(module).__name__, ", ".join(repr(k) for k in PE_KINDS)
     if not isinstance(module, nn.Module):
         raise TypeError(f"positional encoding {name} is not a torch.nn.Module")
 
     kind = getattr(module, "kind", None)
     if kind is None:
-        raise TypeError(
-            f"positional encoding {name} has no class attribute `kind`; "
-            f"set it to one of {_valid_kinds()}"
-        )
+        raise TypeError(f"positional encoding {name} has no class attribute `kind`; set it to "
+                        f"one of {valid}")
     if kind not in PE_KINDS:
-        raise TypeError(
-            f"positional encoding {name} has kind={kind!r}, which is not valid; "
-            f"choose one of {_valid_kinds()}"
-        )
+        raise TypeError(f"positional encoding {name} has kind={kind!r}, which is not valid; "
+                        f"choose one of {valid}")
     if kind == "none":
         return
-
     n_args, signature = _FORWARD_SIGNATURES[kind]
     if type(module).forward is nn.Module.forward:
-        raise TypeError(
-            f"positional encoding {name} (kind={kind!r}) lacks the method {signature}; "
-            f"valid kinds are {_valid_kinds()}"
-        )
+        raise TypeError(f"positional encoding {name} (kind={kind!r}) lacks the method "
+                        f"{signature}; valid kinds are {valid}")
     try:
         inspect.signature(module.forward).bind(*([None] * n_args))
     except TypeError as err:
-        params = inspect.signature(module.forward)
         raise TypeError(
-            f"positional encoding {name} (kind={kind!r}) must define {signature}, "
-            f"but its forward is forward{params}; valid kinds are {_valid_kinds()}"
+            f"positional encoding {name} (kind={kind!r}) must define {signature}, but its "
+            f"forward is forward{inspect.signature(module.forward)}; valid kinds are {valid}"
         ) from err
     except ValueError:  # signature not introspectable (C extension): trust it
         return

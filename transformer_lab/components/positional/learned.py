@@ -15,7 +15,6 @@ class LearnedPositionalEncoding(nn.Module):
     """A learned ``(max_len, d_model)`` table added to the token embeddings (``kind = "additive"``;
     BERT, Devlin et al. 2018, arXiv:1810.04805; GPT-2). ``init="sinusoidal"`` starts from Vaswani's
     table; ``interpolate=True`` resamples the table linearly past ``max_len``.
-
     Shapes: positions ``(T,)`` long -> ``(T, d_model)``."""
 
     kind = "additive"
@@ -31,36 +30,27 @@ class LearnedPositionalEncoding(nn.Module):
     @classmethod
     def property_checks(cls, init: str = "normal") -> tuple[str, ...]:
         """``tlab check``'s checks; a sinusoidal start also gets the shift property."""
-        if init == "sinusoidal":
-            return ("sinusoidal_shift", "permutation")
-        return ("permutation",)
+        return ("sinusoidal_shift", "permutation") if init == "sinusoidal" else ("permutation",)
 
-    def __init__(
-        self, d_model: int, max_len: int, init: str = "normal", interpolate: bool = False
-    ) -> None:
+    def __init__(self, d_model: int, max_len: int, init: str = "normal",
+                 interpolate: bool = False) -> None:
         super().__init__()
         if init not in LEARNED_INITS:
-            valid = " or ".join(repr(v) for v in LEARNED_INITS)
-            raise ValueError(f"init={init!r} is not valid; choose {valid}")
+            raise ValueError(f"init={init!r} is not valid; choose 'normal' or 'sinusoidal'")
         if max_len < 2 and interpolate:
             raise ValueError(f"max_len={max_len} is not valid with interpolate=True; use >= 2")
         if max_len < 1:
             raise ValueError(f"max_len={max_len} is not valid; it must be >= 1")
         if d_model < 1:
             raise ValueError(f"d_model={d_model} is not valid; it must be >= 1")
-        self.d_model = d_model
-        self.max_len = max_len
-        self.init = init
-        self.interpolate = interpolate
+        self.d_model, self.max_len = d_model, max_len
+        self.init, self.interpolate = init, interpolate
         self.weight = nn.Parameter(torch.empty(max_len, d_model))  # (max_len, d_model)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
         with torch.no_grad():
-            if self.init == "normal":
+            if init == "normal":
                 nn.init.normal_(self.weight, mean=0.0, std=0.02)
             else:
-                self.weight.copy_(sinusoidal_table(self.max_len, self.d_model))
+                self.weight.copy_(sinusoidal_table(max_len, d_model))
 
     @property
     def context_window(self) -> int | None:
@@ -97,7 +87,5 @@ class LearnedPositionalEncoding(nn.Module):
         return self.table(int(positions.max()) + 1)[positions]  # (T, d_model)
 
     def extra_repr(self) -> str:
-        return (
-            f"d_model={self.d_model}, max_len={self.max_len}, init={self.init!r}, "
-            f"interpolate={self.interpolate}"
-        )
+        return (f"d_model={self.d_model}, max_len={self.max_len}, init={self.init!r}, "
+                f"interpolate={self.interpolate}")

@@ -23,6 +23,3 @@ class NoPositionalEncoding(nn.Module):
     def count_parameters(cls) -> int:
         """None."""
         return 0
-
-    def __init__(self) -> None:
-        super().__init__()

@@ -16,43 +16,24 @@ def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base**exponents)
 
 
-def _yarn_correction_dim(num_rotations: float, dim: int, base: float, max_len: int) -> float:
-    """The (fractional) pair index whose wavelength makes ``num_rotations`` turns over ``max_len``
+def _yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float,
+                           max_len: int) -> tuple[int, int]:
+    """Dimension range ``[low, high]`` over which YaRN ramps from extrapolation to interpolation:
+    the pair indices whose wavelengths make ``beta_fast`` and ``beta_slow`` turns over ``max_len``
     positions."""
-    return (dim * math.log(max_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    def pair_index(num_rotations: float) -> float:
+        return (dim * math.log(max_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    return max(math.floor(pair_index(beta_fast)), 0), min(math.ceil(pair_index(beta_slow)), dim - 1)
 
 
-def _yarn_correction_range(
-    beta_fast: float, beta_slow: float, dim: int, base: float, max_len: int
-) -> tuple[int, int]:
-    """Dimension range ``[low, high]`` over which YaRN ramps from extrapolation to interpolation."""
-    low = math.floor(_yarn_correction_dim(beta_fast, dim, base, max_len))
-    high = math.ceil(_yarn_correction_dim(beta_slow, dim, base, max_len))
-    return max(low, 0), min(high, dim - 1)
-
-
-def _linear_ramp(low: float, high: float, n: int) -> torch.Tensor:
-    """0 up to index ``low``, 1 from index ``high``, linear in between: shape ``(n,)``."""
-    if low == high:
-        high += 0.001  # avoid a division by zero, as HF does
-    ramp = (torch.arange(n, dtype=torch.float32) - low) / (high - low)  # (n,)
-    return ramp.clamp(0.0, 1.0)
-
-
-def rope_inverse_frequencies(
-    head_dim: int,
-    base: float = 10000.0,
-    *,
-    scaling: str = "none",
-    factor: float = 1.0,
-    original_max_len: int | None = None,
-    seq_len: int | None = None,
-    beta_fast: float = 32.0,
-    beta_slow: float = 1.0,
-    attention_factor: float | None = None,
-    low_freq_factor: float = 1.0,
-    high_freq_factor: float = 4.0,
-) -> tuple[torch.Tensor, float]:
+def rope_inverse_frequencies(head_dim: int, base: float = 10000.0, *, scaling: str = "none",
+                             factor: float = 1.0, original_max_len: int | None = None,
+                             seq_len: int | None = None, beta_fast: float = 32.0,
+                             beta_slow: float = 1.0, attention_factor: float | None = None,
+                             low_freq_factor: float = 1.0,
+                             high_freq_factor: float = 4.0) -> tuple[torch.Tensor, float]:
     """``(inv_freq (head_dim // 2,) float32, attention (cos/sin) scale)`` for RoPE.
 
     ``none``: ``base^(-2i/d)`` (Su et al. 2021); ``linear``: ``/ factor`` (Chen et al. 2023,
@@ -60,91 +41,56 @@ def rope_inverse_frequencies(
     ``seq_len`` past ``original_max_len`` (emozilla 2023); ``yarn``: Peng et al. 2023
     (arXiv:2309.00071), scale ``0.1 ln(factor) + 1``; ``llama3``: Llama 3.1. ``head_dim``: the
     rotated part only."""
-    if scaling not in ROPE_SCALINGS:
-        valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
-        raise ValueError(f"scaling={scaling!r} is not valid; choose one of {valid}")
-    if head_dim < 2 or head_dim % 2 != 0:
-        raise ValueError(f"head_dim={head_dim} is not valid for RoPE; it must be even and >= 2")
-    if base <= 1:
-        raise ValueError(f"base={base} is not valid for RoPE; it must be > 1")
-    if factor <= 0:
-        raise ValueError(f"factor={factor} is not valid; the RoPE scaling factor must be > 0")
     d = head_dim
-    if scaling in ("ntk", "dynamic") and d == 2:
-        raise ValueError(
-            f"head_dim={head_dim} is not valid for scaling={scaling!r}: the NTK exponent "
-            f"d/(d-2) needs a rotated dimension of at least 4"
-        )
-    if attention_factor is not None and attention_factor <= 0:
-        raise ValueError(f"attention_factor={attention_factor} is not valid; it must be > 0")
-    if beta_fast <= beta_slow or beta_slow <= 0:
-        raise ValueError(f"beta_fast={beta_fast}, beta_slow={beta_slow} are not valid; they must "
-                         f"satisfy beta_fast > beta_slow > 0")
-    if low_freq_factor <= 0 or high_freq_factor <= low_freq_factor:
-        raise ValueError(f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor} "
-                         f"are not valid; they must satisfy high_freq_factor > low_freq_factor > 0")
-    inv_freq, derived_scale = _scaled_inverse_frequencies(
-        d, base, scaling, factor, original_max_len, seq_len, beta_fast, beta_slow,
-        low_freq_factor, high_freq_factor)
-    return inv_freq, derived_scale if attention_factor is None else float(attention_factor)
-
-
-def _scaled_inverse_frequencies(
-    d: int, base: float, scaling: str, factor: float, original_max_len: int | None,
-    seq_len: int | None, beta_fast: float, beta_slow: float, low_freq_factor: float,
-    high_freq_factor: float,
-) -> tuple[torch.Tensor, float]:
-    """``rope_inverse_frequencies`` once its arguments are checked: (inv_freq (d/2,), scale)."""
-    if scaling in ("dynamic", "yarn", "llama3") and (original_max_len is None
-                                                     or original_max_len < 1):
-        raise ValueError(
-            f"original_max_len={original_max_len} is not valid for scaling={scaling!r}; "
-            f"give the trained context length (a positive integer)"
-        )
-
-    if scaling == "none":
-        return _default_inv_freq(d, base), 1.0
-
+    valid = ", ".join(repr(s) for s in ROPE_SCALINGS)
+    for invalid, message in (  # the first that applies is the error
+        (scaling not in ROPE_SCALINGS, f"scaling={scaling!r} is not valid; choose one of {valid}"),
+        (d < 2 or d % 2 != 0, f"head_dim={d} is not valid for RoPE; it must be even and >= 2"),
+        (base <= 1, f"base={base} is not valid for RoPE; it must be > 1"),
+        (factor <= 0, f"factor={factor} is not valid; the RoPE scaling factor must be > 0"),
+        (scaling in ("ntk", "dynamic") and d == 2,
+         f"head_dim={d} is not valid for scaling={scaling!r}: the NTK exponent d/(d-2) needs a "
+         f"rotated dimension of at least 4"),
+        (attention_factor is not None and attention_factor <= 0,
+         f"attention_factor={attention_factor} is not valid; it must be > 0"),
+        (beta_fast <= beta_slow or beta_slow <= 0,
+         f"beta_fast={beta_fast}, beta_slow={beta_slow} are not valid; they must satisfy "
+         f"beta_fast > beta_slow > 0"),
+        (low_freq_factor <= 0 or high_freq_factor <= low_freq_factor,
+         f"low_freq_factor={low_freq_factor}, high_freq_factor={high_freq_factor} are not "
+         f"valid; they must satisfy high_freq_factor > low_freq_factor > 0"),
+        (scaling in ("dynamic", "yarn", "llama3")
+         and (original_max_len is None or original_max_len < 1),
+         f"original_max_len={original_max_len} is not valid for scaling={scaling!r}; give the "
+         f"trained context length (a positive integer)"),
+    ):
+        if invalid:
+            raise ValueError(message)
+    inv_freq, scale = _default_inv_freq(d, base), 1.0  # (d/2,)
     if scaling == "linear":
-        return _default_inv_freq(d, base) / factor, 1.0
-
-    if scaling == "ntk":
-        new_base = base * factor ** (d / (d - 2))
-        return _default_inv_freq(d, new_base), 1.0
-
-    if scaling == "dynamic":
-        assert original_max_len is not None
-        if seq_len is None or seq_len <= original_max_len:
-            return _default_inv_freq(d, base), 1.0
-        new_base = base * ((factor * seq_len / original_max_len) - (factor - 1)) ** (d / (d - 2))
-        return _default_inv_freq(d, new_base), 1.0
-
-    if scaling == "llama3":
-        return _llama3_inv_freq(_default_inv_freq(d, base), factor, original_max_len,
-                                low_freq_factor, high_freq_factor), 1.0
-
-    # yarn
-    assert original_max_len is not None
-    attention_scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-    inv_freq_extrapolation = _default_inv_freq(d, base)  # (d/2,)
-    inv_freq_interpolation = inv_freq_extrapolation / factor  # (d/2,)
-    low, high = _yarn_correction_range(beta_fast, beta_slow, d, base, original_max_len)
-    extrapolation_weight = 1.0 - _linear_ramp(low, high, d // 2)  # (d/2,) 1 = keep theta_i
-    inv_freq = (
-        inv_freq_interpolation * (1.0 - extrapolation_weight)
-        + inv_freq_extrapolation * extrapolation_weight
-    )
-    return inv_freq, attention_scale
-
-
-def _llama3_inv_freq(inv_freq: torch.Tensor, factor: float, original_max_len: int,
-                     low_freq_factor: float, high_freq_factor: float) -> torch.Tensor:
-    """Llama 3.1's frequency-dependent interpolation (as HF ``_compute_llama3_parameters``)."""
-    low_freq_wavelen = original_max_len / low_freq_factor
-    high_freq_wavelen = original_max_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq  # (d/2,)
-    scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth = (original_max_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
-    return torch.where(medium, smoothed, scaled)
+        inv_freq = inv_freq / factor
+    elif scaling == "ntk":
+        inv_freq = _default_inv_freq(d, base * factor ** (d / (d - 2)))
+    elif scaling == "dynamic" and seq_len is not None and seq_len > original_max_len:
+        stretch = (factor * seq_len / original_max_len) - (factor - 1)
+        inv_freq = _default_inv_freq(d, base * stretch ** (d / (d - 2)))
+    elif scaling == "llama3":  # by wavelength, as HF ``_compute_llama3_parameters``
+        low_freq_wavelen = original_max_len / low_freq_factor
+        high_freq_wavelen = original_max_len / high_freq_factor
+        wavelen = 2 * math.pi / inv_freq  # (d/2,)
+        scaled = torch.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
+        smooth = (original_max_len / wavelen - low_freq_factor) / (
+            high_freq_factor - low_freq_factor)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    elif scaling == "yarn":
+        scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
+        low, high = _yarn_correction_range(beta_fast, beta_slow, d, base, original_max_len)
+        if low == high:
+            high += 0.001  # avoid a division by zero, as HF does
+        ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)
+        extrapolation_weight = 1.0 - ramp  # (d/2,) 1 = keep theta_i
+        inv_freq = (inv_freq / factor) * (1.0 - extrapolation_weight) + (
+            inv_freq * extrapolation_weight)
+    return inv_freq, scale if attention_factor is None else float(attention_factor)

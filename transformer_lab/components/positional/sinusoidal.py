@@ -39,7 +39,6 @@ class SinusoidalPositionalEncoding(nn.Module):
     """Fixed sinusoidal PE (``kind = "additive"``; Vaswani et al. 2017, arXiv:1706.03762),
     computed from the positions at each call: no table, so no maximum length and no read of
     the position values (no device sync, one torch.compile graph).
-
     Shapes: positions ``(T,)`` -> ``(T, d_model)``."""
 
     kind = "additive"

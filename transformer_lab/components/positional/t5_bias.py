@@ -10,21 +10,15 @@ from torch import nn
 from .base import query_offset
 
 
-def t5_relative_bucket(
-    relative_position: torch.Tensor,
-    bidirectional: bool = True,
-    num_buckets: int = 32,
-    max_distance: int = 128,
-) -> torch.Tensor:
+def t5_relative_bucket(relative_position: torch.Tensor, bidirectional: bool = True,
+                       num_buckets: int = 32, max_distance: int = 128) -> torch.Tensor:
     """T5's bucket of each relative position ``key - query`` (Raffel et al. 2019, arXiv:1910.10683;
     as Mesh TensorFlow and HF): exact for small distances, log-spaced up to ``max_distance``.
-
     Shapes: any integer tensor -> ``LongTensor`` of the same shape, in ``[0, num_buckets)``."""
-    if num_buckets < (4 if bidirectional else 2):
-        raise ValueError(
-            f"num_buckets={num_buckets} is not valid; it must be >= "
-            f"{4 if bidirectional else 2} (bidirectional={bidirectional})"
-        )
+    least = 4 if bidirectional else 2
+    if num_buckets < least:
+        raise ValueError(f"num_buckets={num_buckets} is not valid; it must be >= {least} "
+                         f"(bidirectional={bidirectional})")
     relative_position = relative_position.long()
     buckets = torch.zeros_like(relative_position)
     if bidirectional:
@@ -35,10 +29,8 @@ def t5_relative_bucket(
         distance = -torch.clamp(relative_position, max=0)  # keys to the left, >= 0
     max_exact = num_buckets // 2
     if max_distance <= max_exact:
-        raise ValueError(
-            f"max_distance={max_distance} is not valid; it must be > {max_exact} "
-            f"(half the buckets of one direction)"
-        )
+        raise ValueError(f"max_distance={max_distance} is not valid; it must be > {max_exact} "
+                         f"(half the buckets of one direction)")
     is_small = distance < max_exact
     # log(0) only occurs where is_small is true; clamp to keep the discarded branch finite.
     distance_large = distance.clamp(min=max_exact).float()
@@ -51,7 +43,6 @@ def t5_relative_bucket(
 class T5RelativeBias(nn.Module):
     """T5's learned bucketed relative bias (``kind = "bias"``; Raffel et al. 2019,
     arXiv:1910.10683): ``bias[h, i, j] = E[bucket(j - i), h]``; ``bidirectional`` for encoders.
-
     Shapes: ``(q_len, k_len)`` -> ``(n_heads, q_len, k_len)``, the last ``q_len`` positions."""
 
     kind = "bias"
@@ -66,48 +57,29 @@ class T5RelativeBias(nn.Module):
         """The ``(num_buckets, n_heads)`` table."""
         return num_buckets * n_heads
 
-    def __init__(
-        self,
-        n_heads: int,
-        num_buckets: int = 32,
-        max_distance: int = 128,
-        bidirectional: bool = True,
-    ) -> None:
+    def __init__(self, n_heads: int, num_buckets: int = 32, max_distance: int = 128,
+                 bidirectional: bool = True) -> None:
         super().__init__()
         if n_heads < 1:
             raise ValueError(f"n_heads={n_heads} is not valid; it must be >= 1")
-        # Validates num_buckets / max_distance with a clear message.
-        zero = torch.zeros(1, dtype=torch.long)
-        t5_relative_bucket(zero, bidirectional, num_buckets, max_distance)
-        self.n_heads = n_heads
-        self.num_buckets = num_buckets
-        self.max_distance = max_distance
-        self.bidirectional = bidirectional
+        # validates num_buckets and max_distance with a clear message
+        t5_relative_bucket(torch.zeros(1), bidirectional, num_buckets, max_distance)
+        self.n_heads, self.num_buckets = n_heads, num_buckets
+        self.max_distance, self.bidirectional = max_distance, bidirectional
         self.relative_attention_bias = nn.Embedding(num_buckets, n_heads)
-        self.register_buffer("buckets", torch.empty(0, 0, dtype=torch.long), persistent=False)
-        self.reset_parameters()
-
-    def reset_parameters(self) -> None:
         nn.init.normal_(self.relative_attention_bias.weight, mean=0.0, std=0.02)
-
-    def _bucket_matrix(self, q_len: int, k_len: int) -> torch.Tensor:
-        first_query = query_offset(q_len, k_len)
-        if k_len > self.buckets.shape[-1]:
-            device = self.buckets.device
-            query = torch.arange(k_len, device=device)[:, None]  # (L, 1)
-            key = torch.arange(k_len, device=device)[None, :]  # (1, L)
-            self.buckets = t5_relative_bucket(
-                key - query, self.bidirectional, self.num_buckets, self.max_distance
-            )  # (L, L)
-        return self.buckets[first_query:k_len, :k_len]  # (Tq, Tk)
+        self.register_buffer("buckets", torch.empty(0, 0, dtype=torch.long), persistent=False)
 
     def forward(self, q_len: int, k_len: int) -> torch.Tensor:
-        buckets = self._bucket_matrix(q_len, k_len)  # (Tq, Tk)
-        values = self.relative_attention_bias(buckets)  # (Tq, Tk, H)
-        return values.permute(2, 0, 1)  # (H, Tq, Tk)
+        first_query = query_offset(q_len, k_len)
+        if k_len > self.buckets.shape[-1]:
+            positions = torch.arange(k_len, device=self.buckets.device)
+            relative = positions[None, :] - positions[:, None]  # (L, L): key - query
+            self.buckets = t5_relative_bucket(relative, self.bidirectional, self.num_buckets,
+                                              self.max_distance)  # (L, L)
+        buckets = self.buckets[first_query:k_len, :k_len]  # (Tq, Tk)
+        return self.relative_attention_bias(buckets).permute(2, 0, 1)  # (Tq, Tk, H) -> (H, Tq, Tk)
 
     def extra_repr(self) -> str:
-        return (
-            f"n_heads={self.n_heads}, num_buckets={self.num_buckets}, "
-            f"max_distance={self.max_distance}, bidirectional={self.bidirectional}"
-        )
+        return (f"n_heads={self.n_heads}, num_buckets={self.num_buckets}, "
+                f"max_distance={self.max_distance}, bidirectional={self.bidirectional}")
