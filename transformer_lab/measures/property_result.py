@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import copy
+import functools
 import sysconfig
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType, TracebackType
+from typing import ParamSpec
 
 import torch
 from torch import nn
 
+P = ParamSpec("P")
 AMPLIFIED_STD = 0.3  # weight-matrix std of the copy the invariance checks measure
 PERTURBED_STD = 0.02  # size of the values a zero-started parameter gets (tlab's init_std)
 
@@ -98,10 +101,6 @@ def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
     return copied
 
 
-def _running_statistics(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm)
-
-
 @contextmanager
 def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
     """``model.train()`` with every dropout probability 0 and modules with running statistics
@@ -109,14 +108,15 @@ def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
     Yields the names of those modules; restores the modes and probabilities afterwards."""
     from transformer_lab.components.attention import MultiHeadAttention
 
-    was_training, saved = model.training, []
+    was_training, saved, exempt = model.training, [], []
     model.train()
-    exempt = [n for n, m in model.named_modules() if _running_statistics(m)]
-    for module in model.modules():
-        if _running_statistics(module):
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()
-        if isinstance(module, nn.modules.dropout._DropoutNd | MultiHeadAttention):
-            attribute = "p" if isinstance(module, nn.modules.dropout._DropoutNd) else "dropout"
+            exempt.append(name)
+        attribute = ("p" if isinstance(module, nn.modules.dropout._DropoutNd)
+                     else "dropout" if isinstance(module, MultiHeadAttention) else None)
+        if attribute:
             saved.append((module, attribute, getattr(module, attribute)))
             setattr(module, attribute, 0.0)
     try:
@@ -129,13 +129,11 @@ def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
 
 def flat_tensors(value: object) -> list[torch.Tensor]:
     """The tensors in ``value``: a tensor, or (nested) tuples, lists and dict values."""
-    if isinstance(value, torch.Tensor):
-        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
     if isinstance(value, tuple | list):
         return [t for item in value for t in flat_tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in flat_tensors(item)]
-    return []
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def component(module: nn.Module) -> str:
@@ -161,28 +159,23 @@ def _shown(filename: str) -> str:
         return str(path)
 
 
-def _location(frames: Iterable[tuple[str, int, str]]) -> str:
+def _location(frames: Iterable[tuple[FrameType, int]]) -> str:
     """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``."""
-    for filename, line, function in frames:
-        if _user_code(filename):
-            return f"{_shown(filename)}:{line} ({function})"
+    for frame, line in frames:
+        if _user_code(frame.f_code.co_filename):
+            return f"{_shown(frame.f_code.co_filename)}:{line} ({frame.f_code.co_name})"
     return ""
 
 
 def raised_at(tb: TracebackType | None) -> str:
     """Where in the user's code an exception was raised (innermost frame of ``tb``), or ``""``."""
-    frames = traceback.extract_tb(tb)
-    return _location((f.filename, f.lineno or 0, f.name) for f in reversed(frames))
+    return _location(reversed(list(traceback.walk_tb(tb))))
 
 
 def called_from(frame: FrameType | None) -> str:
     """Where in the user's code the current op was called (innermost frame from ``frame``
     outwards), or ``""``."""
-    frames = []
-    while frame is not None:
-        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return _location(frames)
+    return _location(traceback.walk_stack(frame))
 
 
 def failed(name: str, exc: Exception) -> PropertyResult:
@@ -192,3 +185,16 @@ def failed(name: str, exc: Exception) -> PropertyResult:
     where = raised_at(exc.__traceback__)
     return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}"
                           f"{f' at {where}' if where else ''}: {message[:200]}")
+
+
+def property_check(check: Callable[P, PropertyResult]) -> Callable[P, PropertyResult]:
+    """``check``, returning its FAIL row (:func:`failed`, named after it) where it raises."""
+
+    @functools.wraps(check)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> PropertyResult:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            return failed(check.__name__, exc)
+
+    return checked
