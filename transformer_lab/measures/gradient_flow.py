@@ -12,8 +12,8 @@ from torch import nn
 
 from transformer_lab.measures.property_result import (
     PropertyResult,
-    failed,
     perturbed_copy,
+    property_check,
     train_mode_without_dropout,
     verdict,
 )
@@ -61,15 +61,13 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     return {name: value / median if median > 0 else math.nan for name, value in rms.items()}
 
 
+@property_check
 def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   loss_fn) -> PropertyResult:
     """Every trainable weight matrix gets a task-loss gradient RMS above :data:`GRADIENT_RATIO`
     times the median one's (:func:`task_gradient_ratios`); the weakest one below is named."""
     name = "task_gradient"
-    try:
-        ratios = task_gradient_ratios(model, batches, loss_fn)
-    except Exception as exc:
-        return failed(name, exc)
+    ratios = task_gradient_ratios(model, batches, loss_fn)
     if not ratios:
         return PropertyResult(name, None, detail="no trainable parameter")
     if any(math.isnan(v) for v in ratios.values()):

@@ -8,7 +8,12 @@ import math
 import torch
 from torch import nn
 
-from transformer_lab.measures.property_result import PropertyResult, component, failed, verdict
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    component,
+    property_check,
+    verdict,
+)
 
 DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
 SAME_TOLERANCE = 1e-5  # relative to a row's norm; one PE computation rounds at 6e-8 of it
@@ -52,17 +57,12 @@ def position_representations(model: nn.Module, length: int,
     return None
 
 
-def pair_distances(rows: torch.Tensor) -> torch.Tensor:
-    """Euclidean distance of every pair of rows, in float64: (L, F) -> (L, L)."""
-    rows = rows.double()
-    return torch.cdist(rows, rows)
-
-
 def same_pairs(rows: torch.Tensor) -> list[tuple[int, int]]:
     """Pairs ``(p, q)``, ``p < q``, whose rows are the same up to :data:`SAME_TOLERANCE` of the
     rows' mean norm."""
-    scale = float(rows.double().norm(dim=-1).mean())
-    close = pair_distances(rows) <= SAME_TOLERANCE * max(scale, 1e-30)  # (L, L)
+    rows = rows.double()
+    scale = float(rows.norm(dim=-1).mean())
+    close = torch.cdist(rows, rows) <= SAME_TOLERANCE * max(scale, 1e-30)  # (L, L)
     close &= torch.ones_like(close).triu(1)
     return [(int(p), int(q)) for p, q in torch.nonzero(close)]
 
@@ -80,7 +80,8 @@ def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     """The smallest distance between two positions at least 2 apart, as a fraction of the
     smaller of their distances to their closest neighbours, with features standardized; and
     that pair. Rows must be distinct (:func:`same_pairs`)."""
-    distances = pair_distances(standardized(rows))  # (L, L)
+    rows = standardized(rows)
+    distances = torch.cdist(rows, rows)  # (L, L)
     length = distances.shape[0]
     neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
     step = torch.full((length,), math.inf, dtype=distances.dtype)
@@ -93,6 +94,7 @@ def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     return float(ratio[p, q]), p, q
 
 
+@property_check
 def position_distinguishability(model: nn.Module, max_len: int | None = None) -> PropertyResult:
     """Every pair of positions below ``max_len`` gets clearly different representations from
     the PE: none the same (:func:`same_pairs`), no far pair closer than :data:`ALIASING_RATIO`
@@ -102,10 +104,7 @@ def position_distinguishability(model: nn.Module, max_len: int | None = None) ->
     pe = f"the positional encoding ({component(model.positional)})"
     if max_len < 3:
         return PropertyResult(name, None, detail=f"max_len={max_len}: no far pair")
-    try:
-        rows = position_representations(model, max_len)
-    except Exception as exc:
-        return failed(name, exc)
+    rows = position_representations(model, max_len)
     if rows is None:
         return PropertyResult(name, None, detail="pe kind 'none': no positions (the control)")
     if not bool(torch.isfinite(rows).all()):
