@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import ParamSpec
 
 import torch
@@ -67,7 +67,7 @@ def relative_change(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff.norm(dim=-1) / scale
 
 
-def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12) -> nn.Module:
+def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD) -> nn.Module:
     """A copy of ``model`` whose trainable parameters that start at exactly zero are set to
     small values: matrices to N(0, ``std``), vectors and scalars to U(``std``/2, ``std``)
     (docs/detector.md, "Zero starts")."""
@@ -77,7 +77,7 @@ def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12)
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
             and value.grad_fn is not None]
     copied = copy.deepcopy(model, memo={id(value): value.detach() for value in kept})
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(12)
     with torch.no_grad():
         for parameter in copied.parameters():
             if not parameter.requires_grad or parameter.numel() == 0 or bool(parameter.any()):
@@ -90,14 +90,14 @@ def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12)
     return copied
 
 
-def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
+def amplified_copy(model: nn.Module) -> nn.Module:
     """A :func:`perturbed_copy` of ``model`` whose every weight matrix (parameter of 2+ dims) is
-    rescaled to standard deviation ``std``: attention far from uniform (docs/detector.md)."""
-    copied = perturbed_copy(model, std)
+    rescaled to std :data:`AMPLIFIED_STD`: attention far from uniform (docs/detector.md)."""
+    copied = perturbed_copy(model, AMPLIFIED_STD)
     with torch.no_grad():
         for parameter in copied.parameters():
             if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:
-                parameter.mul_(std / parameter.std())
+                parameter.mul_(AMPLIFIED_STD / parameter.std())
     return copied
 
 
@@ -146,30 +146,15 @@ _NOT_USER_CODE = tuple(str(Path(p).resolve()) for p in (
     Path(torch.__file__).parent, sysconfig.get_paths()["stdlib"], Path(__file__).parent))
 
 
-def _user_code(filename: str) -> bool:
-    return not str(Path(filename).resolve()).startswith(_NOT_USER_CODE)
-
-
-def _shown(filename: str) -> str:
-    """A file as messages show it: relative to the working directory where it is below it."""
-    path = Path(filename).resolve()
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
 def _location(frames: Iterable[tuple[FrameType, int]]) -> str:
-    """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``."""
+    """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``; the
+    file relative to the working directory where it is below it."""
     for frame, line in frames:
-        if _user_code(frame.f_code.co_filename):
-            return f"{_shown(frame.f_code.co_filename)}:{line} ({frame.f_code.co_name})"
+        path = Path(frame.f_code.co_filename).resolve()
+        if not str(path).startswith(_NOT_USER_CODE):
+            shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+            return f"{shown}:{line} ({frame.f_code.co_name})"
     return ""
-
-
-def raised_at(tb: TracebackType | None) -> str:
-    """Where in the user's code an exception was raised (innermost frame of ``tb``), or ``""``."""
-    return _location(reversed(list(traceback.walk_tb(tb))))
 
 
 def called_from(frame: FrameType | None) -> str:
@@ -180,9 +165,9 @@ def called_from(frame: FrameType | None) -> str:
 
 def failed(name: str, exc: Exception) -> PropertyResult:
     """The property ``name`` as a FAIL because the forward raised ``exc``, naming the line of
-    the user's code it came from."""
+    the user's code it came from (the innermost such frame)."""
     message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    where = raised_at(exc.__traceback__)
+    where = _location(reversed(list(traceback.walk_tb(exc.__traceback__))))
     return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}"
                           f"{f' at {where}' if where else ''}: {message[:200]}")
 
