@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from transformer_lab.measures.property_result import (
@@ -84,12 +85,11 @@ def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     distances = torch.cdist(rows, rows)  # (L, L)
     length = distances.shape[0]
     neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
-    step = torch.full((length,), math.inf, dtype=distances.dtype)
-    step[:-1] = neighbour
-    step[1:] = torch.minimum(step[1:], neighbour)  # (L,): to the closer neighbour
+    padded = F.pad(neighbour, (1, 1), value=math.inf)  # (L + 1,)
+    step = torch.minimum(padded[:-1], padded[1:])  # (L,): to the closer neighbour
     ratio = distances / torch.minimum(step[:, None], step[None, :])  # (L, L)
-    far = torch.ones(length, length, dtype=torch.bool).triu(2)
-    ratio = torch.where(far, ratio, torch.full_like(ratio, math.inf))
+    near = torch.ones(length, length, dtype=torch.bool).triu(2).logical_not()
+    ratio = ratio.masked_fill(near, math.inf)
     p, q = divmod(int(ratio.argmin()), length)
     return float(ratio[p, q]), p, q
 
