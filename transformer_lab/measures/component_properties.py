@@ -58,14 +58,12 @@ def _exponent(out_big: float, out_small: float) -> float:
 
 @property_check
 def norm_scale_control(model: nn.Module) -> PropertyResult:
-    """A norm layer bounds the scale of its output: over :data:`INPUT_SCALES` its output RMS
-    grows neither past unit scale (top decade) nor as the input shrinks (any decade) faster
-    than ``input^``:data:`SCALE_EXPONENT_LIMIT`."""
+    """Each norm layer bounds its output RMS over the input RMS of :data:`INPUT_SCALES`."""
     name = "norm_scale_control"
     layers = norm_layers(model)
     if not layers:
         return PropertyResult(name, None, detail="no norm layer")
-    worst: tuple[float, str] = (-math.inf, "")
+    exponents: list[tuple[float, str]] = []  # (exponent, what it means), per layer and kind
     for layer_name, norm in layers:
         label = f"the norm layer {layer_name} ({component(norm)})"
         out = output_rms(norm, model.token_embedding.weight.shape[1])
@@ -75,18 +73,16 @@ def norm_scale_control(model: nn.Module) -> PropertyResult:
                                   f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}")
         table = ", ".join(f"{o:.3g} at {s:g}" for s, o in zip(INPUT_SCALES, out, strict=True))
         growth = _exponent(out[-1], out[-2])
-        shrink = max((-_exponent(big, small), small_scale) for small_scale, small, big
-                     in zip(INPUT_SCALES, out, out[1:], strict=False))
-        if growth > worst[0]:
-            worst = (growth, f"{label}: output RMS {table} (input RMS): it grows like "
-                             f"input^{growth:.2g} past unit scale; a norm bounds its output "
-                             "(multiplied by the RMS instead of dividing?)")
-        if shrink[0] > worst[0]:
-            worst = (shrink[0], f"{label}: output RMS {table} (input RMS): it grows as the "
-                                f"input shrinks from {shrink[1] * 10:g} to {shrink[1]:g} (like "
-                                f"input^-{shrink[0]:.2g}); divided by the variance instead of "
-                                "the standard deviation?")
-    exponent, detail = worst
+        shrink, small = max((-_exponent(big, small), small_scale) for small_scale, small, big
+                            in zip(INPUT_SCALES, out, out[1:], strict=False))
+        exponents += [(growth, f"{label}: output RMS {table} (input RMS): it grows like "
+                               f"input^{growth:.2g} past unit scale; a norm bounds its output "
+                               "(multiplied by the RMS instead of dividing?)"),
+                      (shrink, f"{label}: output RMS {table} (input RMS): it grows as the "
+                               f"input shrinks from {small * 10:g} to {small:g} (like "
+                               f"input^-{shrink:.2g}); divided by the variance instead of "
+                               "the standard deviation?")]
+    exponent, detail = max(exponents, key=lambda pair: pair[0])  # the first of the largest
     labels = ", ".join(component(norm) for _, norm in layers)
     return verdict(name, exponent <= SCALE_EXPONENT_LIMIT, exponent, SCALE_EXPONENT_LIMIT,
                    f"{labels}: output RMS bounded for input RMS {INPUT_SCALES[0]:g} to "
@@ -120,9 +116,7 @@ def _ffn_of_block_0(model: nn.Module, name: str) -> tuple[nn.Module, str] | Prop
 
 @property_check
 def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
-    """Block 0's FFN has a nonlinearity between its linear maps: some row of its Jacobian
-    turns with the input (sigma2/sigma1 of the row's stack over inputs above
-    :data:`NONLINEARITY_TOLERANCE`), on :func:`amplified_copy` without dropout."""
+    """Block 0's FFN has a nonlinearity between its linear maps (its Jacobian turns)."""
     name = "ffn_nonlinearity"
     found = _ffn_of_block_0(model, name)
     if isinstance(found, PropertyResult):
@@ -168,8 +162,7 @@ def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.
 
 @property_check
 def ffn_interaction(model: nn.Module) -> PropertyResult:
-    """Block 0's FFN's input features interact: some :func:`mixed_differences` ratio is above
-    :data:`INTERACTION_TOLERANCE`; measured like ``ffn_nonlinearity``."""
+    """Block 0's FFN's input features interact (a :func:`mixed_differences` ratio > 0)."""
     name = "ffn_interaction"
     d_model = model.token_embedding.weight.shape[1]
     found = _ffn_of_block_0(model, name)

@@ -64,8 +64,7 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
 @property_check
 def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   loss_fn) -> PropertyResult:
-    """Every trainable weight matrix gets a task-loss gradient RMS above :data:`GRADIENT_RATIO`
-    times the median one's (:func:`task_gradient_ratios`); the weakest one below is named."""
+    """Every trainable weight matrix gets a task-loss gradient (:func:`task_gradient_ratios`)."""
     name = "task_gradient"
     ratios = task_gradient_ratios(model, batches, loss_fn)
     if not ratios:

@@ -39,8 +39,7 @@ RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
 
 @property_check
 def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes (sequence
-    ``s`` of the batch changes token ``s`` only), on :func:`amplified_copy`."""
+    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes."""
     name = "causality"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: bidirectional by design")
@@ -86,9 +85,7 @@ def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
 @property_check
 def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None = None,
                          window: int = 6) -> PropertyResult:
-    """Distinct positions get distinct representations below ``max_len``: swapping the tokens
-    at i and i + 1 (of ``i + 2 + window`` random tokens) must not just swap the outputs. On
-    :func:`amplified_copy`, a decoder with its causal mask lifted."""
+    """Swapping the tokens at i and i + 1 (below ``max_len``) must not just swap the outputs."""
     name = "position_injectivity"
     max_len = max_len or position_max_len(model)
     if max_len < 2:
@@ -115,8 +112,7 @@ def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None 
 @property_check
 def finite_at_max_len(model: nn.Module, vocab_size: int,
                       max_len: int | None = None) -> PropertyResult:
-    """A forward at ``max_len`` tokens is finite; on a failure the shortest non-finite length is
-    found by bisection."""
+    """A forward at ``max_len`` is finite; else the shortest non-finite length, by bisection."""
     name = "finite_at_max_len"
     max_len = max_len or position_max_len(model)
 
@@ -152,8 +148,7 @@ def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
 
 @property_check
 def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs (torch
-    BatchNorm stays in eval mode: :func:`train_mode_without_dropout`)."""
+    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs."""
     tokens = random_tokens(vocab_size, 2, seq_len, seed=4)
     copied = amplified_copy(model)
     evaluated = eval_outputs(copied, tokens)

@@ -70,9 +70,7 @@ def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Propert
 
 @property_check
 def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Nothing in the forward is built on the CPU regardless of the model's device: no tensor
-    made without ``device=`` meets the model's tensors or is returned by a module
-    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`)."""
+    """No tensor made without ``device=`` meets the model's tensors or leaves a module."""
     from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
 
     returned: list[str] = []
@@ -115,9 +113,7 @@ def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
 
 @property_check
 def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """In eval mode two forwards of the same tokens give the same outputs; on a failure the
-    culprit is the first module to finish whose inputs agree and outputs do not. torch's
-    random state is restored afterwards."""
+    """Two eval forwards of the same tokens agree; else the first module that differs."""
     name = "eval_determinism"
     tokens = random_tokens(vocab_size, 2, seq_len, seed=8)
     with torch.random.fork_rng(devices=[]):
@@ -143,8 +139,7 @@ def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
 
 @property_check
 def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs, at
-    most :data:`FFN_GAIN_LIMIT`."""
+    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs, at most :data:`FFN_GAIN_LIMIT`."""
     name = "ffn_gain"
     ffns = {block.feedforward: index for index, block in enumerate(getattr(model, "blocks", []))}
     gains: list[tuple[float, str]] = []

@@ -54,10 +54,8 @@ def _inherited_by_a_new_constructor(cls: type, attribute: str) -> bool:
     """Whether ``cls`` inherits ``attribute`` past an ``__init__`` of its own: a subclass that
     may add parameters the parent's count does not know (its count is then unknown)."""
     for klass in cls.__mro__:
-        if attribute in vars(klass):
-            return False
-        if "__init__" in vars(klass):
-            return True
+        if attribute in vars(klass) or "__init__" in vars(klass):
+            return attribute not in vars(klass)
     return False
 
 

@@ -68,20 +68,14 @@ def same_pairs(rows: torch.Tensor) -> list[tuple[int, int]]:
     return [(int(p), int(q)) for p, q in torch.nonzero(close)]
 
 
-def standardized(rows: torch.Tensor) -> torch.Tensor:
-    """Each feature (column) divided by its spread over the positions; features that do not
-    vary beyond float32 noise are left out: (L, F) -> (L, F')."""
-    rows = rows.double()
-    spread = rows.std(dim=0)  # (F,)
-    varies = spread > SAME_TOLERANCE * float(rows.pow(2).mean().sqrt())
-    return rows[:, varies] / spread[varies]
-
-
 def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     """The smallest distance between two positions at least 2 apart, as a fraction of the
     smaller of their distances to their closest neighbours, with features standardized; and
     that pair. Rows must be distinct (:func:`same_pairs`)."""
-    rows = standardized(rows)
+    rows = rows.double()
+    spread = rows.std(dim=0)  # (F,)
+    varies = spread > SAME_TOLERANCE * float(rows.pow(2).mean().sqrt())  # beyond float32 noise
+    rows = rows[:, varies] / spread[varies]  # (L, F'): each varying feature standardized
     distances = torch.cdist(rows, rows)  # (L, L)
     length = distances.shape[0]
     neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
@@ -96,9 +90,7 @@ def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
 
 @property_check
 def position_distinguishability(model: nn.Module, max_len: int | None = None) -> PropertyResult:
-    """Every pair of positions below ``max_len`` gets clearly different representations from
-    the PE: none the same (:func:`same_pairs`), no far pair closer than :data:`ALIASING_RATIO`
-    of a neighbour step (:func:`aliasing`)."""
+    """The PE gives every pair of positions below ``max_len`` clearly different rows."""
     name = "position_distinguishability"
     max_len = max_len or position_max_len(model)
     pe = f"the positional encoding ({component(model.positional)})"
