@@ -141,9 +141,8 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
 
 def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.Tensor:
     """``|f(x + a e_i + a e_j) - f(x + a e_i) - f(x + a e_j) + f(x)|`` over the larger first
-    difference, for :data:`INTERACTION_PAIRS` Gaussian one-token inputs x, coordinates
-    ``i != j`` and ``a = step``: (pairs,). Zero (to rounding) for a sum of one-variable
-    functions."""
+    difference, for :data:`INTERACTION_PAIRS` Gaussian inputs x, ``i != j``, ``a = step``:
+    (pairs,). Zero (to rounding) for a sum of one-variable functions."""
     generator = torch.Generator().manual_seed(13)
     x = torch.randn(INTERACTION_PAIRS, d_model, generator=generator)  # (P, D)
     i = torch.randint(0, d_model, (INTERACTION_PAIRS,), generator=generator)  # (P,)

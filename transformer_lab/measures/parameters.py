@@ -30,9 +30,7 @@ def _count(node: DictConfig, attribute: str, **kwargs: object) -> int | None:
     """What ``node``'s class declares as ``attribute`` (called with ``kwargs``), as an int;
     None when undeclared or not an int."""
     value = declared(node, attribute, **kwargs)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return int(value)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def ffn_weight_matrices(cfg: DictConfig) -> int | None:

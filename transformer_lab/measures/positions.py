@@ -41,10 +41,9 @@ def _rotary_representations(model: nn.Module, length: int, dtype: torch.dtype) -
 
 def position_representations(model: nn.Module, length: int,
                              dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """What the model's PE gives positions ``0 .. length - 1``, one float32 row per position:
-    an additive PE's rows (L, D); a rotary PE's rotation of all-ones q and k, every head
-    (L, (H + H_kv) Dh), in ``dtype``; a bias PE's softmax of its mask rows, every head (L, H L).
-    None for a PE of kind ``none``."""
+    """The model's PE for positions ``0 .. length - 1``, a float32 row each: an additive PE's
+    rows (L, D); a rotary PE's rotation of all-ones q and k in ``dtype`` (L, (H + H_kv) Dh); a
+    bias PE's softmax of its mask rows (L, H L). None for a PE of kind ``none``."""
     kind = model.positional.kind
     with torch.no_grad():
         if kind == "additive":
