@@ -4,6 +4,7 @@ provenance, not by device, so a CPU-only machine sees them too (docs/detector.md
 from __future__ import annotations
 
 import inspect
+import traceback
 from typing import Any
 
 import torch
@@ -32,13 +33,11 @@ def _mark(result: Any, made: str) -> Any:
 def _calling_module() -> str:
     """The class of the innermost module whose own code (a method with ``self``) is running,
     outside torch: ``CPUTablePE``; ``""`` if none."""
-    frame = inspect.currentframe()
-    while frame is not None:
+    for frame, _ in traceback.walk_stack(inspect.currentframe()):
         owner = frame.f_locals.get("self")
         if isinstance(owner, nn.Module) and not frame.f_code.co_filename.startswith(
                 torch.__path__[0]):
             return type(owner).__name__
-        frame = frame.f_back
     return ""
 
 
