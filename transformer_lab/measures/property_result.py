@@ -82,10 +82,9 @@ def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD) -> nn.Module:
         for parameter in copied.parameters():
             if not parameter.requires_grad or parameter.numel() == 0 or bool(parameter.any()):
                 continue
-            if parameter.dim() >= 2:
-                noise = torch.randn(parameter.shape, generator=generator) * std
-            else:
-                noise = std * (0.5 + 0.5 * torch.rand(parameter.shape, generator=generator))
+            noise = (torch.randn(parameter.shape, generator=generator) * std  # a matrix
+                     if parameter.dim() >= 2
+                     else std * (0.5 + 0.5 * torch.rand(parameter.shape, generator=generator)))
             parameter.copy_(noise.to(parameter.dtype))
     return copied
 
