@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
@@ -31,13 +31,11 @@ def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
         sizes = [a.numel() for a in args if isinstance(a, torch.Tensor)]
         called[module] = called.get(module, False) or not sizes or any(sizes)
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
     idle: set[str] = set()
-    try:
+    with ExitStack() as hooks:
+        for module in model.modules():
+            hooks.enter_context(module.register_forward_hook(hook))
         yield idle
-    finally:
-        for handle in handles:
-            handle.remove()
     idle.update(f"{name}.{p}" if name else p for name, module in model.named_modules()
                 if called.get(module) is False for p, _ in module.named_parameters())
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -24,14 +24,12 @@ def module_stack(model: nn.Module) -> Iterator[list[str]]:
     def leave(module: nn.Module, args: tuple, output: object) -> None:
         stack.pop()
 
-    handles = [hook for module, name in names.items() if name
-               for hook in (module.register_forward_pre_hook(enter),
-                            module.register_forward_hook(leave))]
-    try:
+    with ExitStack() as hooks:
+        for module, name in names.items():
+            if name:
+                hooks.enter_context(module.register_forward_pre_hook(enter))
+                hooks.enter_context(module.register_forward_hook(leave))
         yield stack
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor) -> dict[str, int]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 from torch import nn
@@ -39,12 +40,10 @@ def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         inspect(names[module] or "model", module, _tensors(args), _tensors(output))
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
-    try:
+    with ExitStack() as hooks:
+        for module in model.modules():
+            hooks.enter_context(module.register_forward_hook(hook))
         return eval_outputs(model, tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
