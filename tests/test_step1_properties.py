@@ -574,3 +574,22 @@ def test_parameters_move_names_one_the_optimiser_never_changed():
     with torch.no_grad():
         model.blocks[0].norm1.bias.add_(1e-3)
     assert parameters_move(model, initial).status == "PASS"
+
+
+class _RaisingDecoder(nn.Module):
+    causal = True
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        raise ValueError("shapes do not match\n(a second line)")
+
+
+def test_a_check_whose_forward_raises_is_a_fail_row_naming_the_users_line():
+    import inspect
+
+    from transformer_lab.measures.model_properties import causality
+
+    result = causality(_RaisingDecoder(), 5)
+    line = inspect.getsourcelines(_RaisingDecoder.forward)[1] + 1  # the raise
+    assert result.name == "causality" and result.passed is False
+    assert result.detail.startswith("the forward raised ValueError at ")
+    assert result.detail.endswith(f"{Path(__file__).name}:{line} (forward): shapes do not match")

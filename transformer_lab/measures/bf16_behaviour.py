@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-from contextlib import nullcontext
 from typing import Any
 
 import torch
@@ -20,8 +19,8 @@ from transformer_lab.measures.property_result import (
     called_from,
     component,
     evaluating,
-    failed,
     flat_tensors,
+    property_check,
     random_tokens,
     relative_change,
 )
@@ -58,9 +57,7 @@ class KeepFloat32(TorchFunctionMode):
                            kwargs: dict | None = None) -> Any:
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
-        if name in ("bfloat16", "half"):
-            return args[0].float()
-        if name == "type_as" and args[1].dtype in HALF:
+        if name in ("bfloat16", "half") or (name == "type_as" and args[1].dtype in HALF):
             return args[0].float()
 
         def float32(value: Any) -> Any:
@@ -69,54 +66,35 @@ class KeepFloat32(TorchFunctionMode):
         return func(*(float32(a) for a in args), **{k: float32(v) for k, v in kwargs.items()})
 
 
-def _finite_loss(model: nn.Module, vocab_size: int, length: int, bf16: bool) -> float:
-    """Cross-entropy of an eval forward at ``length`` tokens on random targets, under bf16
-    autocast when ``bf16``."""
-    tokens = random_tokens(vocab_size, 2, length, seed=12)
-    targets = random_tokens(vocab_size, 2, length, seed=13)
-    with evaluating(model), _autocast(bf16):
-        logits = model(tokens)  # (B, T, V)
-        return float(F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]),
-                                     targets.reshape(-1)))
-
-
-def _autocast(bf16: bool) -> Any:
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else nullcontext()
-
-
+@property_check
 def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
                    precision: str = "fp32", given: bool = False) -> PropertyResult:
-    """Where half precision is used (``precision`` bf16, or the PE makes a half tensor), no two
-    positions below ``max_len`` (at least :data:`BF16_LENGTH` unless ``given``) share a
-    representation that the float32 twin tells apart, and the loss there is finite."""
+    """Where half precision is used, positions stay distinct and the loss finite."""
     name = "bf16_behaviour"
     bf16_run = precision == "bf16"
     if not given and not getattr(model.positional, "max_len", None):
         max_len = max(max_len, BF16_LENGTH)
     pe = f"the positional encoding ({component(model.positional)})"
-    audit = HalfPrecisionAudit()
-    try:
-        with audit:
-            position_representations(model, max_len)
-    except Exception as exc:
-        return failed(name, exc)
+    with HalfPrecisionAudit() as audit:
+        position_representations(model, max_len)
     if not bf16_run and not audit.ops:
         return PropertyResult(name, None, detail="float32 run; the PE computes in float32")
     allowed = BF16_TOLERANCE if bf16_run else FLOAT32_TOLERANCE
-    try:
-        with _autocast(bf16_run):
-            rows = position_representations(model, max_len,
-                                            torch.bfloat16 if bf16_run else torch.float32)
-        with KeepFloat32():
-            twin_rows = position_representations(copy.deepcopy(model), max_len)
-        loss = _finite_loss(model, vocab_size, max_len, bf16_run)
-    except Exception as exc:
-        return failed(name, exc)
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16_run):
+        rows = position_representations(model, max_len,
+                                        torch.bfloat16 if bf16_run else torch.float32)
+    with KeepFloat32():
+        twin_rows = position_representations(copy.deepcopy(model), max_len)
+    tokens, targets = (random_tokens(vocab_size, 2, max_len, seed=seed) for seed in (12, 13))
+    with evaluating(model), torch.autocast("cpu", torch.bfloat16, enabled=bf16_run):
+        logits = model(tokens)  # (B, T, V)
+        loss = float(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()))
     if rows is None:  # kind none: only the run's precision applies
         rows = twin_rows = torch.zeros(1, 1)
     how = "under bf16 autocast" if bf16_run else "in a float32 run"
     merged = sorted(set(same_pairs(rows)) - set(same_pairs(twin_rows)))
-    deviation = float(relative_change(rows - twin_rows, twin_rows).max())
+    deviations = relative_change(rows - twin_rows, twin_rows)  # (L,)
+    deviation = float(deviations.max())
     if merged:
         p, q = merged[0]
         return PropertyResult(name, False, deviation, allowed,
@@ -132,9 +110,8 @@ def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
                               f"{off}: 8-bit angles and tables blur positions; keep them in "
                               "float32 (modded-nanogpt #39)")
     if not deviation <= allowed:
-        position = int(relative_change(rows - twin_rows, twin_rows).argmax())
         return PropertyResult(name, False, deviation, allowed,
-                              f"{pe} {how}: its output at position {position} is "
+                              f"{pe} {how}: its output at position {int(deviations.argmax())} is "
                               f"{deviation:.2g} (relative) from the same computation in float32, "
                               f"more than one bf16 rounding ({allowed:.2g}): angles or tables "
                               "computed in bf16? keep them in float32 (gpt-neox #1003)")

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -12,7 +11,7 @@ from torch import nn
 from transformer_lab.measures.property_result import (
     PropertyResult,
     evaluating,
-    failed,
+    property_check,
     random_tokens,
     relative_change,
 )
@@ -49,20 +48,11 @@ def decoding_spans(max_len: int, step: int) -> list[tuple[int, int, bool]]:
     return spans
 
 
-@dataclass
-class Mismatch:
-    """The first position where one way of decoding left the full forward."""
-
-    position: int
-    relative: float
-    steps: str  # how the tokens were fed: "one token at a time", "3 tokens at a time"
-
-
 def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
-                    full: dict[int, torch.Tensor]) -> tuple[float, Mismatch | None]:
+                    full: dict[int, torch.Tensor]) -> tuple[float, tuple[int, float, str] | None]:
     """Decode ``tokens`` (1, L) along ``decoding_spans(L, step)`` with a cache; compare each
     compared span with ``full[end]`` (end, V). Returns the worst relative difference and the
-    first position past the tolerance."""
+    first position past the tolerance: (position, its relative difference, how it was fed)."""
     worst, cache = 0.0, model.new_cache()
     label = "one token at a time" if step == 1 else f"{step} tokens at a time"
     for start, end, compared in decoding_spans(tokens.shape[1], step):
@@ -76,7 +66,7 @@ def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
         over = torch.nonzero(delta > RELATIVE_TOLERANCE)
         if len(over):
             index = int(over[0])
-            return worst, Mismatch(start + index, float(delta[index]), label)
+            return worst, (start + index, float(delta[index]), label)
     return worst, None
 
 
@@ -101,10 +91,10 @@ def first_layer_only(model: nn.Module) -> nn.Module:
     return copied
 
 
+@property_check
 def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
                     chunk: int = CHUNK) -> PropertyResult:
-    """Decoders: the logits of decoding with a KV cache, one token and ``chunk`` tokens at a
-    time up to ``max_len`` tokens, equal those of the full forward on the same prefix."""
+    """Decoders: decoding with a KV cache gives the logits of the full forward."""
     name = "cached_decoding"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: no KV cache (every token attends "
@@ -114,26 +104,23 @@ def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
     ends = {end for step in steps for _, end, compared in decoding_spans(max_len, step)
             if compared}
     scope = ""
-    try:
-        with evaluating(model):
+    with evaluating(model):
+        full = _full_forwards(model, tokens, ends)
+        if not bool(torch.isfinite(full[max_len]).all()):
+            return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
+                                  f"non-finite logits in a forward of {max_len} tokens: "
+                                  "not compared (see finite_at_max_len)")
+        if len(model.blocks) > 1 and depends_on_length(full):
+            model, scope = first_layer_only(model), FIRST_LAYER_NOTE
             full = _full_forwards(model, tokens, ends)
-            if not bool(torch.isfinite(full[max_len]).all()):
-                return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
-                                      f"non-finite logits in a forward of {max_len} tokens: "
-                                      "not compared (see finite_at_max_len)")
-            if len(model.blocks) > 1 and depends_on_length(full):
-                model, scope = first_layer_only(model), FIRST_LAYER_NOTE
-                full = _full_forwards(model, tokens, ends)
-            results = [_first_mismatch(model, tokens, step, full) for step in steps]
-    except Exception as exc:
-        return failed(name, exc)
+        results = [_first_mismatch(model, tokens, step, full) for step in steps]
     worst = max(w for w, _ in results)
     mismatches = [m for _, m in results if m is not None]
     if not mismatches:
         return PropertyResult(name, True, worst, RELATIVE_TOLERANCE,
                               f"one token and {chunk} tokens at a time up to {max_len} tokens "
                               f"equal the full forward{scope}")
-    first = min(mismatches, key=lambda m: m.position)
+    position, relative, steps_taken = min(mismatches, key=lambda m: m[0])
     return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
-                          f"position {first.position} ({first.steps}) differs from the full "
-                          f"forward by {first.relative:.2g} (relative){scope}; {ADVICE}")
+                          f"position {position} ({steps_taken}) differs from the full "
+                          f"forward by {relative:.2g} (relative){scope}; {ADVICE}")

@@ -13,7 +13,7 @@ from transformer_lab.measures.property_result import (
     PropertyResult,
     amplified_copy,
     component,
-    failed,
+    property_check,
     train_mode_without_dropout,
     verdict,
 )
@@ -51,46 +51,38 @@ def output_rms(norm: nn.Module, d_model: int) -> list[float]:
                 for scale in INPUT_SCALES]
 
 
-def _exponent(out_big: float, out_small: float, decades: float = 1.0) -> float:
-    """e in out_big / out_small = 10^(e * decades); 0 where both are 0."""
-    big, small = max(out_big, 1e-30), max(out_small, 1e-30)
-    return math.log10(big / small) / decades
+def _exponent(out_big: float, out_small: float) -> float:
+    """e in out_big / out_small = 10^e; 0 where both are 0."""
+    return math.log10(max(out_big, 1e-30) / max(out_small, 1e-30))
 
 
+@property_check
 def norm_scale_control(model: nn.Module) -> PropertyResult:
-    """A norm layer bounds the scale of its output: over :data:`INPUT_SCALES` its output RMS
-    grows neither past unit scale (top decade) nor as the input shrinks (any decade) faster
-    than ``input^``:data:`SCALE_EXPONENT_LIMIT`."""
+    """Each norm layer bounds its output RMS over the input RMS of :data:`INPUT_SCALES`."""
     name = "norm_scale_control"
     layers = norm_layers(model)
     if not layers:
         return PropertyResult(name, None, detail="no norm layer")
-    d_model = model.token_embedding.weight.shape[1]
-    worst: tuple[float, str] = (-math.inf, "")
+    exponents: list[tuple[float, str]] = []  # (exponent, what it means), per layer and kind
     for layer_name, norm in layers:
         label = f"the norm layer {layer_name} ({component(norm)})"
-        try:
-            out = output_rms(norm, d_model)
-        except Exception as exc:
-            return failed(name, exc)
+        out = output_rms(norm, model.token_embedding.weight.shape[1])
         if not all(math.isfinite(v) for v in out):
             return PropertyResult(name, False, math.inf, SCALE_EXPONENT_LIMIT,
                                   f"{label} returns inf/NaN for inputs of RMS "
                                   f"{', '.join(f'{s:g}' for s in INPUT_SCALES)}")
         table = ", ".join(f"{o:.3g} at {s:g}" for s, o in zip(INPUT_SCALES, out, strict=True))
         growth = _exponent(out[-1], out[-2])
-        shrink = max((-_exponent(big, small), small_scale) for small_scale, small, big
-                     in zip(INPUT_SCALES, out, out[1:], strict=False))
-        if growth > worst[0]:
-            worst = (growth, f"{label}: output RMS {table} (input RMS): it grows like "
-                             f"input^{growth:.2g} past unit scale; a norm bounds its output "
-                             "(multiplied by the RMS instead of dividing?)")
-        if shrink[0] > worst[0]:
-            worst = (shrink[0], f"{label}: output RMS {table} (input RMS): it grows as the "
-                                f"input shrinks from {shrink[1] * 10:g} to {shrink[1]:g} (like "
-                                f"input^-{shrink[0]:.2g}); divided by the variance instead of "
-                                "the standard deviation?")
-    exponent, detail = worst
+        shrink, small = max((-_exponent(big, small), small_scale) for small_scale, small, big
+                            in zip(INPUT_SCALES, out, out[1:], strict=False))
+        exponents += [(growth, f"{label}: output RMS {table} (input RMS): it grows like "
+                               f"input^{growth:.2g} past unit scale; a norm bounds its output "
+                               "(multiplied by the RMS instead of dividing?)"),
+                      (shrink, f"{label}: output RMS {table} (input RMS): it grows as the "
+                               f"input shrinks from {small * 10:g} to {small:g} (like "
+                               f"input^-{shrink:.2g}); divided by the variance instead of "
+                               "the standard deviation?")]
+    exponent, detail = max(exponents, key=lambda pair: pair[0])  # the first of the largest
     labels = ", ".join(component(norm) for _, norm in layers)
     return verdict(name, exponent <= SCALE_EXPONENT_LIMIT, exponent, SCALE_EXPONENT_LIMIT,
                    f"{labels}: output RMS bounded for input RMS {INPUT_SCALES[0]:g} to "
@@ -110,33 +102,28 @@ def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
     return torch.stack(rows)  # (rows, K, D)
 
 
-def first_ffn(model: nn.Module, name: str) -> nn.Module | PropertyResult:
-    """Block 0's FFN, or the SKIP row of property ``name`` when there is none or its class
-    declares ``is_linear = True``."""
+def _ffn_of_block_0(model: nn.Module, name: str) -> tuple[nn.Module, str] | PropertyResult:
+    """An :func:`amplified_copy` of block 0's FFN and how messages name it, or the SKIP row of
+    property ``name`` when there is none or its class declares ``is_linear = True``."""
     blocks = getattr(model, "blocks", [])
     if not len(blocks) or not hasattr(blocks[0], "feedforward"):
         return PropertyResult(name, None, detail="no FFN")
     ffn = blocks[0].feedforward
     if getattr(type(ffn), "is_linear", False):
         return PropertyResult(name, None, detail=f"{component(ffn)} declares is_linear = True")
-    return ffn
+    return amplified_copy(ffn), f"the FFN ({component(ffn)}) of block 0"
 
 
+@property_check
 def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
-    """Block 0's FFN has a nonlinearity between its linear maps: some row of its Jacobian
-    turns with the input (sigma2/sigma1 of the row's stack over inputs above
-    :data:`NONLINEARITY_TOLERANCE`), on :func:`amplified_copy` without dropout."""
+    """Block 0's FFN has a nonlinearity between its linear maps (its Jacobian turns)."""
     name = "ffn_nonlinearity"
-    ffn = first_ffn(model, name)
-    if isinstance(ffn, PropertyResult):
-        return ffn
-    label = f"the FFN ({component(ffn)}) of block 0"
-    try:
-        copied = amplified_copy(ffn)
-        with train_mode_without_dropout(copied):
-            rows = jacobian_rows(copied, model.token_embedding.weight.shape[1]).double()
-    except Exception as exc:
-        return failed(name, exc)
+    found = _ffn_of_block_0(model, name)
+    if isinstance(found, PropertyResult):
+        return found
+    ffn, label = found
+    with train_mode_without_dropout(ffn):
+        rows = jacobian_rows(ffn, model.token_embedding.weight.shape[1]).double()
     singular = torch.linalg.svdvals(rows)  # (rows, min(K, D))
     informative = singular[:, 0] > 1e-30
     if not bool(informative.any()):
@@ -154,9 +141,8 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
 
 def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.Tensor:
     """``|f(x + a e_i + a e_j) - f(x + a e_i) - f(x + a e_j) + f(x)|`` over the larger first
-    difference, for :data:`INTERACTION_PAIRS` Gaussian one-token inputs x, coordinates
-    ``i != j`` and ``a = step``: (pairs,). Zero (to rounding) for a sum of one-variable
-    functions."""
+    difference, for :data:`INTERACTION_PAIRS` Gaussian inputs x, ``i != j``, ``a = step``:
+    (pairs,). Zero (to rounding) for a sum of one-variable functions."""
     generator = torch.Generator().manual_seed(13)
     x = torch.randn(INTERACTION_PAIRS, d_model, generator=generator)  # (P, D)
     i = torch.randint(0, d_model, (INTERACTION_PAIRS,), generator=generator)  # (P,)
@@ -173,24 +159,19 @@ def mixed_differences(ffn: nn.Module, d_model: int, step: float = 1.0) -> torch.
     return mixed / first.clamp_min(1e-30)
 
 
+@property_check
 def ffn_interaction(model: nn.Module) -> PropertyResult:
-    """Block 0's FFN's input features interact: some :func:`mixed_differences` ratio is above
-    :data:`INTERACTION_TOLERANCE`; measured like ``ffn_nonlinearity``."""
+    """Block 0's FFN's input features interact (a :func:`mixed_differences` ratio > 0)."""
     name = "ffn_interaction"
-    ffn = first_ffn(model, name)
-    if isinstance(ffn, PropertyResult):
-        return ffn
-    label = f"the FFN ({component(ffn)}) of block 0"
     d_model = model.token_embedding.weight.shape[1]
+    found = _ffn_of_block_0(model, name)
+    if isinstance(found, PropertyResult):
+        return found
     if d_model < 2:
         return PropertyResult(name, None, detail="d_model 1: one input feature")
-    try:
-        copied = amplified_copy(ffn)
-        with train_mode_without_dropout(copied), torch.no_grad():
-            ratios = mixed_differences(copied, d_model)
-    except Exception as exc:
-        return failed(name, exc)
-    largest = float(ratios.max())
+    ffn, label = found
+    with train_mode_without_dropout(ffn), torch.no_grad():
+        largest = float(mixed_differences(ffn, d_model).max())
     if not math.isfinite(largest):  # some ratio is inf or NaN
         return PropertyResult(name, False, math.nan, INTERACTION_TOLERANCE,
                               f"{label} returns inf/NaN for Gaussian inputs")

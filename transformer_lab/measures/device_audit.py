@@ -4,6 +4,7 @@ provenance, not by device, so a CPU-only machine sees them too (docs/detector.md
 from __future__ import annotations
 
 import inspect
+import traceback
 from typing import Any
 
 import torch
@@ -32,13 +33,11 @@ def _mark(result: Any, made: str) -> Any:
 def _calling_module() -> str:
     """The class of the innermost module whose own code (a method with ``self``) is running,
     outside torch: ``CPUTablePE``; ``""`` if none."""
-    frame = inspect.currentframe()
-    while frame is not None:
+    for frame, _ in traceback.walk_stack(inspect.currentframe()):
         owner = frame.f_locals.get("self")
         if isinstance(owner, nn.Module) and not frame.f_code.co_filename.startswith(
                 torch.__path__[0]):
             return type(owner).__name__
-        frame = frame.f_back
     return ""
 
 
@@ -54,12 +53,11 @@ class DeviceAudit(TorchFunctionMode):
         kwargs = kwargs or {}
         result = func(*args, **kwargs)
         name = getattr(func, "__name__", str(func))
-        if name in _FACTORIES:
+        if name in _FACTORIES or name == "cpu":
             if kwargs.get("device") is not None:
                 return result
-            return _mark(result, f"torch.{name} at {called_from(inspect.currentframe())}")
-        if name == "cpu":
-            return _mark(result, f".cpu() at {called_from(inspect.currentframe())}")
+            made = ".cpu()" if name == "cpu" else f"torch.{name}"
+            return _mark(result, f"{made} at {called_from(inspect.currentframe())}")
         if name in _MOVES:
             # .to(dtype) keeps the provenance; .to(device / tensor) and new_* follow the target
             moved = name != "to" or any(isinstance(a, torch.Tensor | torch.device | str)
@@ -70,27 +68,19 @@ class DeviceAudit(TorchFunctionMode):
             return result.view_as(result) if result is args[0] else result
         tensors = flat_tensors((args, kwargs))
         host = [t for t in tensors if _is_host(t)]
-        if not host:
-            return result
-        if len(host) == len(tensors):
+        if host and len(host) == len(tensors):
             return _mark(result, getattr(host[0], _HOST))
         if name == "__getitem__" and not _is_host(args[0]):
             return result  # a CPU index into a CUDA tensor is legal
-        if any(t.dim() > 0 for t in host):
-            self.violations.append(self._violation(name, [t for t in host if t.dim() > 0]))
+        host = [t for t in host if t.dim() > 0]
+        if host:  # e.g. "CPUTablePE: __getitem__ at my_pe.py:12 (forward) mixed a tensor ..."
+            owner, where = _calling_module(), called_from(inspect.currentframe())
+            made = getattr(host[0], _HOST)
+            self.violations.append(
+                f"{owner + ': ' if owner else ''}{name}{f' at {where}' if where else ''} mixed "
+                f"a tensor made without device= {', '.join(str(tuple(t.shape)) for t in host)}"
+                f"{f' ({made})' if made else ''} with the model's tensors")
         return result
-
-    @staticmethod
-    def _violation(op: str, host: list[torch.Tensor]) -> str:
-        """``CPUTablePE: __getitem__ at my_pe.py:12 (forward) mixed a tensor made without
-        device= (8, 8) (torch.arange at my_pe.py:11 (forward)) with the model's tensors``."""
-        owner = _calling_module()
-        where = called_from(inspect.currentframe())
-        shapes = ", ".join(str(tuple(t.shape)) for t in host)
-        made = getattr(host[0], _HOST)
-        return (f"{owner + ': ' if owner else ''}{op}{f' at {where}' if where else ''} mixed "
-                f"a tensor made without device= {shapes}{f' ({made})' if made else ''} with "
-                "the model's tensors")
 
 
 def host_tensor(value: Any) -> bool:

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 
 import torch
 from torch import nn
 
 from transformer_lab.measures.property_result import (
     PropertyResult,
-    failed,
     perturbed_copy,
+    property_check,
     train_mode_without_dropout,
     verdict,
 )
@@ -31,13 +31,11 @@ def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
         sizes = [a.numel() for a in args if isinstance(a, torch.Tensor)]
         called[module] = called.get(module, False) or not sizes or any(sizes)
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
     idle: set[str] = set()
-    try:
+    with ExitStack() as hooks:
+        for module in model.modules():
+            hooks.enter_context(module.register_forward_hook(hook))
         yield idle
-    finally:
-        for handle in handles:
-            handle.remove()
     idle.update(f"{name}.{p}" if name else p for name, module in model.named_modules()
                 if called.get(module) is False for p, _ in module.named_parameters())
 
@@ -61,15 +59,12 @@ def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, tor
     return {name: value / median if median > 0 else math.nan for name, value in rms.items()}
 
 
+@property_check
 def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
                   loss_fn) -> PropertyResult:
-    """Every trainable weight matrix gets a task-loss gradient RMS above :data:`GRADIENT_RATIO`
-    times the median one's (:func:`task_gradient_ratios`); the weakest one below is named."""
+    """Every trainable weight matrix gets a task-loss gradient (:func:`task_gradient_ratios`)."""
     name = "task_gradient"
-    try:
-        ratios = task_gradient_ratios(model, batches, loss_fn)
-    except Exception as exc:
-        return failed(name, exc)
+    ratios = task_gradient_ratios(model, batches, loss_fn)
     if not ratios:
         return PropertyResult(name, None, detail="no trainable parameter")
     if any(math.isnan(v) for v in ratios.values()):

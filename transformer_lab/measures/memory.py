@@ -5,8 +5,8 @@ only frees them, so their sum is the peak of saved activations; transients are n
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -16,27 +16,20 @@ from torch import nn
 @contextmanager
 def module_stack(model: nn.Module) -> Iterator[list[str]]:
     """A list whose last element is the name of the innermost module now running."""
-    stack = [""]
-    handles = []
+    names, stack = {module: name for name, module in model.named_modules()}, [""]
 
-    def enter(name: str) -> Callable:
-        def hook(module: nn.Module, args: tuple) -> None:
-            stack.append(name)
-
-        return hook
+    def enter(module: nn.Module, args: tuple) -> None:
+        stack.append(names[module])
 
     def leave(module: nn.Module, args: tuple, output: object) -> None:
         stack.pop()
 
-    for name, module in model.named_modules():
-        if name:
-            handles.append(module.register_forward_pre_hook(enter(name)))
-            handles.append(module.register_forward_hook(leave))
-    try:
+    with ExitStack() as hooks:
+        for module, name in names.items():
+            if name:
+                hooks.enter_context(module.register_forward_pre_hook(enter))
+                hooks.enter_context(module.register_forward_hook(leave))
         yield stack
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def saved_activation_bytes(model: nn.Module, tokens: torch.Tensor) -> dict[str, int]:
@@ -68,9 +61,8 @@ def extrapolate_batch(at_b: dict[str, int], at_b_plus_1: dict[str, int], b: int,
                       batch: int) -> dict[str, int]:
     """Saved bytes at ``batch`` from measurements at ``b`` and ``b + 1``: they are affine in the
     batch size (per-example activations plus batch-independent tables such as RoPE's)."""
-    names = set(at_b) | set(at_b_plus_1)
     return {n: at_b.get(n, 0) + (batch - b) * (at_b_plus_1.get(n, 0) - at_b.get(n, 0))
-            for n in names}
+            for n in {*at_b, *at_b_plus_1}}
 
 
 def matmul_flops(model: nn.Module, tokens: torch.Tensor) -> int:
@@ -78,8 +70,7 @@ def matmul_flops(model: nn.Module, tokens: torch.Tensor) -> int:
     ``FlopCounterMode``; attention's batched products are left out."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    counter = FlopCounterMode(display=False)
-    with counter:
+    with FlopCounterMode(display=False) as counter:
         logits = model(tokens)
         logits.float().logsumexp(dim=-1).mean().backward()
     model.zero_grad(set_to_none=True)

@@ -4,8 +4,6 @@ every step-1 check in order (docs/detector.md lists them and how each is measure
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -29,18 +27,19 @@ from transformer_lab.measures.property_result import (
     PropertyResult,
     amplified_copy,
     eval_outputs,
-    failed,
+    property_check,
     random_tokens,
     relative_change,
     train_mode_without_dropout,
+    verdict,
 )
 
 RELATIVE_TOLERANCE = 1e-5  # float32 noise is ~1e-7 of an output's norm
 
 
+@property_check
 def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes (sequence
-    ``s`` of the batch changes token ``s`` only), on :func:`amplified_copy`."""
+    """Decoders: ``logits[t]`` must not change when a token at ``s > t`` changes."""
     name = "causality"
     if not getattr(model, "causal", False):
         return PropertyResult(name, None, detail="encoder: bidirectional by design")
@@ -48,13 +47,9 @@ def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyR
     changed = base.repeat(seq_len, 1)  # (T, T): row s changes token s
     rows = torch.arange(seq_len)
     changed[rows, rows] = (changed[rows, rows] + 1) % vocab_size
-    try:
-        out = eval_outputs(amplified_copy(model), torch.cat([base, changed]))  # (1+T, T, V)
-    except Exception as exc:
-        return failed(name, exc)
-    delta = relative_change(out[1:] - out[:1], out[:1])  # (S, T): change at t when token s changed
-    earlier = torch.ones(seq_len, seq_len, dtype=torch.bool).tril(-1)  # (S, T): t < s
-    delta = torch.where(earlier, delta, torch.zeros(()))
+    out = eval_outputs(amplified_copy(model), torch.cat([base, changed]))  # (1+T, T, V)
+    # (S, T): the change at t when token s changed, where t < s
+    delta = relative_change(out[1:] - out[:1], out[:1]).tril(-1)
     worst = float(delta.max())
     if worst <= RELATIVE_TOLERANCE:
         return PropertyResult(name, True, worst, RELATIVE_TOLERANCE, "no future leak")
@@ -62,16 +57,6 @@ def causality(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyR
     return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
                           f"output at position {t} changed when token {s} changed "
                           f"(relative change {float(delta[s, t]):.2g}): a future leak")
-
-
-@contextmanager
-def _without_causal_mask(model: nn.Module) -> Iterator[None]:
-    causal = model.causal
-    model.causal = False
-    try:
-        yield
-    finally:
-        model.causal = causal
 
 
 def _swap_pairs(max_len: int) -> list[int]:
@@ -97,24 +82,18 @@ def _swap_gap(model: nn.Module, vocab_size: int, i: int, length: int) -> float:
     return float(relative_change(pairs, out[0]).min())
 
 
+@property_check
 def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None = None,
                          window: int = 6) -> PropertyResult:
-    """Distinct positions get distinct representations below ``max_len``: swapping the tokens
-    at i and i + 1 (of ``i + 2 + window`` random tokens) must not just swap the outputs. On
-    :func:`amplified_copy`, a decoder with its causal mask lifted."""
+    """Swapping the tokens at i and i + 1 (below ``max_len``) must not just swap the outputs."""
     name = "position_injectivity"
     max_len = max_len or position_max_len(model)
     if max_len < 2:
         return PropertyResult(name, None, detail=f"max_len={max_len}: one position")
     left = _swap_pairs(max_len)
-    gaps = []
-    try:
-        copied = amplified_copy(model)
-        with _without_causal_mask(copied):
-            for i in left:
-                gaps.append(_swap_gap(copied, vocab_size, i, min(max_len, i + 2 + window)))
-    except Exception as exc:
-        return failed(name, exc)
+    copied = amplified_copy(model)
+    copied.causal = False
+    gaps = [_swap_gap(copied, vocab_size, i, min(max_len, i + 2 + window)) for i in left]
     worst = min(gaps)
     if not all(math.isfinite(g) for g in gaps):
         return PropertyResult(name, False, math.nan, RELATIVE_TOLERANCE,
@@ -124,77 +103,62 @@ def position_injectivity(model: nn.Module, vocab_size: int, max_len: int | None 
         return PropertyResult(name, True, worst, RELATIVE_TOLERANCE,
                               f"{len(left)} pairs of positions up to {max_len} told apart")
     blind = [i for i, g in zip(left, gaps, strict=True) if g <= RELATIVE_TOLERANCE]
-    first = blind[0]
     return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
-                          f"positions {first} and {first + 1} get the same representation "
+                          f"positions {blind[0]} and {blind[0] + 1} get the same representation "
                           f"(swapping their tokens swaps the outputs); {len(blind)} of "
                           f"{len(left)} tested pairs up to {max_len} are indistinguishable")
 
 
+@property_check
 def finite_at_max_len(model: nn.Module, vocab_size: int,
                       max_len: int | None = None) -> PropertyResult:
-    """A forward at ``max_len`` tokens is finite; on a failure the shortest non-finite length is
-    found by bisection."""
+    """A forward at ``max_len`` is finite; else the shortest non-finite length, by bisection."""
     name = "finite_at_max_len"
     max_len = max_len or position_max_len(model)
 
     def finite(length: int) -> bool:
         return bool(torch.isfinite(eval_outputs(model, random_tokens(vocab_size, 2, length))).all())
 
-    try:
-        if finite(max_len):
-            return PropertyResult(name, True, float(max_len), None,
-                                  f"finite at {max_len} tokens")
-        low, high = 1, max_len  # finite(low) is assumed, finite(high) is False
-        while high - low > 1:
-            middle = (low + high) // 2
-            low, high = (middle, high) if finite(middle) else (low, middle)
-    except Exception as exc:
-        return failed(name, exc)
+    if finite(max_len):
+        return PropertyResult(name, True, float(max_len), None, f"finite at {max_len} tokens")
+    low, high = 1, max_len  # finite(low) is assumed, finite(high) is False
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if finite(middle) else (low, middle)
     return PropertyResult(name, False, float(high), float(max_len),
                           f"inf/NaN in the output from sequence length {high} on "
                           f"(position {high - 1}); finite up to {high - 1} tokens")
 
 
+@property_check
 def batch_independence(model: nn.Module, vocab_size: int, seq_len: int = 16,
                        batch: int = 4) -> PropertyResult:
     """In eval mode sequence 0's output must not depend on the other sequences of the batch."""
-    name = "batch_independence"
     tokens = random_tokens(vocab_size, batch, seq_len, seed=2)  # (B, T)
     others = tokens.clone()
     others[1:] = random_tokens(vocab_size, batch - 1, seq_len, seed=3)
-    try:
-        copied = amplified_copy(model)
-        full, alone = eval_outputs(copied, tokens)[0], eval_outputs(copied, tokens[:1])[0]
-        other = eval_outputs(copied, others)[0]  # (T, V) each
-    except Exception as exc:
-        return failed(name, exc)
+    copied = amplified_copy(model)
+    full, alone, other = (eval_outputs(copied, t)[0] for t in (tokens, tokens[:1], others))
     worst = float(torch.maximum(relative_change(full - alone, full),
-                                 relative_change(full - other, full)).max())
-    passed = worst <= RELATIVE_TOLERANCE
-    return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
-                          "independent" if passed else f"sequence 0's output changed by "
-                          f"{worst:.2g} (relative) when the other sequences of its batch changed")
+                                relative_change(full - other, full)).max())  # (T,) -> ()
+    return verdict("batch_independence", worst <= RELATIVE_TOLERANCE, worst, RELATIVE_TOLERANCE,
+                   "independent", f"sequence 0's output changed by {worst:.2g} (relative) when "
+                   "the other sequences of its batch changed")
 
 
+@property_check
 def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -> PropertyResult:
-    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs (torch
-    BatchNorm stays in eval mode: :func:`train_mode_without_dropout`)."""
-    name = "train_eval_agreement"
+    """With dropout off, ``model.train()`` and ``model.eval()`` give the same outputs."""
     tokens = random_tokens(vocab_size, 2, seq_len, seed=4)
-    try:
-        copied = amplified_copy(model)
-        evaluated = eval_outputs(copied, tokens)
-        with train_mode_without_dropout(copied) as exempt, torch.no_grad():
-            trained = copied(tokens).float()
-    except Exception as exc:
-        return failed(name, exc)
+    copied = amplified_copy(model)
+    evaluated = eval_outputs(copied, tokens)
+    with train_mode_without_dropout(copied) as exempt, torch.no_grad():
+        trained = copied(tokens).float()
     worst = float(relative_change(trained - evaluated, evaluated).max())
-    passed = worst <= RELATIVE_TOLERANCE
     note = f"; {', '.join(exempt)} exempt (BatchNorm)" if exempt else ""
-    return PropertyResult(name, passed, worst, RELATIVE_TOLERANCE,
-                          ("agree" if passed else f"train-mode outputs differ from eval-mode "
-                           f"ones by {worst:.2g} (relative) with dropout off") + note)
+    return verdict("train_eval_agreement", worst <= RELATIVE_TOLERANCE, worst,
+                   RELATIVE_TOLERANCE, "agree" + note, f"train-mode outputs differ from eval-mode "
+                   f"ones by {worst:.2g} (relative) with dropout off{note}")
 
 
 def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = None,

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import ExitStack
 
 import torch
 from torch import nn
@@ -14,8 +15,10 @@ from transformer_lab.measures.property_result import (
     component,
     eval_outputs,
     failed,
+    property_check,
     random_tokens,
     relative_change,
+    verdict,
 )
 
 FFN_GAIN_LIMIT = 10.0  # RMS(ffn(x)) / RMS(x): the residual stream grows by it per layer
@@ -37,12 +40,10 @@ def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
     def hook(module: nn.Module, args: tuple, output: object) -> None:
         inspect(names[module] or "model", module, _tensors(args), _tensors(output))
 
-    handles = [m.register_forward_hook(hook) for m in model.modules()]
-    try:
+    with ExitStack() as hooks:
+        for module in model.modules():
+            hooks.enter_context(module.register_forward_hook(hook))
         return eval_outputs(model, tokens)
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
 def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
@@ -66,31 +67,24 @@ def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Propert
     return PropertyResult(name, True, detail=f"every module returns {expected}")
 
 
+@property_check
 def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Nothing in the forward is built on the CPU regardless of the model's device: no tensor
-    made without ``device=`` meets the model's tensors or is returned by a module
-    (:class:`~transformer_lab.measures.device_audit.DeviceAudit`)."""
+    """No tensor made without ``device=`` meets the model's tensors or leaves a module."""
     from transformer_lab.measures.device_audit import DeviceAudit, host_tensor
 
-    name = "device_placement"
     returned: list[str] = []
 
     def inspect(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
-        returned.extend(f"{module_name} ({type(module).__name__})"
-                        for value in outputs if host_tensor(value))
+        returned.extend(f"{module_name} ({type(module).__name__}) returned a tensor made "
+                        "without device=" for value in outputs if host_tensor(value))
 
-    audit, tokens = DeviceAudit(), random_tokens(vocab_size, 2, seq_len, seed=6)
-    try:
-        with audit:
-            _hooked_forward(model, tokens, inspect)
-    except Exception as exc:
-        return failed(name, exc)
-    if returned or audit.violations:
-        where = f"{returned[0]} returned a tensor made without device=" if returned else ""
-        what = "; ".join([where, *audit.violations[:1]]).strip("; ")
-        return PropertyResult(name, False, float(len(returned) + len(audit.violations)), 0.0,
-                              f"{what} (on the CPU whatever the model's device)")
-    return PropertyResult(name, True, 0.0, 0.0, "every tensor follows the model's device")
+    tokens = random_tokens(vocab_size, 2, seq_len, seed=6)  # made outside the audit
+    with DeviceAudit() as audit:
+        _hooked_forward(model, tokens, inspect)
+    found = returned[:1] + audit.violations[:1]
+    return verdict("device_placement", not found, float(len(returned) + len(audit.violations)),
+                   0.0, "every tensor follows the model's device",
+                   f"{'; '.join(found)} (on the CPU whatever the model's device)")
 
 
 def _recorded_forward(model: nn.Module, tokens: torch.Tensor
@@ -100,16 +94,15 @@ def _recorded_forward(model: nn.Module, tokens: torch.Tensor
     calls: list[tuple[str, nn.Module, list, list]] = []
 
     def record(module_name: str, module: nn.Module, inputs: list, outputs: list) -> None:
-        copies = [[v.detach().float().clone() for v in values] for values in (inputs, outputs)]
-        calls.append((module_name, module, *copies))
+        calls.append((module_name, module, *([v.detach().float().clone() for v in values]
+                                             for values in (inputs, outputs))))
 
     return _hooked_forward(model, tokens, record), calls
 
 
 def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
     """Largest relative change between two lists of same-shaped tensors (inf if shapes differ)."""
-    if len(first) != len(second) or any(a.shape != b.shape for a, b in zip(first, second,
-                                                                           strict=True)):
+    if [a.shape for a in first] != [b.shape for b in second]:
         return math.inf
     changes = [float(relative_change((a - b).reshape(-1, a.shape[-1]),
                                      a.reshape(-1, a.shape[-1])).max())
@@ -117,32 +110,25 @@ def _differ(first: list[torch.Tensor], second: list[torch.Tensor]) -> float:
     return max(changes, default=0.0)
 
 
+@property_check
 def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """In eval mode two forwards of the same tokens give the same outputs; on a failure the
-    culprit is the first module to finish whose inputs agree and outputs do not. torch's
-    random state is restored afterwards."""
+    """Two eval forwards of the same tokens agree; else the first module that differs."""
     name = "eval_determinism"
     tokens = random_tokens(vocab_size, 2, seq_len, seed=8)
-    try:
-        with torch.random.fork_rng(devices=[]):
-            first, first_calls = _recorded_forward(model, tokens)
-            second, second_calls = _recorded_forward(model, tokens)
-    except Exception as exc:
-        return failed(name, exc)
+    with torch.random.fork_rng(devices=[]):
+        (first, first_calls), (second, second_calls) = [_recorded_forward(model, tokens)
+                                                        for _ in range(2)]
     change = float(relative_change(first - second, first).max())
     if change <= SAME_OUTPUT_TOLERANCE:
         return PropertyResult(name, True, change, SAME_OUTPUT_TOLERANCE,
                               "two eval forwards of the same tokens agree")
-    culprit = next(((module_name, module, _differ(out_a, out_b))
-                    for (module_name, module, in_a, out_a), (_, _, in_b, out_b)
-                    in zip(first_calls, second_calls, strict=False)
-                    if _differ(in_a, in_b) <= SAME_OUTPUT_TOLERANCE
-                    and _differ(out_a, out_b) > SAME_OUTPUT_TOLERANCE), None)
-    if culprit is None:
-        where = "the model's output"
-    else:
-        module_name, module, change = culprit
-        where = f"{module_name} ({component(module)})"
+    where = "the model's output"
+    for (module_name, module, in_a, out_a), (_, _, in_b, out_b) in zip(
+            first_calls, second_calls, strict=False):
+        if (_differ(in_a, in_b) <= SAME_OUTPUT_TOLERANCE
+                and _differ(out_a, out_b) > SAME_OUTPUT_TOLERANCE):
+            where, change = f"{module_name} ({component(module)})", _differ(out_a, out_b)
+            break
     return PropertyResult(name, False, change, SAME_OUTPUT_TOLERANCE,
                           f"output not deterministic in eval mode: {where} gave outputs "
                           f"{change:.2g} (relative) apart for the same input in two eval "
@@ -150,29 +136,24 @@ def eval_determinism(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
                           "functional dropout needs training=self.training)")
 
 
+@property_check
 def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyResult:
-    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs for the model's own inputs, at
-    most :data:`FFN_GAIN_LIMIT`."""
+    """Largest ``RMS(ffn(x)) / RMS(x)`` over the blocks' FFNs, at most :data:`FFN_GAIN_LIMIT`."""
     name = "ffn_gain"
+    ffns = {block.feedforward: index for index, block in enumerate(getattr(model, "blocks", []))}
     gains: list[tuple[float, str]] = []
-    handles = []
-    for index, block in enumerate(getattr(model, "blocks", [])):
-        def hook(_m: nn.Module, args: tuple, out: torch.Tensor, index: int = index) -> None:
-            rms_in = args[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
-            gains.append((float(out.float().pow(2).mean().sqrt() / rms_in), f"block {index}"))
-        handles.append(block.feedforward.register_forward_hook(hook))
-    try:
-        eval_outputs(model, random_tokens(vocab_size, 2, seq_len, seed=7))
-    except Exception as exc:
-        return failed(name, exc)
-    finally:
-        for handle in handles:
-            handle.remove()
+
+    def inspect(_name: str, module: nn.Module, inputs: list, outputs: list) -> None:
+        if module in ffns:
+            rms_in = inputs[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
+            gains.append((float(outputs[0].float().pow(2).mean().sqrt() / rms_in),
+                          f"block {ffns[module]}"))
+
+    _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=7), inspect)
     if not gains:
         return PropertyResult(name, None, detail="no FFN")
     gain, where = max(gains)
-    passed = math.isfinite(gain) and gain <= FFN_GAIN_LIMIT
-    return PropertyResult(name, passed, gain, FFN_GAIN_LIMIT,
-                          f"largest FFN gain {gain:.3g} ({where})" if passed else
-                          f"the FFN of {where} multiplies its input's RMS by {gain:.3g}: "
-                          "activations explode with depth")
+    return verdict(name, math.isfinite(gain) and gain <= FFN_GAIN_LIMIT, gain, FFN_GAIN_LIMIT,
+                   f"largest FFN gain {gain:.3g} ({where})",
+                   f"the FFN of {where} multiplies its input's RMS by {gain:.3g}: "
+                   "activations explode with depth")

@@ -30,9 +30,7 @@ def _count(node: DictConfig, attribute: str, **kwargs: object) -> int | None:
     """What ``node``'s class declares as ``attribute`` (called with ``kwargs``), as an int;
     None when undeclared or not an int."""
     value = declared(node, attribute, **kwargs)
-    if isinstance(value, bool) or not isinstance(value, int):
-        return None
-    return int(value)
+    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def ffn_weight_matrices(cfg: DictConfig) -> int | None:
@@ -54,10 +52,8 @@ def _inherited_by_a_new_constructor(cls: type, attribute: str) -> bool:
     """Whether ``cls`` inherits ``attribute`` past an ``__init__`` of its own: a subclass that
     may add parameters the parent's count does not know (its count is then unknown)."""
     for klass in cls.__mro__:
-        if attribute in vars(klass):
-            return False
-        if "__init__" in vars(klass):
-            return True
+        if attribute in vars(klass) or "__init__" in vars(klass):
+            return attribute not in vars(klass)
     return False
 
 

@@ -6,9 +6,15 @@ from __future__ import annotations
 import math
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
-from transformer_lab.measures.property_result import PropertyResult, component, failed, verdict
+from transformer_lab.measures.property_result import (
+    PropertyResult,
+    component,
+    property_check,
+    verdict,
+)
 
 DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
 SAME_TOLERANCE = 1e-5  # relative to a row's norm; one PE computation rounds at 6e-8 of it
@@ -35,10 +41,9 @@ def _rotary_representations(model: nn.Module, length: int, dtype: torch.dtype) -
 
 def position_representations(model: nn.Module, length: int,
                              dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
-    """What the model's PE gives positions ``0 .. length - 1``, one float32 row per position:
-    an additive PE's rows (L, D); a rotary PE's rotation of all-ones q and k, every head
-    (L, (H + H_kv) Dh), in ``dtype``; a bias PE's softmax of its mask rows, every head (L, H L).
-    None for a PE of kind ``none``."""
+    """The model's PE for positions ``0 .. length - 1``, a float32 row each: an additive PE's
+    rows (L, D); a rotary PE's rotation of all-ones q and k in ``dtype`` (L, (H + H_kv) Dh); a
+    bias PE's softmax of its mask rows (L, H L). None for a PE of kind ``none``."""
     kind = model.positional.kind
     with torch.no_grad():
         if kind == "additive":
@@ -52,60 +57,45 @@ def position_representations(model: nn.Module, length: int,
     return None
 
 
-def pair_distances(rows: torch.Tensor) -> torch.Tensor:
-    """Euclidean distance of every pair of rows, in float64: (L, F) -> (L, L)."""
-    rows = rows.double()
-    return torch.cdist(rows, rows)
-
-
 def same_pairs(rows: torch.Tensor) -> list[tuple[int, int]]:
     """Pairs ``(p, q)``, ``p < q``, whose rows are the same up to :data:`SAME_TOLERANCE` of the
     rows' mean norm."""
-    scale = float(rows.double().norm(dim=-1).mean())
-    close = pair_distances(rows) <= SAME_TOLERANCE * max(scale, 1e-30)  # (L, L)
+    rows = rows.double()
+    scale = float(rows.norm(dim=-1).mean())
+    close = torch.cdist(rows, rows) <= SAME_TOLERANCE * max(scale, 1e-30)  # (L, L)
     close &= torch.ones_like(close).triu(1)
     return [(int(p), int(q)) for p, q in torch.nonzero(close)]
-
-
-def standardized(rows: torch.Tensor) -> torch.Tensor:
-    """Each feature (column) divided by its spread over the positions; features that do not
-    vary beyond float32 noise are left out: (L, F) -> (L, F')."""
-    rows = rows.double()
-    spread = rows.std(dim=0)  # (F,)
-    varies = spread > SAME_TOLERANCE * float(rows.pow(2).mean().sqrt())
-    return rows[:, varies] / spread[varies]
 
 
 def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
     """The smallest distance between two positions at least 2 apart, as a fraction of the
     smaller of their distances to their closest neighbours, with features standardized; and
     that pair. Rows must be distinct (:func:`same_pairs`)."""
-    distances = pair_distances(standardized(rows))  # (L, L)
+    rows = rows.double()
+    spread = rows.std(dim=0)  # (F,)
+    varies = spread > SAME_TOLERANCE * float(rows.pow(2).mean().sqrt())  # beyond float32 noise
+    rows = rows[:, varies] / spread[varies]  # (L, F'): each varying feature standardized
+    distances = torch.cdist(rows, rows)  # (L, L)
     length = distances.shape[0]
     neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
-    step = torch.full((length,), math.inf, dtype=distances.dtype)
-    step[:-1] = neighbour
-    step[1:] = torch.minimum(step[1:], neighbour)  # (L,): to the closer neighbour
+    padded = F.pad(neighbour, (1, 1), value=math.inf)  # (L + 1,)
+    step = torch.minimum(padded[:-1], padded[1:])  # (L,): to the closer neighbour
     ratio = distances / torch.minimum(step[:, None], step[None, :])  # (L, L)
-    far = torch.ones(length, length, dtype=torch.bool).triu(2)
-    ratio = torch.where(far, ratio, torch.full_like(ratio, math.inf))
+    near = torch.ones(length, length, dtype=torch.bool).triu(2).logical_not()
+    ratio = ratio.masked_fill(near, math.inf)
     p, q = divmod(int(ratio.argmin()), length)
     return float(ratio[p, q]), p, q
 
 
+@property_check
 def position_distinguishability(model: nn.Module, max_len: int | None = None) -> PropertyResult:
-    """Every pair of positions below ``max_len`` gets clearly different representations from
-    the PE: none the same (:func:`same_pairs`), no far pair closer than :data:`ALIASING_RATIO`
-    of a neighbour step (:func:`aliasing`)."""
+    """The PE gives every pair of positions below ``max_len`` clearly different rows."""
     name = "position_distinguishability"
     max_len = max_len or position_max_len(model)
     pe = f"the positional encoding ({component(model.positional)})"
     if max_len < 3:
         return PropertyResult(name, None, detail=f"max_len={max_len}: no far pair")
-    try:
-        rows = position_representations(model, max_len)
-    except Exception as exc:
-        return failed(name, exc)
+    rows = position_representations(model, max_len)
     if rows is None:
         return PropertyResult(name, None, detail="pe kind 'none': no positions (the control)")
     if not bool(torch.isfinite(rows).all()):

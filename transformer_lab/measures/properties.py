@@ -30,12 +30,12 @@ class RelativeViolation(NamedTuple):
 @torch.no_grad()
 def rope_relative_violation(rotary: Rotary, head_dim: int,
                             pairs: Sequence[tuple[int, int]] = RELATIVE_PAIRS,
-                            shifts: Sequence[int] = RELATIVE_SHIFTS, n_vectors: int = 8,
-                            seed: int = 0) -> RelativeViolation:
+                            shifts: Sequence[int] = RELATIVE_SHIFTS,
+                            n_vectors: int = 8) -> RelativeViolation:
     """Largest spread of ``q_{m+s} . k_{n+s}`` over the shifts ``s``, relative to ``|q| |k|``,
     for ``n_vectors`` random (q, k) (the heads of one batch element) and every (m, n) pair,
     rotated by ``rotary``'s own q and k rotations (Su et al. 2021, eq. 16)."""
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(0)
     q = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
     k = torch.randn(n_vectors, head_dim, generator=generator)  # (N, d)
     scale = q.norm(dim=-1) * k.norm(dim=-1)  # (N,)
@@ -59,27 +59,26 @@ def rope_relative_violation(rotary: Rotary, head_dim: int,
         (scores[vector, before, pair].item(), scores[vector, after, pair].item()))
 
 
-def shift_positions(d: int, n_positions: int = 256) -> int:
+SHIFTS = (1, 3, 10)  # the k of sinusoidal_shift_residual's maps M_k
+
+
+def shift_positions(d: int) -> int:
     """How many positions ``sinusoidal_shift_residual`` uses for width ``d``: enough that half
     of them (the fit) over-determine the d x d map."""
-    return max(n_positions, 4 * d)
+    return max(256, 4 * d)
 
 
-def sinusoidal_shift_residual(table: Callable[[torch.Tensor], torch.Tensor],
-                              shifts: Sequence[int] = (1, 3, 10), n_positions: int = 256,
-                              seed: int = 0) -> float:
+def sinusoidal_shift_residual(table: Callable[[torch.Tensor], torch.Tensor]) -> float:
     """Fit one ``M_k`` with ``PE(p + k) = M_k PE(p)`` (Vaswani et al. 2017, sec. 3.5) by least
     squares on a random half of positions ``[0, shift_positions(d))``, apply it to the other
     half; the largest residual relative to ``max |PE|``. ``table(positions (T,)) -> (T, d)``."""
-    d = table(torch.arange(1)).shape[-1]
-    n = shift_positions(d, n_positions)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    n = shift_positions(table(torch.arange(1)).shape[-1])
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(0))
     fit, test = order[: n // 2], order[n // 2 :]
+    current = table(torch.arange(n)).double()  # (n, d)
     worst = 0.0
-    for shift in shifts:
-        positions = torch.arange(n)
-        current = table(positions).double()  # (n, d)
-        shifted = table(positions + shift).double()  # (n, d)
+    for shift in SHIFTS:
+        shifted = table(torch.arange(n) + shift).double()  # (n, d)
         solution = torch.linalg.lstsq(current[fit], shifted[fit]).solution  # (d, d) = M_k^T
         residual = (current[test] @ solution - shifted[test]).abs().max()
         worst = max(worst, (residual / shifted.abs().max().clamp_min(1e-12)).item())
@@ -96,20 +95,14 @@ def permutation_error(model: nn.Module, tokens: torch.Tensor, permutation: torch
     return ((permuted - out[:, permutation]).abs().max() / out.abs().max().clamp_min(1e-12)).item()
 
 
-def swap_permutation(seq_len: int, i: int, j: int) -> torch.Tensor:
-    """The permutation of ``range(seq_len)`` that swaps positions i and j."""
-    permutation = torch.arange(seq_len)
-    permutation[i], permutation[j] = j, i
-    return permutation
-
-
 @torch.no_grad()
 def swap_attention_error(model: nn.Module, tokens: torch.Tensor, i: int,
                          j: int) -> tuple[float, float]:
     """Swap tokens i and j; return (``max |A'[h, a, b] - A[h, P(a), P(b)]|`` over layers and
     heads of the attention probabilities A, :func:`permutation_error`): both 0 without a PE."""
     model.eval()
-    permutation = swap_permutation(tokens.shape[1], i, j)
+    permutation = torch.arange(tokens.shape[1])
+    permutation[i], permutation[j] = j, i
     before = model.attention_maps(tokens)  # list of (B, H, T, T)
     after = model.attention_maps(tokens[:, permutation])
     attention = max((a - b[..., permutation, :][..., permutation]).abs().max().item()

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import copy
+import functools
 import sysconfig
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import FrameType
+from typing import ParamSpec
 
 import torch
 from torch import nn
 
+P = ParamSpec("P")
 AMPLIFIED_STD = 0.3  # weight-matrix std of the copy the invariance checks measure
 PERTURBED_STD = 0.02  # size of the values a zero-started parameter gets (tlab's init_std)
 
@@ -64,7 +67,7 @@ def relative_change(diff: torch.Tensor, reference: torch.Tensor) -> torch.Tensor
     return diff.norm(dim=-1) / scale
 
 
-def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12) -> nn.Module:
+def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD) -> nn.Module:
     """A copy of ``model`` whose trainable parameters that start at exactly zero are set to
     small values: matrices to N(0, ``std``), vectors and scalars to U(``std``/2, ``std``)
     (docs/detector.md, "Zero starts")."""
@@ -74,32 +77,27 @@ def perturbed_copy(model: nn.Module, std: float = PERTURBED_STD, seed: int = 12)
             if isinstance(value, torch.Tensor) and not isinstance(value, nn.Parameter)
             and value.grad_fn is not None]
     copied = copy.deepcopy(model, memo={id(value): value.detach() for value in kept})
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(12)
     with torch.no_grad():
         for parameter in copied.parameters():
             if not parameter.requires_grad or parameter.numel() == 0 or bool(parameter.any()):
                 continue
-            if parameter.dim() >= 2:
-                noise = torch.randn(parameter.shape, generator=generator) * std
-            else:
-                noise = std * (0.5 + 0.5 * torch.rand(parameter.shape, generator=generator))
+            noise = (torch.randn(parameter.shape, generator=generator) * std  # a matrix
+                     if parameter.dim() >= 2
+                     else std * (0.5 + 0.5 * torch.rand(parameter.shape, generator=generator)))
             parameter.copy_(noise.to(parameter.dtype))
     return copied
 
 
-def amplified_copy(model: nn.Module, std: float = AMPLIFIED_STD) -> nn.Module:
+def amplified_copy(model: nn.Module) -> nn.Module:
     """A :func:`perturbed_copy` of ``model`` whose every weight matrix (parameter of 2+ dims) is
-    rescaled to standard deviation ``std``: attention far from uniform (docs/detector.md)."""
-    copied = perturbed_copy(model, std)
+    rescaled to std :data:`AMPLIFIED_STD`: attention far from uniform (docs/detector.md)."""
+    copied = perturbed_copy(model, AMPLIFIED_STD)
     with torch.no_grad():
         for parameter in copied.parameters():
             if parameter.dim() >= 2 and parameter.numel() > 1 and float(parameter.std()) > 0:
-                parameter.mul_(std / parameter.std())
+                parameter.mul_(AMPLIFIED_STD / parameter.std())
     return copied
-
-
-def _running_statistics(module: nn.Module) -> bool:
-    return isinstance(module, nn.modules.batchnorm._BatchNorm)
 
 
 @contextmanager
@@ -109,14 +107,15 @@ def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
     Yields the names of those modules; restores the modes and probabilities afterwards."""
     from transformer_lab.components.attention import MultiHeadAttention
 
-    was_training, saved = model.training, []
+    was_training, saved, exempt = model.training, [], []
     model.train()
-    exempt = [n for n, m in model.named_modules() if _running_statistics(m)]
-    for module in model.modules():
-        if _running_statistics(module):
+    for name, module in model.named_modules():
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
             module.eval()
-        if isinstance(module, nn.modules.dropout._DropoutNd | MultiHeadAttention):
-            attribute = "p" if isinstance(module, nn.modules.dropout._DropoutNd) else "dropout"
+            exempt.append(name)
+        attribute = ("p" if isinstance(module, nn.modules.dropout._DropoutNd)
+                     else "dropout" if isinstance(module, MultiHeadAttention) else None)
+        if attribute:
             saved.append((module, attribute, getattr(module, attribute)))
             setattr(module, attribute, 0.0)
     try:
@@ -129,13 +128,11 @@ def train_mode_without_dropout(model: nn.Module) -> Iterator[list[str]]:
 
 def flat_tensors(value: object) -> list[torch.Tensor]:
     """The tensors in ``value``: a tensor, or (nested) tuples, lists and dict values."""
-    if isinstance(value, torch.Tensor):
-        return [value]
+    if isinstance(value, dict):
+        value = list(value.values())
     if isinstance(value, tuple | list):
         return [t for item in value for t in flat_tensors(item)]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in flat_tensors(item)]
-    return []
+    return [value] if isinstance(value, torch.Tensor) else []
 
 
 def component(module: nn.Module) -> str:
@@ -148,47 +145,40 @@ _NOT_USER_CODE = tuple(str(Path(p).resolve()) for p in (
     Path(torch.__file__).parent, sysconfig.get_paths()["stdlib"], Path(__file__).parent))
 
 
-def _user_code(filename: str) -> bool:
-    return not str(Path(filename).resolve()).startswith(_NOT_USER_CODE)
-
-
-def _shown(filename: str) -> str:
-    """A file as messages show it: relative to the working directory where it is below it."""
-    path = Path(filename).resolve()
-    try:
-        return str(path.relative_to(Path.cwd()))
-    except ValueError:
-        return str(path)
-
-
-def _location(frames: Iterable[tuple[str, int, str]]) -> str:
-    """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``."""
-    for filename, line, function in frames:
-        if _user_code(filename):
-            return f"{_shown(filename)}:{line} ({function})"
+def _location(frames: Iterable[tuple[FrameType, int]]) -> str:
+    """``file:line (function)`` of the first of ``frames`` in the user's code, or ``""``; the
+    file relative to the working directory where it is below it."""
+    for frame, line in frames:
+        path = Path(frame.f_code.co_filename).resolve()
+        if not str(path).startswith(_NOT_USER_CODE):
+            shown = path.relative_to(Path.cwd()) if path.is_relative_to(Path.cwd()) else path
+            return f"{shown}:{line} ({frame.f_code.co_name})"
     return ""
-
-
-def raised_at(tb: TracebackType | None) -> str:
-    """Where in the user's code an exception was raised (innermost frame of ``tb``), or ``""``."""
-    frames = traceback.extract_tb(tb)
-    return _location((f.filename, f.lineno or 0, f.name) for f in reversed(frames))
 
 
 def called_from(frame: FrameType | None) -> str:
     """Where in the user's code the current op was called (innermost frame from ``frame``
     outwards), or ``""``."""
-    frames = []
-    while frame is not None:
-        frames.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
-        frame = frame.f_back
-    return _location(frames)
+    return _location(traceback.walk_stack(frame))
 
 
 def failed(name: str, exc: Exception) -> PropertyResult:
     """The property ``name`` as a FAIL because the forward raised ``exc``, naming the line of
-    the user's code it came from."""
+    the user's code it came from (the innermost such frame)."""
     message = (str(exc).strip() or type(exc).__name__).splitlines()[0]
-    where = raised_at(exc.__traceback__)
+    where = _location(reversed(list(traceback.walk_tb(exc.__traceback__))))
     return PropertyResult(name, False, detail=f"the forward raised {type(exc).__name__}"
                           f"{f' at {where}' if where else ''}: {message[:200]}")
+
+
+def property_check(check: Callable[P, PropertyResult]) -> Callable[P, PropertyResult]:
+    """``check``, returning its FAIL row (:func:`failed`, named after it) where it raises."""
+
+    @functools.wraps(check)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> PropertyResult:
+        try:
+            return check(*args, **kwargs)
+        except Exception as exc:
+            return failed(check.__name__, exc)
+
+    return checked
