@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
 from omegaconf import DictConfig
@@ -123,7 +124,7 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
         available = group_choices_hydra(group.split("/", 1)[1])
         for value in values:
             extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
-            if value not in available or (extra and not _installed(EXTRA_MODULES[extra])):
+            if value not in available or (extra and not _importable(EXTRA_MODULES[extra])):
                 hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
                         else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
                 raise ConfigError(f"{group}={value} is not available (installed: "
@@ -142,9 +143,7 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
             raise ConfigError(f"unknown {group} '{value}'; valid: {', '.join(choices)}")
 
 
-def _installed(module: str) -> bool:
-    from importlib.util import find_spec
-
+def _importable(module: str) -> bool:
     try:
         return find_spec(module) is not None
     except (ImportError, ValueError):
@@ -218,7 +217,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
                           "see the first job's config (sweep values are then single values)")
     first_values = []
-    top = group_choices_top(dirs)  # the config groups of every tree, listed once
+    top = {p.name for d in config_dirs(dirs) if d.is_dir() for p in d.iterdir() if p.is_dir()}
     for override in _parse(overrides):
         key = override.key_or_group
         values = _values(override)
@@ -325,11 +324,6 @@ def user_config_dirs_of(flags: list[str]) -> list[Path]:
                                   "holding config groups, e.g. DIR/pe/my_pe.yaml")
             dirs.append(Path(value).resolve())
     return dirs
-
-
-def group_choices_top(user_dirs: list[Path]) -> set[str]:
-    return {p.name for d in config_dirs(user_dirs) if d.is_dir() for p in d.iterdir()
-            if p.is_dir()}
 
 
 def _unknown_key_message(message: str, overrides: list[str]) -> str | None:

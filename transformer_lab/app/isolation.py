@@ -45,16 +45,12 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
-    record_dead_job(run_dir, os.WTERMSIG(status), pid)
-    return EXIT_FAILED
-
-
-def signal_reason(signum: int, pid: int) -> str:
-    """"the job's process (pid 12) was killed by SIGKILL (signal 9; ...)"."""
-    name = signal_name(signum)
+    signum = os.WTERMSIG(status)
     hint = {signal.SIGKILL: "; out of memory, or kill -9",
             signal.SIGSEGV: "; a crash in native code"}.get(signum, "")
-    return f"the job's process (pid {pid}) was killed by {name} (signal {signum}{hint})"
+    record_job_error(run_dir, f"the job's process (pid {pid}) was killed by "
+                     f"{signal_name(signum)} (signal {signum}{hint})", pid, signal=signum)
+    return EXIT_FAILED
 
 
 WORKER_DIED = "worker_died"  # run.json key: the pid of the launcher worker that died under it
@@ -78,11 +74,6 @@ def stop_with_worker(run_dir: Path, worker: int) -> None:
     signal.signal(signal.SIGUSR2, worker_died)
     if not die_with_parent(signal.SIGUSR2, worker):
         worker_died(signal.SIGUSR2, None)
-
-
-def record_dead_job(run_dir: Path, signum: int, pid: int) -> None:
-    """Mark the run in ``run_dir`` ``error`` with the signal that killed it."""
-    record_job_error(run_dir, signal_reason(signum, pid), pid, signal=signum)
 
 
 def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> None:
