@@ -3,13 +3,21 @@ Every problem is one ``ConfigError`` line (exit code 2)."""
 
 from __future__ import annotations
 
+import difflib
+import re
 import shutil
 from dataclasses import dataclass, field
 from importlib.util import find_spec
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from transformer_lab.app.sweeps import quote_value
 from transformer_lab.config.compose import compose
 from transformer_lab.config.tree import (
     CONFIG_DIR,
@@ -19,6 +27,7 @@ from transformer_lab.config.tree import (
 )
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
+from transformer_lab.results.tracking import flatten
 
 # Hydra flags that take a value (the value is not an override).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
@@ -27,10 +36,8 @@ _SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--help", "-h", "
                "--shell-completion", "-sc", "--experimental-rerun"}
 _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # Every flag Hydra's command line knows (anything else starting with '-' is a typo).
-HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
-               "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc",
-               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-               "--experimental-rerun", "--info", "-i"}
+HYDRA_FLAGS = _FLAGS_WITH_VALUE | _SKIP_FLAGS | {"--version", "--resolve", "--run", "-r",
+                                                 "--multirun", "-m", "--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
                    "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
@@ -44,9 +51,6 @@ EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
 
 def nearest(name: str, candidates: list[str]) -> str | None:
     """The candidate ``name`` most likely meant (initials, ``difflib``, a prefix), or None."""
-    import difflib
-    import re
-
     def leaf(text: str) -> str:
         return text.lstrip("-+~").rsplit(".", 1)[-1].replace("_", "-")
 
@@ -83,9 +87,6 @@ def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parse(overrides: list[str]) -> list:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     parser = OverridesParser.create()
     parsed = []
     for text in overrides:
@@ -136,10 +137,8 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
                                   "here use hydra/launcher=submitit_local)")
         return
     choices = group_choices(group, user_dirs)
-    if not choices:
-        return
     for value in values:
-        if value not in choices and value != "null":
+        if choices and value not in choices and value != "null":
             raise ConfigError(f"unknown {group} '{value}'; valid: {', '.join(choices)}")
 
 
@@ -152,9 +151,6 @@ def _importable(module: str) -> bool:
 
 def group_choices_hydra(kind: str) -> list[str]:
     """Choices of a Hydra group such as hydra/launcher, installed plugins included."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return sorted(GlobalHydra.instance().config_loader().get_group_options(f"hydra/{kind}"))
@@ -261,39 +257,28 @@ def expand_pretrained(overrides: list[str]) -> list[str]:
 
             built = hf_overrides(str(path))
         else:
-            from transformer_lab.training.pretrained import run_overrides, run_weights_file
+            from transformer_lab.training.pretrained import (
+                ARCHITECTURE_GROUPS,
+                run_overrides,
+                run_weights_file,
+            )
 
             path = run_weights_file(path)
             built = run_overrides(path)
-            refuse_other_components(overrides, built)
+            for other in overrides:  # a component choice (pe=alibi) the weights would not fit
+                group = other.split("=", 1)[0]
+                if group in ARCHITECTURE_GROUPS and other not in built:
+                    own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
+                    raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} "
+                                      f"({own}); drop {other}")
         out += [o for o in built if o not in out]
         out.append(f"+{key}='{path}'")
     return out
 
 
-def refuse_other_components(overrides: list[str], built: list[str]) -> None:
-    """``ConfigError`` for a component choice (``pe=alibi``) the run's weights would not fit."""
-    from transformer_lab.training.pretrained import ARCHITECTURE_GROUPS
-
-    for other in overrides:
-        group = other.split("=", 1)[0]
-        if group not in ARCHITECTURE_GROUPS or other in built:
-            continue
-        own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
-        raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} ({own}); "
-                          f"drop {other}")
-
-
 def compose_first_job(arguments: Arguments) -> DictConfig:
     """Compose the (first) job's config once, as Hydra's app will, with ``config_dirs`` filled
     in; an error is one ``ConfigError`` line (an unknown key lists its parent's keys)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from transformer_lab.app.sweeps import quote_value
-
     store_choices(arguments.config_dirs)  # old-named folders' choices, the Python API's
     search_path = [quote_value(f"file://{d}") for d in arguments.config_dirs]  # as --config-dir
     overrides = [*arguments.first_job,
@@ -328,12 +313,6 @@ def user_config_dirs_of(flags: list[str]) -> list[Path]:
 
 def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
     """"Could not override 'model.foo'" -> the keys that ``model`` does have."""
-    import re
-
-    from omegaconf import DictConfig, OmegaConf
-
-    from transformer_lab.results.tracking import flatten
-
     match = re.match(r"Could not override '([^']+)'", message)
     if not match:
         return None

@@ -12,8 +12,6 @@ from typing import Annotated, Any, NoReturn
 
 import typer
 
-PRETRAINED_KEYS = ("from_hf", "from_run")  # --from-hf DIR, --from-run RUN
-
 ConfigDir = Annotated[Path | None, typer.Option(
     "--config-dir", help="A config tree of your own (e.g. pe/my_pe.yaml with a _target_) added "
     "to tlab's (tlab's own file wins where a name is in both); choose from it as usual "
@@ -116,7 +114,7 @@ def command(experiment: str, options: list[Opt]) -> Callable[[Callable], Callabl
             if opt.key is not None and value is not None:
                 chosen.update(value if isinstance(value, dict) else {opt.key: value})
         # a checkpoint's architecture first: the other options and overrides change it
-        chosen = dict(sorted(chosen.items(), key=lambda item: item[0] not in PRETRAINED_KEYS))
+        chosen = dict(sorted(chosen.items(), key=lambda item: not item[0].startswith("from_")))
         launch(experiment, chosen, **{o.name: values[o.name] for o in options if o.key is None})
 
     run.__signature__ = Signature(  # type: ignore[attr-defined]
