@@ -35,6 +35,7 @@ from transformer_lab.config.tree import CONFIG_DIR, config_store_kept, old_group
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
 from transformer_lab.results.console import print_error, print_warning
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
+from transformer_lab.routines.objective import require_objective
 from transformer_lab.training import distributed
 
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporting it
@@ -138,7 +139,7 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
     if not arguments.multirun:
         return None
     if search.uses_optuna(arguments.overrides):
-        search.require_objective(str(cfg.routine.name))  # a search needs one
+        require_objective(str(cfg.routine.name))  # a search needs one
     sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
     if not resumed:
         claim_directory(sweep_dir)
