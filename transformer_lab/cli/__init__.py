@@ -9,10 +9,9 @@ import typer
 
 from transformer_lab.cli.commands import run
 from transformer_lab.cli.common import COMMANDS
-from transformer_lab.cli.export import export
 from transformer_lab.cli.listing import list_choices
 from transformer_lab.cli.report import report
-from transformer_lab.cli.sample import sample
+from transformer_lab.cli.trained import export, sample
 
 app = typer.Typer(
     name="tlab",

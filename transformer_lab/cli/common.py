@@ -19,22 +19,6 @@ ConfigDir = Annotated[Path | None, typer.Option(
 TrustCode = Annotated[bool, typer.Option(
     "--trust-code", help="Load a run trained with your own components (_target_ outside tlab's) "
     "and import the modules it recorded; only for runs whose code you trust (docs/security.md).")]
-RunPath = Annotated[Path, typer.Argument(
-    help="A run directory (tlab train, tlab compare) or one of its weights files.",
-    show_default=False)]
-Variant = Annotated[str | None, typer.Option(
-    "--variant", help="A compared run's model of this variant (default: the first).",
-    show_default=False)]
-ModelSeed = Annotated[int | None, typer.Option(
-    "--model-seed", help="The run's model trained with this seed (default: the first).",
-    show_default=False)]
-
-
-def other_models(models: list) -> str:
-    """``"; 3 other models in the run: --variant, --model-seed"``, or ``""`` for one model."""
-    others = len(models) - 1
-    return (f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, "
-            "--model-seed") if others else ""
 
 
 def refuse(message: str) -> NoReturn:
@@ -107,11 +91,9 @@ def command(experiment: str, options: list[Opt]) -> Callable[[Callable], Callabl
     def run(ctx: typer.Context, **values: Any) -> NoReturn:
         refuse_unknown_options(ctx, values["overrides"] or [])
         chosen: dict[str, Any] = {}
-        for opt in options:
-            value = values[opt.name]
-            if opt.key is not None and value is not None and opt.convert is not None:
-                value = opt.convert(value)
-            if opt.key is not None and value is not None:
+        for opt in (o for o in options if o.key is not None and values[o.name] is not None):
+            value = opt.convert(values[opt.name]) if opt.convert else values[opt.name]
+            if value is not None:
                 chosen.update(value if isinstance(value, dict) else {opt.key: value})
         # a checkpoint's architecture first: the other options and overrides change it
         chosen = dict(sorted(chosen.items(), key=lambda item: not item[0].startswith("from_")))
