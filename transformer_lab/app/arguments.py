@@ -122,7 +122,9 @@ def _values(override) -> list[str]:
 def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
                         running: bool = True) -> None:
     if group.startswith("hydra/"):
-        available = group_choices_hydra(group.split("/", 1)[1])
+        GlobalHydra.instance().clear()  # the group's choices, installed plugins included
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            available = sorted(GlobalHydra.instance().config_loader().get_group_options(group))
         for value in values:
             extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
             if value not in available or (extra and not _importable(EXTRA_MODULES[extra])):
@@ -147,13 +149,6 @@ def _importable(module: str) -> bool:
         return find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def group_choices_hydra(kind: str) -> list[str]:
-    """Choices of a Hydra group such as hydra/launcher, installed plugins included."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(f"hydra/{kind}"))
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:

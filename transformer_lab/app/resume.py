@@ -10,11 +10,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab.app.arguments import split_arguments
 from transformer_lab.app.isolation import LAUNCHER_ENV
 from transformer_lab.app.search import STUDY_CALLBACK
 from transformer_lab.app.sweeps import RESUME_ENV, quote_value
+from transformer_lab.config.registry import TRUST_HINT, code_trusted
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CHECKPOINT_FILE, read_json
+from transformer_lab.results.tracking import flatten
 
 # Overrides a resumed run may add to the recorded ones: they change no number (--quiet, --force).
 HARMLESS_ON_RESUME = ("logger.progress", "force")
@@ -63,8 +66,6 @@ _RECORDED_HYDRA = {"hydra.launcher.": re.compile(r"[\w.\-]*"),
 
 def check_recorded(overrides: list[str], source: Path) -> None:
     """``ConfigError`` for a recorded override that could run code, unless ``--trust-code``."""
-    from transformer_lab.config.registry import TRUST_HINT, code_trusted
-
     if code_trusted():
         return
     for override in overrides:
@@ -114,8 +115,6 @@ def _refuse_others(directory: Path, kind: str, overrides: list[str], recorded: l
 def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it; ``args``
     may repeat recorded overrides and change Hydra settings, nothing else."""
-    from transformer_lab.app.arguments import split_arguments
-
     recorded_file = sweep_dir / "multirun.yaml"
     if not sweep_dir.is_dir():
         raise ConfigError(f"--resume {sweep_dir}: no such directory")
@@ -154,8 +153,6 @@ def keep_multirun_yaml(sweep_dir: Path) -> None:
 def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that go on with the run recorded in ``run_dir`` from its checkpoint;
     ``args`` may add only ``HARMLESS_ON_RESUME`` overrides and ``train.steps=N``."""
-    from transformer_lab.app.arguments import split_arguments
-
     info = read_json(run_dir / "run.json")
     status = info.get("status")
     if not (run_dir / CHECKPOINT_FILE).is_file():
@@ -219,7 +216,6 @@ def check_extension(run_dir: Path, override: str) -> None:
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     """``ConfigError`` naming the first key of ``cfg`` that differs from the config of
     ``run_dir``'s checkpoint."""
-    from transformer_lab.results.tracking import flatten
     from transformer_lab.training.checkpoint import config_yaml
 
     then = flatten(OmegaConf.to_container(OmegaConf.create(_checkpoint(run_dir)["config"])))

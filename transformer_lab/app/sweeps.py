@@ -15,10 +15,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from rich.table import Table
 
 from transformer_lab.app.isolation import POOL_STOPPED, run_isolated, save_hydra_files
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
+from transformer_lab.results.console import console, print_error
 from transformer_lab.results.run_directory import (
     NUMBER_COLUMNS,
     holds_run,
@@ -112,10 +115,6 @@ def append_row(sweep_csv: Path, row: dict[str, Any]) -> None:
 
 def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -> int:
     """Run one job of a sweep (inside the Hydra job): resume logic, then ``sweep.csv``."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from transformer_lab.results.console import console, print_error
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
     overrides = list(hydra_cfg.overrides.task)
@@ -173,10 +172,6 @@ def sweep_exit_code(sweep_dir: Path) -> int:
 
 def print_sweep_summary(sweep_dir: Path, max_rows: int = 30) -> None:
     """A rich table of the sweep's jobs (latest attempt each), or counts and failures if big."""
-    from rich.table import Table
-
-    from transformer_lab.results.console import console
-
     rows = sorted(latest_rows(sweep_dir).values(),
                   key=lambda r: int(r["job"]) if r["job"].isdigit() else 10**9)
     if not rows:
