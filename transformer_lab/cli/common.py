@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -179,27 +178,6 @@ def train_settings_fields() -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in fields(TrainSettings) if f.name not in _NOT_OPTIONS]
 
 
-@functools.cache
-def _train_default_yaml() -> tuple[dict[str, object], dict[str, str]]:
-    """``configs/train/default.yaml``'s values and each key's comment, read once."""
-    import re
-
-    import yaml
-
-    from transformer_lab.config.tree import CONFIG_DIR
-
-    text = (CONFIG_DIR / "train" / "default.yaml").read_text(encoding="utf-8")
-    comments: dict[str, str] = {}
-    key = None
-    for line in text.splitlines():
-        if match := re.match(r"^(\w+):[^#]*(?:#\s*(.*))?$", line):
-            key = match.group(1)
-            comments[key] = (match.group(2) or "").strip()
-        elif key and (match := re.match(r"^\s+#\s*(.*)$", line)):  # a comment's next line
-            comments[key] = f"{comments[key]} {match.group(1).strip()}".strip()
-    return dict(yaml.safe_load(text)), comments
-
-
 def _number_or_null(kind: type) -> Callable[[str], str]:
     """A parser for an optional number option: ``null`` (the setting off) or a ``kind``."""
     def parse(text: str) -> str:
@@ -216,15 +194,25 @@ def _number_or_null(kind: type) -> Callable[[str], str]:
 def training_options(experiment: str, leave_out: tuple[str, ...] = ()) -> list[Opt]:
     """One option per ``TrainSettings`` field (``--batch-size`` sets ``train.batch_size``), its
     YAML comment and ``experiment``'s default (its experiment file's ``train:``) as help."""
+    import re
+
     import yaml
 
     from transformer_lab.config.tree import CONFIG_DIR
 
+    text = (CONFIG_DIR / "train" / "default.yaml").read_text(encoding="utf-8")
+    comments: dict[str, str] = {}  # each key's comment, over the lines it takes
+    key = None
+    for line in text.splitlines():
+        if match := re.match(r"^(\w+):[^#]*(?:#\s*(.*))?$", line):
+            key = match.group(1)
+            comments[key] = (match.group(2) or "").strip()
+        elif key and (match := re.match(r"^\s+#\s*(.*)$", line)):  # a comment's next line
+            comments[key] = f"{comments[key]} {match.group(1).strip()}".strip()
     kinds = {"int": int, "float": float, "str": str, "bool": bool}
-    values, comments = _train_default_yaml()
     experiment_file = CONFIG_DIR / "experiment" / f"{experiment}.yaml"
     experiment_yaml = yaml.safe_load(experiment_file.read_text(encoding="utf-8")) or {}
-    defaults = {**values, **(experiment_yaml.get("train") or {})}
+    defaults = {**yaml.safe_load(text), **(experiment_yaml.get("train") or {})}
     options = []
     for name, annotation in train_settings_fields():
         if name in leave_out:
