@@ -3,7 +3,6 @@ override each sets (``docs/cli.md``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
 
@@ -95,11 +94,6 @@ def vary_overrides(texts: list[str]) -> dict[str, str]:
     return {"routine.vary.key": key, "routine.vary.values": f"[{values.strip()}]"}
 
 
-def _encoder(key: str) -> Callable[[Path], dict[str, object]]:
-    """A checkpoint's PE checked without the causal mask: ``key=PATH arch=encoder``."""
-    return lambda path: {key: path, "arch": "encoder"}
-
-
 @command("train", [
     OVERRIDES, *COMPONENTS,
     option("task", "task", "text (default: Tiny Shakespeare; task.path=FILE for your own), lm, "
@@ -154,8 +148,11 @@ def budget() -> None:
         "--trained", help="Also run the swap test on a model just trained on reversal.")],
         "routine.trained", False, convert=lambda trained: trained or None),
     option("steps", "routine.train_steps", "Training steps for --trained (default 300).", int),
-    option("from_hf", "from_hf", FROM_HF_HELP, Path, convert=_encoder("from_hf")),
-    option("from_run", "from_run", FROM_RUN_HELP, Path, convert=_encoder("from_run")),
+    # a checkpoint's PE is checked without the causal mask
+    option("from_hf", "from_hf", FROM_HF_HELP, Path,
+           convert=lambda path: {"from_hf": path, "arch": "encoder"}),
+    option("from_run", "from_run", FROM_RUN_HELP, Path,
+           convert=lambda path: {"from_run": path, "arch": "encoder"}),
     *RUN, TRUST_CODE])
 def check() -> None:
     """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).
