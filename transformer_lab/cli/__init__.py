@@ -25,7 +25,7 @@ app = typer.Typer(
 )
 
 
-def versions_line() -> str:
+def _print_version(value: bool) -> None:
     """``tlab X, torch Y, hydra Z, python W`` from the installed metadata (imports no torch)."""
     import platform
     from importlib import metadata
@@ -36,13 +36,9 @@ def versions_line() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"tlab {version('transformer_lab')}, torch {version('torch')}, hydra "
-            f"{version('hydra-core')}, python {platform.python_version()}")
-
-
-def _print_version(value: bool) -> None:
     if value:
-        typer.echo(versions_line())
+        typer.echo(f"tlab {version('transformer_lab')}, torch {version('torch')}, hydra "
+                   f"{version('hydra-core')}, python {platform.python_version()}")
         raise typer.Exit(0)
 
 
