@@ -3,12 +3,21 @@ Every problem is one ``ConfigError`` line (exit code 2)."""
 
 from __future__ import annotations
 
+import difflib
+import re
 import shutil
 from dataclasses import dataclass, field
+from importlib.util import find_spec
 from pathlib import Path
 
-from omegaconf import DictConfig
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
+from omegaconf import DictConfig, OmegaConf, open_dict
 
+from transformer_lab.app.sweeps import quote_value
 from transformer_lab.config.compose import compose
 from transformer_lab.config.tree import (
     CONFIG_DIR,
@@ -18,6 +27,7 @@ from transformer_lab.config.tree import (
 )
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
+from transformer_lab.results.tracking import flatten
 
 # Hydra flags that take a value (the value is not an override).
 _FLAGS_WITH_VALUE = {"--cfg", "-c", "--package", "-p", "--config-path", "-cp", "--config-name",
@@ -26,10 +36,8 @@ _SKIP_FLAGS = {"--config-path", "-cp", "--config-name", "-cn", "--help", "-h", "
                "--shell-completion", "-sc", "--experimental-rerun"}
 _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 # Every flag Hydra's command line knows (anything else starting with '-' is a typo).
-HYDRA_FLAGS = {"--help", "-h", "--hydra-help", "--version", "--cfg", "-c", "--resolve",
-               "--package", "-p", "--run", "-r", "--multirun", "-m", "--shell-completion", "-sc",
-               "--config-path", "-cp", "--config-name", "-cn", "--config-dir", "-cd",
-               "--experimental-rerun", "--info", "-i"}
+HYDRA_FLAGS = _FLAGS_WITH_VALUE | _SKIP_FLAGS | {"--version", "--resolve", "--run", "-r",
+                                                 "--multirun", "-m", "--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
 LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
                    "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
@@ -43,9 +51,6 @@ EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
 
 def nearest(name: str, candidates: list[str]) -> str | None:
     """The candidate ``name`` most likely meant (initials, ``difflib``, a prefix), or None."""
-    import difflib
-    import re
-
     def leaf(text: str) -> str:
         return text.lstrip("-+~").rsplit(".", 1)[-1].replace("_", "-")
 
@@ -82,9 +87,6 @@ def split_arguments(args: list[str]) -> tuple[list[str], list[str]]:
 
 
 def _parse(overrides: list[str]) -> list:
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
     parser = OverridesParser.create()
     parsed = []
     for text in overrides:
@@ -120,10 +122,12 @@ def _values(override) -> list[str]:
 def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
                         running: bool = True) -> None:
     if group.startswith("hydra/"):
-        available = group_choices_hydra(group.split("/", 1)[1])
+        GlobalHydra.instance().clear()  # the group's choices, installed plugins included
+        with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
+            available = sorted(GlobalHydra.instance().config_loader().get_group_options(group))
         for value in values:
             extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
-            if value not in available or (extra and not _installed(EXTRA_MODULES[extra])):
+            if value not in available or (extra and not _importable(EXTRA_MODULES[extra])):
                 hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
                         else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
                 raise ConfigError(f"{group}={value} is not available (installed: "
@@ -135,30 +139,16 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
                                   "here use hydra/launcher=submitit_local)")
         return
     choices = group_choices(group, user_dirs)
-    if not choices:
-        return
     for value in values:
-        if value not in choices and value != "null":
+        if choices and value not in choices and value != "null":
             raise ConfigError(f"unknown {group} '{value}'; valid: {', '.join(choices)}")
 
 
-def _installed(module: str) -> bool:
-    from importlib.util import find_spec
-
+def _importable(module: str) -> bool:
     try:
         return find_spec(module) is not None
     except (ImportError, ValueError):
         return False
-
-
-def group_choices_hydra(kind: str) -> list[str]:
-    """Choices of a Hydra group such as hydra/launcher, installed plugins included."""
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
-        return sorted(GlobalHydra.instance().config_loader().get_group_options(f"hydra/{kind}"))
 
 
 def check_output_dir(path: Path, sweep: bool) -> None:
@@ -218,7 +208,7 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
         raise ConfigError(f"Hydra does not combine {printing[0]} with -m/--multirun; drop -m to "
                           "see the first job's config (sweep values are then single values)")
     first_values = []
-    top = group_choices_top(dirs)  # the config groups of every tree, listed once
+    top = {p.name for d in config_dirs(dirs) if d.is_dir() for p in d.iterdir() if p.is_dir()}
     for override in _parse(overrides):
         key = override.key_or_group
         values = _values(override)
@@ -262,39 +252,28 @@ def expand_pretrained(overrides: list[str]) -> list[str]:
 
             built = hf_overrides(str(path))
         else:
-            from transformer_lab.training.pretrained import run_overrides, run_weights_file
+            from transformer_lab.training.pretrained import (
+                ARCHITECTURE_GROUPS,
+                run_overrides,
+                run_weights_file,
+            )
 
             path = run_weights_file(path)
             built = run_overrides(path)
-            refuse_other_components(overrides, built)
+            for other in overrides:  # a component choice (pe=alibi) the weights would not fit
+                group = other.split("=", 1)[0]
+                if group in ARCHITECTURE_GROUPS and other not in built:
+                    own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
+                    raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} "
+                                      f"({own}); drop {other}")
         out += [o for o in built if o not in out]
         out.append(f"+{key}='{path}'")
     return out
 
 
-def refuse_other_components(overrides: list[str], built: list[str]) -> None:
-    """``ConfigError`` for a component choice (``pe=alibi``) the run's weights would not fit."""
-    from transformer_lab.training.pretrained import ARCHITECTURE_GROUPS
-
-    for other in overrides:
-        group = other.split("=", 1)[0]
-        if group not in ARCHITECTURE_GROUPS or other in built:
-            continue
-        own = next(o for o in built if o.startswith(group + "=")).split("=", 1)[1]
-        raise ConfigError(f"{other}: --from-run builds the checkpoint's own {group} ({own}); "
-                          f"drop {other}")
-
-
 def compose_first_job(arguments: Arguments) -> DictConfig:
     """Compose the (first) job's config once, as Hydra's app will, with ``config_dirs`` filled
     in; an error is one ``ConfigError`` line (an unknown key lists its parent's keys)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-    from omegaconf import open_dict
-
-    from transformer_lab.app.sweeps import quote_value
-
     store_choices(arguments.config_dirs)  # old-named folders' choices, the Python API's
     search_path = [quote_value(f"file://{d}") for d in arguments.config_dirs]  # as --config-dir
     overrides = [*arguments.first_job,
@@ -327,19 +306,8 @@ def user_config_dirs_of(flags: list[str]) -> list[Path]:
     return dirs
 
 
-def group_choices_top(user_dirs: list[Path]) -> set[str]:
-    return {p.name for d in config_dirs(user_dirs) if d.is_dir() for p in d.iterdir()
-            if p.is_dir()}
-
-
 def _unknown_key_message(message: str, overrides: list[str]) -> str | None:
     """"Could not override 'model.foo'" -> the keys that ``model`` does have."""
-    import re
-
-    from omegaconf import DictConfig, OmegaConf
-
-    from transformer_lab.results.tracking import flatten
-
     match = re.match(r"Could not override '([^']+)'", message)
     if not match:
         return None

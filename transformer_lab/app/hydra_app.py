@@ -4,68 +4,75 @@ pre-flight per run; sweeps and printing flags go through Hydra's own command lin
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import os
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from omegaconf import DictConfig, OmegaConf
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.utils import configure_log, env_override
+from hydra.errors import CompactHydraException
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
+from omegaconf.errors import OmegaConfBaseException
 
+from transformer_lab.app import recovery, resume, search, sweeps
 from transformer_lab.app.arguments import (
     Arguments,
     check_arguments,
     compose_first_job,
     split_arguments,
 )
-from transformer_lab.app.search import job_folder  # noqa: F401 - its resolver names job folders
-from transformer_lab.config.tree import CONFIG_DIR
+from transformer_lab.app.isolation import LAUNCHER_ENV, save_hydra_files
+from transformer_lab.app.job import execute
+from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
+from transformer_lab.config.tree import CONFIG_DIR, config_store_kept, old_group_folder_notes
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
+from transformer_lab.results.console import print_error, print_warning
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
+from transformer_lab.routines.objective import require_objective
+from transformer_lab.training import distributed
 
 FULL_ERROR = "HYDRA_FULL_ERROR"  # "1": Hydra raises an error instead of reporting it
+# Flags of every command, read here: run even if the memory estimate refuses; no progress bars.
+APP_FLAGS = {"--force": "force=true", "--quiet": "logger.progress=false",
+             "-q": "logger.progress=false"}
 
 
 def hydra_job(cfg: DictConfig) -> int:
     """A job started by Hydra's command line (a sweep's): pre-flight, run, ``sweep.csv`` row."""
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.types import RunMode
-    from omegaconf import open_dict
-
-    from transformer_lab.app.job import execute
-
     hydra_cfg = HydraConfig.get()
+    run_dir = Path(hydra_cfg.runtime.output_dir)
     with open_dict(cfg):  # --config-dir trees, so that routines find their choices too
         cfg.config_dirs = [source.path for source in hydra_cfg.runtime.config_sources
                            if source.provider == "command-line" and source.schema == "file"]
-    if hydra_cfg.mode == RunMode.MULTIRUN:
-        from transformer_lab.app.search import trial_value, uses_optuna_sweeper
-        from transformer_lab.app.sweeps import run_sweep_job
-
-        code = run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
-        if uses_optuna_sweeper(hydra_cfg):  # Optuna's sweeper reads the routine's objective
-            return trial_value(Path(hydra_cfg.runtime.output_dir))
-        return code
-    return execute(cfg, Path(hydra_cfg.runtime.output_dir))
+    if hydra_cfg.mode != RunMode.MULTIRUN:
+        return execute(cfg, run_dir)
+    code = sweeps.run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
+    if search.uses_optuna_sweeper(hydra_cfg):  # Optuna's sweeper reads the routine's objective
+        return search.trial_value(run_dir)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
-    from transformer_lab.app import resume, sweeps
-    from transformer_lab.config.tree import config_store_kept
-    from transformer_lab.results.console import print_error
-    from transformer_lab.training import distributed
-
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable(), config_store_kept():  # _target_=my_module.MyPE
         try:
             with one_line_errors():
                 args, resume_dir = resume.pop_resume(args)
-                args = app_flag_overrides(args)
-                resumed_run = resume_dir if resume_dir is not None and \
-                    resume.is_run_directory(resume_dir) else None
-                if resumed_run is not None:  # a single run, from its checkpoint
-                    args = resume.run_arguments(resumed_run, args)
+                flag_overrides = dict.fromkeys(APP_FLAGS[a] for a in args if a in APP_FLAGS)
+                args = [*(a for a in args if a not in APP_FLAGS), *flag_overrides]
+                resumed_run = None  # a single run's directory, to go on from its checkpoint
+                if resume_dir is not None and (resume_dir / "run.json").is_file() \
+                        and not (resume_dir / "multirun.yaml").exists():
+                    resumed_run = resume_dir
+                    args = resume.run_arguments(resume_dir, args)
                 elif resume_dir is not None:
                     args = resume.resume_arguments(resume_dir, args)
                 arguments = checked_arguments(args, resume=resume_dir is not None)
@@ -98,17 +105,21 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
     there as Hydra would; the exit code. ``resumed``: an interrupted run's directory to go on in
     (``--resume``). ``ConfigError`` (nothing written) when refused."""
     from transformer_lab.app.preflight import preflight
-    from transformer_lab.training import distributed
 
     with one_line_errors():
         inputs = preflight(cfg)
-        run_dir = pin_run_dir(cfg)
-        if not distributed.world().leader:
-            return _run_follower(cfg, inputs, resumed)
+        HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices.experiment}
+        # hydra.run.dir resolved once (${now:} changes on each read) and written back
+        run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute()
+        with read_write(cfg.hydra.run), open_dict(cfg.hydra.run):
+            cfg.hydra.run.dir = str(run_dir)
+        if not distributed.world().leader:  # a rank > 0 of torchrun: a throwaway directory
+            distributed.follower_config(cfg)
+            with distributed.follower_directory(resumed) as follower_dir, \
+                    distributed.process_group(str(cfg.train.device)):
+                return execute(cfg, follower_dir, inputs)
         if resumed is not None:
-            from transformer_lab.app.resume import check_resumable
-
-            check_resumable(resumed, cfg)
+            resume.check_resumable(resumed, cfg)
             reclaim_directory(run_dir)
         else:
             claim_directory(run_dir)  # claimed before Hydra writes .hydra/ there
@@ -116,21 +127,9 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
         return _run_job(cfg, run_dir, inputs)
 
 
-def _run_follower(cfg: DictConfig, inputs: object, resumed: Path | None) -> int:
-    """A rank > 0 of a torchrun job: the job in a throwaway directory, in the process group."""
-    from transformer_lab.app.job import execute
-    from transformer_lab.training import distributed
-
-    distributed.follower_config(cfg)
-    with distributed.follower_directory(resumed) as run_dir, \
-            distributed.process_group(str(cfg.train.device)):
-        return execute(cfg, run_dir, inputs)  # type: ignore[arg-type]
-
-
 def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
     """The first job's pre-flight; the sweep directory, claimed unless resumed (None when
     nothing runs: ``--cfg``, ``--info``)."""
-    from transformer_lab.app import search
     from transformer_lab.app.preflight import check_unbuilt, preflight
 
     if arguments.printing:  # --cfg, --info: nothing is built (no corpus downloaded)
@@ -140,7 +139,7 @@ def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path
     if not arguments.multirun:
         return None
     if search.uses_optuna(arguments.overrides):
-        search.require_objective(str(cfg.routine.name))  # a search needs one
+        require_objective(str(cfg.routine.name))  # a search needs one
     sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
     if not resumed:
         claim_directory(sweep_dir)
@@ -155,49 +154,16 @@ def one_line_errors() -> Iterator[None]:
     except ConfigError:
         raise
     except Exception as exc:
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
+        if os.environ.get(FULL_ERROR) == "1":
             raise
         first = (str(exc).strip().splitlines() or [""])[0]
         raise ConfigError(f"invalid configuration: {type(exc).__name__}: {first} (set "
                           "HYDRA_FULL_ERROR=1 for the traceback)") from exc
 
 
-# Flags of every command, read here: run even if the memory estimate refuses; no progress bars.
-APP_FLAGS = {"--force": "force=true", "--quiet": "logger.progress=false",
-             "-q": "logger.progress=false"}
-
-
-def app_flag_overrides(args: list[str]) -> list[str]:
-    """``args`` with each of the ``APP_FLAGS`` given as its override, at the end."""
-    overrides = dict.fromkeys(APP_FLAGS[a] for a in args if a in APP_FLAGS)
-    return [*(a for a in args if a not in APP_FLAGS), *overrides]
-
-
-def pin_run_dir(cfg: DictConfig) -> Path:
-    """Resolve ``hydra.run.dir`` once (``${now:}`` changes on each read) and write it back."""
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import open_dict, read_write
-
-    HydraConfig.instance().set_config(cfg)  # for ${hydra:runtime.choices.experiment}
-    run_dir = Path(str(OmegaConf.select(cfg, "hydra.run.dir"))).absolute()
-    with read_write(cfg.hydra.run), open_dict(cfg.hydra.run):
-        cfg.hydra.run.dir = str(run_dir)
-    return run_dir
-
-
 def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
     """The job of ``cfg`` in ``run_dir``, as ``hydra.core.utils.run_job`` runs one (``.hydra/``,
     ``run.log``, ``env_set``, ``chdir``), without composing ``cfg`` again."""
-    import contextlib
-    import copy
-
-    from hydra.core.hydra_config import HydraConfig
-    from hydra.core.utils import configure_log, env_override
-    from omegaconf import open_dict, read_write
-
-    from transformer_lab.app.isolation import save_hydra_files
-    from transformer_lab.app.job import execute
-
     with read_write(cfg.hydra.runtime), open_dict(cfg.hydra.runtime):
         cfg.hydra.runtime.output_dir = str(run_dir)
     HydraConfig.instance().set_config(cfg)
@@ -210,15 +176,12 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
         save_hydra_files(job_cfg, run_dir, str(cfg.hydra.output_subdir))
     with contextlib.chdir(run_dir) if cfg.hydra.job.chdir else contextlib.nullcontext(), \
             env_override(cfg.hydra.job.env_set):
-        return execute(job_cfg, run_dir, inputs)
+        return execute(job_cfg, run_dir, inputs)  # type: ignore[arg-type]
 
 
 def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
     """The sweep through Hydra, relaunched while that makes progress when a launcher worker's
     death breaks its pool (``app.recovery``)."""
-    from transformer_lab.app import recovery, search
-    from transformer_lab.results.console import print_error
-
     finished = -1
     while True:
         try:
@@ -238,14 +201,10 @@ def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
                reraise: tuple[type[BaseException], ...] = ()) -> int:
     """Hydra's own command line (help, printing, sweeps); a sweep pinned to ``sweep_dir``, an
     Optuna search given tlab's study settings (``cfg``: the first job's config)."""
-    from transformer_lab.app import search
-    from transformer_lab.app.isolation import LAUNCHER_ENV
-    from transformer_lab.app.sweeps import quote_value
-
     overrides = list(arguments.overrides)
-    if sweep_dir is not None and not any(o.startswith("hydra.sweep.dir=") for o in overrides):
-        overrides.append(f"hydra.sweep.dir={quote_value(str(sweep_dir))}")
     if sweep_dir is not None:  # jobs in other processes run isolated (app.isolation)
+        if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+            overrides.append(f"hydra.sweep.dir={sweeps.quote_value(str(sweep_dir))}")
         overrides.append(f"+hydra.job.env_set.{LAUNCHER_ENV}={os.getpid()}")
     if reraise:  # the jobs see the user's HYDRA_FULL_ERROR, not the one run_hydra sets
         overrides.append(f"+hydra.job.env_set.{FULL_ERROR}={os.environ.get(FULL_ERROR, '0')}")
@@ -258,9 +217,7 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
               reraise: tuple[type[BaseException], ...] = ()) -> int:
     """``hydra.main`` with ``sys.argv`` set to ``argv``; its exit code. An exception in
     ``reraise`` reaches the caller (Hydra runs with ``HYDRA_FULL_ERROR=1``; any other error is
-    then reported here as Hydra would)."""
-    import hydra
-
+    then reported here as Hydra would: its message, or a traceback if not Hydra's)."""
     user_full_error = os.environ.get(FULL_ERROR)
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else "tlab", *argv]
@@ -276,7 +233,12 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
     except Exception as exc:
         if not reraise or user_full_error == "1":
             raise
-        _report_like_hydra(exc)
+        if not isinstance(exc, CompactHydraException):
+            traceback.print_exception(exc)
+        else:
+            sys.stderr.write(f"{exc}{os.linesep}")
+            if isinstance(exc.__cause__, OmegaConfBaseException):
+                sys.stderr.write(f"{exc.__cause__}{os.linesep}")
         return EXIT_FAILED
     finally:
         sys.argv = saved_argv
@@ -302,43 +264,18 @@ class WithCommandLine:
             sys.argv = hydra_argv
 
 
-def _report_like_hydra(exc: Exception) -> None:
-    """Print ``exc`` as Hydra reports an error: its message, or a traceback if not Hydra's."""
-    import traceback
-
-    from hydra.errors import CompactHydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if isinstance(exc, CompactHydraException):
-        sys.stderr.write(f"{exc}{os.linesep}")
-        if isinstance(exc.__cause__, OmegaConfBaseException):
-            sys.stderr.write(f"{exc.__cause__}{os.linesep}")
-    else:
-        traceback.print_exception(exc)
-
-
 def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
-    """``check_arguments`` with old group names renamed, warning about each (and old folders)."""
-    from transformer_lab.config.tree import old_group_folder_notes
-    from transformer_lab.results.console import print_warning
-
-    arguments = check_arguments(renamed_group_aliases(args), resume=resume)
-    for note in old_group_folder_notes(arguments.config_dirs):
-        print_warning(note)
-    return arguments
-
-
-def renamed_group_aliases(args: list[str]) -> list[str]:
-    """``activation=`` -> ``ffn=``, ``norm=`` -> ``block=``, one warning per old name."""
-    from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
-    from transformer_lab.results.console import print_warning
-
+    """``check_arguments`` with old group names renamed (``activation=`` -> ``ffn=``, ``norm=``
+    -> ``block=``), warning about each and about old-named folders."""
     flags, overrides = split_arguments(args)
     overrides, used = rename_group_aliases(overrides)
     for old in dict.fromkeys(used):
         print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
                       "0.3)")
-    return [*flags, *overrides]
+    arguments = check_arguments([*flags, *overrides], resume=resume)
+    for note in old_group_folder_notes(arguments.config_dirs):
+        print_warning(note)
+    return arguments
 
 
 @contextmanager

@@ -11,10 +11,12 @@ from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
+from transformer_lab.results.console import print_error
 from transformer_lab.results.run_directory import read_json
 
 LAUNCHER_ENV = "TLAB_LAUNCHER_PID"  # the launching process's pid, set in every sweep job
@@ -31,30 +33,24 @@ def run_isolated(execute: Callable[[DictConfig, Path], int], cfg: DictConfig,
     worker = os.getpid()
     pid = os.fork()
     if pid == 0:  # the child: run the job, never return into the launcher's code
-        code = EXIT_FAILED
+        code = EXIT_FAILED  # on any other exception (execute records its own errors)
         try:
             stop_with_worker(run_dir, worker)
             code = execute(cfg, run_dir)
         except KeyboardInterrupt:
             code = EXIT_INTERRUPTED
-        except BaseException:  # noqa: BLE001 - execute records its own errors
-            code = EXIT_FAILED
         finally:
             flush_output()
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     if os.WIFEXITED(status):
         return os.WEXITSTATUS(status)
-    record_dead_job(run_dir, os.WTERMSIG(status), pid)
-    return EXIT_FAILED
-
-
-def signal_reason(signum: int, pid: int) -> str:
-    """"the job's process (pid 12) was killed by SIGKILL (signal 9; ...)"."""
-    name = signal_name(signum)
+    signum = os.WTERMSIG(status)
     hint = {signal.SIGKILL: "; out of memory, or kill -9",
             signal.SIGSEGV: "; a crash in native code"}.get(signum, "")
-    return f"the job's process (pid {pid}) was killed by {name} (signal {signum}{hint})"
+    record_job_error(run_dir, f"the job's process (pid {pid}) was killed by "
+                     f"{signal_name(signum)} (signal {signum}{hint})", pid, signal=signum)
+    return EXIT_FAILED
 
 
 WORKER_DIED = "worker_died"  # run.json key: the pid of the launcher worker that died under it
@@ -80,15 +76,8 @@ def stop_with_worker(run_dir: Path, worker: int) -> None:
         worker_died(signal.SIGUSR2, None)
 
 
-def record_dead_job(run_dir: Path, signum: int, pid: int) -> None:
-    """Mark the run in ``run_dir`` ``error`` with the signal that killed it."""
-    record_job_error(run_dir, signal_reason(signum, pid), pid, signal=signum)
-
-
 def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> None:
     """Mark the run in ``run_dir`` ``error`` with ``reason`` and ``extra`` keys in ``run.json``."""
-    from transformer_lab.results.console import print_error
-
     print_error(f"{run_dir.name}: {reason}")
     info = read_json(run_dir / "run.json")
     info.update(status="error", error=reason, exit_code=EXIT_FAILED, **extra,
@@ -104,8 +93,6 @@ def record_job_error(run_dir: Path, reason: str, pid: int, **extra: object) -> N
 def save_hydra_files(cfg: DictConfig, run_dir: Path, subdir: str = ".hydra") -> None:
     """``<subdir>/{config,hydra,overrides}.yaml`` of the current Hydra job, as Hydra writes them
     (for a job run again in a resumed sweep, which runs with ``hydra.output_subdir=null``)."""
-    from hydra.core.hydra_config import HydraConfig
-
     hydra_cfg = HydraConfig.get()
     target = run_dir / subdir
     target.mkdir(parents=True, exist_ok=True)

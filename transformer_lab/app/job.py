@@ -20,30 +20,28 @@ from transformer_lab.errors import (
 )
 from transformer_lab.results.console import print_error, print_final_line
 from transformer_lab.results.run_directory import SUMMARY_COLUMNS, RunDirectory
-from transformer_lab.routines import JobInputs
+from transformer_lab.routines import JobInputs, get_routine
+from transformer_lab.routines.objective import objective_value
+from transformer_lab.training.threads import torch_threads
 
 
 def summary_row(cfg: DictConfig, **numbers: Any) -> dict[str, Any]:
     """The component choices and sizes of ``cfg`` plus the routine's numbers."""
     m = cfg.model
-    row = {
+    return {
         "routine": cfg.routine.name, "arch": "decoder" if cfg.arch.causal else "encoder",
         "pe": cfg.pe.get("name"), "norm": cfg.block.get("name"),
         "norm_layer": cfg.norm_layer.get("name"), "activation": cfg.ffn.get("name"),
         "d_model": m.d_model, "n_heads": m.n_heads, "n_layers": m.n_layers, "d_ff": m.d_ff,
         "seq_len": cfg.task.get("seq_len"), "vocab_size": m.vocab_size, "seed": cfg.seed,
+        **numbers,
     }
-    row.update(numbers)
-    return row
 
 
 def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> int:
     """Run ``cfg.routine.name`` in ``run_dir``; the exit code. ``inputs``: what the pre-flight
     built (a single run); without them (a sweep's job) the pre-flight runs here."""
     from transformer_lab.app.preflight import preflight
-    from transformer_lab.routines import get_routine
-    from transformer_lab.routines.objective import objective_value
-    from transformer_lab.training.threads import torch_threads
 
     try:
         run = RunDirectory.create(run_dir, cfg)
@@ -74,35 +72,30 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
         status, error = "interrupted", str(exc) or "interrupted by the user"
         code = getattr(exc, "exit_code", EXIT_INTERRUPTED)
         raise
-    except OSError as exc:  # disk full, an I/O error: the reason, not a traceback
-        if os.environ.get("HYDRA_FULL_ERROR") == "1":
-            raise
-        error = f"I/O error: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename
-                                                       else "")
-        print_error(f"{error}; rows written so far are kept in {run.path}")
     except Exception as exc:
         if os.environ.get("HYDRA_FULL_ERROR") == "1":
             raise
-        error = f"{type(exc).__name__}: {exc}"
-        print_error(f"{error} (set HYDRA_FULL_ERROR=1 for the traceback)")
+        if isinstance(exc, OSError):  # disk full, an I/O error: the reason, not a traceback
+            error = f"I/O error: {exc.strerror or exc}" + (f" ({exc.filename})" if exc.filename
+                                                           else "")
+            print_error(f"{error}; rows written so far are kept in {run.path}")
+        else:
+            error = f"{type(exc).__name__}: {exc}"
+            print_error(f"{error} (set HYDRA_FULL_ERROR=1 for the traceback)")
     finally:
         _record(run, cfg, numbers, status, error, code)
-        if status != "interrupted":
+        if status != "interrupted":  # the routine's counts, else summary.csv's final numbers
+            result = result or [f"{label} {float(numbers[key]):.4g}"
+                                for key, label in FINAL_NUMBERS.items()
+                                if isinstance(numbers.get(key), int | float)]
             print_final_line(str(cfg.routine.name).replace("_", "-"), FINAL_STATUS[status],
-                             result or final_numbers(numbers), time.perf_counter() - started)
+                             result, time.perf_counter() - started)
     return code
 
 
 FINAL_STATUS = {"passed": "PASS", "failed": "FAIL", "diverged": "DIVERGED", "error": "ERROR"}
-# summary.csv numbers a final line names when the routine gives no counts (train, compare)
 FINAL_NUMBERS = {"final_loss": "held-out loss", "final_ppl": "ppl",
                  "final_exact_match": "exact match"}
-
-
-def final_numbers(numbers: dict[str, Any]) -> list[str]:
-    """``{"final_loss": 1.2345, ...}`` -> ``["held-out loss 1.234", ...]``."""
-    return [f"{label} {float(numbers[key]):.4g}" for key, label in FINAL_NUMBERS.items()
-            if isinstance(numbers.get(key), int | float)]
 
 
 def _record(run: RunDirectory, cfg: DictConfig, numbers: dict[str, Any], status: str,

@@ -40,33 +40,6 @@ def job_dirs(sweep_dir: Path) -> list[Path]:
                    and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
 
 
-def _wait_while_running(job_dir: Path, poll_s: float = 0.2) -> dict:
-    """``run.json`` of ``job_dir`` once its process (on this host) has finished or is gone."""
-    here = socket.gethostname()
-    while (info := read_json(job_dir / "run.json")).get("status") == "running" \
-            and info.get("host", here) == here and process_alive(info.get("pid")):
-        time.sleep(poll_s)
-    return info
-
-
-def _has_row(job_dir: Path, rows: dict[str, dict[str, str]]) -> bool:
-    """Whether ``sweep.csv`` has the row of the job's latest attempt."""
-    row = rows.get(job_dir.name)
-    return row is not None and row.get("attempt") == str(previous_attempts(job_dir) + 1)
-
-
-def _add_missing_row(sweep_dir: Path, job_dir: Path, rows: dict[str, dict[str, str]]) -> None:
-    """The ``sweep.csv`` row of the job's latest attempt, if its worker died before writing it."""
-    if _has_row(job_dir, rows):
-        return
-    attempt = previous_attempts(job_dir) + 1
-    overrides_file = job_dir / ".hydra" / "overrides.yaml"
-    overrides = [str(o) for o in OmegaConf.load(overrides_file)] if overrides_file.exists() else []
-    code = read_json(job_dir / "run.json").get("exit_code", 1)
-    append_row(sweep_dir / SWEEP_FILE, job_row(job_dir.name, attempt, overrides, job_dir,
-                                               code if isinstance(code, int) else 1))
-
-
 def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[str]]:
     """After the launcher's pool broke: the jobs whose worker died, and the jobs it stopped
     (recorded ``error``, to run again); every job left with a final status and a row."""
@@ -74,14 +47,25 @@ def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[
     reason = (f"stopped when a worker process of the launcher died ({type(cause).__name__}); "
               "run again in the same sweep")
     rows = latest_rows(sweep_dir)
+    here = socket.gethostname()
     for job_dir in job_dirs(sweep_dir):
-        info = _wait_while_running(job_dir)
+        while (info := read_json(job_dir / "run.json")).get("status") == "running" \
+                and info.get("host", here) == here and process_alive(info.get("pid")):
+            time.sleep(0.2)  # until its process (on this host) has finished or is gone
+        attempt = previous_attempts(job_dir) + 1
+        has_row = rows.get(job_dir.name, {}).get("attempt") == str(attempt)
         if info.get("status") == "running":
             record_job_error(job_dir, reason, int(info.get("pid") or 0), **{POOL_STOPPED: True})
             stopped.append(job_dir.name)
-        elif WORKER_DIED in info and not _has_row(job_dir, rows):
+        elif WORKER_DIED in info and not has_row:
             lost.append(job_dir.name)
-        _add_missing_row(sweep_dir, job_dir, rows)
+        if not has_row:  # its worker died before writing it
+            overrides_file = job_dir / ".hydra" / "overrides.yaml"
+            overrides = [str(o) for o in OmegaConf.load(overrides_file)] \
+                if overrides_file.exists() else []
+            code = read_json(job_dir / "run.json").get("exit_code", 1)
+            append_row(sweep_dir / SWEEP_FILE, job_row(job_dir.name, attempt, overrides, job_dir,
+                                                       code if isinstance(code, int) else 1))
     return lost, stopped
 
 

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.errors import ConfigError
+from transformer_lab.measures.parameters import layer_activation_terms, parameter_breakdown
 from transformer_lab.routines import workload
+from transformer_lab.training.distributed import resolve_device
 
 BYTES_PER_PARAMETER = 16
 OBJECT_BYTES_PER_MODEL = 256 * 1024
@@ -38,30 +42,19 @@ def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
 
 def _parameters(cfg: DictConfig) -> int:
     """The model's parameters by formula; a rough count where a component declares none."""
-    from transformer_lab.measures.parameters import parameter_breakdown
-
     try:
-        total = parameter_breakdown(cfg)["total"]
+        return int(parameter_breakdown(cfg)["total"])
     except Exception:  # a user's own component that declares nothing usable
-        total = None
-    if total is not None:
-        return int(total)
-    m = cfg.model
-    return int(m.n_layers * (4 * m.d_model**2 + 3 * m.d_model * m.d_ff)
-               + 2 * m.vocab_size * m.d_model)
+        m = cfg.model
+        return int(m.n_layers * (4 * m.d_model**2 + 3 * m.d_model * m.d_ff)
+                   + 2 * m.vocab_size * m.d_model)
 
 
 def _layer_bytes(cfg: DictConfig, batch: int, seq_len: int) -> int:
-    from transformer_lab.measures.parameters import layer_activation_terms
-
     try:
-        terms = layer_activation_terms(cfg, batch, seq_len, 4)
-    except Exception:
-        terms = None
-    if terms is None:
-        d, f = cfg.model.d_model, cfg.model.d_ff
-        return batch * seq_len * 4 * (9 * d + 3 * f)
-    return int(sum(terms.values()))
+        return int(sum(layer_activation_terms(cfg, batch, seq_len, 4).values()))
+    except Exception:  # none declared (None), or not computable
+        return batch * seq_len * 4 * (9 * cfg.model.d_model + 3 * cfg.model.d_ff)
 
 
 def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:
@@ -100,15 +93,11 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
     on a CPU) finish in minutes; unless ``force`` is true."""
     if _get(cfg, "force", False) is True:
         return
-    from transformer_lab.training.distributed import resolve_device
-
     device = str(resolve_device(_get(cfg, "train.device", "cpu")))  # auto: cuda or cpu
     if device == "cpu" and _get(cfg, "routine.name") in CHECK_ROUTINES:
         check_attention_work(cfg, task)
     parts = estimate(cfg, task)
     if device.startswith("cuda"):
-        import torch
-
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         where, available = f"free on {device}", int(free)
     else:
@@ -145,8 +134,6 @@ def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
 def check_attention_work(cfg: DictConfig, task: Any) -> None:
     """``ConfigError`` naming the largest ``--seq-len`` when a step or the held-out evaluation
     attends over more than ``CPU_CHECK_ATTENTION_PAIRS`` query-key pairs."""
-    import math
-
     load = workload(cfg, task)
     eval_size = int(_get(cfg, "task.eval_size", load.batch))
     key, sequences = max((("train.batch_size", load.batch), ("task.eval_size", eval_size)),

@@ -10,11 +10,14 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab.app.arguments import split_arguments
 from transformer_lab.app.isolation import LAUNCHER_ENV
 from transformer_lab.app.search import STUDY_CALLBACK
 from transformer_lab.app.sweeps import RESUME_ENV, quote_value
+from transformer_lab.config.registry import TRUST_HINT, code_trusted
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.run_directory import CHECKPOINT_FILE, read_json
+from transformer_lab.results.tracking import flatten
 
 # Overrides a resumed run may add to the recorded ones: they change no number (--quiet, --force).
 HARMLESS_ON_RESUME = ("logger.progress", "force")
@@ -25,20 +28,17 @@ FINISHED_STATUS = "passed"  # a finished run goes on only to more steps (train.s
 
 def pop_resume(args: list[str]) -> tuple[list[str], Path | None]:
     """Take ``--resume DIR`` / ``--resume=DIR`` out of the arguments."""
-    rest, resume, i = [], None, 0
-    while i < len(args):
-        arg = args[i]
+    rest, resume, given = [], None, iter(args)
+    for arg in given:
         if arg == "--resume":
-            if i + 1 >= len(args):
+            if (value := next(given, None)) is None:
                 raise ConfigError("--resume needs a sweep directory or a run directory, e.g. "
                                   "--resume outputs/multirun/smoke/2026-01-01_12-00-00-000000")
-            resume, i = Path(args[i + 1]), i + 2
-            continue
-        if arg.startswith("--resume="):
+            resume = Path(value)
+        elif arg.startswith("--resume="):
             resume = Path(arg.split("=", 1)[1])
         else:
             rest.append(arg)
-        i += 1
     return rest, resume
 
 
@@ -66,8 +66,6 @@ _RECORDED_HYDRA = {"hydra.launcher.": re.compile(r"[\w.\-]*"),
 
 def check_recorded(overrides: list[str], source: Path) -> None:
     """``ConfigError`` for a recorded override that could run code, unless ``--trust-code``."""
-    from transformer_lab.config.registry import TRUST_HINT, code_trusted
-
     if code_trusted():
         return
     for override in overrides:
@@ -78,7 +76,7 @@ def check_recorded(overrides: list[str], source: Path) -> None:
             raise ConfigError(f"--resume: {source} records '{override}', which names code "
                               f"({code}); {TRUST_HINT}")
         if _is_hydra_override(override) and key not in ("hydra/launcher", "hydra/sweeper") \
-                and key not in _DROPPED_ON_RESUME and not any(
+                and not any(
                     key.startswith(prefix) and pattern.fullmatch(value)
                     for prefix, pattern in _RECORDED_HYDRA.items()):
             raise ConfigError(f"--resume: {source} records the Hydra setting '{override}'; "
@@ -86,21 +84,37 @@ def check_recorded(overrides: list[str], source: Path) -> None:
                               "with --trust-code")
 
 
-def read_yaml(path: Path) -> Any:
-    """A YAML file of a run or sweep directory as plain data (no interpolation resolved)."""
-    return OmegaConf.to_container(OmegaConf.load(path))
+def read_overrides(path: Path, error: str, part: str = "") -> list[str]:
+    """The overrides recorded in ``path`` (``multirun.yaml``: its ``hydra.overrides.<part>``),
+    tlab's own left out, checked to name no code; ``ConfigError(error)`` if unreadable."""
+    try:
+        recorded: Any = OmegaConf.to_container(OmegaConf.load(path))
+        if part:
+            recorded = recorded["hydra"]["overrides"][part]
+        overrides = [str(o) for o in recorded if _key(str(o)) not in _DROPPED_ON_RESUME]
+    except Exception as exc:
+        raise ConfigError(f"{error} ({type(exc).__name__})") from None
+    check_recorded(overrides, path)
+    return overrides
 
 
-def is_run_directory(path: Path) -> bool:
-    """True for a single run's directory (``run.json``, no ``multirun.yaml``)."""
-    return (path / "run.json").is_file() and not (path / "multirun.yaml").exists()
+def _refuse_others(directory: Path, kind: str, overrides: list[str], recorded: list[str],
+                   allowed: list[str], hint: str = "") -> None:
+    """``ConfigError`` for an override that names the directory, or is neither ``recorded``
+    nor ``allowed``."""
+    for override in overrides:
+        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
+            raise ConfigError(f"--resume {directory} already names the {kind} directory; drop "
+                              f"'{override}' (or --out)")
+    if foreign := [o for o in overrides if o not in recorded + allowed]:
+        raise ConfigError(f"--resume {directory}: {' '.join(foreign)} is not part of the {kind} "
+                          f"recorded there ({' '.join(recorded)}); give the same overrides or "
+                          f"none{hint}")
 
 
 def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that run the sweep recorded in ``sweep_dir`` again, into it; ``args``
     may repeat recorded overrides and change Hydra settings, nothing else."""
-    from transformer_lab.app.arguments import split_arguments
-
     recorded_file = sweep_dir / "multirun.yaml"
     if not sweep_dir.is_dir():
         raise ConfigError(f"--resume {sweep_dir}: no such directory")
@@ -108,32 +122,16 @@ def resume_arguments(sweep_dir: Path, args: list[str]) -> list[str]:
         raise ConfigError(f"--resume {sweep_dir}: no multirun.yaml there, so it is not a sweep "
                           "directory (resume the folder that holds sweep.csv and the job "
                           "folders), and no run.json: not a run directory either")
-    try:
-        recorded = read_yaml(recorded_file)["hydra"]["overrides"]
-        recorded_task = [str(o) for o in recorded["task"]]
-        recorded_hydra = [str(o) for o in recorded["hydra"]  # tlab's own ones are added anew
-                          if _key(str(o)) not in _DROPPED_ON_RESUME]
-    except Exception as exc:
-        raise ConfigError(f"--resume {sweep_dir}: multirun.yaml is unreadable "
-                          f"({type(exc).__name__})") from None
-    check_recorded([*recorded_task, *recorded_hydra], recorded_file)
+    unreadable = f"--resume {sweep_dir}: multirun.yaml is unreadable"
+    recorded_task = read_overrides(recorded_file, unreadable, "task")
+    recorded_hydra = read_overrides(recorded_file, unreadable, "hydra")  # tlab's: added anew
     flags, overrides = split_arguments(args)
-    user_task = [o for o in overrides if not _is_hydra_override(o)]
     user_hydra = [o for o in overrides if _is_hydra_override(o)]
-    foreign = [o for o in user_task if o not in recorded_task]
-    if foreign:
-        raise ConfigError(f"--resume {sweep_dir}: {' '.join(foreign)} is not part of the sweep "
-                          f"recorded there ({' '.join(recorded_task)}); give the same overrides "
-                          "or none")
-    for override in user_hydra:
-        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
-            raise ConfigError(f"--resume {sweep_dir} already names the sweep directory; drop "
-                              f"'{override}' (or --out)")
+    _refuse_others(sweep_dir, "sweep", overrides, recorded_task, user_hydra)
     # a launcher (sweeper) chosen now replaces the recorded one and the settings made for it
     replaced = tuple(f"hydra.{_key(o).split('/', 1)[1]}." for o in user_hydra
                      if _key(o) in ("hydra/launcher", "hydra/sweeper"))
-    hydra_overrides = {_key(o): o for o in recorded_hydra
-                       if _key(o) not in _DROPPED_ON_RESUME and not _key(o).startswith(replaced)}
+    hydra_overrides = {_key(o): o for o in recorded_hydra if not _key(o).startswith(replaced)}
     hydra_overrides.update({_key(o): o for o in user_hydra})
     flags = [f for f in flags if f not in ("-m", "--multirun")]
     return ["--multirun", *flags, *recorded_task, *hydra_overrides.values(),
@@ -155,8 +153,6 @@ def keep_multirun_yaml(sweep_dir: Path) -> None:
 def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
     """The Hydra arguments that go on with the run recorded in ``run_dir`` from its checkpoint;
     ``args`` may add only ``HARMLESS_ON_RESUME`` overrides and ``train.steps=N``."""
-    from transformer_lab.app.arguments import split_arguments
-
     info = read_json(run_dir / "run.json")
     status = info.get("status")
     if not (run_dir / CHECKPOINT_FILE).is_file():
@@ -167,43 +163,26 @@ def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
                           "SIGTERM, and every N steps with train.checkpoint_every=N")
     flags, overrides = split_arguments(args)
     steps = [o for o in overrides if _key(o) == "train.steps"]
-    if status not in (*RESUMABLE_STATUSES, FINISHED_STATUS) or \
-            (status == FINISHED_STATUS and not steps):
-        raise ConfigError(_not_resumable(run_dir, status, info.get("error")))
+    if status not in (*RESUMABLE_STATUSES, FINISHED_STATUS):
+        raise ConfigError(f"--resume {run_dir}: the run there ended with status {status} "
+                          f"({info.get('error') or 'no error'}); resuming would end the same way")
+    if status == FINISHED_STATUS and not steps:
+        done = _kept_steps(_checkpoint(run_dir))
+        raise ConfigError(f"--resume {run_dir}: the run there finished its {done} steps (status "
+                          f"{status}); to train it further give more steps: tlab train --resume "
+                          f"{run_dir} train.steps={2 * done}")
     if steps:
         check_extension(run_dir, steps[-1])
-    try:
-        recorded = [str(o) for o in read_yaml(run_dir / ".hydra" / "overrides.yaml")]
-    except Exception as exc:
-        raise ConfigError(f"--resume {run_dir}: its .hydra/overrides.yaml is missing or "
-                          f"unreadable ({type(exc).__name__})") from None
-    check_recorded(recorded, run_dir / ".hydra" / "overrides.yaml")
+    recorded = read_overrides(run_dir / ".hydra" / "overrides.yaml", f"--resume {run_dir}: its "
+                              ".hydra/overrides.yaml is missing or unreadable")
     if any(flag in ("-m", "--multirun") for flag in flags):
         raise ConfigError(f"--resume {run_dir} goes on with one run; drop -m/--multirun")
-    for override in overrides:
-        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
-            raise ConfigError(f"--resume {run_dir} already names the run directory; drop "
-                              f"'{override}' (or --out)")
     harmless = [o for o in overrides if _key(o) in HARMLESS_ON_RESUME] + steps[-1:]
-    foreign = [o for o in overrides if o not in recorded and o not in harmless and o not in steps]
-    if foreign:
-        raise ConfigError(f"--resume {run_dir}: {' '.join(foreign)} is not part of the run "
-                          f"recorded there ({' '.join(recorded)}); give the same overrides or "
-                          "none (and train.steps=N to train it to N steps)")
+    _refuse_others(run_dir, "run", overrides, recorded, harmless + steps,
+                   " (and train.steps=N to train it to N steps)")
     if steps:  # the new length replaces the recorded one
         recorded = [o for o in recorded if _key(o) != "train.steps"]
     return [*flags, *recorded, *harmless, f"hydra.run.dir={quote_value(str(run_dir))}"]
-
-
-def _not_resumable(run_dir: Path, status: str | None, error: str | None) -> str:
-    """Why a run that ended cannot go on as it is (and, for a finished one, how to extend it)."""
-    if status != FINISHED_STATUS:
-        return (f"--resume {run_dir}: the run there ended with status {status} "
-                f"({error or 'no error'}); resuming would end the same way")
-    steps = _kept_steps(_checkpoint(run_dir))
-    return (f"--resume {run_dir}: the run there finished its {steps} steps (status {status}); "
-            f"to train it further give more steps: tlab train --resume {run_dir} "
-            f"train.steps={2 * steps}")
 
 
 def _checkpoint(run_dir: Path) -> dict[str, Any]:
@@ -237,7 +216,6 @@ def check_extension(run_dir: Path, override: str) -> None:
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     """``ConfigError`` naming the first key of ``cfg`` that differs from the config of
     ``run_dir``'s checkpoint."""
-    from transformer_lab.results.tracking import flatten
     from transformer_lab.training.checkpoint import config_yaml
 
     then = flatten(OmegaConf.to_container(OmegaConf.create(_checkpoint(run_dir)["config"])))

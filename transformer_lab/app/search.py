@@ -11,11 +11,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf, read_write
 
+from transformer_lab.app.sweeps import quote_value
 from transformer_lab.results.run_directory import read_json
 from transformer_lab.results.search_report import STUDY_FILE, STUDY_NAME
 from transformer_lab.routines.objective import require_objective
-
-__all__ = ["require_objective", "sweeper_overrides", "trial_value", "uses_optuna"]
 
 LAUNCH_FILE = "search.json"  # in the sweep directory: the first job number of this launch
 STUDY_CALLBACK = "hydra.callbacks.tlab_study._target_"  # the override that adds ContinuedStudy
@@ -27,18 +26,13 @@ def uses_optuna(overrides: list[str]) -> bool:
                for o in overrides)
 
 
-def study_storage(sweep_dir: Path) -> str:
-    return f"sqlite:///{sweep_dir.resolve() / STUDY_FILE}"
-
-
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
     """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search and the callback that
     continues a stored study; the sweep directory is created for the study file."""
-    from transformer_lab.app.sweeps import quote_value
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
     sweep_dir.mkdir(parents=True, exist_ok=True)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
-    wanted = {"hydra.sweeper.storage": quote_value(study_storage(sweep_dir)),
+    wanted = {"hydra.sweeper.storage": quote_value(f"sqlite:///{sweep_dir.resolve() / STUDY_FILE}"),
               "hydra.sweeper.study_name": STUDY_NAME,
               "hydra.sweeper.direction": objective.direction,
               "hydra.sweeper.max_failure_rate": "1.0",

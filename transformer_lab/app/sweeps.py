@@ -5,25 +5,29 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import os
 import re
 import shutil
 import socket
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
+from rich.table import Table
 
-from transformer_lab.app.isolation import (
-    POOL_STOPPED,
-    run_isolated,
-    save_hydra_files,
-)
+from transformer_lab.app.isolation import POOL_STOPPED, run_isolated, save_hydra_files
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_OK
-from transformer_lab.results.run_directory import NUMBER_COLUMNS, is_failed_attempt_dir, read_json
+from transformer_lab.results.console import console, print_error
+from transformer_lab.results.run_directory import (
+    NUMBER_COLUMNS,
+    holds_run,
+    is_failed_attempt_dir,
+    read_json,
+)
 
 try:  # POSIX; elsewhere one O_APPEND write of a whole line is the only guard
     import fcntl
@@ -35,22 +39,17 @@ RESUME_ENV = "TLAB_RESUME"  # set in the jobs of a --resume sweep through hydra.
 RETRY = "retry"  # RESUME_ENV in a relaunch after a dead worker: only unfinished jobs run
 SWEEP_COLUMNS = ["job", "attempt", "status", "exit_code", "overrides", *NUMBER_COLUMNS,
                  "error", "run_dir", "host", "end_time"]
-_STATUS_CODES = {"passed": EXIT_OK, "failed": EXIT_FAILED, "diverged": EXIT_FAILED,
-                 "error": EXIT_FAILED, "interrupted": EXIT_INTERRUPTED,
-                 "running": EXIT_FAILED}
+_STATUS_CODES = {"passed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}  # else EXIT_FAILED
 
 # --- the job side ---------------------------------------------------------------------------
 
+
 def recorded_status(run_dir: Path) -> str | None:
     """Status in ``run_dir/run.json``; ``None`` if no run is there; ``"unreadable"`` if broken."""
-    from transformer_lab.results.run_directory import holds_run
-
     if not holds_run(run_dir):
         return None
-    try:
-        return str(json.loads((run_dir / "run.json").read_text())["status"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return "unreadable"
+    status = read_json(run_dir / "run.json").get("status")
+    return "unreadable" if status is None else str(status)
 
 
 def move_aside(run_dir: Path) -> Path:
@@ -66,11 +65,6 @@ def move_aside(run_dir: Path) -> Path:
         else:
             entry.rename(target / entry.name)
     return target
-
-
-def stopped_with_pool(run_dir: Path) -> bool:
-    """Whether the run was stopped when a launcher's pool broke (``app.recovery``)."""
-    return bool(read_json(run_dir / "run.json").get(POOL_STOPPED))
 
 
 def previous_attempts(run_dir: Path) -> int:
@@ -107,7 +101,7 @@ def append_row(sweep_csv: Path, row: dict[str, Any]) -> None:
     fd = os.open(sweep_csv, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
         if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fcntl.flock(fd, fcntl.LOCK_EX)  # released when fd is closed
         buffer = io.StringIO()
         writer = csv.DictWriter(buffer, fieldnames=SWEEP_COLUMNS, extrasaction="ignore",
                                 lineterminator="\n")
@@ -116,26 +110,20 @@ def append_row(sweep_csv: Path, row: dict[str, Any]) -> None:
         writer.writerow({k: "" if row.get(k) is None else row.get(k) for k in SWEEP_COLUMNS})
         os.write(fd, buffer.getvalue().encode("utf-8"))
     finally:
-        if fcntl is not None:
-            fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
 def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -> int:
     """Run one job of a sweep (inside the Hydra job): resume logic, then ``sweep.csv``."""
-    from hydra.core.hydra_config import HydraConfig
-
-    from transformer_lab.results.console import console
-
     hydra_cfg = HydraConfig.get()
     run_dir = Path(hydra_cfg.runtime.output_dir)
-    sweep_dir = Path(str(hydra_cfg.sweep.dir)).resolve()
     overrides = list(hydra_cfg.overrides.task)
     job = run_dir.name  # its number: hydra.sweep.subdir (after earlier launches of a search)
     mode = os.environ.get(RESUME_ENV)
     if mode in ("1", RETRY):
         previous = recorded_status(run_dir)
-        if mode == RETRY and previous is not None and not stopped_with_pool(run_dir):
+        if mode == RETRY and previous is not None and \
+                not read_json(run_dir / "run.json").get(POOL_STOPPED):
             return EXIT_OK  # finished in this sweep's earlier launch (app.recovery)
         if previous == "passed":
             console.print(f"job {job} ({' '.join(overrides)}) passed in an earlier attempt: "
@@ -149,73 +137,58 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
     attempt = previous_attempts(run_dir) + 1
     code = run_isolated(execute, cfg, run_dir)
     try:
-        append_row(sweep_dir / SWEEP_FILE, job_row(job, attempt, overrides, run_dir, code))
+        append_row(Path(str(hydra_cfg.sweep.dir)).resolve() / SWEEP_FILE,
+                   job_row(job, attempt, overrides, run_dir, code))
     except OSError as exc:
-        from transformer_lab.results.console import print_error
-
         print_error(f"job {job}: its sweep.csv row could not be written ({exc.strerror or exc})")
     return code
 
 
 # --- the launching side ---------------------------------------------------------------------
 
-def read_sweep_csv(sweep_dir: Path) -> list[dict[str, str]]:
-    """Rows of ``sweep.csv`` (empty if missing or unreadable)."""
-    return [row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")]
-
 
 def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
     """The last recorded row of each job (a resumed job's new attempt replaces the old one)."""
-    return {row["job"]: row for row in read_sweep_csv(sweep_dir)}
+    return {row["job"]: row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")}
 
 
-def _code_of(row: dict[str, str]) -> int:
+def _code_of(exit_code: object, status: str | None) -> int:
     try:
-        return int(row.get("exit_code", ""))
+        return int(str(exit_code))
     except ValueError:
-        return _STATUS_CODES.get(row.get("status", ""), EXIT_FAILED)
+        return _STATUS_CODES.get(status or "", EXIT_FAILED)
 
 
 def sweep_exit_code(sweep_dir: Path) -> int:
     """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
-    codes = [_code_of(row) for row in rows.values()]
+    codes = [_code_of(row.get("exit_code", ""), row.get("status")) for row in rows.values()]
     for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
         if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir) \
                 and (status := recorded_status(job_dir)) is not None:  # killed before its row
-            code = read_json(job_dir / "run.json").get("exit_code")
-            codes.append(_code_of({"exit_code": str(code), "status": status}))
+            codes.append(_code_of(read_json(job_dir / "run.json").get("exit_code"), status))
     return max(codes, default=EXIT_OK)
 
 
 def print_sweep_summary(sweep_dir: Path, max_rows: int = 30) -> None:
     """A rich table of the sweep's jobs (latest attempt each), or counts and failures if big."""
-    from rich.table import Table
-
-    from transformer_lab.results.console import console
-
     rows = sorted(latest_rows(sweep_dir).values(),
                   key=lambda r: int(r["job"]) if r["job"].isdigit() else 10**9)
     if not rows:
         return
-    counts: dict[str, int] = {}
-    for row in rows:
-        counts[row["status"]] = counts.get(row["status"], 0) + 1
+    counts = Counter(row["status"] for row in rows)
     shown = rows if len(rows) <= max_rows else [r for r in rows if r["status"] != "passed"]
     table = Table(title=f"sweep {sweep_dir}: " + ", ".join(f"{n} {s}" for s, n in counts.items()))
     for column in ("job", "overrides", "status", "final_loss", "best_exact_match", "error"):
         table.add_column(column, overflow="fold")
-    colours = {"passed": "green"}
     for row in shown[:max_rows]:
-        colour = colours.get(row["status"], "bold red")
+        colour = "green" if row["status"] == "passed" else "bold red"
         table.add_row(row["job"], row["overrides"], f"[{colour}]{row['status']}[/]",
                       row.get("final_loss", ""), row.get("best_exact_match", ""),
                       (row.get("error") or "")[:120])
     console.print(table)
     console.print(f"sweep.csv: {sweep_dir / SWEEP_FILE}  (tlab report {sweep_dir})")
 
-
-# --- a value in an override -----------------------------------------------------------------
 
 def quote_value(value: str) -> str:
     """A path as a Hydra override value (quoted when it has characters the grammar reserves)."""

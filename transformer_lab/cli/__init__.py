@@ -1,5 +1,5 @@
-"""The ``tlab`` command line (Typer), one module per command: options become Hydra overrides
-for the app (``docs/cli.md``)."""
+"""The ``tlab`` command line (Typer): options become Hydra overrides for the app
+(``docs/cli.md``)."""
 
 from __future__ import annotations
 
@@ -7,20 +7,11 @@ from typing import Annotated
 
 import typer
 
-from transformer_lab.cli import extrapolate, listing, run, smoke
-from transformer_lab.cli import report as report_command
-from transformer_lab.cli.budget import budget as budget_command
-from transformer_lab.cli.check import check as check_command
-from transformer_lab.cli.common import pass_hydra_flags, use_app
-from transformer_lab.cli.compare import compare
-from transformer_lab.cli.compare_activations import compare_activations
-from transformer_lab.cli.export import export as export_command
-from transformer_lab.cli.mutants import mutants as mutants_command
-from transformer_lab.cli.plot_pe import plot_pe as plot_pe_command
-from transformer_lab.cli.reverse_task import reverse_task
-from transformer_lab.cli.sample import sample as sample_command
-from transformer_lab.cli.train import train
-from transformer_lab.cli.validate import validate
+from transformer_lab.cli.commands import run
+from transformer_lab.cli.common import COMMANDS
+from transformer_lab.cli.listing import list_choices
+from transformer_lab.cli.report import report
+from transformer_lab.cli.trained import export, sample
 
 app = typer.Typer(
     name="tlab",
@@ -34,7 +25,7 @@ app = typer.Typer(
 )
 
 
-def versions_line() -> str:
+def _print_version(value: bool) -> None:
     """``tlab X, torch Y, hydra Z, python W`` from the installed metadata (imports no torch)."""
     import platform
     from importlib import metadata
@@ -45,13 +36,9 @@ def versions_line() -> str:
         except metadata.PackageNotFoundError:
             return "not installed"
 
-    return (f"tlab {version('transformer_lab')}, torch {version('torch')}, hydra "
-            f"{version('hydra-core')}, python {platform.python_version()}")
-
-
-def _print_version(value: bool) -> None:
     if value:
-        typer.echo(versions_line())
+        typer.echo(f"tlab {version('transformer_lab')}, torch {version('torch')}, hydra "
+                   f"{version('hydra-core')}, python {platform.python_version()}")
         raise typer.Exit(0)
 
 
@@ -64,22 +51,14 @@ def main_options(
     """Global options (--version); the help text is the Typer app's."""
 
 
-app.command("train")(train)
-app.command("sample")(sample_command)
-app.command("export")(export_command)
-app.command("smoke")(smoke.smoke)
-app.command("run", context_settings=run.CONTEXT)(run.run)
-app.command("list")(listing.list_choices)
-app.command("report")(report_command.report)
-app.command("extrapolate")(extrapolate.extrapolate)
-app.command("budget")(budget_command)
-app.command("check")(check_command)
-app.command("plot-pe")(plot_pe_command)
-app.command("reverse-task")(reverse_task)
-app.command("compare")(compare)
-app.command("compare-activations")(compare_activations)
-app.command("validate")(validate)
-app.command("mutants")(mutants_command)
-pass_hydra_flags(app)  # after every app.command: --cfg job, --info ... on each command
-use_app(app)  # unknown options are checked against these commands' own
-
+OTHER_COMMANDS = {"sample": sample, "export": export, "run": run, "list": list_choices,
+                  "report": report}
+for name in ("train", "sample", "export", "smoke", "run", "list", "report", "extrapolate",
+             "budget", "check", "plot-pe", "reverse-task", "compare", "compare-activations",
+             "validate", "mutants"):  # the order of tlab --help
+    # Hydra's flags (--cfg job, --info, ...) reach a command's overrides as unknown options.
+    context = {"ignore_unknown_options": True} if name in COMMANDS else None
+    if name == "run":
+        context = {"allow_extra_args": True, "ignore_unknown_options": True,
+                   "help_option_names": []}
+    app.command(name, context_settings=context)(COMMANDS.get(name) or OTHER_COMMANDS[name])

@@ -11,6 +11,7 @@ from transformer_lab.cli.common import ConfigDir, usage_errors
 def list_choices(config_dir: ConfigDir = None) -> None:
     """Print every available choice of every config group, your own config tree's
     (--config-dir) included, then the choices each command runs with by default."""
+    from rich import box
     from rich.table import Table
 
     from transformer_lab.app.arguments import user_config_dirs_of
@@ -32,7 +33,18 @@ def list_choices(config_dir: ConfigDir = None) -> None:
     for group in GROUPS:
         table.add_row(group, ", ".join(group_choices(group, user_dirs)))
     print_table(table)
-    print_table(defaults_table(command_defaults()))
+    defaults = command_defaults()  # a column per group whose default differs between commands
+    first = next(iter(defaults.values()))
+    varying = [g for g in first if len({d.get(g) for d in defaults.values()}) > 1]
+    shared = " ".join(f"{g}={first[g]}" for g in first if g not in varying)
+    table = Table(title="each command's defaults (tlab run: validate's)",
+                  caption=f"every command: {shared}", box=box.SIMPLE_HEAD, show_edge=False,
+                  padding=(0, 1, 0, 0))
+    for column in ["command", *varying]:
+        table.add_column(column, no_wrap=True)
+    for command, choices in defaults.items():
+        table.add_row(command, *(choices[g] for g in varying))
+    print_table(table)
 
 
 def command_defaults() -> dict[str, dict[str, str]]:
@@ -69,23 +81,3 @@ def command_defaults() -> dict[str, dict[str, str]]:
 
     return {path.stem.replace("_", "-"): apply(path.stem, dict(top))
             for path in sorted((CONFIG_DIR / "experiment").glob("*.yaml"))}
-
-
-def defaults_table(defaults: dict[str, dict[str, str]]):
-    """A column per group whose default differs between commands; the shared ones in the
-    caption."""
-    from rich import box
-    from rich.table import Table
-
-    first = next(iter(defaults.values()))
-    varying = [g for g in first if len({d.get(g) for d in defaults.values()}) > 1]
-    shared = " ".join(f"{g}={first[g]}" for g in first if g not in varying)
-    table = Table(title="each command's defaults (tlab run: validate's)",
-                  caption=f"every command: {shared}", box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=(0, 1, 0, 0))
-    table.add_column("command", no_wrap=True)
-    for group in varying:
-        table.add_column(group, no_wrap=True)
-    for command, choices in defaults.items():
-        table.add_row(command, *(choices[g] for g in varying))
-    return table

@@ -8,6 +8,8 @@ from typing import Annotated
 
 import typer
 
+from transformer_lab.cli.common import usage_errors
+
 
 def report(
     directory: Annotated[Path, typer.Argument(help="A sweep directory or any folder of runs.",
@@ -28,7 +30,6 @@ def report(
     grouped by the swept keys; with a seed key the metric's 95% CI and a verdict against the
     baseline group, paired by seed), report-<metric>.png and report-loss.png; an earlier
     report is never overwritten (the next one is report-2.*)."""
-    from transformer_lab.cli.common import usage_errors
     from transformer_lab.results.console import (
         console,
         print_final_line,
@@ -36,6 +37,7 @@ def report(
         print_warning,
     )
     from transformer_lab.results.report import make_report, rich_table
+    from transformer_lab.results.search_report import write_study_report
     from transformer_lab.results.verdicts import verdict_lines
 
     started = time.perf_counter()
@@ -50,11 +52,8 @@ def report(
     if result.gathered.superseded:
         console.print(f"{result.gathered.superseded} superseded attempt(s) (<job>.failed-<n>) "
                       "not counted")
-    from transformer_lab.results.search_report import write_study_report
-
     trials = write_study_report(directory, out or directory)  # an Optuna search: its trials
-    console.print("wrote " + ", ".join(str(p) for p in [*result.files, *([trials] if trials
-                                                                         else [])]),
-                  soft_wrap=True)  # paths whole
+    written = [*result.files, *([trials] if trials else [])]
+    console.print("wrote " + ", ".join(map(str, written)), soft_wrap=True)  # paths whole
     print_final_line("report", "done", [f"{len(result.gathered.runs)} runs"],
                      time.perf_counter() - started)

@@ -1,20 +1,34 @@
-"""``tlab sample RUN_DIR``: a trained model's continuations of a prompt (``routines.sample``)."""
+"""The commands that read a trained run's kept weights: ``tlab sample RUN_DIR`` (a model's
+continuations of a prompt, ``routines.sample``) and ``tlab export RUN_DIR --to-hf OUT_DIR`` (a
+Hugging Face checkpoint, ``routines.export``)."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from pathlib import Path
+from typing import Annotated, Any
 
 import typer
 
-from transformer_lab.cli.common import (
-    ModelSeed,
-    RunPath,
-    TrustCode,
-    Variant,
-    other_models,
-    trusted,
-    usage_errors,
-)
+from transformer_lab.cli.common import TrustCode, trusted, usage_errors
+
+RunPath = Annotated[Path, typer.Argument(
+    help="A run directory (tlab train, tlab compare) or one of its weights files.",
+    show_default=False)]
+Variant = Annotated[str | None, typer.Option(
+    "--variant", help="A compared run's model of this variant (default: the first).",
+    show_default=False)]
+ModelSeed = Annotated[int | None, typer.Option(
+    "--model-seed", help="The run's model trained with this seed (default: the first).",
+    show_default=False)]
+
+
+def model_used(result: Any) -> str:
+    """``"RUN/models/rope/seed0.safetensors (rope; 3 other models in the run: --variant,
+    --model-seed)"``: the weights a command read (no other models: no hint)."""
+    others = len(result.models) - 1
+    hint = (f"; {others} other model{'s' if others > 1 else ''} in the run: --variant, "
+            "--model-seed") if others else ""
+    return f"{result.header.path} ({result.header.name}{hint})"
 
 
 def sample(
@@ -61,16 +75,47 @@ def sample(
         settings = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
                                          num_samples)
         result = sample_run(run_dir, prompt, settings, variant, model_seed)
-    choice = other_models(result.models)
     window = result.window
     fed = len(result.prompt) + settings.tokens - 1  # the last token drawn is never fed back
     cropped = "" if window is None or fed <= window else \
         f", context cropped to the model's last {window} tokens (its position table)"
-    err_console.print(f"{result.header.path} ({result.header.name}{choice}): {len(result.prompt)}"
-                      f" prompt tokens, {settings.tokens} new, {settings.describe()}{cropped}",
+    err_console.print(f"{model_used(result)}: {len(result.prompt)} prompt tokens, "
+                      f"{settings.tokens} new, {settings.describe()}{cropped}",
                       markup=False, highlight=False, soft_wrap=True)
     for index, text in enumerate(result.texts):
         if index:
             typer.echo("-" * 15)
         head = typer.style(result.prompt_text + result.joiner, bold=True) if echo else ""
         typer.echo(head + text)
+
+
+def export(
+    run_dir: RunPath,
+    to_hf: Annotated[Path, typer.Option(
+        "--to-hf", help="The folder to write (new or empty): config.json, model.safetensors, "
+        "generation_config.json, the tokenizer's files (and modeling_tlab.py where no "
+        "transformers class computes the run's model).", show_default=False)],
+    variant: Variant = None,
+    model_seed: ModelSeed = None,
+    trust_code: TrustCode = False,
+) -> None:
+    """Write the trained model of RUN_DIR (tlab train, tlab compare) as a Hugging Face causal LM
+    with its tokenizer: AutoModelForCausalLM and AutoTokenizer.from_pretrained(OUT_DIR) load it
+    offline, with the same logits and token ids as tlab: as LLaMA, Mixtral, GPT-2, GPT-NeoX or
+    BLOOM where one of them computes the run's model, else with the run's own code beside the
+    weights (modeling_tlab.py: from_pretrained(OUT_DIR, trust_remote_code=True), no tlab
+    needed). The console says which and why."""
+    from transformer_lab.results.console import console
+    from transformer_lab.routines.export import export_run
+
+    with usage_errors(), trusted(trust_code):  # trusted: a run with your own components
+        result = export_run(run_dir, to_hf, variant, model_seed)
+    tokenizer = f"{result.tokenizer} tokenizer" if result.tokenizer else \
+        "no tokenizer (a synthetic task's tokens are their ids)"
+    route = result.route
+    load = ", trust_remote_code=True" if route.remote_code else ""
+    console.print(f"{model_used(result)} -> {result.out_dir}: "
+                  f"{route.hf_class}, {tokenizer} ({', '.join(result.files)})\n"
+                  f"  why: {route.why}\n"
+                  f"  load: AutoModelForCausalLM.from_pretrained({str(result.out_dir)!r}{load})",
+                  markup=False, highlight=False, soft_wrap=True)
