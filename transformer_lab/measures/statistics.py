@@ -17,6 +17,8 @@ from transformer_lab.measures.power_analysis import fewest_seeds_for_a_verdict, 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from transformer_lab.measures.sequential import SequentialTest
+
 
 def _stats() -> Any:
     """``scipy.stats``, imported on first use (commands comparing nothing do not pay for it)."""
@@ -240,11 +242,13 @@ VERDICT_COLUMNS = ["diff_vs_baseline", "diff_ci_low", "diff_ci_high", "p_value",
 
 def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "final_loss",
                   baseline: str | None = None, alpha: float = 0.05, confidence: float = 0.95,
-                  lower_is_better: bool = True) -> pd.DataFrame:
+                  lower_is_better: bool = True, test: SequentialTest | None = None
+                  ) -> pd.DataFrame:
     """One row per variant (order of first appearance, indexed by ``variant``) from rows of
     (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
     then, paired by seed against ``baseline`` (default: the first variant), the columns
-    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``)."""
+    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``).
+    With the sequential ``test`` of ``--seeds auto``, its verdicts (``sequential_verdicts``)."""
     names = list(dict.fromkeys(runs[variant]))
     if not names:
         raise ValueError("no rows to compare")
@@ -287,7 +291,30 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     for column in ("seeds_needed", "paired_seeds"):  # ints or None (an empty CSV cell)
         table[column] = pd.Series([None if pd.isna(v) else int(v) for v in table[column]],
                                   index=table.index, dtype=object)
+    if test is not None:
+        sequential_verdicts(table, runs.groupby(variant, sort=False).size(), test)
     return table
+
+
+def sequential_verdicts(table: pd.DataFrame, seeds: pd.Series, test: SequentialTest) -> None:
+    """In ``table``, ``test``'s verdict, interval and statistics replace the fixed test's;
+    ``seeds_used`` (else ``seeds``, a variant's count), ``stopped_because`` on every row."""
+    table["e_value"] = table["sequential_design"] = None
+    table["seeds_used"] = [int(seeds[name]) for name in table.index]
+    table["stopped_because"] = ""
+    for name in test.variants:
+        low, high = test.interval(name)
+        dropped = test.dropped[name]
+        values = dict(verdict=test.verdict(name) or NO_DIFFERENCE, diff_ci_low=low,
+                      diff_ci_high=high, **test.statistics(name), sequential_design=test.design,
+                      seeds_used=test.seeds_used(name), stopped_because=test.stopped_because(name),
+                      note=f"seeds auto: {test.design} test, {test.describe(name)} after "
+                           f"{test.seeds_used(name)} paired seeds"
+                           + (f", {dropped} non-finite dropped" if dropped else ""))
+        if values["verdict"] == NO_DIFFERENCE:
+            values["seeds_needed"] = None  # the fixed design's power figure does not apply
+        for column, cell in values.items():
+            table.at[name, column] = cell
 
 
 def has_verdict(row: pd.Series | dict) -> bool:

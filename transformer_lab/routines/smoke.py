@@ -30,7 +30,8 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLo
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
+from transformer_lab.routines.study import study
+from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
@@ -162,7 +163,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                    batches: list[Batch]) -> tuple[list[CheckRow], float]:
     """Step 2: train each seed on its fixed batches (``model`` and ``batches``: the first
     seed's) and check that the loss falls; the rows and seed -> loss after training."""
-    seeds = seed_list(cfg)
+    seeds = study(cfg).seeds
     several = len(seeds) > 1
     settings = train_settings(cfg)
     steps = int(cfg.routine.steps)
