@@ -29,6 +29,7 @@ def _stats() -> Any:
 
 BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
+STOPPED_VERDICT = "verdict"  # a sequential test's stopped_because once it reached a verdict
 EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
 MONTE_CARLO_RESAMPLES = 99_999
 BOOTSTRAP_RESAMPLES = 9_999  # probability of improvement's interval
@@ -96,17 +97,13 @@ class PairedComparison:
     dropped: int = 0
 
 
-def _mean_statistic(x: np.ndarray, axis: int) -> np.ndarray:
-    return np.mean(x, axis=axis)
-
-
 def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0`` (Fisher
     1935): exact, no normality assumed, but never below ``2 / 2^n``. All ``2^n`` flips up to
     :data:`EXACT_UP_TO` seeds, else a Monte Carlo with a fixed ``seed``."""
     n = len(differences)
     resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
-    result = _stats().permutation_test((differences,), _mean_statistic, vectorized=True,
+    result = _stats().permutation_test((differences,), np.mean, vectorized=True,
                                     permutation_type="samples", alternative="two-sided",
                                     n_resamples=resamples, rng=np.random.default_rng(seed))
     return float(result.pvalue)
@@ -367,6 +364,17 @@ def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "fina
         return f"{name}: baseline"
     diff = row["diff_vs_baseline"]
     head = f"{name} vs {baseline}: {value}"
+    if row.get("sequential_design"):  # --seeds auto: the sequential test's interval
+        low, high = sorted((-1.0 if diff < 0 else 1.0) * row[f"diff_ci_{end}"]
+                           for end in ("low", "high"))
+        stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
+        anytime = row.get("e_value") is not None
+        statistic = (f"e-value {row['e_value']:.3g}" if anytime
+                     else f"group-sequential p {row['p_value']:.3g}")
+        return (f"{head} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}, "
+                f"{'anytime' if anytime else 'repeated'} {confidence:.0%} interval {low:.3g} "
+                f"to {high:.3g}, {statistic} after {row['seeds_used']} paired seeds{stopped} "
+                f"-> {row['verdict']}")
     if math.isnan(diff):
         return f"{head}: no paired seeds -> {row['verdict']}"
     sign = -1.0 if diff < 0 else 1.0

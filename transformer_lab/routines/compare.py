@@ -26,7 +26,7 @@ from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.sequential import STOPPED_VERDICT, SequentialTest
+from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.measures.statistics import (
     BASELINE,
     NO_DIFFERENCE,
@@ -42,7 +42,7 @@ from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
-from transformer_lab.routines.study import ALPHA, SeedRun, Study, run_study, study
+from transformer_lab.routines.study import SeedRun, Study, run_study, study
 from transformer_lab.routines.train import mean_or_nan, perplexity
 from transformer_lab.routines.variants import (
     is_group,
@@ -182,14 +182,6 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
         part = MODEL_PARTS.get(word, "norms")
         parts[part] = parts.get(part, 0) + parameter.numel()
     return parts
-
-
-def comparison(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
-               ) -> tuple[list[SeedRun], list[dict]]:
-    """Every variant trained with the same seeds (``routine.seeds``; ``auto[:MAX]``: until the
-    sequential test decides), ``comparison.csv`` written: every ``SeedRun`` and the rows."""
-    runs, test = train_variants(cfg, run, keep_weights)
-    return runs, write_comparison(cfg, run, runs, test)
 
 
 def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
@@ -359,21 +351,6 @@ def comparison_rows(runs: list[SeedRun], loss_target: float | None,
 STOPPED_FIXED = "fixed"  # stopped_because of a fixed --seeds N comparison
 
 
-def sequential_line(row: dict, baseline: str) -> str:
-    """The terminal line of a ``--seeds auto`` verdict."""
-    diff = row["diff_vs_baseline"]
-    sign = -1.0 if diff < 0 else 1.0
-    low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
-    stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
-    anytime = row.get("e_value") is not None
-    statistic = (f"e-value {row['e_value']:.3g}" if anytime
-                 else f"group-sequential p {row['p_value']:.3g}")
-    return (f"{row['variant']} vs {baseline}: final_loss {abs(diff):.3g} "
-            f"{'lower' if diff < 0 else 'higher'}, {'anytime' if anytime else 'repeated'} "
-            f"{1 - ALPHA:.0%} interval {low:.3g} to {high:.3g}, {statistic} after "
-            f"{row['seeds_used']} paired seeds{stopped} -> {row['verdict']}")
-
-
 # What sizes each part of the model (``parameter_parts``), to match a variant's parameters.
 SIZING_KNOBS = {"ffn": "model.d_ff (MoE: ffn.n_experts)",
                 "attention": "model.n_heads, model.n_kv_heads or model.head_dim",
@@ -421,17 +398,7 @@ def baseline_name(rows: list[dict]) -> str:
 def verdict_lines(rows: list[dict]) -> list[str]:
     """One plain-language line per variant against the baseline."""
     baseline = baseline_name(rows)
-    return [verdict_line(row, baseline) for row in rows if has_verdict(row)]
-
-
-def verdict_line(row: dict, baseline: str) -> str:
-    """``row``'s verdict against ``baseline`` in words (fixed or ``--seeds auto``)."""
-    if row.get("sequential_design"):
-        return sequential_line(row, baseline)
-    return describe(row["variant"], row, baseline)
-
-
-
+    return [describe(row["variant"], row, baseline) for row in rows if has_verdict(row)]
 
 
 def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
@@ -452,7 +419,7 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
         elif not fell:
             detail += f"; the loss did not fall: check {label}'s forward and its initialisation"
         if has_verdict(row):
-            detail += f"; {verdict_line(row, baseline)}"
+            detail += f"; {describe(name, row, baseline)}"
         check = f"activation_{name}" if varied == "ffn" else f"{varied}={name}"
         checks.append(CheckRow(step, check, status(fell), "final_loss", row["final_loss"],
                                "< first loss", 0.0, detail))
@@ -529,7 +496,8 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     variant trained to a finite, falling loss."""
     clock = Stopwatch()
     vary = study(cfg)
-    runs, rows = comparison(cfg, run, keep_weights=True)
+    runs, test = train_variants(cfg, run, keep_weights=True)
+    rows = write_comparison(cfg, run, runs, test)
     arch = "decoder" if cfg.arch.causal else "encoder"
     plot_loss_curves(runs, run.path / "loss_curves.png",
                      f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")

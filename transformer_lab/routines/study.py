@@ -129,21 +129,18 @@ Run = TypeVar("Run")
 
 
 def run_study(spec: Study, train_one: Callable[[str, int], Run], log: Any,
-              bar: Callable[[str, list[int]], tuple[str, int]] | None,
-              variants: Sequence[str] | None = None,
-              value: Callable[[Run], float] = lambda run: run.result.final_loss,
-              ) -> tuple[list[Run], SequentialTest | None]:
+              bar: Callable[[str, list[int]], tuple[str, int]],
+              variants: Sequence[str] | None = None) -> tuple[list[Run], SequentialTest | None]:
     """``train_one(variant, seed)`` for every variant (default ``spec.names``) and seed, one
     after another, a progress bar ``bar(variant, seeds)`` (label, total) per variant and group
     of seeds; with ``--seeds auto``, groups of seeds for the baseline and the variants still
-    without a verdict, until the sequential test of ``value`` decides every one. The runs in
-    the order trained, and that test."""
+    without a verdict, until the sequential test of their final losses decides every one."""
     variants = spec.names if variants is None else list(variants)
     runs: list[Run] = []
 
     def train(name: str, seeds: list[int]) -> list[Run]:
-        label, total = bar(name, seeds) if bar is not None else ("", 0)
-        with progress_bar(log if bar is not None else None, label, total):
+        label, total = bar(name, seeds)
+        with progress_bar(log, label, total):
             trained = [train_one(name, seed) for seed in seeds]
         runs.extend(trained)
         return trained
@@ -160,7 +157,7 @@ def run_study(spec: Study, train_one: Callable[[str, int], Run], log: Any,
     while not test.done():
         seeds = list(spec.seeds[done:done + spec.group])
         taking = {baseline, *test.running()}
-        test.update_values({name: [value(run) for run in train(name, seeds)]
+        test.update_values({name: [run.result.final_loss for run in train(name, seeds)]
                             for name in variants if name in taking})
         done += len(seeds)
         console.print(running_line(test, done), highlight=False, markup=False)

@@ -89,9 +89,6 @@ def parse_eval_length(entry: Any, train_len: int) -> int:
     return length
 
 
-
-
-
 @dataclass
 class Plan:
     pes: list[str]
