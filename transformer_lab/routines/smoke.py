@@ -181,7 +181,7 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                            moved if seed == seeds[0] else None)
 
     rows, _ = run_study(spec, train_one, metrics, lambda *_: (f"smoke training: {label}",
-                                                              steps * len(seeds)), [""])
+                                                              steps * len(seeds)))
     return rows + moved, afters  # parameters_move: the first seed's
 
 

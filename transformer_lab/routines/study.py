@@ -131,11 +131,11 @@ Run = TypeVar("Run")
 def run_study(spec: Study, train_one: Callable[[str, int], Run], log: Any,
               bar: Callable[[str, list[int]], tuple[str, int]],
               variants: Sequence[str] | None = None) -> tuple[list[Run], SequentialTest | None]:
-    """``train_one(variant, seed)`` for every variant (default ``spec.names``) and seed, one
-    after another, a progress bar ``bar(variant, seeds)`` (label, total) per variant and group
-    of seeds; with ``--seeds auto``, groups of seeds for the baseline and the variants still
-    without a verdict, until the sequential test of their final losses decides every one."""
-    variants = spec.names if variants is None else list(variants)
+    """``train_one(variant, seed)`` for every variant (default ``spec.names``, else one: ``""``)
+    and seed, one after another, a progress bar ``bar(variant, seeds)`` (label, total) per
+    variant and group of seeds; with ``--seeds auto``, groups of seeds for the baseline and the
+    variants without a verdict yet, until the sequential test of their final losses decides."""
+    variants = (spec.names or [""]) if variants is None else list(variants)
     runs: list[Run] = []
 
     def train(name: str, seeds: list[int]) -> list[Run]:

@@ -344,8 +344,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
 
     with stop_between_steps():
         run_study(replace(study(cfg), seeds=tuple(training)), train_one, run.metrics,
-                  lambda *_: (f"train: {which}, {steps} steps", steps * len(training)),
-                  variants=[""])
+                  lambda *_: (f"train: {which}, {steps} steps", steps * len(training)))
     trained = [latest[seed] for seed in seeds]
     kept.save_progress(trained, None)  # the final state: --resume RUN train.steps=N goes on
     utilisation = Utilisation.of(cfg, task)
