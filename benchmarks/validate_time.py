@@ -128,8 +128,8 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
             for seed in range(seeds):
                 cfg = compose(["experiment=reverse_task", *PES[pe], f"arch={arch}",
                                f"seed={seed}", *extra])
-                [run] = train_reversal(cfg, "chosen", [seed],
-                                       {seed: int(cfg.routine.max_steps)}, None, "reverse_task")
+                run = train_reversal(cfg, "chosen", seed, int(cfg.routine.max_steps), None,
+                                     "reverse_task")
                 result = run.result
                 solved.append(result.solved_step)
                 matches.append(result.best_exact_match or 0.0)

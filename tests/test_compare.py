@@ -13,10 +13,12 @@ from transformer_lab.routines.compare import (
     SeedRun,
     comparison_rows,
     ema,
+    smoothed,
     steps_to_target,
-    train_seeds,
+    train_seed,
 )
 from transformer_lab.routines.variants import with_choice
+from transformer_lab.training.trainer import TrainResult
 
 # A small model that trains in a fraction of a second per activation.
 FAST = ["model=tiny", "model.d_model=16", "task.seq_len=8", "task.eval_size=32",
@@ -69,32 +71,36 @@ def test_every_activation_sees_the_same_init_and_batches(cfg_for):
         assert torch.equal(weights[0][name], weights[1][name]), name
     # With lr=0 nothing moves: equal inits and equal batches give the same losses exactly
     # for the same activation, different ones for a different activation.
-    (first,) = train_seeds(relu, [0], None)
-    (again,) = train_seeds(with_choice(cfg, "ffn", "relu"), [0], None)
+    first = train_seed(relu, 0, None)[0].result
+    again = train_seed(with_choice(cfg, "ffn", "relu"), 0, None)[0].result
     assert first.train_losses == again.train_losses
-    assert train_seeds(gelu, [0], None)[0].train_losses != first.train_losses
+    assert train_seed(gelu, 0, None)[0].result.train_losses != first.train_losses
 
 
 def test_seeds_match_runs_of_their_own(cfg_for):
     """compare-activations --seeds 3 gives each seed the numbers of a one-seed comparison."""
     cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),
                       "ffn", "swish")
-    together = train_seeds(cfg, [4, 5, 6], None)
+    together = [train_seed(cfg, seed, None)[0] for seed in (4, 5, 6)]
     for run in together:
         variant = cfg.copy()
         variant.seed = run.seed
-        (alone,) = train_seeds(variant, [run.seed], None)
-        assert run.train_losses == alone.train_losses  # the same run: the same numbers
-        assert run.grad_norms == alone.grad_norms
-        assert run.final_loss == alone.final_loss
-        assert (run.params, run.ffn_params, run.steps) == (alone.params, alone.ffn_params, 8)
-    assert together[0].train_losses != together[1].train_losses
+        alone = train_seed(variant, run.seed, None)[0]
+        r, a = run.result, alone.result
+        assert r.train_losses == a.train_losses  # the same run: the same numbers
+        assert r.grad_norms == a.grad_norms
+        assert r.final_loss == a.final_loss
+        assert (run.params, run.parts, r.steps) == (alone.params, alone.parts, 8)
+    assert together[0].result.train_losses != together[1].result.train_losses
 
 
 def test_ema_and_steps_to_target():
     assert ema([4.0, 2.0, 2.0], 0.5) == [4.0, 3.0, 2.5]
-    run = SeedRun("relu", 0, 1, 1, 3, 1.0, 0.1, [4.0, 2.0, 2.0], [1, 2, 3], [1.0, 1.0, 1.0])
-    assert run.smoothed == pytest.approx([4.0, 3.8, 3.62])  # EMA weight 0.1
+    result = TrainResult(steps=3, final_loss=1.0, wall_s=0.1, train_losses=[4.0, 2.0, 2.0],
+                         grad_norms=[1.0, 1.0, 1.0])
+    run = SeedRun("relu", 0, result, 1, {"activation": "relu", "gated_ffn": False}, [1, 2, 3],
+                  {"ffn": 1})
+    assert smoothed(run) == pytest.approx([4.0, 3.8, 3.62])  # EMA weight 0.1
     assert steps_to_target(run, 3.81) == 2
     assert steps_to_target(run, 3.0) is None
     rows = comparison_rows([run], None)  # default target: the worst final smoothed loss

@@ -70,7 +70,7 @@ def test_pe_that_can_reverse_does(cfg_for, pe, arch):
                   *FAST)
     rows, runs = reversal_runs(cfg)
     (chosen,) = runs
-    assert chosen.solved, (pe, arch, chosen.exact_match, chosen.result.steps)
+    assert chosen.result.solved_step is not None, (pe, arch, chosen.result)
     assert all(row.passed for row in rows)
     assert expected_outcome(cfg).startswith("solves")
 
@@ -103,11 +103,10 @@ def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
     real = reverse_task.train_reversal
 
     def leaky(cfg, role, *args):
-        runs = real(cfg, role, *args)
+        run = real(cfg, role, *args)
         if role == "nope_control":
-            for run in runs:
-                run.result.solved_step, run.result.best_exact_match = 10, 1.0
-        return runs
+            run.result.solved_step, run.result.best_exact_match = 10, 1.0
+        return run
 
     monkeypatch.setattr(reverse_task, "train_reversal", leaky)
     rows, _ = reversal_runs(cfg)
@@ -129,8 +128,8 @@ def test_the_control_takes_the_chosen_pes_steps_on_its_schedule(cfg_for, max_ste
     assert control.result.steps == (chosen.result.solved_step or max_steps)
     from transformer_lab.routines.reverse_task import train_reversal
 
-    [alone] = train_reversal(cfg_for(*common, "pe=none", f"routine.max_steps={max_steps}"),
-                             "nope_control", [0], {0: control.result.steps}, None, "x")
+    alone = train_reversal(cfg_for(*common, "pe=none", f"routine.max_steps={max_steps}"),
+                           "nope_control", 0, control.result.steps, None, "x")
     assert alone.result.train_losses == control.result.train_losses
     assert alone.result.best_exact_match == control.result.best_exact_match
 
@@ -143,23 +142,23 @@ def test_seeds_match_runs_of_their_own(cfg_for):
     rows, runs = reversal_runs(cfg_for(*common, "routine.seeds=3", "seed=3"))
     elapsed = time.perf_counter() - started
     assert sum(r.result.wall_s for r in runs) <= elapsed  # each run's wall time is its own
-    assert sorted((r.seed, r.role) for r in runs) == [(seed, role) for seed in (3, 4, 5)
+    assert sorted((r.seed, r.variant) for r in runs) == [(seed, role) for seed in (3, 4, 5)
                                                      for role in ("chosen", "nope_control")]
     assert [row.check for row in rows if row.check != "rotary_relative"] == [
         "reverse_exact_match", "nope_control"] * 3
     assert all(row.detail.startswith("seed ") for row in rows)
     for together in runs:
-        if together.role == "chosen":
+        if together.variant == "chosen":
             overrides = ["pe=learned"]
         else:  # the control's budget: the steps its own seed's chosen PE took
-            chosen = next(r for r in runs if r.role == "chosen" and r.seed == together.seed)
+            chosen = next(r for r in runs if r.variant == "chosen" and r.seed == together.seed)
             assert together.result.steps == (chosen.result.solved_step or chosen.result.steps)
             overrides = ["pe=none", f"routine.max_steps={together.result.steps}"]
         _, (alone,) = reversal_runs(cfg_for(*common, f"seed={together.seed}", *overrides,
                                             "routine.control=false"))
         assert together.result.steps == alone.result.steps
         assert together.result.train_losses == alone.result.train_losses  # (a constant lr)
-        assert together.exact_match == alone.exact_match
+        assert together.result.best_exact_match == alone.result.best_exact_match
 
 
 @pytest.mark.parametrize(("args", "message"), [

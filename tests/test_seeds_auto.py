@@ -10,11 +10,14 @@ import math
 
 import pytest
 from helpers import read_csv
+from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
 from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import SequentialTest
+from transformer_lab.routines.study import SeedRun, Study, run_study, study
+from transformer_lab.training.trainer import TrainResult
 
 # The tiny model on the offline synthetic language: a fraction of a second per (variant, seed).
 # train.lr=3e-4 learns slowly in 15 steps, 1e-2 fast; 3.3e-4 is nearly the first one.
@@ -118,3 +121,39 @@ def test_validate_step_4_takes_seeds_auto(tlab, tmp_path):
     assert used in (2, 4)
     runs = read_csv(out / "compare_runs.csv")
     assert sorted(int(r["seed"]) for r in runs if r["variant"] == "gelu") == list(range(used))
+
+
+@pytest.mark.parametrize(("value", "count", "design"), [
+    (3, 3, None), ("auto", 32, "anytime"), ("auto:16", 16, "group"), ("anytime:4", 4, "anytime")])
+def test_the_study_spec_reads_the_seed_plan(value, count, design):
+    cfg = OmegaConf.create({"seed": 5, "routine": {"seeds": value, "baseline": 0.01,
+                                                   "vary": {"key": "train.lr",
+                                                            "values": [0.003, 0.01]}}})
+    spec = study(cfg)
+    assert spec.seeds == tuple(range(5, 5 + count)) and spec.design == design
+    assert (spec.names, spec.baseline) == (["0.003", "0.01"], "0.01")
+
+
+def test_run_study_trains_every_seed_or_stops_at_the_verdict():
+    """Fixed seeds: each variant over all of them in order; auto: two seeds at a time for the
+    baseline and the undecided variants, until the anytime test decides (b is always lower)."""
+    calls, bars = [], []
+
+    def train_one(name: str, seed: int) -> SeedRun:
+        calls.append((name, seed))
+        return SeedRun(name, seed, TrainResult(final_loss={"a": 2.0, "b": 1.0}[name]), 1)
+
+    def bar(name: str, seeds: list[int]) -> tuple[str, int]:
+        bars.append((name, seeds))
+        return name, len(seeds)
+
+    fixed = Study("k", ("a", "b"), "--vary k", None, (0, 1, 2))
+    runs, test = run_study(fixed, train_one, None, bar)
+    assert test is None and calls == [(n, s) for n in "ab" for s in (0, 1, 2)]
+    assert bars == [("a", [0, 1, 2]), ("b", [0, 1, 2])] and [r.seed for r in runs] == [0, 1, 2] * 2
+    calls.clear()
+    auto = Study("k", ("a", "b"), "--vary k", None, tuple(range(32)), design="anytime")
+    runs, test = run_study(auto, train_one, None, bar)
+    used = test.seeds_used("b")
+    assert test.verdict("b") == "better" and 2 <= used < 32 and used % 2 == 0
+    assert calls == [(n, s) for g in range(0, used, 2) for n in "ab" for s in (g, g + 1)]

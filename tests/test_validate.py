@@ -84,7 +84,7 @@ def test_ctrl_c_keeps_finished_steps(tlab, tmp_path, monkeypatch):
     def interrupt(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compare, "train_seeds", interrupt)
+    monkeypatch.setattr(compare, "train_seed", interrupt)
     out = tmp_path / "int"
     code, _, err = tlab("experiment=validate", "pe=sinusoidal", "routine.control=false", *FAST,
                         f"hydra.run.dir={out}")

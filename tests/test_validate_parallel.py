@@ -111,7 +111,7 @@ def test_failing_step_1_stops_the_child_and_leaves_no_step_4_file(tlab, tmp_path
 def _child_fails(tlab, tmp_path, monkeypatch, fail) -> tuple[int, str, str, dict]:
     from transformer_lab.routines import compare
 
-    monkeypatch.setattr(compare, "train_seeds", fail)
+    monkeypatch.setattr(compare, "train_seed", fail)
     out = tmp_path / "child"
     code, stdout, err = tlab(*FAST, "pe=sinusoidal", f"hydra.run.dir={out}")
     (row,) = [r for r in read_csv(out / "validation.csv") if r["step"] == "4"]

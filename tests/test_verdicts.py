@@ -24,7 +24,7 @@ from transformer_lab.routines.extrapolate.tables import (
     baselines,
     with_verdicts,
 )
-from transformer_lab.routines.reverse_task import ReversalRun, reverse_rows, verdict_line
+from transformer_lab.routines.reverse_task import reverse_rows, verdict_line
 from transformer_lab.training.trainer import TrainResult
 
 FAST = ["model=tiny", "model.d_model=16", "task.seq_len=8", "task.eval_size=32",
@@ -146,8 +146,10 @@ def test_unknown_baseline_exits_2_naming_the_compared_ones(tmp_path):
 
 
 def seed_run(activation: str, seed: int, final: float) -> SeedRun:
-    return SeedRun(activation, seed, 100, 40, 10, final, 1.0, [3.0, 2.0, final], [0, 5, 10],
-                   [1.0, 1.1, 0.9], 1000.0)
+    result = TrainResult(steps=10, final_loss=final, wall_s=1.0, tokens_per_s=1000.0,
+                         train_losses=[3.0, 2.0, final], grad_norms=[1.0, 1.1, 0.9])
+    return SeedRun(activation, seed, result, 100, {"activation": activation, "gated_ffn": False},
+                   [0, 5, 10], {"ffn": 40})
 
 
 def test_validate_step_4_detail_gives_the_verdict():
@@ -164,10 +166,11 @@ def test_validate_step_4_detail_gives_the_verdict():
     assert [r["verdict"] for r in flipped] == ["worse", "baseline"]
 
 
-def reversal(role: str, pe: str, seed: int, exact: float) -> ReversalRun:
+def reversal(role: str, pe: str, seed: int, exact: float) -> SeedRun:
     result = TrainResult(steps=50, final_loss=1.0, best_exact_match=exact,
                          solved_step=50 if exact >= 0.99 else None)
-    return ReversalRun(role, pe, "encoder", seed, 0.99, result, 1000, "solves")
+    tags = {"pe": pe, "arch": "encoder", "target": 0.99, "expected": "solves"}
+    return SeedRun(role, seed, result, 1000, tags)
 
 
 def test_reverse_rows_test_the_pe_against_its_control_on_exact_match():
@@ -190,7 +193,8 @@ def test_reverse_rows_test_the_pe_against_its_control_on_exact_match():
     assert verdict_line(rows).startswith("pe=rope vs pe=none: held-out exact match 0.9")
     assert verdict_line(rows).endswith("-> better")
     # Higher exact match is better: a PE below its control is "worse".
-    swapped = reverse_rows([reversal(r.role, r.pe, r.seed, 1.0 - r.exact_match) for r in runs])
+    swapped = reverse_rows([reversal(r.variant, r.tags["pe"], r.seed,
+                                     1.0 - r.result.best_exact_match) for r in runs])
     assert swapped[0]["verdict"] == "worse"
     alone = reverse_rows([reversal("chosen", "none", 0, 0.1)])  # no control: nothing to test
     assert "verdict" not in alone[0] and verdict_line(alone) is None

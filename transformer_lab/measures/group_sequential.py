@@ -109,12 +109,8 @@ def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np
 
 
 class GroupSequentialTest(SequentialTest):
-    """Every variant against ``baseline`` as groups of paired seeds arrive, each variant a
-    group-sequential design at ``alpha / K`` planned to ``max_seeds`` (see the module
-    docstring); used as ``measures.sequential.SequentialTest``, whose bookkeeping it keeps
-    (``update_values``, ``verdict``, ``seeds_used``, ``stopped_because``, ``running``,
-    ``done``, NaN differences dropped); the decision, ``interval`` and ``statistics`` are this
-    design's."""
+    """``SequentialTest`` with each variant a group-sequential design at ``alpha / K`` planned
+    to ``max_seeds`` (the module docstring): its own decision, ``interval`` and ``statistics``."""
 
     design = "group-sequential"
 

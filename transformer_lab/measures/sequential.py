@@ -11,11 +11,10 @@ from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 
-from transformer_lab.measures.statistics import BETTER, WORSE
+from transformer_lab.measures.statistics import BETTER, STOPPED_VERDICT, WORSE
 
 BETS = np.linspace(0.05, 0.95, 19)  # the bet fractions lam, mixed with equal weight per side
 SCALE_QUANTILE = 0.75                # a seed at or above this quantile of |d| bets fully
-STOPPED_VERDICT = "verdict"          # the e-value reached K / alpha
 STOPPED_MAX_SEEDS = "max_seeds"      # MAX paired seeds without a verdict
 _REFINEMENTS, _REFINED = 5, 33  # rounds, shifts per round between the last kept and first out
 _GRID = np.linspace(-3.0, 3.0, 241)  # shifts tried around the median, in units of the spread
@@ -126,16 +125,9 @@ def _first_excluded_beyond(start: float, step: float,
 
 
 class SequentialTest:
-    """Every variant against ``baseline`` as groups of paired seeds arrive (see the module
-    docstring): ``update`` per group, then ``verdict``, ``interval``, ``e_value``,
-    ``seeds_used``, ``stopped_because`` per variant and ``running`` / ``done`` for the run.
-
-    A variant is decided when its two-sided e-value first reaches ``threshold = K / alpha``
-    (K = the number of variants, fixed here); its verdict, e-value, seeds and interval are
-    then final and later differences are ignored. ``max_seeds``: a variant without a verdict
-    after that many paired seeds stops (``stopped_because`` ``max_seeds``); None: no cap.
-    NaN differences (a diverged seed) are dropped and counted in ``dropped``.
-    """
+    """Every variant against ``baseline`` as groups of paired seeds arrive (``update``): decided
+    (final) once its e-value reaches ``K / alpha``, stopped without a verdict at ``max_seeds``
+    (None: no cap); NaN differences are dropped and counted in ``dropped``."""
 
     design = "anytime-valid"
 

@@ -17,6 +17,8 @@ from transformer_lab.measures.power_analysis import fewest_seeds_for_a_verdict, 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from transformer_lab.measures.sequential import SequentialTest
+
 
 def _stats() -> Any:
     """``scipy.stats``, imported on first use (commands comparing nothing do not pay for it)."""
@@ -27,6 +29,7 @@ def _stats() -> Any:
 
 BASELINE = "baseline"
 BETTER, WORSE, NO_DIFFERENCE = "better", "worse", "no detectable difference"
+STOPPED_VERDICT = "verdict"  # a sequential test's stopped_because once it reached a verdict
 EXACT_UP_TO = 16  # seeds: all 2^n sign flips up to here (65,536), Monte Carlo beyond
 MONTE_CARLO_RESAMPLES = 99_999
 BOOTSTRAP_RESAMPLES = 9_999  # probability of improvement's interval
@@ -94,17 +97,13 @@ class PairedComparison:
     dropped: int = 0
 
 
-def _mean_statistic(x: np.ndarray, axis: int) -> np.ndarray:
-    return np.mean(x, axis=axis)
-
-
 def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0`` (Fisher
     1935): exact, no normality assumed, but never below ``2 / 2^n``. All ``2^n`` flips up to
     :data:`EXACT_UP_TO` seeds, else a Monte Carlo with a fixed ``seed``."""
     n = len(differences)
     resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
-    result = _stats().permutation_test((differences,), _mean_statistic, vectorized=True,
+    result = _stats().permutation_test((differences,), np.mean, vectorized=True,
                                     permutation_type="samples", alternative="two-sided",
                                     n_resamples=resamples, rng=np.random.default_rng(seed))
     return float(result.pvalue)
@@ -240,11 +239,13 @@ VERDICT_COLUMNS = ["diff_vs_baseline", "diff_ci_low", "diff_ci_high", "p_value",
 
 def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "final_loss",
                   baseline: str | None = None, alpha: float = 0.05, confidence: float = 0.95,
-                  lower_is_better: bool = True) -> pd.DataFrame:
+                  lower_is_better: bool = True, test: SequentialTest | None = None
+                  ) -> pd.DataFrame:
     """One row per variant (order of first appearance, indexed by ``variant``) from rows of
     (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
     then, paired by seed against ``baseline`` (default: the first variant), the columns
-    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``)."""
+    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``).
+    With the sequential ``test`` of ``--seeds auto``, its verdicts (``sequential_verdicts``)."""
     names = list(dict.fromkeys(runs[variant]))
     if not names:
         raise ValueError("no rows to compare")
@@ -287,7 +288,30 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     for column in ("seeds_needed", "paired_seeds"):  # ints or None (an empty CSV cell)
         table[column] = pd.Series([None if pd.isna(v) else int(v) for v in table[column]],
                                   index=table.index, dtype=object)
+    if test is not None:
+        sequential_verdicts(table, runs.groupby(variant, sort=False).size(), test)
     return table
+
+
+def sequential_verdicts(table: pd.DataFrame, seeds: pd.Series, test: SequentialTest) -> None:
+    """In ``table``, ``test``'s verdict, interval and statistics replace the fixed test's;
+    ``seeds_used`` (else ``seeds``, a variant's count), ``stopped_because`` on every row."""
+    table["e_value"] = table["sequential_design"] = None
+    table["seeds_used"] = [int(seeds[name]) for name in table.index]
+    table["stopped_because"] = ""
+    for name in test.variants:
+        low, high = test.interval(name)
+        dropped = test.dropped[name]
+        values = dict(verdict=test.verdict(name) or NO_DIFFERENCE, diff_ci_low=low,
+                      diff_ci_high=high, **test.statistics(name), sequential_design=test.design,
+                      seeds_used=test.seeds_used(name), stopped_because=test.stopped_because(name),
+                      note=f"seeds auto: {test.design} test, {test.describe(name)} after "
+                           f"{test.seeds_used(name)} paired seeds"
+                           + (f", {dropped} non-finite dropped" if dropped else ""))
+        if values["verdict"] == NO_DIFFERENCE:
+            values["seeds_needed"] = None  # the fixed design's power figure does not apply
+        for column, cell in values.items():
+            table.at[name, column] = cell
 
 
 def has_verdict(row: pd.Series | dict) -> bool:
@@ -340,6 +364,17 @@ def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "fina
         return f"{name}: baseline"
     diff = row["diff_vs_baseline"]
     head = f"{name} vs {baseline}: {value}"
+    if row.get("sequential_design"):  # --seeds auto: the sequential test's interval
+        low, high = sorted((-1.0 if diff < 0 else 1.0) * row[f"diff_ci_{end}"]
+                           for end in ("low", "high"))
+        stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
+        anytime = row.get("e_value") is not None
+        statistic = (f"e-value {row['e_value']:.3g}" if anytime
+                     else f"group-sequential p {row['p_value']:.3g}")
+        return (f"{head} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}, "
+                f"{'anytime' if anytime else 'repeated'} {confidence:.0%} interval {low:.3g} "
+                f"to {high:.3g}, {statistic} after {row['seeds_used']} paired seeds{stopped} "
+                f"-> {row['verdict']}")
     if math.isnan(diff):
         return f"{head}: no paired seeds -> {row['verdict']}"
     sign = -1.0 if diff < 0 else 1.0

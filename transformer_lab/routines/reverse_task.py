@@ -6,7 +6,6 @@ from __future__ import annotations
 import copy
 import statistics
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -29,20 +28,19 @@ from transformer_lab.results.check_rows import (
     status,
 )
 from transformer_lab.results.console import console, print_table
-from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
+from transformer_lab.routines.study import SeedRun, run_study, study
 from transformer_lab.routines.variants import (
-    seed_list,
     seed_sources,
     stage_log,
     train_settings,
     with_choice,
 )
 from transformer_lab.tasks.sequence import SequenceTransformTask
-from transformer_lab.training.trainer import Trainer, TrainResult, count_parameters
+from transformer_lab.training.trainer import Trainer, count_parameters
 
 STAGE = "reverse_task"  # the ``stage`` of its rows in metrics.csv (also inside tlab validate)
 NOPE = "none"  # the control's PE
@@ -119,61 +117,40 @@ def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
 
 # --- one trained model ---------------------------------------------------------------------
 
-@dataclass
-class ReversalRun:
-    """One trained model of the reversal step and its ``reverse.csv`` row."""
-
-    role: str  # "chosen" or "nope_control"
-    pe: str
-    arch: str
-    seed: int
-    target: float
-    result: TrainResult
-    params: int
-    expected: str
-
-    @property
-    def solved(self) -> bool:
-        return self.result.solved_step is not None
-
-    @property
-    def exact_match(self) -> float:
-        return self.result.best_exact_match or 0.0
-
-    def as_row(self) -> dict:
-        r = self.result
-        return {"role": self.role, "pe": self.pe, "arch": self.arch, "seed": self.seed,
-                "solved": self.solved, "solved_step": r.solved_step,
-                "best_exact_match": self.exact_match, "target": self.target, "steps": r.steps,
-                "params": self.params, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
-                "expected": self.expected}
+def solved(run: SeedRun) -> bool:
+    return run.result.solved_step is not None
 
 
-def train_reversal(cfg: DictConfig, role: str, seeds: list[int], budgets: Mapping[int, int],
-                   log: CsvLog | None, stage: str) -> list[ReversalRun]:
-    """Every seed of ``cfg``, one after another, until solved or ``budgets[seed]`` steps
-    (the schedule planned for ``routine.max_steps``)."""
-    target, name, arch = float(cfg.routine.target), pe_label(cfg), arch_name(cfg)
-    settings, task = train_settings(cfg), build_task(cfg)  # (build_task sets model.vocab_size)
-    which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-    title = f"reversal: pe={name}, arch={arch}, {which}" if role == "chosen" else \
-        f"reversal: NoPE control, arch={arch}, {which}"
-    runs = []
-    with progress_bar(log, title, total=sum(budgets[s] for s in seeds)):
-        for seed in seeds:
-            init_seed, data_seed = seed_sources(cfg, seed)
-            model = build_model(cfg, seed=init_seed)
-            trainer = Trainer(model, task, settings, data_seed,
-                              stage_log(log, stage, name, seed))
-            result = trainer.fit(budgets[seed], target_exact_match=target,
-                                 horizon=int(cfg.routine.max_steps))
-            runs.append(ReversalRun(role, name, arch, seed, target, result,
-                                    count_parameters(model), expected_outcome(cfg)))
-    return runs
+def exact_match(run: SeedRun) -> float:
+    return run.result.best_exact_match or 0.0
+
+
+def reverse_row(run: SeedRun) -> dict:
+    """The run's row of ``reverse.csv`` (its ``variant``: its role, chosen or nope_control)."""
+    r = run.result
+    return {"role": run.variant, **run.tags, "seed": run.seed, "solved": solved(run),
+            "solved_step": r.solved_step, "best_exact_match": exact_match(run),
+            "steps": r.steps, "params": run.params, "wall_s": r.wall_s,
+            "tokens_per_s": r.tokens_per_s}
+
+
+def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvLog | None,
+                   stage: str) -> SeedRun:
+    """``cfg`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
+    ``routine.max_steps``)."""
+    target, task = float(cfg.routine.target), build_task(cfg)  # (sets model.vocab_size)
+    init_seed, data_seed = seed_sources(cfg, seed)
+    model = build_model(cfg, seed=init_seed)
+    trainer = Trainer(model, task, train_settings(cfg), data_seed,
+                      stage_log(log, stage, pe_label(cfg), seed))
+    result = trainer.fit(budget, target_exact_match=target, horizon=int(cfg.routine.max_steps))
+    tags = {"pe": pe_label(cfg), "arch": arch_name(cfg), "target": target,
+            "expected": expected_outcome(cfg)}
+    return SeedRun(role, seed, result, count_parameters(model), tags)
 
 
 def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
-                  stage: str = STAGE) -> tuple[list[CheckRow], list[ReversalRun]]:
+                  stage: str = STAGE) -> tuple[list[CheckRow], list[SeedRun]]:
     """Step 3: the rotary check, the chosen PE's training (every seed), then the NoPE controls,
     each for as many steps as the chosen PE took with its seed."""
     cfg, note = with_declared_settings(cfg)
@@ -181,60 +158,77 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
     rotary = rotary_relative_check(cfg)
     if rotary is not None:
         rows.append(rotary)
-    seeds = seed_list(cfg)
-    chosen = train_reversal(cfg, "chosen", seeds, dict.fromkeys(seeds, int(cfg.routine.max_steps)),
-                            log, stage)
-    controls: list[ReversalRun | None] = [None] * len(chosen)
+    spec, arch = study(cfg), arch_name(cfg)
+    configs = {"chosen": cfg}
     if cfg.routine.get("control", True) and pe_label(cfg) != NOPE:
-        budgets = {run.seed: run.result.solved_step or run.result.steps for run in chosen}
-        controls = train_reversal(with_choice(cfg, "pe", NOPE), "nope_control", seeds,
-                                  budgets, log, stage)
-    several, runs = len(seeds) > 1, []
-    for run, control in zip(chosen, controls, strict=True):
-        rows.append(chosen_row(run, control, with_seed=several))
+        configs["nope_control"] = with_choice(cfg, "pe", NOPE)
+    chosen: dict[int, SeedRun] = {}
+
+    def budget(role: str, seed: int) -> int:
+        if role == "chosen":
+            return int(cfg.routine.max_steps)
+        return chosen[seed].result.solved_step or chosen[seed].result.steps
+
+    def train_one(role: str, seed: int) -> SeedRun:
+        run = train_reversal(configs[role], role, seed, budget(role, seed), log, stage)
+        if role == "chosen":
+            chosen[seed] = run
+        return run
+
+    def bar(role: str, seeds: list[int]) -> tuple[str, int]:
+        which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
+        title = f"reversal: pe={pe_label(cfg)}, arch={arch}, {which}" if role == "chosen" \
+            else f"reversal: NoPE control, arch={arch}, {which}"
+        return title, sum(budget(role, seed) for seed in seeds)
+
+    trained, _ = run_study(spec, train_one, log, bar, variants=list(configs))
+    controls = {run.seed: run for run in trained if run.variant == "nope_control"}
+    several, runs = len(spec.seeds) > 1, []
+    for seed, run in chosen.items():
+        rows.append(chosen_row(run, controls.get(seed), with_seed=several))
         rows[-1].detail += f"; {note}" if note else ""
         runs.append(run)
-        if control is not None:
-            rows.append(control_row(control, with_seed=several))
-            runs.append(control)
+        if seed in controls:
+            rows.append(control_row(controls[seed], with_seed=several))
+            runs.append(controls[seed])
     return rows, runs
 
 
 # --- check rows, reverse.csv, summary -------------------------------------------------------
 
-def chosen_row(chosen: ReversalRun, control: ReversalRun | None,
-               with_seed: bool = False) -> CheckRow:
-    r = chosen.result
-    if chosen.solved:
-        detail = f"pe={chosen.pe} reached {chosen.exact_match:.3f} at step {r.solved_step}"
+def chosen_row(chosen: SeedRun, control: SeedRun | None, with_seed: bool = False) -> CheckRow:
+    r, pe, matched = chosen.result, chosen.tags["pe"], exact_match(chosen)
+    if solved(chosen):
+        detail = f"pe={pe} reached {matched:.3f} at step {r.solved_step}"
     else:
-        detail = f"pe={chosen.pe} reached only {chosen.exact_match:.3f} in {r.steps} steps"
+        detail = f"pe={pe} reached only {matched:.3f} in {r.steps} steps"
     if control is not None:
-        detail += f"; NoPE control {control.exact_match:.3f} in {control.result.steps} steps"
-    if not chosen.solved:
+        detail += f"; NoPE control {exact_match(control):.3f} in {control.result.steps} steps"
+    if not solved(chosen):
         no_better = control is not None and (
-            chosen.exact_match <= control.exact_match + NO_BETTER_MARGIN)
-        if chosen.pe == NOPE:
+            matched <= exact_match(control) + NO_BETTER_MARGIN)
+        if pe == NOPE:
             detail += (f"; as expected: pe={NOPE} is the control, a model told nothing about "
-                       f"positions ({chosen.expected}); a correct PE must do better")
+                       f"positions ({chosen.tags['expected']}); a correct PE must do better")
         elif no_better:
             detail += ("; no better than no PE at all: the model gets no usable position "
                        "information - check that the PE's output depends on its `positions` "
                        "argument")
         else:
-            detail += (f"; expected for pe={chosen.pe} ({chosen.arch}): {chosen.expected}; "
+            detail += (f"; expected for pe={pe} ({chosen.tags['arch']}): "
+                       f"{chosen.tags['expected']}; "
                        "if it should solve it, try more routine.max_steps or another train.lr")
     if with_seed:
         detail = f"seed {chosen.seed}: {detail}"
-    return CheckRow(3, "reverse_exact_match", status(chosen.solved), "exact_match",
-                    chosen.exact_match, chosen.target, r.wall_s, detail)
+    return CheckRow(3, "reverse_exact_match", status(solved(chosen)), "exact_match", matched,
+                    chosen.tags["target"], r.wall_s, detail)
 
 
-def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
-    r = control.result
-    detail = f"NoPE {control.arch}: exact match {control.exact_match:.3f} in {r.steps} steps"
-    if control.arch == "encoder":
-        ok = not control.solved
+def control_row(control: SeedRun, with_seed: bool = False) -> CheckRow:
+    r, arch, target = control.result, control.tags["arch"], control.tags["target"]
+    detail = f"NoPE {arch}: exact match {exact_match(control):.3f} in {r.steps} steps"
+    if arch == "encoder":
+        ok = not solved(control)
         detail += ("; as expected, a NoPE encoder is permutation-equivariant" if ok else
                    "; a NoPE encoder should not be able to reverse: some component mixes "
                    "positions (an FFN or norm that is not position-wise?)")
@@ -243,15 +237,14 @@ def control_row(control: ReversalRun, with_seed: bool = False) -> CheckRow:
         detail += " (informational: a causal decoder infers position from its mask)"
     if with_seed:
         detail = f"seed {control.seed}: {detail}"
-    return CheckRow(3, "nope_control", status(ok), "exact_match", control.exact_match,
-                    f"< {control.target}" if control.arch == "encoder" else None, r.wall_s,
-                    detail)
+    return CheckRow(3, "nope_control", status(ok), "exact_match", exact_match(control),
+                    f"< {target}" if arch == "encoder" else None, r.wall_s, detail)
 
 
-def reverse_rows(runs: list[ReversalRun]) -> list[dict]:
+def reverse_rows(runs: list[SeedRun]) -> list[dict]:
     """``reverse.csv``: one row per model; with NoPE controls, the verdict columns."""
-    rows = [run.as_row() for run in runs]
-    if not any(run.role == "nope_control" for run in runs):
+    rows = [reverse_row(run) for run in runs]
+    if not any(run.variant == "nope_control" for run in runs):
         return rows
     import pandas as pd
 
@@ -268,13 +261,13 @@ def verdict_line(rows: list[dict]) -> str | None:
     return describe(f"pe={chosen['pe']}", chosen, f"pe={NOPE}", value="held-out exact match")
 
 
-def reversal_summary(runs: list[ReversalRun]) -> dict:
+def reversal_summary(runs: list[SeedRun]) -> dict:
     """The chosen PE's numbers; over seeds the worst exact match and the median solved step."""
-    chosen = [run for run in runs if run.role == "chosen"]
+    chosen = [run for run in runs if run.variant == "chosen"]
     solved = [run.result.solved_step for run in chosen]
     return {"params": chosen[0].params, "steps": max(run.result.steps for run in chosen),
             "final_loss": statistics.fmean(run.result.final_loss for run in chosen),
-            "best_exact_match": min(run.exact_match for run in chosen),
+            "best_exact_match": min(exact_match(run) for run in chosen),
             "solved_step": None if None in solved else statistics.median(solved),
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
@@ -293,7 +286,7 @@ def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> R
     return RoutineOutcome(passed=not failed, summary=summary, message=message,
                           result=check_counts([r.status for r in rows]),
                           seeds=[{"seed": r.seed, **reversal_summary([r])} for r in runs
-                                 if r.role == "chosen"])
+                                 if r.variant == "chosen"])
 
 
 # What a hyper-parameter search (hydra/sweeper=optuna) gets from this routine.

@@ -25,12 +25,12 @@ from transformer_lab.results.check_rows import (
     status,
 )
 from transformer_lab.results.console import print_table
-from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
+from transformer_lab.routines.study import run_study, study
+from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
@@ -162,23 +162,26 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
                    batches: list[Batch]) -> tuple[list[CheckRow], float]:
     """Step 2: train each seed on its fixed batches (``model`` and ``batches``: the first
     seed's) and check that the loss falls; the rows and seed -> loss after training."""
-    seeds = seed_list(cfg)
+    spec = study(cfg)
+    seeds, settings, steps = spec.seeds, train_settings(cfg), int(cfg.routine.steps)
     several = len(seeds) > 1
-    settings = train_settings(cfg)
-    steps = int(cfg.routine.steps)
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
-    rows, afters, moved = [], {}, []
-    with progress_bar(metrics, f"smoke training: {label}", total=steps * len(seeds)):
-        for seed in seeds:  # one model in memory at a time (the pre-flight's estimate)
-            if seed != seeds[0]:
-                init_seed, data_seed = seed_sources(cfg, seed)
-                model = build_model(cfg, seed=init_seed)
-                generator = torch.Generator().manual_seed(data_seed)
-                batches = [task.train_batch(cfg.routine.batch_size, generator)
-                           for _ in range(cfg.routine.n_batches)]
-            log = TaggedLog(metrics, seed=seed) if several else metrics
-            rows.append(_smoke_seed(cfg, model, task, settings, seed, batches, log, afters,
-                                    several, moved if seed == seeds[0] else None))
+    afters, moved = {}, []
+
+    def train_one(_: str, seed: int) -> CheckRow:
+        seed_model, fixed = model, batches
+        if seed != seeds[0]:  # one model in memory at a time (the pre-flight's estimate)
+            init_seed, data_seed = seed_sources(cfg, seed)
+            seed_model = build_model(cfg, seed=init_seed)
+            generator = torch.Generator().manual_seed(data_seed)
+            fixed = [task.train_batch(cfg.routine.batch_size, generator)
+                     for _ in range(cfg.routine.n_batches)]
+        log = TaggedLog(metrics, seed=seed) if several else metrics
+        return _smoke_seed(cfg, seed_model, task, settings, seed, fixed, log, afters, several,
+                           moved if seed == seeds[0] else None)
+
+    rows, _ = run_study(spec, train_one, metrics, lambda *_: (f"smoke training: {label}",
+                                                              steps * len(seeds)))
     return rows + moved, afters  # parameters_move: the first seed's
 
 

@@ -7,7 +7,7 @@ import math
 import signal
 import statistics
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -22,7 +22,6 @@ from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
 from transformer_lab.results.console import print_table
-from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import (
     CHECKPOINT_FILE,
     CsvLog,
@@ -32,7 +31,8 @@ from transformer_lab.results.run_directory import (
 )
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, final_loss
-from transformer_lab.routines.variants import seed_list, seed_sources, train_settings
+from transformer_lab.routines.study import SeedRun, run_study, study
+from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
 from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
@@ -76,38 +76,29 @@ def perplexity(loss: float) -> float:
     return math.exp(loss) if math.isfinite(loss) and loss < 700 else math.inf
 
 
-@dataclass
-class TrainedSeed:
-    """One seed after training: its training result and final held-out row."""
+def seed_state(run: SeedRun) -> dict[str, Any]:
+    """A trained seed as the resumable state keeps it (``seed_from_state`` reads it back)."""
+    return {"seed": run.seed, "result": asdict(run.result), "params": run.params,
+            "held_out": dict(run.held_out), "trainer": run.trainer}
 
-    seed: int
-    result: TrainResult
-    params: int
-    held_out: dict[str, Any] = field(default_factory=dict)  # the last ``val`` row
-    trainer: dict[str, Any] | None = None  # its final ``Trainer.state_dict``, on the CPU
 
-    def state(self) -> dict[str, Any]:
-        """As the resumable state keeps it (``from_state`` reads it back)."""
-        return {"seed": self.seed, "result": asdict(self.result), "params": self.params,
-                "held_out": dict(self.held_out), "trainer": self.trainer}
+def seed_from_state(state: Mapping[str, Any]) -> SeedRun:
+    return SeedRun("", int(state["seed"]), TrainResult(**state["result"]), int(state["params"]),
+                   held_out=dict(state["held_out"]), trainer=state.get("trainer"))
 
-    @classmethod
-    def from_state(cls, state: Mapping[str, Any]) -> TrainedSeed:
-        return cls(int(state["seed"]), TrainResult(**state["result"]), int(state["params"]),
-                   dict(state["held_out"]), state.get("trainer"))
 
-    def numbers(self, language: bool) -> dict[str, Any]:
-        """What a one-seed run of this seed puts in ``summary.csv`` (and ``seeds.csv``)."""
-        r = self.result
-        numbers = {"params": self.params, "steps": r.steps, "final_loss": r.final_loss,
-                   "final_accuracy": self.held_out.get("accuracy", math.nan)}
-        if language:
-            numbers["final_ppl"] = perplexity(r.final_loss)
-        else:
-            numbers["final_exact_match"] = self.held_out.get("exact_match", math.nan)
-            numbers["best_exact_match"] = r.best_exact_match
-        return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
-                "step_ms": r.step_ms, "steady_tokens_per_s": r.steady_tokens_per_s}
+def seed_numbers(run: SeedRun, language: bool) -> dict[str, Any]:
+    """What a one-seed run of this seed puts in ``summary.csv`` (and ``seeds.csv``)."""
+    r = run.result
+    numbers = {"params": run.params, "steps": r.steps, "final_loss": r.final_loss,
+               "final_accuracy": run.held_out.get("accuracy", math.nan)}
+    if language:
+        numbers["final_ppl"] = perplexity(r.final_loss)
+    else:
+        numbers["final_exact_match"] = run.held_out.get("exact_match", math.nan)
+        numbers["best_exact_match"] = r.best_exact_match
+    return {**numbers, "wall_s": r.wall_s, "tokens_per_s": r.tokens_per_s,
+            "step_ms": r.step_ms, "steady_tokens_per_s": r.steady_tokens_per_s}
 
 
 def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
@@ -123,13 +114,13 @@ def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
 class ResumePoint:
     """Where an interrupted run goes on: the seeds it finished and the current seed's state."""
 
-    done: list[TrainedSeed]
+    done: list[SeedRun]
     current: dict[str, Any] | None  # seed, trainer (Trainer.state_dict), result, held_out
 
     def states(self, steps: int) -> dict[int, dict[str, Any]]:
         """Seed -> the state it goes on from: the current one's, and a finished seed's when it
         trained fewer than ``steps`` steps (the run is extended)."""
-        states = {s.seed: s.state() for s in self.done if s.result.steps < steps}
+        states = {s.seed: seed_state(s) for s in self.done if s.result.steps < steps}
         if self.current is not None:
             states[int(self.current["seed"])] = self.current
         return states
@@ -154,14 +145,14 @@ class RunCheckpoints:
             return None
         state = load_state(self.path)
         self.run.metrics.keep_first(int(state["metric_rows"]))
-        return ResumePoint([TrainedSeed.from_state(s) for s in state["done"]], state["current"])
+        return ResumePoint([seed_from_state(s) for s in state["done"]], state["current"])
 
-    def save_progress(self, done: Sequence[TrainedSeed], current: dict[str, Any] | None) -> None:
+    def save_progress(self, done: Sequence[SeedRun], current: dict[str, Any] | None) -> None:
         """The finished seeds, the current one's state (None between seeds) and the rows
         ``metrics.csv`` has now."""
         if self.enabled and self.writes:
             save_state(self.path, {"config": self.config,
-                                   "done": [s.state() for s in done], "current": current,
+                                   "done": [seed_state(s) for s in done], "current": current,
                                    "metric_rows": self.run.metrics.rows})
 
     def keep_weights(self, model: nn.Module, seed: int) -> None:
@@ -177,7 +168,7 @@ class RunCheckpoints:
 
 def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
                checkpoint: Callable[[dict[str, Any]], None] | None = None,
-               resume: Mapping[str, Any] | None = None) -> tuple[TrainedSeed, nn.Module]:
+               resume: Mapping[str, Any] | None = None) -> tuple[SeedRun, nn.Module]:
     """Build the model of ``cfg`` with ``seed`` and train it for ``train.steps`` steps (from
     ``resume``, a state ``checkpoint`` got); its numbers and its trained model."""
     settings = train_settings(cfg)
@@ -198,7 +189,8 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
 
     result = trainer.fit(settings.steps - trainer.step_count, on_checkpoint=save, result=result)
     final = on_cpu(trainer.state_dict())
-    return TrainedSeed(seed, result, count_parameters(model), held_out.last, final), model
+    return SeedRun("", seed, result, count_parameters(model), held_out=held_out.last,
+                   trainer=final), model
 
 
 def on_cpu(state: Any) -> Any:
@@ -219,9 +211,9 @@ def is_language(task: Task) -> bool:
 
 # --- the numbers and the table --------------------------------------------------------------
 
-def run_summary(seeds: list[TrainedSeed], language: bool) -> dict[str, Any]:
-    """Each seed's ``TrainedSeed.numbers`` averaged; ``steps`` the longest."""
-    rows = [s.numbers(language) for s in seeds]
+def run_summary(seeds: list[SeedRun], language: bool) -> dict[str, Any]:
+    """Each seed's ``seed_numbers`` averaged; ``steps`` the longest."""
+    rows = [seed_numbers(s, language) for s in seeds]
     summary = {key: mean_or_nan([row[key] for row in rows]) for key in rows[0]}
     summary.update(params=rows[0]["params"], steps=max(row["steps"] for row in rows))
     return summary
@@ -323,7 +315,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     """Train every seed one after another (going on from a kept ``checkpoint.pt``), print the
     table; PASS when every held-out loss is finite."""
     clock = Stopwatch()
-    task, seeds, steps = inputs.task, seed_list(cfg), int(cfg.train.steps)
+    task, seeds, steps = inputs.task, list(study(cfg).seeds), int(cfg.train.steps)
     language = is_language(task)
     kept = RunCheckpoints(cfg, run, task, seeds)
     resumed = kept.resume_point()
@@ -333,27 +325,31 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         kept.save_progress([], None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
     training = [s for s in seeds if s in states or s not in latest]  # (resumed: counts steps)
-    with progress_bar(run.metrics, f"train: {which}, {steps} steps",
-                      total=steps * len(training)), stop_between_steps():
-        for seed in training:
-            # kept with this seed's state: every other seed's latest (one to extend as it was)
-            done = [s for other, s in latest.items() if other != seed]
-            try:
-                numbers, model = train_seed(
-                    cfg, task, seed, run.metrics,
-                    checkpoint=lambda state, done=done: kept.save_progress(done, state),
-                    resume=states.get(seed))
-            except Interrupted as exc:
-                raise interrupted(exc, run, seed, seeds, steps, kept.enabled) from None
-            kept.keep_weights(model, seed)
-            latest[seed] = numbers
-            if kept.periodic:
-                kept.save_progress(list(latest.values()), None)
+
+    def train_one(_: str, seed: int) -> SeedRun:
+        # kept with this seed's state: every other seed's latest (one to extend as it was)
+        done = [s for other, s in latest.items() if other != seed]
+        try:
+            trained, model = train_seed(
+                cfg, task, seed, run.metrics,
+                checkpoint=lambda state: kept.save_progress(done, state),
+                resume=states.get(seed))
+        except Interrupted as exc:
+            raise interrupted(exc, run, seed, seeds, steps, kept.enabled) from None
+        kept.keep_weights(model, seed)
+        latest[seed] = trained
+        if kept.periodic:
+            kept.save_progress(list(latest.values()), None)
+        return trained
+
+    with stop_between_steps():
+        run_study(replace(study(cfg), seeds=tuple(training)), train_one, run.metrics,
+                  lambda *_: (f"train: {which}, {steps} steps", steps * len(training)))
     trained = [latest[seed] for seed in seeds]
     kept.save_progress(trained, None)  # the final state: --resume RUN train.steps=N goes on
     utilisation = Utilisation.of(cfg, task)
-    per_seed = [{"seed": s.seed, **apart(cfg, s.seed), **utilisation.numbers(s.numbers(language))}
-                for s in trained]
+    per_seed = [{"seed": s.seed, **apart(cfg, s.seed),
+                 **utilisation.numbers(seed_numbers(s, language))} for s in trained]
     summary = utilisation.numbers(run_summary(trained, language))
     summary.update(world_size=utilisation.ranks, device=str(utilisation.device),
                    peak_flop_per_s=utilisation.peak, peak_source=utilisation.source)

@@ -36,6 +36,7 @@ from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse
 from transformer_lab.routines.compare import SeedRun, comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
+from transformer_lab.routines.study import study
 from transformer_lab.routines.variants import merged, stage_log
 
 # What to look at when a step fails (the rows' details say more).
@@ -284,11 +285,12 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
     with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
     routine = cfg.routine
-    plan, activations = compare.seed_plan(cfg), compare.variation(cfg).names
-    seeds = f"{plan.count} seed{'s' if plan.count > 1 else ''}"
+    spec = study(cfg)
+    count, activations = len(spec.seeds), spec.names
+    seeds = f"{count} seed{'s' if count > 1 else ''}"
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
-                       f"{'at most ' if plan.auto else ''}{seeds}: {routine.steps} steps",
-                       total=int(routine.steps) * plan.count * len(activations))
+                       f"{'at most ' if spec.design else ''}{seeds}: {routine.steps} steps",
+                       total=int(routine.steps) * count * len(activations))
     try:
         trained = beside.collect(run, bar)
     except StepFailed as exc:

@@ -63,11 +63,6 @@ def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
             seed if data is None else int(data) + offset)
 
 
-def seed_list(cfg: DictConfig) -> list[int]:
-    """Seeds ``seed .. seed + routine.seeds - 1`` (``--seeds N``; default 1)."""
-    return [int(cfg.seed) + offset for offset in range(int(cfg.routine.get("seeds", 1)))]
-
-
 def as_list(value: Any) -> list[str]:
     """A list, or a comma-separated string, as a list of stripped strings (None: [])."""
     if isinstance(value, ListConfig | list | tuple):

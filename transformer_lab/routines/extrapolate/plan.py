@@ -13,7 +13,8 @@ from omegaconf import DictConfig
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.tree import user_config_dirs
 from transformer_lab.errors import ConfigError
-from transformer_lab.routines.variants import as_list, load_choice, seed_list
+from transformer_lab.routines.study import study
+from transformer_lab.routines.variants import as_list, load_choice
 
 # Scalings whose factor defaults to the length ratio L'/L; ``dynamic`` computes it per length.
 RATIO_SCALINGS = ("linear", "ntk", "yarn")
@@ -88,9 +89,6 @@ def parse_eval_length(entry: Any, train_len: int) -> int:
     return length
 
 
-
-
-
 @dataclass
 class Plan:
     pes: list[str]
@@ -143,7 +141,7 @@ def make_plan(cfg: DictConfig) -> Plan:
     if scaled and not any(supports_scaling(node) for node in nodes.values()):
         raise ConfigError(f"routine.scalings={scaled} applies to RoPE only, and none of "
                           f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
-    seeds = seed_list(cfg)
+    seeds = list(study(cfg).seeds)
     finetune_steps = r.get("finetune_steps", 0) or 0
     finetune_lr = r.get("finetune_lr") or cfg.train.lr
     max_len = r.get("max_len")
