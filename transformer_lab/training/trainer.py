@@ -99,6 +99,11 @@ class TrainResult:
     grad_norms: list[float] = field(default_factory=list)
 
 
+def scaled(value: torch.Tensor, factor: float) -> torch.Tensor:
+    """``value * factor``; ``value`` itself for a factor of 1 (no extra op in the step's graph)."""
+    return value if factor == 1.0 else value * factor
+
+
 class Trainer:
     """The optimisers, data generator and step counter of one model on one task."""
 
@@ -143,11 +148,12 @@ class Trainer:
         for optimizer, ratio in zip(self.optimizers, self.lr_ratios, strict=True):
             for group in optimizer.param_groups:
                 group["lr"] = lr * ratio
-            optimizer.zero_grad(set_to_none=True)
+        for parameter in self._params:  # zero_grad(set_to_none=True) without its per-call hooks
+            parameter.grad = None
         if not self.model.training:
             self.runnable.train()
         parts = self.micro_batches(batch)
-        losses = []
+        step_loss = None
         for index, (micro, share) in enumerate(parts):
             synced = self.parallel is None or index == len(parts) - 1  # DDP: the last backward
             with nullcontext() if synced else self.parallel.no_sync():
@@ -155,9 +161,10 @@ class Trainer:
                     loss = sequence_loss(self.runnable(micro.inputs), micro.targets)
                     auxiliary = last_forward(self.model, "auxiliary_loss", None)  # MoE, or None
                 objective = loss if auxiliary is None else loss + auxiliary
-                (objective * (share * self.ranks)).backward()  # DDP averages over ranks
-            losses.append(loss.detach() * share)
-        step_loss = distributed.all_reduce_sum(sum(losses))  # the global batch's mean
+                scaled(objective, share * self.ranks).backward()  # DDP averages over ranks
+            part = scaled(loss.detach(), share)
+            step_loss = part if step_loss is None else step_loss + part
+        step_loss = distributed.all_reduce_sum(step_loss)  # the global batch's mean
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
         for optimizer in self.optimizers:
             optimizer.step()
