@@ -11,7 +11,7 @@ in turn (A B C A B C ...) so that a drift of the machine's speed hits them alike
 (the default: step 4 in a child process beside steps 1-3), ``sequential``
 (``routine.parallel=false``) and, with ``--old PATH``, the checkout at PATH run by the same
 interpreter (``PYTHONPATH=PATH``). Each arm's median, min and max wall time, the median of
-its pairwise ratio to the first arm (the target is 5 s on a 2-core CPU), its CPU time
+its pairwise ratio to the first arm, its CPU time
 (``cpu_s``, step 4's child process included) and the CPU time other processes took during its
 runs (``others_cpu_s``: 0 on a quiet machine; ``--idle-wait S`` waits up to S seconds before
 each run for the machine to be idle). Part 2 trains the

@@ -55,8 +55,7 @@ def save_weights(model: nn.Module, path: Path, cfg: DictConfig, seed: int, index
         metadata.update(variant=str(variant), varied=str(varied or ""))
     if components := user_components(cfg):  # what --trust-code may import when it loads
         metadata["components"] = json.dumps(components)
-    spec = tokenizer_spec(tokenizer)
-    if spec is not None:
+    if (spec := tokenizer_spec(tokenizer)) is not None:
         metadata["tokenizer"] = spec
     return atomic_write(path, lambda temporary: save_model(model, temporary, metadata,
                                                            force_contiguous=True))
@@ -164,12 +163,12 @@ def choose_model(path: Path, variant: str | None = None, seed: int | None = None
               and (seed is None or h.seed == seed)]
     if not chosen:
         variants = sorted({h.variant for h in models if h.variant is not None})
-        seeds = sorted({h.seed for h in models})
         valid = (f"variants {', '.join(variants)}; " if variants else "") + \
-            f"seeds {', '.join(map(str, seeds))}"
-        asked = ", ".join(part for part in (f"variant {variant}" if variant is not None else "",
-                                            f"seed {seed}" if seed is not None else "") if part)
-        raise ConfigError(f"{where} has no model of {asked}; valid: {valid}")
+            f"seeds {', '.join(map(str, sorted({h.seed for h in models})))}"
+        asked = {"variant": variant, "seed": seed}
+        raise ConfigError(f"{where} has no model of "
+                          f"{', '.join(f'{k} {v}' for k, v in asked.items() if v is not None)}; "
+                          f"valid: {valid}")
     return chosen[0], models
 
 

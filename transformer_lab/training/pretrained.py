@@ -24,11 +24,7 @@ KEY = re.compile(r"[A-Za-z_]\w*")  # a key read from a run, as an override names
 
 def pretrained_option(cfg: DictConfig) -> str | None:
     """``--from-hf`` or ``--from-run`` when ``cfg`` starts from weights (None otherwise)."""
-    if cfg.get("from_hf"):
-        return "--from-hf"
-    if cfg.get("from_run"):
-        return "--from-run"
-    return None
+    return "--from-hf" if cfg.get("from_hf") else "--from-run" if cfg.get("from_run") else None
 
 
 def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:

@@ -5,30 +5,23 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # settings.py imports this module
+    from transformer_lab.training.settings import TrainSettings
 
 
-class ScheduleSettings(Protocol):
-    """What a schedule reads of the train settings (``trainer.TrainSettings`` has them)."""
-
-    lr: float
-    warmup: int
-    noam_factor: float
-    min_lr_ratio: float
-    d_model: int
-
-
-def constant(step: int, train: ScheduleSettings, total_steps: int) -> float:
+def constant(step: int, train: TrainSettings, total_steps: int) -> float:
     return float(train.lr)
 
 
-def noam(step: int, train: ScheduleSettings, total_steps: int) -> float:
+def noam(step: int, train: TrainSettings, total_steps: int) -> float:
     step = max(step, 1)
     warmup = max(int(train.warmup), 1)
     return float(train.noam_factor) * train.d_model**-0.5 * min(step**-0.5, step * warmup**-1.5)
 
 
-def warmup_cosine(step: int, train: ScheduleSettings, total_steps: int) -> float:
+def warmup_cosine(step: int, train: TrainSettings, total_steps: int) -> float:
     lr, warmup, total = float(train.lr), int(train.warmup), int(total_steps)
     if warmup > 0 and step <= warmup:
         return lr * step / warmup
@@ -37,7 +30,7 @@ def warmup_cosine(step: int, train: ScheduleSettings, total_steps: int) -> float
     return floor + (lr - floor) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-SCHEDULES: dict[str, Callable[[int, ScheduleSettings, int], float]] = {
+SCHEDULES: dict[str, Callable[[int, TrainSettings, int], float]] = {
     "constant": constant,
     "noam": noam,
     "warmup_cosine": warmup_cosine,

@@ -17,9 +17,7 @@ def check_threads(threads: object) -> None:
 
 def available_cores() -> int:
     """Cores this process may run on (its CPU affinity where the OS tells, else all)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 @contextmanager

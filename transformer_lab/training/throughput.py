@@ -26,14 +26,6 @@ DATASHEET_PEAKS: tuple[tuple[str, float, float], ...] = (
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
-def datasheet_peak(device_name: str, precision: str) -> float | None:
-    """The datasheet peak of a GPU named ``device_name`` in ``precision``; None if unknown."""
-    for fragment, bf16, fp32 in DATASHEET_PEAKS:
-        if fragment in device_name:
-            return bf16 if precision == "bf16" else fp32
-    return None
-
-
 def measured_matmul_peak(device: torch.device, dtype: torch.dtype, n: int,
                          repeats: int = 5) -> float:
     """Best FLOP/s of an n x n matmul (2 n^3 FLOPs) over ``repeats`` tries, after a warm-up."""
@@ -58,9 +50,10 @@ def peak_flops(device: torch.device, precision: str, threads: int) -> tuple[floa
     measured CPU peak depends on them)."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        peak = datasheet_peak(name, precision)
-        if peak is not None:
-            return peak, f"{name} {precision} dense peak (NVIDIA datasheet)"
+        peaks = [bf16 if precision == "bf16" else fp32
+                 for fragment, bf16, fp32 in DATASHEET_PEAKS if fragment in name]
+        if peaks:
+            return peaks[0], f"{name} {precision} dense peak (NVIDIA datasheet)"
         n = 8192
         return (measured_matmul_peak(device, DTYPES[precision], n),
                 f"measured: {n}x{n} {precision} matmul on {name}")

@@ -21,7 +21,7 @@ from transformer_lab.errors import ConfigError, Diverged, Interrupted
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 from transformer_lab.training import distributed
-from transformer_lab.training.optimizers import OptimizerSet, build_optimizers
+from transformer_lab.training.optimizers import build_optimizers
 from transformer_lab.training.schedules import SCHEDULES
 from transformer_lab.training.settings import TrainSettings
 
@@ -32,26 +32,12 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
                            ignore_index=IGNORE_INDEX)
 
 
-def token_accuracy(logits: torch.Tensor, targets: torch.Tensor) -> float:
-    scored = targets != IGNORE_INDEX
-    return (logits.argmax(dim=-1) == targets)[scored].float().mean().item()
-
-
-def model_auxiliary_loss(model: nn.Module) -> torch.Tensor | None:
-    """The auxiliary loss of the model's last forward (MoE load balancing), or None."""
-    collect = getattr(model, "auxiliary_loss", None)
-    return collect() if callable(collect) else None
-
-
-def model_auxiliary_metrics(model: nn.Module) -> dict[str, float]:
-    """Extra ``metrics.csv`` columns about the last forward (e.g. ``moe_expert0_fraction``)."""
-    collect = getattr(model, "auxiliary_metrics", None)
-    return collect() if callable(collect) else {}
-
-
-def scaled(value: torch.Tensor, factor: float) -> torch.Tensor:
-    """``value * factor``; ``value`` itself for a factor of 1 (the graph without accumulation)."""
-    return value if factor == 1.0 else value * factor
+def last_forward(model: nn.Module, name: str, default: Any) -> Any:
+    """``model.<name>()`` about its last forward where the model has it (MoE: ``auxiliary_loss``,
+    the load-balancing loss; ``auxiliary_metrics``, extra ``metrics.csv`` columns), else
+    ``default``."""
+    collect = getattr(model, name, None)
+    return collect() if callable(collect) else default
 
 
 def runnable_model(model: nn.Module, device: torch.device, compile_model: bool
@@ -92,8 +78,9 @@ def evaluate_model(model: nn.Module, task: Task, batch: Batch,
         logits = model(batch.inputs)  # (B, T, V)
         match = task.exact_match(model, batch) if exact_match else None
     model.train(was_training)
+    scored = batch.targets != IGNORE_INDEX
     return {"loss": sequence_loss(logits, batch.targets).item(),
-            "accuracy": token_accuracy(logits, batch.targets),
+            "accuracy": (logits.argmax(dim=-1) == batch.targets)[scored].float().mean().item(),
             "exact_match": math.nan if match is None else match}
 
 
@@ -110,6 +97,11 @@ class TrainResult:
     steady_tokens_per_s: float = math.nan  # tokens per step over step_ms
     train_losses: list[float] = field(default_factory=list)  # one per logged step
     grad_norms: list[float] = field(default_factory=list)
+
+
+def scaled(value: torch.Tensor, factor: float) -> torch.Tensor:
+    """``value * factor``; ``value`` itself for a factor of 1 (no extra op in the step's graph)."""
+    return value if factor == 1.0 else value * factor
 
 
 class Trainer:
@@ -134,7 +126,7 @@ class Trainer:
         self.schedule = SCHEDULES[settings.schedule]
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._horizon = settings.steps  # the schedule's total steps; each fit sets it
-        self.optimizers: OptimizerSet = build_optimizers(
+        self.optimizers, self.lr_ratios = build_optimizers(
             model, settings.optimizer, self.schedule(1, settings, self._horizon))
         self.max_grad_norm = settings.grad_clip if settings.grad_clip else math.inf
         self.autocast: AbstractContextManager = (
@@ -149,33 +141,33 @@ class Trainer:
             torch.cuda.synchronize(self.device)
         return time.perf_counter()
 
-    def plan_schedule(self, steps: int) -> None:
-        """The schedule ends ``steps`` steps from now."""
-        self._horizon = self.step_count + int(steps)
-
     def train_step(self, batch: Batch) -> tuple[torch.Tensor, torch.Tensor, float]:
         """One optimiser step; returns (loss, grad_norm) as tensors (no host sync) and the lr."""
         self.step_count += 1
         lr = self.schedule(self.step_count, self.settings, self._horizon)
-        self.optimizers.set_lr(lr)
+        for optimizer, ratio in zip(self.optimizers, self.lr_ratios, strict=True):
+            for group in optimizer.param_groups:
+                group["lr"] = lr * ratio
+        for parameter in self._params:  # zero_grad(set_to_none=True) without its per-call hooks
+            parameter.grad = None
         if not self.model.training:
             self.runnable.train()
         parts = self.micro_batches(batch)
-        self.optimizers.zero_grad()
         step_loss = None
         for index, (micro, share) in enumerate(parts):
             synced = self.parallel is None or index == len(parts) - 1  # DDP: the last backward
             with nullcontext() if synced else self.parallel.no_sync():
                 with self.autocast:
                     loss = sequence_loss(self.runnable(micro.inputs), micro.targets)
-                    auxiliary = model_auxiliary_loss(self.model)  # MoE load balancing, or None
+                    auxiliary = last_forward(self.model, "auxiliary_loss", None)  # MoE, or None
                 objective = loss if auxiliary is None else loss + auxiliary
                 scaled(objective, share * self.ranks).backward()  # DDP averages over ranks
             part = scaled(loss.detach(), share)
             step_loss = part if step_loss is None else step_loss + part
         step_loss = distributed.all_reduce_sum(step_loss)  # the global batch's mean
         grad_norm = torch.nn.utils.clip_grad_norm_(self._params, self.max_grad_norm)
-        self.optimizers.step()
+        for optimizer in self.optimizers:
+            optimizer.step()
         return step_loss, grad_norm, lr
 
     def micro_batches(self, batch: Batch) -> list[tuple[Batch, float]]:
@@ -224,35 +216,6 @@ class Trainer:
         if self.metrics is not None:
             self.metrics.write(row)
 
-    def record_train(self, result: TrainResult, step: int, loss: float, grad_norm: float,
-                     lr: float, tokens_per_s: float,
-                     on_step: Callable[[int, float], None] | None = None) -> None:
-        """A ``train`` row; ``Diverged`` (after the row) when loss or gradient norm is not
-        finite."""
-        result.train_losses.append(loss)
-        result.grad_norms.append(grad_norm)
-        self.log({"step": step, "split": "train", "loss": loss, "lr": lr,
-                  "grad_norm": grad_norm, "tokens_per_s": tokens_per_s,
-                  **model_auxiliary_metrics(self.model)})
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            raise Diverged(f"loss became {loss} at step {step} (lr={lr:.3g})")
-        if on_step is not None:
-            on_step(step, loss)
-
-    def record_eval(self, result: TrainResult, step: int, lr: float,
-                    target_exact_match: float | None) -> bool:
-        """A held-out ``val`` row; True when exact match reached ``target_exact_match``."""
-        evaluation = self.evaluate()
-        self.log({"step": step, "split": "val", **evaluation, "lr": lr})
-        result.final_loss = evaluation["loss"]
-        match = evaluation["exact_match"]
-        if not math.isnan(match):
-            result.best_exact_match = max(result.best_exact_match or 0.0, match)
-            if target_exact_match is not None and match >= target_exact_match:
-                result.solved_step = step
-                return True
-        return False
-
     def fit(self, steps: int, *, batches: Sequence[Batch] | None = None,
             target_exact_match: float | None = None,
             on_step: Callable[[int, float], None] | None = None,
@@ -261,9 +224,10 @@ class Trainer:
             result: TrainResult | None = None) -> TrainResult:
         """Train ``steps`` steps (fresh batches, or cycling ``batches``), stopping at the first
         held-out exact match >= ``target_exact_match``. ``horizon``: the steps the schedule plans
-        for (default ``steps``). ``on_checkpoint(result)``: every ``checkpoint_every`` steps and
+        for (default ``steps``). ``on_step(step, loss)``: at each ``train`` row, after
+        ``Diverged`` is checked. ``on_checkpoint(result)``: every ``checkpoint_every`` steps and
         before ``Interrupted``; ``result``: that of the fit this one resumes."""
-        self.plan_schedule(steps if horizon is None else horizon)
+        self._horizon = self.step_count + int(steps if horizon is None else horizon)
         result = TrainResult() if result is None else result
         log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
         checkpoint_every = self.settings.checkpoint_every
@@ -282,24 +246,40 @@ class Trainer:
                 batch = self.task.train_batch(self.settings.batch_size * self.settings.grad_accum,
                                               self.generator)
             loss, grad_norm, lr = self.train_step(batch)
-            taken += 1
+            taken, tokens = taken + 1, batch.inputs.numel()
             if i == 0:  # the first step is done (compilation, warm-up): the steady clock starts
                 loss.item()
                 result.first_step_s = time.perf_counter() - started
-                first_tokens = batch.inputs.numel()
-            tokens_since += batch.inputs.numel()
-            total_tokens += batch.inputs.numel()
+                first_tokens = tokens
+            tokens_since, total_tokens = tokens_since + tokens, total_tokens + tokens
             step, last = self.step_count, i == steps - 1
-            if step % log_every == 0 or last:
+            if step % log_every == 0 or last:  # a train row; Diverged when it is not finite
                 now = time.perf_counter()
-                self.record_train(result, step, loss.item(), grad_norm.item(), lr,
-                                  tokens_since / max(now - clock, 1e-9), on_step)
+                train_loss, norm = loss.item(), grad_norm.item()
+                result.train_losses.append(train_loss)
+                result.grad_norms.append(norm)
+                self.log({"step": step, "split": "train", "loss": train_loss, "lr": lr,
+                          "grad_norm": norm, "tokens_per_s": tokens_since / max(now - clock, 1e-9),
+                          **last_forward(self.model, "auxiliary_metrics", {})})
+                if not (math.isfinite(train_loss) and math.isfinite(norm)):
+                    raise Diverged(f"loss became {train_loss} at step {step} (lr={lr:.3g})")
+                if on_step is not None:
+                    on_step(step, train_loss)
                 tokens_since, clock = 0, now
             evaluating = (eval_every and step % eval_every == 0) or last
             checkpointing = bool(on_checkpoint is not None and checkpoint_every
                                  and step % checkpoint_every == 0)
             pause_start = self.synchronized_clock() if evaluating or checkpointing else None
-            solved = bool(evaluating) and self.record_eval(result, step, lr, target_exact_match)
+            solved = False
+            if evaluating:  # a held-out val row
+                evaluation = self.evaluate()
+                self.log({"step": step, "split": "val", **evaluation, "lr": lr})
+                result.final_loss, match = evaluation["loss"], evaluation["exact_match"]
+                if not math.isnan(match):
+                    result.best_exact_match = max(result.best_exact_match or 0.0, match)
+                    solved = target_exact_match is not None and match >= target_exact_match
+                    if solved:
+                        result.solved_step = step
             if checkpointing and not solved:
                 result.steps = step
                 on_checkpoint(result)
