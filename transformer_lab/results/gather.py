@@ -64,15 +64,9 @@ def find_run_dirs(root: Path) -> tuple[list[Path], int]:
             runs.append(path)
             dirs[:] = []
             continue
-        kept = []
-        for name in sorted(dirs):
-            if name in _SKIPPED_DIRS:
-                continue
-            if is_failed_attempt_dir(path / name):
-                superseded += 1
-                continue
-            kept.append(name)
-        dirs[:] = kept
+        failed = [name for name in dirs if is_failed_attempt_dir(path / name)]
+        superseded += len(failed)
+        dirs[:] = sorted(set(dirs) - _SKIPPED_DIRS - set(failed))
     return sorted(runs, key=_natural_key), superseded
 
 
@@ -99,21 +93,15 @@ def _select(node: Any, key: str, default: Any = None) -> Any:
     return node
 
 
-def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """(task overrides as key -> raw value, group choices and job number) from ``.hydra``."""
-    overrides: dict[str, str] = {}
-    listed = _load_yaml(run_dir / ".hydra" / "overrides.yaml")
-    for item in listed or []:
-        key, _, value = str(item).partition("=")
-        overrides[key.lstrip("+~")] = value
+def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any], Any]:
+    """(task overrides as key -> raw value, group choices, job number) from ``.hydra``."""
+    listed = _load_yaml(run_dir / ".hydra" / "overrides.yaml") or []
+    overrides = {key.lstrip("+~"): value
+                 for key, _, value in (str(item).partition("=") for item in listed)}
     hydra_cfg = _load_yaml(run_dir / ".hydra" / "hydra.yaml")
-    extra: dict[str, Any] = {}
-    if hydra_cfg is not None:
-        choices = _select(hydra_cfg, "hydra.runtime.choices")
-        extra["choices"] = {str(k): v for k, v in choices.items()} \
-            if isinstance(choices, dict) else {}
-        extra["job"] = _select(hydra_cfg, "hydra.job.num")
-    return overrides, extra
+    choices = _select(hydra_cfg, "hydra.runtime.choices")
+    return (overrides, {str(k): v for k, v in choices.items()} if isinstance(choices, dict)
+            else {}, _select(hydra_cfg, "hydra.job.num"))
 
 
 def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
@@ -220,9 +208,7 @@ def gather(root: Path) -> Gathered:
                 curves.append(curve.assign(run_dir=name))
         except _CSV_ERRORS as exc:
             skipped.append((run_dir / "metrics.csv", _reason(exc) + " (loss curve left out)"))
-        overrides, extra = hydra_settings(run_dir)
-        overrides_by_run[name] = overrides
-        choices_by_run[name] = extra.get("choices", {})
+        overrides_by_run[name], choices_by_run[name], job = hydra_settings(run_dir)
         info = read_json(run_dir / "run.json")
         try:
             per_seed = read_seeds(run_dir) if len(summary_rows) == 1 else []
@@ -232,7 +218,7 @@ def gather(root: Path) -> Gathered:
         if per_seed:
             seeded.add(name)
         # a job's number is its folder's (hydra.sweep.subdir: after earlier launches of a search)
-        job = int(run_dir.name) if run_dir.name.isdigit() else extra.get("job")
+        job = int(run_dir.name) if run_dir.name.isdigit() else job
         for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
             row = {"run_dir": name, "job": job, **summary}
             if pd.isna(row.get("status")):

@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import hashlib
 import json
 import math
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -66,8 +68,12 @@ class CsvLog:
             self.columns += extra
             self._open("w")
             self._writer.writeheader()
-        elif extra:
-            self._widen(extra)
+        elif extra:  # rewrite the file with the wider header, then append again
+            self._file.close()
+            with self.path.open(newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+            columns = self.columns + extra
+            self._rewrite(columns, [[r.get(c) for c in columns] for r in rows], ".widening")
         self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
         self._file.flush()
         self.rows += 1
@@ -77,14 +83,6 @@ class CsvLog:
     def _open(self, mode: str) -> None:
         self._file = self.path.open(mode, newline="", encoding="utf-8")
         self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
-
-    def _widen(self, extra: list[str]) -> None:
-        """Rewrite the file with ``extra`` added to the header, then append again."""
-        self._file.close()
-        with self.path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-        columns = self.columns + extra
-        self._rewrite(columns, [[row.get(c) for c in columns] for row in rows], ".widening")
 
     def _rewrite(self, header: list[str], rows: list[list[Any]], suffix: str) -> None:
         """Replace the file with ``header`` and ``rows`` (atomically), then append again."""
@@ -176,13 +174,11 @@ def claimed_by(path: Path) -> str | None:
             f"{owner.get('time', '?')})")
 
 
-def _claim(resuming: bool = False) -> str:
-    """The text of a claim by this process (``resuming``: of an interrupted run's directory)."""
-    import socket
-
-    owner = {"pid": os.getpid(), "host": socket.gethostname(),
-             "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv}
-    return json.dumps({**owner, "resuming": True} if resuming else owner)
+def _claim(**resuming: bool) -> str:
+    """The text of a claim by this process (``resuming=True``: of an interrupted run's folder)."""
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv,
+                       **resuming})
 
 
 def claim_directory(path: str | Path) -> Path:
@@ -210,9 +206,6 @@ def claim_directory(path: str | Path) -> Path:
 def reclaim_directory(path: Path) -> None:
     """Take over the claim of an interrupted run's directory (``--resume RUN_DIR``);
     ``ConfigError`` while its owner runs, or for the loser of two resumes."""
-    import hashlib
-    import socket
-
     marker = path / CLAIM_FILE
     before = marker.read_text(encoding="utf-8") if marker.exists() else ""
     owner = read_json(marker)
@@ -241,8 +234,6 @@ def process_alive(pid: Any) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # it exists, owned by someone else
         return True
     except OSError:
@@ -291,55 +282,39 @@ class RunDirectory:
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
-        """A new run's directory; one holding a run is refused unless resumed here (``reopen``)."""
+        """A new run's directory; one holding a run is refused unless this process resumes it
+        (``reclaim_directory``): then it goes on there, this process added to ``resumes``."""
         path = Path(path)
+        run = cls(path, cfg)
+        now = datetime.now(timezone.utc).isoformat()
         if holds_run(path):
-            if resumed_here(path):
-                return cls.reopen(path, cfg)
-            raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
-                              f"{resume_hint(path)}")
-        path.mkdir(parents=True, exist_ok=True)
-        run = cls(path, cfg)
-        run.info = {
-            "seed": cfg.get("seed"),
-            "routine": cfg.routine.name,
-            "git_commit": git_commit(),
-            "versions": dict(package_versions()),
-            "platform": platform.platform(),
-            "device": cfg.train.device,
-            "threads": _torch_threads(),
-            "argv": sys.argv,
-            "pid": os.getpid(),
-            "start_time": datetime.now(timezone.utc).isoformat(),
-            "status": "running",
-        }
+            if not resumed_here(path):
+                raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
+                                  f"{resume_hint(path)}")
+            run.info = read_json(path / "run.json")
+            resumes = [*(run.info.get("resumes") or []),
+                       {"pid": os.getpid(), "argv": sys.argv, "start_time": now,
+                        "previous_status": run.info.get("status")}]
+            run.info.update(status="running", error=None, resumes=resumes)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            torch = sys.modules.get("torch")
+            run.info = {"seed": cfg.get("seed"), "routine": cfg.routine.name,
+                        "git_commit": git_commit(), "versions": dict(package_versions()),
+                        "platform": platform.platform(), "device": cfg.train.device,
+                        "threads": torch.get_num_threads() if torch is not None else None,
+                        "argv": sys.argv, "pid": os.getpid(), "start_time": now,
+                        "status": "running"}
         run.write_info()
-        run.start_outputs()
-        return run
-
-    @classmethod
-    def reopen(cls, path: Path, cfg: DictConfig) -> RunDirectory:
-        """An interrupted run's directory to go on in (this process added to ``resumes``)."""
-        run = cls(path, cfg)
-        run.info = read_json(path / "run.json")
-        resumes = run.info.get("resumes") or []
-        resumes.append({"pid": os.getpid(), "argv": sys.argv,
-                        "start_time": datetime.now(timezone.utc).isoformat(),
-                        "previous_status": run.info.get("status")})
-        run.info.update(status="running", error=None, resumes=resumes)
-        run.write_info()
-        run.start_outputs()
-        return run
-
-    def start_outputs(self) -> None:
-        """The trackers ``cfg.logger`` names and the progress bars (``logger.progress``)."""
+        # the trackers ``cfg.logger`` names and the progress bars (``logger.progress``)
         from transformer_lab.results.progress import RunProgress
         from transformer_lab.results.tracking import build_trackers
 
-        logger = self.cfg.get("logger")
-        quiet = logger is not None and not logger.get("progress", True)
-        self.progress = RunProgress.for_terminal(quiet=quiet)
-        self.trackers = build_trackers(self.cfg, self.path)
+        logger = cfg.get("logger")
+        run.progress = RunProgress.for_terminal(quiet=logger is not None
+                                                and not logger.get("progress", True))
+        run.trackers = build_trackers(cfg, path)
+        return run
 
     def write_config(self) -> None:
         """Save the resolved config (unresolved if an interpolation cannot be resolved)."""
@@ -368,10 +343,8 @@ class RunDirectory:
         return self._logs["metrics"]
 
     def write_table(self, name: str, rows: list[Mapping[str, Any]],
-                    columns: Iterable[str] = ()) -> Path:
-        table = self.log(name, columns)
-        table.write_all(rows)
-        return table.path
+                    columns: Iterable[str] = ()) -> None:
+        self.log(name, columns).write_all(rows)
 
     def finish(self, status: str, error: str | None = None, **extra: Any) -> None:
         for log in self._logs.values():
@@ -383,11 +356,6 @@ class RunDirectory:
         self.write_info()
         for tracker in self.trackers:  # after the files are complete: they are its artifacts
             tracker.finish(self.path, status)
-
-
-def _torch_threads() -> int | None:
-    torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else None
 
 
 def read_json(path: Path) -> dict[str, Any]:
