@@ -4,6 +4,7 @@ verdicts, and plots (``docs/cli.md``, "tlab report"); ``gather.py`` reads the ru
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import statistics
 from dataclasses import dataclass
@@ -27,8 +28,6 @@ class Report:
     files: list[Path]
     variance: pd.DataFrame | None = None  # report-variance.csv's rows, when there is one
 
-
-# --- summarising ----------------------------------------------------------------------------
 
 def metrics_present(runs: pd.DataFrame) -> list[str]:
     return [m for m in (*METRICS, *CURVE_METRICS) if m in runs.columns and runs[m].notna().any()]
@@ -148,11 +147,9 @@ def variance_lines(variance: pd.DataFrame, keys: list[str]) -> list[str]:
 
 
 def mean_std(mean: float, std: float) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+    if pd.isna(mean):
         return "–"
-    if std is None or (isinstance(std, float) and math.isnan(std)) or std == 0:
-        return f"{mean:.4g}"
-    return f"{mean:.4g} ± {std:.2g}"
+    return f"{mean:.4g}" if pd.isna(std) or std == 0 else f"{mean:.4g} ± {std:.2g}"
 
 
 def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tuple[list[str],
@@ -199,16 +196,12 @@ def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
 
 def free_prefix(out_dir: Path) -> str:
     """``report`` or the first ``report-<n>`` whose files do not exist yet."""
-    n = 1
-    while True:
+    for n in itertools.count(1):
         prefix = "report" if n == 1 else f"report-{n}"
         if not any((out_dir / f"{prefix}{suffix}").exists()
                    for suffix in (".csv", ".md", "-pivot.csv", "-loss.png", "-variance.csv")):
             return prefix
-        n += 1
 
-
-# --- the report -----------------------------------------------------------------------------
 
 def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None,
                 baseline: str | None = None) -> Report:
@@ -222,30 +215,26 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
         pivot = verdict_columns(gathered, pivot, chosen, baseline)
     out_dir = Path(out_dir) if out_dir is not None else Path(root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prefix = free_prefix(out_dir)
-    files = []
-    leading = ["run_dir", "job", "status", *gathered.swept_keys]
-    columns = [c for c in leading if c in gathered.runs.columns]
-    columns += [c for c in gathered.runs.columns if c not in columns]
-    runs_csv = out_dir / f"{prefix}.csv"
-    gathered.runs[columns].to_csv(runs_csv, index=False)
-    pivot_csv = out_dir / f"{prefix}-pivot.csv"
+    base = free_prefix(out_dir)
+    runs_csv, pivot_csv, variance_csv, md = (out_dir / f"{base}{suffix}" for suffix in
+                                             (".csv", "-pivot.csv", "-variance.csv", ".md"))
+    leading = [c for c in ["run_dir", "job", "status", *gathered.swept_keys]
+               if c in gathered.runs.columns]
+    gathered.runs[leading + [c for c in gathered.runs.columns if c not in leading]].to_csv(
+        runs_csv, index=False)
     pivot.to_csv(pivot_csv, index=False)
-    files += [runs_csv, pivot_csv]
+    files = [runs_csv, pivot_csv]
     variance = variance_table(gathered, chosen)
     if variance is not None:
-        files.append(out_dir / f"{prefix}-variance.csv")
-        variance.to_csv(files[-1], index=False)
-    keys = gathered.group_keys or ["group"]
+        variance.to_csv(variance_csv, index=False)
+        files.append(variance_csv)
     if chosen is not None:
         files.append(plot_metric(pivot, gathered.group_keys, chosen,
-                                 out_dir / f"{prefix}-{chosen}.png"))
-    curve_png = plot_loss_curves(gathered, out_dir / f"{prefix}-loss.png")
-    if curve_png is not None:
+                                 out_dir / f"{base}-{chosen}.png"))
+    if (curve_png := plot_loss_curves(gathered, out_dir / f"{base}-loss.png")) is not None:
         files.append(curve_png)
-    md = out_dir / f"{prefix}.md"
-    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files], chosen,
-                                  variance))
+    md.write_text(markdown_report(gathered, pivot, gathered.group_keys or ["group"],
+                                  [f.name for f in files], chosen, variance))
     files.insert(2, md)
     return Report(gathered, pivot, chosen, files, variance)
 

@@ -22,8 +22,6 @@ DEFAULT_TOKENS = 100
 DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary without it: its first
 
 
-# --- the settings ---------------------------------------------------------------------------
-
 @dataclass(frozen=True)
 class Sampling:
     """How the continuation is drawn: ``temperature`` 0 is greedy (argmax)."""
@@ -42,22 +40,18 @@ class Sampling:
                      num_samples: int = 1) -> Sampling:
         """The command's options (default: temperature 1, a fresh seed); ``ConfigError`` when
         they contradict."""
-        if greedy and (temperature not in (None, 0.0) or top_k is not None or top_p is not None):
-            given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
-                f"--top-k {top_k}" if top_k is not None else f"--top-p {top_p}"
-            raise ConfigError(f"--greedy takes the most likely token; {given} draws one: give "
-                              "one of them")
-        if tokens < 1:
-            raise ConfigError(f"--tokens {tokens} is not valid; generate 1 or more tokens")
-        if top_p is not None and not 0 < top_p <= 1:
+        drawing = [f"--{name} {value}" for name, value in (("temperature", temperature or None),
+                                                           ("top-k", top_k), ("top-p", top_p))
+                   if value is not None]
+        if greedy and drawing:
+            raise ConfigError(f"--greedy takes the most likely token; {drawing[0]} draws one: "
+                              "give one of them")
+        if top_p is not None and not 0 < top_p <= 1:  # --tokens, --num-samples: typer's min=1
             raise ConfigError(f"--top-p {top_p} is not valid; give a probability in (0, 1]")
-        if num_samples < 1:
-            raise ConfigError(f"--num-samples {num_samples} is not valid; give 1 or more")
         chosen = 0.0 if greedy else (1.0 if temperature is None else float(temperature))
-        fresh = seed is None
         return cls(int(tokens), chosen, top_k, top_p,
-                   secrets.randbelow(2**31) if fresh else int(seed), int(num_samples),
-                   seed_given=not fresh)
+                   secrets.randbelow(2**31) if seed is None else int(seed), int(num_samples),
+                   seed_given=seed is not None)
 
     def describe(self) -> str:
         samples = f" x {self.num_samples} samples" if self.num_samples > 1 else ""
@@ -68,8 +62,6 @@ class Sampling:
         reuse = "" if self.seed_given else f" (reuse with --seed {self.seed})"
         return f"temperature {self.temperature:g}{top}{samples}, seed {self.seed}{reuse}"
 
-
-# --- the prompt -----------------------------------------------------------------------------
 
 def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
     """The prompt as token ids (1, P), by the run's tokenizer or read as ids on a synthetic
@@ -108,12 +100,8 @@ def token_prompt(prompt: str, vocab: int) -> list[int]:
 
 def render(trained: TrainedModel, ids: list[int]) -> str:
     """Token ids as text (the run's tokenizer) or, on a synthetic task, as ids."""
-    if trained.tokenizer is None:
-        return " ".join(map(str, ids))
-    return trained.tokenizer.decode(ids)
+    return " ".join(map(str, ids)) if trained.tokenizer is None else trained.tokenizer.decode(ids)
 
-
-# --- the continuation -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sample:
@@ -127,14 +115,6 @@ class Sample:
     texts: list[str]  # each continuation, rendered
     window: int | None  # the model's context window (cropped past it), or None
     joiner: str  # between the prompt and a continuation: "" (text) or " " (token ids)
-
-
-def require_decoder(trained: TrainedModel) -> None:
-    """``ConfigError`` for an encoder: its tokens see later ones, so it continues nothing."""
-    if not trained.cfg.arch.causal:
-        raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
-                          "tokens see the later ones, so it cannot continue a prompt: sample a "
-                          "decoder's run (arch=decoder)")
 
 
 def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
@@ -162,7 +142,10 @@ def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | No
     its weights files) chosen by ``variant`` and ``model_seed``."""
     header, models = choose_model(path, variant, model_seed, option="tlab sample")
     trained = load_trained(header.path)
-    require_decoder(trained)
+    if not trained.cfg.arch.causal:  # an encoder's tokens see the later ones
+        raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
+                          "tokens see the later ones, so it cannot continue a prompt: sample a "
+                          "decoder's run (arch=decoder)")
     ids = prompt_ids(trained, prompt)
     samples = continue_prompt(trained, ids, sampling)
     return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), samples,
