@@ -104,10 +104,8 @@ def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any], Any]:
             else {}, _select(hydra_cfg, "hydra.job.num"))
 
 
-def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
-    if run_dir not in cache:
-        cache[run_dir] = _load_yaml(run_dir / "config.yaml")
-    value = _select(cache[run_dir], key)
+def _config_value(config: Any, key: str) -> Any:
+    value = _select(config, key)
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
@@ -189,11 +187,10 @@ def gather(root: Path) -> Gathered:
         raise ConfigError(f"no runs under '{root}' (a run is a folder with run.json, "
                           "summary.csv or metrics.csv)")
     rows: list[dict[str, Any]] = []
-    seeded: set[str] = set()
     curves: list[pd.DataFrame] = []
     skipped: list[tuple[Path, str]] = []
-    overrides_by_run: dict[str, dict[str, str]] = {}
-    choices_by_run: dict[str, dict[str, Any]] = {}
+    seeded: set[str] = set()
+    settings: dict[str, tuple[dict[str, str], dict[str, Any], Any]] = {}  # see _swept_keys
     for run_dir in run_dirs:
         name = str(run_dir.relative_to(root)) if run_dir != root else "."
         try:
@@ -202,14 +199,14 @@ def gather(root: Path) -> Gathered:
             skipped.append((run_dir / "summary.csv", _reason(exc)))
             continue
         try:
-            own = summary_rows[0].get("pe") if summary_rows else None
+            own = summary_rows[0].get("pe")
             curve = read_curve(run_dir, None if own is None or pd.isna(own) else str(own))
             if curve is not None and not curve.empty:
                 curves.append(curve.assign(run_dir=name))
         except _CSV_ERRORS as exc:
             skipped.append((run_dir / "metrics.csv", _reason(exc) + " (loss curve left out)"))
-        overrides_by_run[name], choices_by_run[name], job = hydra_settings(run_dir)
-        info = read_json(run_dir / "run.json")
+        overrides, choices, job = hydra_settings(run_dir)
+        settings[name] = (overrides, choices, _load_yaml(run_dir / "config.yaml"))
         try:
             per_seed = read_seeds(run_dir) if len(summary_rows) == 1 else []
         except _CSV_ERRORS as exc:
@@ -219,28 +216,25 @@ def gather(root: Path) -> Gathered:
             seeded.add(name)
         # a job's number is its folder's (hydra.sweep.subdir: after earlier launches of a search)
         job = int(run_dir.name) if run_dir.name.isdigit() else job
+        status = read_json(run_dir / "run.json").get("status", "unknown")
         for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
-            row = {"run_dir": name, "job": job, **summary}
-            if pd.isna(row.get("status")):
-                row["status"] = info.get("status", "unknown")
-            rows.append(row)
+            rows.append({"run_dir": name, "job": job, **summary,
+                         "status": status if pd.isna(summary["status"]) else summary["status"]})
     if not rows:
         raise ConfigError(f"no readable runs under '{root}': "
                           + "; ".join(f"{p}: {why}" for p, why in skipped))
     runs = pd.DataFrame(rows)
     own_sources = {key: runs[key].copy() for key in SEED_SOURCES if key in runs.columns}
-    configs: dict[Path, Any] = {}
-    swept = _swept_keys(root, runs, overrides_by_run, choices_by_run, configs)
+    swept = _swept_keys(runs, settings)
     per_seed = runs["run_dir"].isin(seeded)
     own_seeds = runs.loc[per_seed, "seed"] if seeded else None
     for key, values in swept.items():
         runs[key] = runs["run_dir"].map(values)
     if own_seeds is not None:  # each row's seed from seeds.csv, not the run's first seed
         runs.loc[per_seed, "seed"] = own_seeds
-    for metric in METRICS:
-        if metric in runs.columns:
-            runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
-    runs = _with_seed_sources(root, runs, own_sources, seeded, configs)
+    metrics = runs.columns.intersection(METRICS)
+    runs[metrics] = runs[metrics].apply(pd.to_numeric, errors="coerce")
+    runs = _with_seed_sources(runs, own_sources, seeded, settings)
     curve_table = (pd.concat(curves, ignore_index=True) if curves
                    else pd.DataFrame(columns=["step", "loss", "curve", "seed", "run_dir"]))
     group_keys = [k for k in swept if k not in _NOT_GROUPED]
@@ -248,8 +242,8 @@ def gather(root: Path) -> Gathered:
                     seeded)
 
 
-def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series],
-                       seeded: set[str], configs: dict[Path, Any]) -> pd.DataFrame:
+def _with_seed_sources(runs: pd.DataFrame, own: dict[str, pd.Series], seeded: set[str],
+                       settings: dict[str, tuple]) -> pd.DataFrame:
     """``runs`` with ``seed_init`` and ``seed_data`` columns when any row or run sets one: the
     row's own (``own``, before the swept keys were filled in), its config's, else its seed."""
     columns: dict[str, list[Any]] = {key: [] for key in SEED_SOURCES}
@@ -259,7 +253,7 @@ def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series]
         for key in SEED_SOURCES:
             value = own[key].get(index) if key in own else None
             if (value is None or pd.isna(value)) and run_dir not in seeded:
-                value = _config_value(root / run_dir, key, configs)
+                value = _config_value(settings[run_dir][2], key)
             unset = value is None or pd.isna(value)
             set_anywhere |= not unset
             columns[key].append(as_seed(seed if unset else value))
@@ -271,27 +265,23 @@ def as_seed(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],
-                choices_by_run: dict[str, dict[str, Any]],
-                config_cache: dict[Path, Any]) -> dict[str, dict[str, Any]]:
-    """key -> {run_dir: value} for every key whose value differs between runs."""
-    keys = sorted({k for overrides in overrides_by_run.values() for k in overrides},
-                  key=lambda k: (k == "seed", k))
+def _swept_keys(runs: pd.DataFrame, settings: dict[str, tuple[dict[str, str], dict[str, Any],
+                                                             Any]]) -> dict[str, dict[str, Any]]:
+    """key -> {run_dir: value} for every key whose value differs between runs; ``settings``:
+    run_dir -> (its Hydra overrides, its group choices, its config.yaml)."""
+    def value(key: str, overrides: dict[str, str], choices: dict[str, Any], config: Any) -> Any:
+        if key in choices:
+            return choices[key]
+        found = _config_value(config, key)
+        return overrides.get(key) if found is None else found
+
     swept: dict[str, dict[str, Any]] = {}
-    for key in keys:
-        values: dict[str, Any] = {}
-        for name, overrides in overrides_by_run.items():
-            run_dir = root / name
-            if key in choices_by_run[name]:
-                value = choices_by_run[name][key]
-            else:
-                value = _config_value(run_dir, key, config_cache)
-                if value is None:
-                    value = overrides.get(key)
-            values[name] = value
+    for key in sorted({k for overrides, _, _ in settings.values() for k in overrides},
+                      key=lambda k: (k == "seed", k)):
+        values = {name: value(key, *setting) for name, setting in settings.items()}
         if len({str(v) for v in values.values()}) > 1:
             swept[key] = values
-    if not [k for k in swept if k not in _NOT_GROUPED]:  # no Hydra overrides tell: use choices
+    if all(k in _NOT_GROUPED for k in swept):  # no Hydra overrides tell: use the settings columns
         for column in SETTING_COLUMNS:
             if column in runs.columns and runs[column].astype(str).nunique() > 1:
                 swept[column] = dict(zip(runs["run_dir"], runs[column], strict=False))
