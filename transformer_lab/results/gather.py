@@ -67,11 +67,8 @@ def find_run_dirs(root: Path) -> tuple[list[Path], int]:
         failed = [name for name in dirs if is_failed_attempt_dir(path / name)]
         superseded += len(failed)
         dirs[:] = sorted(set(dirs) - _SKIPPED_DIRS - set(failed))
-    return sorted(runs, key=_natural_key), superseded
-
-
-def _natural_key(path: Path) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in path.parts]
+    return sorted(runs, key=lambda p: [int(part) if part.isdigit() else part
+                                       for part in p.parts]), superseded
 
 
 def _load_yaml(path: Path) -> Any:

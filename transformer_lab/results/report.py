@@ -112,16 +112,14 @@ def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | Non
             continue
         row.update(n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
                    var_init=parts.init, var_data=parts.data, var_residual=parts.residual,
-                   var_total=parts.total, note=_negative_note(parts.init, parts.data))
+                   var_total=parts.total)
+        below = [name for name, value in (("var_init", parts.init), ("var_data", parts.data))
+                 if value < 0]
+        row["note"] = (f"{' and '.join(below)} below 0 (within the noise): 0 in the total and "
+                       "shares" if below else "")
         row.update(zip(("share_init", "share_data", "share_residual"), parts.shares,
                        strict=True))
     return pd.DataFrame(rows).reindex(columns=[*keys, *VARIANCE_COLUMNS])
-
-
-def _negative_note(init: float, data: float) -> str:
-    below = [name for name, value in (("var_init", init), ("var_data", data)) if value < 0]
-    return (f"{' and '.join(below)} below 0 (within the noise): 0 in the total and shares"
-            if below else "")
 
 
 def variance_lines(variance: pd.DataFrame, keys: list[str]) -> list[str]:

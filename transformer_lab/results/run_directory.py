@@ -139,9 +139,8 @@ def holds_run(path: Path) -> bool:
 
 def resume_hint(path: Path) -> str:
     """How to resume the run in ``path`` if it kept a checkpoint, for a refusal message."""
-    if not (Path(path) / CHECKPOINT_FILE).is_file():
-        return ""
-    return f"; to go on with that run: tlab train --resume {path}"
+    has_checkpoint = (Path(path) / CHECKPOINT_FILE).is_file()
+    return f"; to go on with that run: tlab train --resume {path}" if has_checkpoint else ""
 
 
 def weights_path(run_dir: Path, seed: int, variant: str | None = None,
@@ -164,10 +163,8 @@ def claimed_by(path: Path) -> str | None:
     marker = Path(path) / CLAIM_FILE
     if not marker.exists():
         return None
-    owner: dict[str, Any] = {}
-    for _ in range(20):
-        owner = read_json(marker)
-        if owner:
+    for _ in range(20):  # a claim being written reads empty for a moment
+        if owner := read_json(marker):
             break
         time.sleep(0.025)
     return (f"pid {owner.get('pid', '?')} on {owner.get('host', '?')} (since "
@@ -241,12 +238,6 @@ def process_alive(pid: Any) -> bool:
     return True
 
 
-def resumed_here(path: Path) -> bool:
-    """True when this process claimed ``path`` to resume the run in it (``reclaim_directory``)."""
-    owner = read_json(Path(path) / CLAIM_FILE)
-    return bool(owner.get("resuming")) and owner.get("pid") == os.getpid()
-
-
 @functools.cache
 def git_commit() -> str | None:
     try:
@@ -288,7 +279,8 @@ class RunDirectory:
         run = cls(path, cfg)
         now = datetime.now(timezone.utc).isoformat()
         if holds_run(path):
-            if not resumed_here(path):
+            claim = read_json(path / CLAIM_FILE)
+            if not (claim.get("resuming") and claim.get("pid") == os.getpid()):
                 raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
                                   f"{resume_hint(path)}")
             run.info = read_json(path / "run.json")
