@@ -6,11 +6,11 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from rich.table import Column, Table
 
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import variance_by_source
@@ -36,26 +36,21 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
 def with_curve_metrics(gathered: Gathered) -> Gathered:
     """``gathered`` with a ``CURVE_METRICS`` column: the mean over a run's curves (over a seed's,
     for a run counted per seed); NaN without a curve."""
-    numbers: dict[tuple, list[dict[str, float]]] = {}  # (run_dir, seed or None) -> per curve
-    for (run_dir, _), curve in gathered.curves.groupby(["run_dir", "curve"], sort=False):
-        curve = curve.sort_values("step")
+    metrics, per_curve = list(CURVE_METRICS), []
+    for (run_dir, _), curve in gathered.curves.sort_values("step").groupby(["run_dir", "curve"],
+                                                                           sort=False):
         steps, losses = curve["step"].astype(int).tolist(), curve["loss"].tolist()
-        value = {metric: curve_metric(metric, steps, losses) for metric in CURVE_METRICS}
-        numbers.setdefault((run_dir, None), []).append(value)
-        if run_dir in gathered.seeded and curve["seed"].notna().any():
-            numbers.setdefault((run_dir, float(curve["seed"].iloc[0])), []).append(value)
-
-    def mean_of(key: tuple, metric: str) -> float:
-        finite = [v[metric] for v in numbers.get(key, []) if math.isfinite(v[metric])]
-        return statistics.fmean(finite) if finite else math.nan
-
-    keys = [(run_dir, float(seed) if run_dir in gathered.seeded else None)
-            for run_dir, seed in zip(gathered.runs["run_dir"], gathered.runs["seed"]
-                                     if "seed" in gathered.runs.columns
-                                     else [None] * len(gathered.runs), strict=True)]
-    runs = gathered.runs.assign(**{metric: [mean_of(key, metric) for key in keys]
-                                   for metric in CURVE_METRICS})
-    return dataclasses.replace(gathered, runs=runs)
+        per_curve.append({"run_dir": run_dir, "seed": curve["seed"].iloc[0],
+                          **{metric: curve_metric(metric, steps, losses) for metric in metrics}})
+    per_curve = pd.DataFrame(per_curve, columns=["run_dir", "seed", *metrics]).replace(
+        [math.inf, -math.inf], math.nan)  # the mean of the finite values
+    runs = gathered.runs
+    seeds = pd.to_numeric(runs["seed"], errors="coerce") if "seed" in runs.columns else math.nan
+    of_run = runs[["run_dir"]].join(per_curve.groupby("run_dir")[metrics].mean(), on="run_dir")
+    of_seed = runs[["run_dir"]].assign(seed=seeds).join(
+        per_curve.groupby(["run_dir", "seed"])[metrics].mean(), on=["run_dir", "seed"])
+    values = of_run[metrics].mask(runs["run_dir"].isin(gathered.seeded), of_seed[metrics], axis=0)
+    return dataclasses.replace(gathered, runs=runs.assign(**values))
 
 
 def pivot_table(gathered: Gathered) -> pd.DataFrame:
@@ -152,33 +147,24 @@ def mean_std(mean: float, std: float) -> str:
 
 def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tuple[list[str],
                                                                                    list[list[str]]]:
+    seeds = ["seeds"] if "seeds" in pivot.columns else []
     verdict = ["verdict"] if "verdict" in pivot.columns else []
-    header = [*keys, "runs", "passed", *(["seeds"] if "seeds" in pivot.columns else []),
-              *metrics, *verdict]
     body = []
     for _, row in pivot.iterrows():
-        cells = [str(row[k]) for k in keys] + [str(row["n_runs"]), str(row["n_passed"])]
-        if "seeds" in pivot.columns:
-            cells.append(str(row["seeds"]))
+        cells = [str(row[k]) for k in [*keys, "n_runs", "n_passed", *seeds]]
         for m in metrics:
-            cell = mean_std(row[f"{m}_mean"], row[f"{m}_std"])
+            cells.append(mean_std(row[f"{m}_mean"], row[f"{m}_std"]))
             if 0 < row[f"{m}_n"] < row["n_seeds"]:  # e.g. solved_step of the seeds that solved
-                cell += f" ({row[f'{m}_n']} of {row['n_seeds']})"
-            cells.append(cell)
-        if verdict:
-            cells.append("" if pd.isna(row["verdict"]) else str(row["verdict"]))
-        body.append(cells)
-    return header, body
+                cells[-1] += f" ({row[f'{m}_n']} of {row['n_seeds']})"
+        body.append(cells + ["" if pd.isna(row[c]) else str(row[c]) for c in verdict])
+    return [*keys, "runs", "passed", *seeds, *metrics, *verdict], body
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, body)])
 
 
 def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
@@ -256,17 +242,13 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
         lines += variance_lines(variance, gathered.group_keys)
     failed = runs[runs["status"] != "passed"]
     if not failed.empty:
-        keys = [k for k in gathered.swept_keys if k in runs.columns]
-        lines += ["## Runs that did not pass", "",
-                  markdown_table(["run_dir", *keys, "status", "error"],
-                                 [[str(r["run_dir"]), *(str(r[k]) for k in keys),
-                                   str(r["status"]),
-                                   "" if pd.isna(r.get("error")) else str(r.get("error"))]
-                                  for _, r in failed.iterrows()]), ""]
+        columns = ["run_dir", *(k for k in gathered.swept_keys if k in runs.columns), "status"]
+        rows = [[str(r[c]) for c in columns] + ["" if pd.isna(r.get("error")) else str(r["error"])]
+                for _, r in failed.iterrows()]
+        lines += ["## Runs that did not pass", "", markdown_table([*columns, "error"], rows), ""]
     if gathered.skipped:
-        lines += ["## Skipped files", ""]
-        lines += [f"- `{path}`: {why}" for path, why in gathered.skipped]
-        lines.append("")
+        lines += ["## Skipped files", "", *(f"- `{path}`: {why}" for path, why in gathered.skipped),
+                  ""]
     if gathered.superseded:
         lines += [f"{gathered.superseded} superseded attempt(s) (`<job>.failed-<n>`, kept by "
                   "`--resume`) are not counted.", ""]
@@ -274,16 +256,13 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
     return "\n".join(lines)
 
 
-def rich_table(report: Report):
-    from rich.table import Table
-
+def rich_table(report: Report) -> Table:
     gathered = report.gathered
-    keys = gathered.group_keys or ["group"]
-    header, body = display_rows(report.pivot, keys, metrics_present(gathered.runs))
+    header, body = display_rows(report.pivot, gathered.group_keys or ["group"],
+                                metrics_present(gathered.runs))
     n_runs = int(gathered.first_of_run().sum())
-    table = Table(title=f"tlab report - {gathered.root} ({n_runs} runs)")
-    for column in header:
-        table.add_column(column, overflow="fold")
+    table = Table(*(Column(name, overflow="fold") for name in header),
+                  title=f"tlab report - {gathered.root} ({n_runs} runs)")
     for row in body:
         table.add_row(*row)
     return table
