@@ -84,10 +84,8 @@ class _Phase:
         done = self.done
         if self.first is None or not done:
             return None
-        since, done_then = self.first
-        if done > done_then:
-            return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
-        return (time.perf_counter() - self.started) * (self.total - done) / done
+        since, done_then = self.first if done > self.first[1] else (self.started, 0)
+        return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
 
     def fields(self, held_out: tuple[float, int, float | None] | None) -> dict[str, str]:
         """The text shown for the loss, a held-out row's loss and exact match, and tokens/s."""

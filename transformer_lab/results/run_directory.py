@@ -60,21 +60,21 @@ class CsvLog:
         self.listeners = list(listeners)
         self.rows = 0  # data rows in the file
         self._file = None
-        self._writer: csv.DictWriter | None = None
+        self._writer: Any = None  # a csv.writer
 
     def write(self, row: Mapping[str, Any]) -> None:
         extra = [k for k in row if k not in self.columns]
         if self._writer is None:
             self.columns += extra
             self._open("w")
-            self._writer.writeheader()
+            self._writer.writerow(self.columns)
         elif extra:  # rewrite the file with the wider header, then append again
             self._file.close()
             with self.path.open(newline="", encoding="utf-8") as f:
                 rows = list(csv.DictReader(f))
             columns = self.columns + extra
             self._rewrite(columns, [[r.get(c) for c in columns] for r in rows], ".widening")
-        self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
+        self._writer.writerow([_format(row.get(k)) for k in self.columns])
         self._file.flush()
         self.rows += 1
         for listener in self.listeners:
@@ -82,15 +82,13 @@ class CsvLog:
 
     def _open(self, mode: str) -> None:
         self._file = self.path.open(mode, newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
+        self._writer = csv.writer(self._file)
 
     def _rewrite(self, header: list[str], rows: list[list[Any]], suffix: str) -> None:
         """Replace the file with ``header`` and ``rows`` (atomically), then append again."""
         partial = self.path.with_name(self.path.name + suffix)
         with partial.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
+            csv.writer(f).writerows([header, *rows])
         os.replace(partial, self.path)
         self.columns = list(header)
         self._open("a")
