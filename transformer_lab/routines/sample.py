@@ -18,7 +18,6 @@ from transformer_lab.training.checkpoint import (
     load_trained,
 )
 
-DEFAULT_TOKENS = 100
 DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary without it: its first
 
 
@@ -26,7 +25,7 @@ DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary withou
 class Sampling:
     """How the continuation is drawn: ``temperature`` 0 is greedy (argmax)."""
 
-    tokens: int = DEFAULT_TOKENS
+    tokens: int = 100
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
@@ -111,7 +110,6 @@ class Sample:
     models: list[WeightsHeader]  # every model of the run
     prompt: list[int]
     prompt_text: str  # the prompt, rendered as the continuations are
-    samples: list[list[int]]  # each continuation's ids
     texts: list[str]  # each continuation, rendered
     window: int | None  # the model's context window (cropped past it), or None
     joiner: str  # between the prompt and a continuation: "" (text) or " " (token ids)
@@ -147,7 +145,6 @@ def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | No
                           "tokens see the later ones, so it cannot continue a prompt: sample a "
                           "decoder's run (arch=decoder)")
     ids = prompt_ids(trained, prompt)
-    samples = continue_prompt(trained, ids, sampling)
-    return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), samples,
-                  [render(trained, new) for new in samples], trained.model.context_window,
-                  " " if trained.tokenizer is None else "")
+    texts = [render(trained, new) for new in continue_prompt(trained, ids, sampling)]
+    return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), texts,
+                  trained.model.context_window, " " if trained.tokenizer is None else "")
