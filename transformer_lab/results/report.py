@@ -54,26 +54,18 @@ def with_curve_metrics(gathered: Gathered) -> Gathered:
 
 def pivot_table(gathered: Gathered) -> pd.DataFrame:
     """One row per group of the swept keys (seed excluded): counts and mean/std of metrics."""
-    runs = gathered.runs.assign(_first=gathered.first_of_run())
-    runs["_passed"] = runs["_first"] & (runs["status"] == "passed")
-    keys = gathered.group_keys
-    if not keys:
-        runs["group"] = "all runs"
-        keys = ["group"]
-    for key in keys:
-        runs[key] = runs[key].astype(str)
-    metrics = metrics_present(runs)
-    grouped = runs.groupby(keys, sort=False, dropna=False)
-    table = grouped.agg(n_runs=("_first", "sum"), n_passed=("_passed", "sum"),
-                        n_seeds=("run_dir", "size"))  # run folders; samples (seeds)
-    if "seed" in runs.columns:
-        table["seeds"] = grouped["seed"].agg(
-            lambda s: ",".join(str(as_seed(v)) for v in sorted(s.dropna().unique())))
-    for metric in metrics:
-        table[f"{metric}_mean"] = grouped[metric].mean()
-        table[f"{metric}_std"] = grouped[metric].std(ddof=1)
-        table[f"{metric}_n"] = grouped[metric].count()  # runs that have it (e.g. solved ones)
-    return table.reset_index()
+    keys, first = gathered.group_keys or ["group"], gathered.first_of_run()
+    runs = gathered.runs if gathered.group_keys else gathered.runs.assign(group="all runs")
+    runs = runs.assign(_first=first, _passed=first & (runs["status"] == "passed"),
+                       **{key: runs[key].astype(str) for key in keys})
+    seeds = {"seeds": ("seed", lambda s: ",".join(str(as_seed(v))
+                                                  for v in sorted(s.dropna().unique())))}
+    numbers = {f"{metric}_{name}": (metric, how) for metric in metrics_present(runs)
+               for name, how in (("mean", "mean"), ("std", "std"), ("n", "count"))}
+    # n_runs: run folders; n_seeds: samples (seeds); <metric>_n: the samples that have it
+    return runs.groupby(keys, sort=False, dropna=False).agg(
+        n_runs=("_first", "sum"), n_passed=("_passed", "sum"), n_seeds=("run_dir", "size"),
+        **(seeds if "seed" in runs.columns else {}), **numbers).reset_index()
 
 
 VARIANCE_COLUMNS = ["metric", "n_init", "n_data", "mean", "var_init", "var_data",
