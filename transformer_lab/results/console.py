@@ -39,13 +39,10 @@ def print_table(table: Table) -> None:
     if isinstance(table.title, str):
         table.title = whole(table.title)
     for column in table.columns:
-        texts = [column.header, *column.cells]
-        words = [word for text in texts
-                 for word in (text.plain if isinstance(text, Text) else
-                              Text.from_markup(text).plain if isinstance(text, str) else
-                              "").split()]
-        longest = min(max((len(word) for word in words), default=0), LONGEST_WORD)
-        column.min_width = max(column.min_width or 0, longest)
+        texts = [text.plain if isinstance(text, Text) else Text.from_markup(text).plain
+                 if isinstance(text, str) else "" for text in (column.header, *column.cells)]
+        longest = max((len(word) for text in texts for word in text.split()), default=0)
+        column.min_width = max(column.min_width or 0, min(longest, LONGEST_WORD))
     console.print(table, crop=False)
 
 

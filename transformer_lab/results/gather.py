@@ -109,14 +109,12 @@ def _config_value(config: Any, key: str) -> Any:
 def read_summary(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``summary.csv``, or one from ``run.json`` for a run without it yet."""
     path = run_dir / "summary.csv"
-    info = read_json(run_dir / "run.json")
     if path.exists():
         table = pd.read_csv(path)
-        if table.empty:
-            raise ValueError("no rows")
-        if "status" not in table.columns:
-            raise ValueError("no 'status' column")
+        if table.empty or "status" not in table.columns:
+            raise ValueError("no rows" if table.empty else "no 'status' column")
         return table.to_dict("records")
+    info = read_json(run_dir / "run.json")
     return [{"status": info.get("status", "unknown"), "seed": info.get("seed"),
              "routine": info.get("routine"), "error": info.get("error")}]
 
@@ -127,10 +125,9 @@ def read_seeds(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     table = pd.read_csv(path)
-    if "seed" not in table.columns:
-        raise ValueError("no 'seed' column")
-    if table["seed"].isna().any() or table["seed"].duplicated().any():
-        raise ValueError("a seed missing or twice")
+    seeds = table.get("seed")
+    if seeds is None or seeds.isna().any() or seeds.duplicated().any():
+        raise ValueError("no 'seed' column" if seeds is None else "a seed missing or twice")
     return table.to_dict("records") if len(table) > 1 else []
 
 
