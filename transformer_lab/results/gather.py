@@ -180,10 +180,7 @@ def gather(root: Path) -> Gathered:
     if not run_dirs:
         raise ConfigError(f"no runs under '{root}' (a run is a folder with run.json, "
                           "summary.csv or metrics.csv)")
-    rows: list[dict[str, Any]] = []
-    curves: list[pd.DataFrame] = []
-    skipped: list[tuple[Path, str]] = []
-    seeded: set[str] = set()
+    rows, curves, skipped, seeded = [], [], [], set()  # as in Gathered
     settings: dict[str, tuple[dict[str, str], dict[str, Any], Any]] = {}  # see _swept_keys
     for run_dir in run_dirs:
         name = str(run_dir.relative_to(root)) if run_dir != root else "."

@@ -66,8 +66,16 @@ def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
     """The prompt as token ids (1, P), by the run's tokenizer or read as ids on a synthetic
     task (default: a newline, or token 0)."""
     tokenizer, vocab = trained.tokenizer, int(trained.model.token_embedding.num_embeddings)
-    if tokenizer is None:
-        return torch.tensor([token_prompt(prompt if prompt is not None else "0", vocab)])
+    if tokenizer is None:  # "3 1 4" (spaces or commas) -> [3, 1, 4]
+        prompt = "0" if prompt is None else prompt
+        words = prompt.replace(",", " ").split()
+        bad = [w for w in words if not w.lstrip("-").isdigit() or not 0 <= int(w) < vocab]
+        if bad or not words:
+            problem = f": {bad[0]!r} is no token of this run's synthetic task" if bad else \
+                " has no token"
+            raise ConfigError(f"--prompt {prompt!r}{problem}; give token ids 0..{vocab - 1} "
+                              "separated by spaces")
+        return torch.tensor([[int(word) for word in words]])
     if prompt is None:
         known = not isinstance(tokenizer, CharTokenizer) or DEFAULT_TEXT_PROMPT in tokenizer.chars
         prompt = DEFAULT_TEXT_PROMPT if known else tokenizer.chars[0]
@@ -81,20 +89,6 @@ def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
                               f"know: {''.join(unknown)!r}; its {len(tokenizer.chars)} are "
                               f"{shown!r}")
     return torch.tensor([tokenizer.encode(prompt).tolist()])
-
-
-def token_prompt(prompt: str, vocab: int) -> list[int]:
-    """``"3 1 4"`` (spaces or commas) -> ``[3, 1, 4]``; each an id in ``0..vocab-1``."""
-    ids = []
-    for word in prompt.replace(",", " ").split():
-        if not word.lstrip("-").isdigit() or not 0 <= int(word) < vocab:
-            raise ConfigError(f"--prompt {prompt!r}: {word!r} is no token of this run's "
-                              f"synthetic task; give token ids 0..{vocab - 1} separated by spaces")
-        ids.append(int(word))
-    if not ids:
-        raise ConfigError(f"--prompt {prompt!r} has no token; give token ids 0..{vocab - 1} "
-                          "separated by spaces")
-    return ids
 
 
 def render(trained: TrainedModel, ids: list[int]) -> str:
