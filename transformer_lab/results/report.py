@@ -83,8 +83,7 @@ def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | Non
     keys = gathered.group_keys
     runs = runs.assign(**{k: runs[k].astype(str) for k in (*keys, *SEED_SOURCES)})
     rows = []
-    for group, cells in runs.groupby(keys, sort=False) if keys else [((), runs)]:
-        group = group if isinstance(group, tuple) else (group,)
+    for group, cells in runs.groupby(keys, sort=False) if keys else [((), runs)]:  # tuples
         row = {**dict(zip(keys, group, strict=True)), "metric": metric}
         rows.append(row)
         if cells.duplicated(list(SEED_SOURCES)).any():
@@ -96,15 +95,13 @@ def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | Non
         except ValueError as exc:
             row["note"] = f"{exc}: needs every seed_init x seed_data pair"
             continue
-        row.update(n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
-                   var_init=parts.init, var_data=parts.data, var_residual=parts.residual,
-                   var_total=parts.total)
         below = [name for name, value in (("var_init", parts.init), ("var_data", parts.data))
                  if value < 0]
-        row["note"] = (f"{' and '.join(below)} below 0 (within the noise): 0 in the total and "
-                       "shares" if below else "")
-        row.update(zip(("share_init", "share_data", "share_residual"), parts.shares,
-                       strict=True))
+        row.update(zip(("share_init", "share_data", "share_residual"), parts.shares, strict=True),
+                   n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
+                   var_init=parts.init, var_data=parts.data, var_residual=parts.residual,
+                   var_total=parts.total, note=f"{' and '.join(below)} below 0 (within the "
+                   "noise): 0 in the total and shares" if below else "")
     return pd.DataFrame(rows).reindex(columns=[*keys, *VARIANCE_COLUMNS])
 
 
