@@ -85,11 +85,9 @@ def heatmap_grid(path: Path, matrices: Sequence[np.ndarray], titles: Sequence[st
 def length_curves(path: Path, panels: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
                   lengths: Sequence[int], mark: int | None = None,
                   unit_panels: Sequence[str] = ()) -> Path:
-    """Metrics against sequence length (``tlab extrapolate``): one panel per metric, one line
-    per label (``label -> [(length, value)]``), log2 length axis with ``lengths`` as ticks, a
-    dotted line at ``mark`` (the training length). Labels sharing the text before " ft" share a
-    colour; labels with " ft" (after fine-tuning) are dashed. Panels named in ``unit_panels``
-    get a [0, 1] y range."""
+    """Metrics against sequence length (``tlab extrapolate``): a panel per metric, a line per label
+    (``label -> [(length, value)]``, " ft": fine-tuned, dashed, in its base label's colour), log2
+    length axis, a dotted line at ``mark`` (training length); ``unit_panels``: y in [0, 1]."""
     bases = list(dict.fromkeys(label.split(" ft")[0] for curves in panels.values()
                                for label in curves))
     colours = {base: style["color"]
