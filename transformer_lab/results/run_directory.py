@@ -326,9 +326,8 @@ class RunDirectory:
     @property
     def metrics(self) -> CsvLog:
         if "metrics" not in self._logs:
-            listeners = [tracker.log_row for tracker in self.trackers]
-            if self.progress is not None:
-                listeners.append(self.progress.on_row)
+            listeners = [tracker.log_row for tracker in self.trackers] + \
+                ([self.progress.on_row] if self.progress is not None else [])
             self._logs["metrics"] = CsvLog(self.path / "metrics.csv", METRIC_COLUMNS, listeners)
         return self._logs["metrics"]
 
