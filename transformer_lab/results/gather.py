@@ -150,8 +150,8 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
             own = variants != NOPE  # a user's PE's class name): all but the NoPE control
         if own.any():
             table = table[own]
-    reversal = table["stage"].isin(REVERSAL_STAGES) if "stage" in table.columns else None
-    if reversal is not None and table["stage"].nunique() > 1 and reversal.any():
+    if "stage" in table.columns and table["stage"].nunique() > 1 \
+            and (reversal := table["stage"].isin(REVERSAL_STAGES)).any():
         table = table[reversal]
     tags = [c for c in ("stage", "variant", "seed") if c in table.columns]
     # joined per row (agg("/".join, axis=1) is far slower); an empty tag as "" (pandas 3 keeps
