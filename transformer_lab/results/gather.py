@@ -81,12 +81,10 @@ def _load_yaml(path: Path) -> Any:
         return None
 
 
-def _select(node: Any, key: str, default: Any = None) -> Any:
-    """``a.b.c`` of nested dicts (``OmegaConf.select`` on plain data, nothing resolved)."""
+def _select(node: Any, key: str) -> Any:
+    """``a.b.c`` of nested dicts, None if absent (``OmegaConf.select`` on plain data)."""
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
+        node = node.get(part) if isinstance(node, dict) else None
     return node
 
 

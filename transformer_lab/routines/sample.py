@@ -81,13 +81,10 @@ def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
         prompt = DEFAULT_TEXT_PROMPT if known else tokenizer.chars[0]
     if prompt == "":
         raise ConfigError("--prompt is empty; give at least one character to continue")
-    if isinstance(tokenizer, CharTokenizer):
-        unknown = sorted(set(prompt) - set(tokenizer.chars))
-        if unknown:
-            shown = "".join(tokenizer.chars)
-            raise ConfigError(f"--prompt {prompt!r} has characters the run's tokenizer does not "
-                              f"know: {''.join(unknown)!r}; its {len(tokenizer.chars)} are "
-                              f"{shown!r}")
+    if isinstance(tokenizer, CharTokenizer) and (unknown := set(prompt) - set(tokenizer.chars)):
+        raise ConfigError(f"--prompt {prompt!r} has characters the run's tokenizer does not know: "
+                          f"{''.join(sorted(unknown))!r}; its {len(tokenizer.chars)} are "
+                          f"{''.join(tokenizer.chars)!r}")
     return torch.tensor([tokenizer.encode(prompt).tolist()])
 
 
