@@ -157,13 +157,11 @@ def markdown_table(header: list[str], body: list[list[str]]) -> str:
 
 def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
     present = metrics_present(runs)
-    if requested is not None:
-        if requested not in present:
-            curves = [] if requested in CURVE_METRICS else list(CURVE_METRICS)
-            raise ConfigError(f"--metric {requested} has no values in these runs; available: "
-                              f"{', '.join(present + curves) or 'none'}")
-        return requested
-    return next((m for m in ("best_exact_match", "final_loss") if m in present), None)
+    if requested is not None and requested not in present:
+        curves = [] if requested in CURVE_METRICS else list(CURVE_METRICS)
+        raise ConfigError(f"--metric {requested} has no values in these runs; available: "
+                          f"{', '.join(present + curves) or 'none'}")
+    return requested or next((m for m in ("best_exact_match", "final_loss") if m in present), None)
 
 
 def free_prefix(out_dir: Path) -> str:
