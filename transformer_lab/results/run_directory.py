@@ -319,9 +319,7 @@ class RunDirectory:
 
     def log(self, name: str, columns: Iterable[str] = ()) -> CsvLog:
         """The CSV log ``<name>.csv`` of this run (created on first write)."""
-        if name not in self._logs:
-            self._logs[name] = CsvLog(self.path / f"{name}.csv", columns)
-        return self._logs[name]
+        return self._logs.setdefault(name, CsvLog(self.path / f"{name}.csv", columns))
 
     @property
     def metrics(self) -> CsvLog:
