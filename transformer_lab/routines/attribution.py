@@ -13,7 +13,7 @@ from transformer_lab.measures.property_result import PropertyResult, component
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.routines.variants import with_choice
 
-SWAPPED_GROUPS = ("pe", "ffn", "norm_layer", "block")
+# The swapped groups, as a failing row names them.
 GROUP_LABELS = {"pe": "the positional encoding", "ffn": "the FFN", "norm_layer": "the norm layer",
                 "block": "the block"}
 Measure = Callable[[TransformerModel], list[PropertyResult]]
@@ -24,7 +24,7 @@ def default_choices() -> dict[str, str]:
     defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
     found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
              for group, choice in entry.items()}
-    return {group: found[group] for group in SWAPPED_GROUPS if group in found}
+    return {group: found[group] for group in GROUP_LABELS if group in found}
 
 
 def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:

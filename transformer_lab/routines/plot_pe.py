@@ -114,10 +114,7 @@ def plot_bias(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[P
 
 
 PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[Path]]] = {
-    "additive": plot_additive,
-    "rotary": plot_rotary,
-    "bias": plot_bias,
-}
+    "additive": plot_additive, "rotary": plot_rotary, "bias": plot_bias}
 
 
 # The routine's own keys (``routines.check_settings``).
