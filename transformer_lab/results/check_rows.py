@@ -64,15 +64,11 @@ def check_table(rows: list[CheckRow], title: str) -> Table:
         table.add_column("detail", overflow="fold")
     colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow"}
     for row in rows:
-        value = "" if row.value is None or (isinstance(row.value, float)
-                                            and math.isnan(row.value)) else f"{row.value:.4g}"
+        value = "" if row.value is None or math.isnan(row.value) else f"{row.value:.4g}"
         cells = [str(row.step), row.check, f"[{colours[row.status]}]{row.status}[/]", value,
                  "" if row.threshold is None else str(row.threshold)]
-        if not stacked:
-            table.add_row(*cells, row.detail)
-            continue
-        table.add_row(*cells)
-        if row.detail:
+        table.add_row(*cells, *([] if stacked else [row.detail]))
+        if stacked and row.detail:
             table.add_row("", Text(row.detail, style="dim", overflow="fold"), "", "", "")
     return table
 

@@ -24,11 +24,6 @@ def print_warning(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
 
 
-def whole(text: str) -> Text:
-    """``text`` (a path, a command) that rich neither wraps nor crops: it copies whole."""
-    return Text(text, no_wrap=True, overflow="ignore")
-
-
 LONGEST_WORD = 32  # a column is kept at least as wide as its longest word up to this
 
 
@@ -36,16 +31,13 @@ def print_table(table: Table) -> None:
     """Print a result table: its title (which names the run's path) whole, each column at least
     as wide as its longest word, header included (``final_loss``, ``token_embedding`` never
     split or cut), lines not cropped."""
-    if isinstance(table.title, str):
-        table.title = whole(table.title)
+    if isinstance(table.title, str):  # neither wrapped nor cropped: it copies whole
+        table.title = Text(table.title, no_wrap=True, overflow="ignore")
     for column in table.columns:
-        texts = [column.header, *column.cells]
-        words = [word for text in texts
-                 for word in (text.plain if isinstance(text, Text) else
-                              Text.from_markup(text).plain if isinstance(text, str) else
-                              "").split()]
-        longest = min(max((len(word) for word in words), default=0), LONGEST_WORD)
-        column.min_width = max(column.min_width or 0, longest)
+        texts = [text.plain if isinstance(text, Text) else Text.from_markup(text).plain
+                 if isinstance(text, str) else "" for text in (column.header, *column.cells)]
+        longest = max((len(word) for text in texts for word in text.split()), default=0)
+        column.min_width = max(column.min_width or 0, min(longest, LONGEST_WORD))
     console.print(table, crop=False)
 
 

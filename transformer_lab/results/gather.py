@@ -64,20 +64,11 @@ def find_run_dirs(root: Path) -> tuple[list[Path], int]:
             runs.append(path)
             dirs[:] = []
             continue
-        kept = []
-        for name in sorted(dirs):
-            if name in _SKIPPED_DIRS:
-                continue
-            if is_failed_attempt_dir(path / name):
-                superseded += 1
-                continue
-            kept.append(name)
-        dirs[:] = kept
-    return sorted(runs, key=_natural_key), superseded
-
-
-def _natural_key(path: Path) -> list[Any]:
-    return [int(part) if part.isdigit() else part for part in path.parts]
+        failed = [name for name in dirs if is_failed_attempt_dir(path / name)]
+        superseded += len(failed)
+        dirs[:] = sorted(set(dirs) - _SKIPPED_DIRS - set(failed))
+    return sorted(runs, key=lambda p: [int(part) if part.isdigit() else part
+                                       for part in p.parts]), superseded
 
 
 def _load_yaml(path: Path) -> Any:
@@ -90,50 +81,38 @@ def _load_yaml(path: Path) -> Any:
         return None
 
 
-def _select(node: Any, key: str, default: Any = None) -> Any:
-    """``a.b.c`` of nested dicts (``OmegaConf.select`` on plain data, nothing resolved)."""
+def _select(node: Any, key: str) -> Any:
+    """``a.b.c`` of nested dicts, None if absent (``OmegaConf.select`` on plain data)."""
     for part in key.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return default
-        node = node[part]
+        node = node.get(part) if isinstance(node, dict) else None
     return node
 
 
-def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any]]:
-    """(task overrides as key -> raw value, group choices and job number) from ``.hydra``."""
-    overrides: dict[str, str] = {}
-    listed = _load_yaml(run_dir / ".hydra" / "overrides.yaml")
-    for item in listed or []:
-        key, _, value = str(item).partition("=")
-        overrides[key.lstrip("+~")] = value
+def hydra_settings(run_dir: Path) -> tuple[dict[str, str], dict[str, Any], Any]:
+    """(task overrides as key -> raw value, group choices, job number) from ``.hydra``."""
+    listed = _load_yaml(run_dir / ".hydra" / "overrides.yaml") or []
+    overrides = {key.lstrip("+~"): value
+                 for key, _, value in (str(item).partition("=") for item in listed)}
     hydra_cfg = _load_yaml(run_dir / ".hydra" / "hydra.yaml")
-    extra: dict[str, Any] = {}
-    if hydra_cfg is not None:
-        choices = _select(hydra_cfg, "hydra.runtime.choices")
-        extra["choices"] = {str(k): v for k, v in choices.items()} \
-            if isinstance(choices, dict) else {}
-        extra["job"] = _select(hydra_cfg, "hydra.job.num")
-    return overrides, extra
+    choices = _select(hydra_cfg, "hydra.runtime.choices")
+    return (overrides, {str(k): v for k, v in choices.items()} if isinstance(choices, dict)
+            else {}, _select(hydra_cfg, "hydra.job.num"))
 
 
-def _config_value(run_dir: Path, key: str, cache: dict[Path, Any]) -> Any:
-    if run_dir not in cache:
-        cache[run_dir] = _load_yaml(run_dir / "config.yaml")
-    value = _select(cache[run_dir], key)
+def _config_value(config: Any, key: str) -> Any:
+    value = _select(config, key)
     return value if value is None or isinstance(value, str | int | float | bool) else str(value)
 
 
 def read_summary(run_dir: Path) -> list[dict[str, Any]]:
     """Rows of ``summary.csv``, or one from ``run.json`` for a run without it yet."""
     path = run_dir / "summary.csv"
-    info = read_json(run_dir / "run.json")
     if path.exists():
         table = pd.read_csv(path)
-        if table.empty:
-            raise ValueError("no rows")
-        if "status" not in table.columns:
-            raise ValueError("no 'status' column")
+        if table.empty or "status" not in table.columns:
+            raise ValueError("no rows" if table.empty else "no 'status' column")
         return table.to_dict("records")
+    info = read_json(run_dir / "run.json")
     return [{"status": info.get("status", "unknown"), "seed": info.get("seed"),
              "routine": info.get("routine"), "error": info.get("error")}]
 
@@ -144,10 +123,9 @@ def read_seeds(run_dir: Path) -> list[dict[str, Any]]:
     if not path.exists():
         return []
     table = pd.read_csv(path)
-    if "seed" not in table.columns:
-        raise ValueError("no 'seed' column")
-    if table["seed"].isna().any() or table["seed"].duplicated().any():
-        raise ValueError("a seed missing or twice")
+    seeds = table.get("seed")
+    if seeds is None or seeds.isna().any() or seeds.duplicated().any():
+        raise ValueError("no 'seed' column" if seeds is None else "a seed missing or twice")
     return table.to_dict("records") if len(table) > 1 else []
 
 
@@ -170,8 +148,8 @@ def read_curve(run_dir: Path, own_variant: str | None = None) -> pd.DataFrame | 
             own = variants != NOPE  # a user's PE's class name): all but the NoPE control
         if own.any():
             table = table[own]
-    reversal = table["stage"].isin(REVERSAL_STAGES) if "stage" in table.columns else None
-    if reversal is not None and table["stage"].nunique() > 1 and reversal.any():
+    if "stage" in table.columns and table["stage"].nunique() > 1 \
+            and (reversal := table["stage"].isin(REVERSAL_STAGES)).any():
         table = table[reversal]
     tags = [c for c in ("stage", "variant", "seed") if c in table.columns]
     # joined per row (agg("/".join, axis=1) is far slower); an empty tag as "" (pandas 3 keeps
@@ -200,12 +178,8 @@ def gather(root: Path) -> Gathered:
     if not run_dirs:
         raise ConfigError(f"no runs under '{root}' (a run is a folder with run.json, "
                           "summary.csv or metrics.csv)")
-    rows: list[dict[str, Any]] = []
-    seeded: set[str] = set()
-    curves: list[pd.DataFrame] = []
-    skipped: list[tuple[Path, str]] = []
-    overrides_by_run: dict[str, dict[str, str]] = {}
-    choices_by_run: dict[str, dict[str, Any]] = {}
+    rows, curves, skipped, seeded = [], [], [], set()  # as in Gathered
+    settings: dict[str, tuple[dict[str, str], dict[str, Any], Any]] = {}  # see _swept_keys
     for run_dir in run_dirs:
         name = str(run_dir.relative_to(root)) if run_dir != root else "."
         try:
@@ -214,16 +188,14 @@ def gather(root: Path) -> Gathered:
             skipped.append((run_dir / "summary.csv", _reason(exc)))
             continue
         try:
-            own = summary_rows[0].get("pe") if summary_rows else None
+            own = summary_rows[0].get("pe")
             curve = read_curve(run_dir, None if own is None or pd.isna(own) else str(own))
             if curve is not None and not curve.empty:
                 curves.append(curve.assign(run_dir=name))
         except _CSV_ERRORS as exc:
             skipped.append((run_dir / "metrics.csv", _reason(exc) + " (loss curve left out)"))
-        overrides, extra = hydra_settings(run_dir)
-        overrides_by_run[name] = overrides
-        choices_by_run[name] = extra.get("choices", {})
-        info = read_json(run_dir / "run.json")
+        overrides, choices, job = hydra_settings(run_dir)
+        settings[name] = (overrides, choices, _load_yaml(run_dir / "config.yaml"))
         try:
             per_seed = read_seeds(run_dir) if len(summary_rows) == 1 else []
         except _CSV_ERRORS as exc:
@@ -232,29 +204,26 @@ def gather(root: Path) -> Gathered:
         if per_seed:
             seeded.add(name)
         # a job's number is its folder's (hydra.sweep.subdir: after earlier launches of a search)
-        job = int(run_dir.name) if run_dir.name.isdigit() else extra.get("job")
+        job = int(run_dir.name) if run_dir.name.isdigit() else job
+        status = read_json(run_dir / "run.json").get("status", "unknown")
         for summary in [{**summary_rows[0], **seed} for seed in per_seed] or summary_rows:
-            row = {"run_dir": name, "job": job, **summary}
-            if pd.isna(row.get("status")):
-                row["status"] = info.get("status", "unknown")
-            rows.append(row)
+            rows.append({"run_dir": name, "job": job, **summary,
+                         "status": status if pd.isna(summary["status"]) else summary["status"]})
     if not rows:
         raise ConfigError(f"no readable runs under '{root}': "
                           + "; ".join(f"{p}: {why}" for p, why in skipped))
     runs = pd.DataFrame(rows)
     own_sources = {key: runs[key].copy() for key in SEED_SOURCES if key in runs.columns}
-    configs: dict[Path, Any] = {}
-    swept = _swept_keys(root, runs, overrides_by_run, choices_by_run, configs)
+    swept = _swept_keys(runs, settings)
     per_seed = runs["run_dir"].isin(seeded)
     own_seeds = runs.loc[per_seed, "seed"] if seeded else None
     for key, values in swept.items():
         runs[key] = runs["run_dir"].map(values)
     if own_seeds is not None:  # each row's seed from seeds.csv, not the run's first seed
         runs.loc[per_seed, "seed"] = own_seeds
-    for metric in METRICS:
-        if metric in runs.columns:
-            runs[metric] = pd.to_numeric(runs[metric], errors="coerce")
-    runs = _with_seed_sources(root, runs, own_sources, seeded, configs)
+    metrics = runs.columns.intersection(METRICS)
+    runs[metrics] = runs[metrics].apply(pd.to_numeric, errors="coerce")
+    runs = _with_seed_sources(runs, own_sources, seeded, settings)
     curve_table = (pd.concat(curves, ignore_index=True) if curves
                    else pd.DataFrame(columns=["step", "loss", "curve", "seed", "run_dir"]))
     group_keys = [k for k in swept if k not in _NOT_GROUPED]
@@ -262,8 +231,8 @@ def gather(root: Path) -> Gathered:
                     seeded)
 
 
-def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series],
-                       seeded: set[str], configs: dict[Path, Any]) -> pd.DataFrame:
+def _with_seed_sources(runs: pd.DataFrame, own: dict[str, pd.Series], seeded: set[str],
+                       settings: dict[str, tuple]) -> pd.DataFrame:
     """``runs`` with ``seed_init`` and ``seed_data`` columns when any row or run sets one: the
     row's own (``own``, before the swept keys were filled in), its config's, else its seed."""
     columns: dict[str, list[Any]] = {key: [] for key in SEED_SOURCES}
@@ -273,7 +242,7 @@ def _with_seed_sources(root: Path, runs: pd.DataFrame, own: dict[str, pd.Series]
         for key in SEED_SOURCES:
             value = own[key].get(index) if key in own else None
             if (value is None or pd.isna(value)) and run_dir not in seeded:
-                value = _config_value(root / run_dir, key, configs)
+                value = _config_value(settings[run_dir][2], key)
             unset = value is None or pd.isna(value)
             set_anywhere |= not unset
             columns[key].append(as_seed(seed if unset else value))
@@ -285,27 +254,23 @@ def as_seed(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-def _swept_keys(root: Path, runs: pd.DataFrame, overrides_by_run: dict[str, dict[str, str]],
-                choices_by_run: dict[str, dict[str, Any]],
-                config_cache: dict[Path, Any]) -> dict[str, dict[str, Any]]:
-    """key -> {run_dir: value} for every key whose value differs between runs."""
-    keys = sorted({k for overrides in overrides_by_run.values() for k in overrides},
-                  key=lambda k: (k == "seed", k))
+def _swept_keys(runs: pd.DataFrame, settings: dict[str, tuple[dict[str, str], dict[str, Any],
+                                                             Any]]) -> dict[str, dict[str, Any]]:
+    """key -> {run_dir: value} for every key whose value differs between runs; ``settings``:
+    run_dir -> (its Hydra overrides, its group choices, its config.yaml)."""
+    def value(key: str, overrides: dict[str, str], choices: dict[str, Any], config: Any) -> Any:
+        if key in choices:
+            return choices[key]
+        found = _config_value(config, key)
+        return overrides.get(key) if found is None else found
+
     swept: dict[str, dict[str, Any]] = {}
-    for key in keys:
-        values: dict[str, Any] = {}
-        for name, overrides in overrides_by_run.items():
-            run_dir = root / name
-            if key in choices_by_run[name]:
-                value = choices_by_run[name][key]
-            else:
-                value = _config_value(run_dir, key, config_cache)
-                if value is None:
-                    value = overrides.get(key)
-            values[name] = value
+    for key in sorted({k for overrides, _, _ in settings.values() for k in overrides},
+                      key=lambda k: (k == "seed", k)):
+        values = {name: value(key, *setting) for name, setting in settings.items()}
         if len({str(v) for v in values.values()}) > 1:
             swept[key] = values
-    if not [k for k in swept if k not in _NOT_GROUPED]:  # no Hydra overrides tell: use choices
+    if all(k in _NOT_GROUPED for k in swept):  # no Hydra overrides tell: use the settings columns
         for column in SETTING_COLUMNS:
             if column in runs.columns and runs[column].astype(str).nunique() > 1:
                 swept[column] = dict(zip(runs["run_dir"], runs[column], strict=False))

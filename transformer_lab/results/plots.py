@@ -36,10 +36,9 @@ def distinct_styles(n: int) -> list[dict]:
 
 def line_plot(path: Path, x: Sequence[float] | np.ndarray,
               series: Mapping[str, Sequence[float] | np.ndarray], title: str, xlabel: str,
-              ylabel: str, size: tuple[float, float] = (8, 4.5),
-              legend_title: str | None = None) -> Path:
+              ylabel: str, legend_title: str | None = None) -> Path:
     """One line per entry of ``series`` (label -> y values over ``x``)."""
-    fig, ax = plt.subplots(figsize=size)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
     for label, y in series.items():
         ax.plot(x, y, label=label, linewidth=1.4)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
@@ -50,32 +49,28 @@ def line_plot(path: Path, x: Sequence[float] | np.ndarray,
 
 
 def heatmap(path: Path, matrix: np.ndarray, title: str, xlabel: str, ylabel: str,
-            colorbar_label: str = "", cmap: str = "RdBu_r",
-            size: tuple[float, float] = (8, 5), symmetric: bool = True) -> Path:
-    """``matrix`` (rows -> y axis, columns -> x axis) as an image with a colour bar; with
-    ``symmetric`` the colour scale is centred on 0."""
-    fig, ax = plt.subplots(figsize=size)
+            colorbar_label: str) -> Path:
+    """``matrix`` (rows -> y axis, columns -> x axis) as an image with a colour bar centred on
+    0."""
+    fig, ax = plt.subplots(figsize=(8, 5))
     finite = matrix[np.isfinite(matrix)]
     limit = float(np.abs(finite).max()) if finite.size else 1.0
-    bounds = {"vmin": -limit, "vmax": limit} if symmetric else {}
-    image = ax.imshow(matrix, aspect="auto", origin="upper", cmap=cmap,
-                      interpolation="nearest", **bounds)
+    image = ax.imshow(matrix, aspect="auto", origin="upper", cmap="RdBu_r",
+                      interpolation="nearest", vmin=-limit, vmax=limit)
     ax.set(title=title, xlabel=xlabel, ylabel=ylabel)
     fig.colorbar(image, ax=ax, label=colorbar_label)
     return save(fig, path)
 
 
 def heatmap_grid(path: Path, matrices: Sequence[np.ndarray], titles: Sequence[str],
-                 suptitle: str, xlabel: str, ylabel: str, cmap: str = "viridis",
-                 columns: int = 4) -> Path:
+                 suptitle: str, xlabel: str, ylabel: str, columns: int = 4) -> Path:
     """Small multiples: one heat map per matrix, each with its own colour bar."""
-    rows = -(-len(matrices) // columns)
-    cols = min(columns, len(matrices))
+    rows, cols = -(-len(matrices) // columns), min(columns, len(matrices))
     fig, axes = plt.subplots(rows, cols, figsize=(3.4 * cols, 2.9 * rows), squeeze=False,
                              layout="constrained")
     for ax, matrix, title in zip(axes.flat, matrices, titles, strict=False):
-        shown = np.where(np.isfinite(matrix), matrix, np.nan)
-        image = ax.imshow(shown, aspect="auto", cmap=cmap, interpolation="nearest")
+        image = ax.imshow(np.where(np.isfinite(matrix), matrix, np.nan), aspect="auto",
+                          cmap="viridis", interpolation="nearest")
         ax.set_title(title, fontsize=9)
         ax.set_xlabel(xlabel, fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
@@ -90,11 +85,9 @@ def heatmap_grid(path: Path, matrices: Sequence[np.ndarray], titles: Sequence[st
 def length_curves(path: Path, panels: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]],
                   lengths: Sequence[int], mark: int | None = None,
                   unit_panels: Sequence[str] = ()) -> Path:
-    """Metrics against sequence length (``tlab extrapolate``): one panel per metric, one line
-    per label (``label -> [(length, value)]``), log2 length axis with ``lengths`` as ticks, a
-    dotted line at ``mark`` (the training length). Labels sharing the text before " ft" share a
-    colour; labels with " ft" (after fine-tuning) are dashed. Panels named in ``unit_panels``
-    get a [0, 1] y range."""
+    """Metrics against sequence length (``tlab extrapolate``): a panel per metric, a line per label
+    (``label -> [(length, value)]``, " ft": fine-tuned, dashed, in its base label's colour), log2
+    length axis, a dotted line at ``mark`` (training length); ``unit_panels``: y in [0, 1]."""
     bases = list(dict.fromkeys(label.split(" ft")[0] for curves in panels.values()
                                for label in curves))
     colours = {base: style["color"]

@@ -84,14 +84,11 @@ class _Phase:
         done = self.done
         if self.first is None or not done:
             return None
-        since, done_then = self.first
-        if done > done_then:
-            return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
-        return (time.perf_counter() - self.started) * (self.total - done) / done
+        since, done_then = self.first if done > self.first[1] else (self.started, 0)
+        return (time.perf_counter() - since) * (self.total - done) / (done - done_then)
 
-    def fields(self) -> dict[str, str]:
-        """The bar's text columns."""
-        held_out = self.last_held_out
+    def fields(self, held_out: tuple[float, int, float | None] | None) -> dict[str, str]:
+        """The text shown for the loss, a held-out row's loss and exact match, and tokens/s."""
         match = held_out[2] if held_out is not None else None
         return {"loss": f"loss {self.loss:.4f}" if self.loss is not None else "",
                 "held_out": f"held-out {held_out[0]:.4f}" if held_out is not None else "",
@@ -107,19 +104,13 @@ class _Phase:
         else:
             tags = [f"{k}={v}" for k, v in series_of(row) if k not in NOT_IN_LINES]
             parts = [f"{label} |", *tags, f"step {step} ({self.done}/{self.total})"]
-        if self.loss is not None:
-            parts.append(f"loss {self.loss:.4f}")
         held_out = self.held_out.get(series_of(row))
+        texts = self.fields(held_out)
         if held_out is not None:
-            parts.append(f"held-out {held_out[0]:.4f} (step {held_out[1]})")
-            if held_out[2] is not None:
-                parts.append(f"exact {held_out[2]:.3f}")
-        if self.speed is not None:
-            parts.append(f"{self.speed:,.0f} tok/s")
+            texts["held_out"] += f" (step {held_out[1]})"
         eta = self.eta_s()
-        parts.append("eta " + (str(datetime.timedelta(seconds=round(eta))) if eta is not None
-                               else "-"))
-        return " ".join(parts)
+        eta_text = str(datetime.timedelta(seconds=round(eta))) if eta is not None else "-"
+        return " ".join([*parts, *filter(None, texts.values()), f"eta {eta_text}"])
 
 
 class RunProgress:
@@ -127,8 +118,7 @@ class RunProgress:
     (quiet): nothing is shown and ``on_row`` returns at once. ``plain``: log lines instead of a
     live bar (stdout is not a terminal)."""
 
-    def __init__(self, enabled: bool, console: Console | None = None,
-                 plain: bool = False) -> None:
+    def __init__(self, enabled: bool, console: Console, plain: bool = False) -> None:
         self.enabled = enabled
         self.plain = plain
         self.console = console
@@ -154,25 +144,19 @@ class RunProgress:
             if phase is None:
                 return
             moved = phase.update(row)
-            if self.plain:
-                if moved:
-                    self._print_line(phase.line(self._label, row))
+            if self.plain and moved:
+                self.console.print(phase.line(self._label, row), markup=False, highlight=False,
+                                   soft_wrap=True)
+                self.console.file.flush()
             elif self._progress is not None:
-                self._progress.update(self._task, completed=phase.done, **phase.fields())
+                self._progress.update(self._task, completed=phase.done,
+                                      **phase.fields(phase.last_held_out))
 
     @property
     def counted(self) -> tuple[int, int] | None:
         """(steps done, steps planned) of the current phase; None outside one."""
         phase = self._phase
         return (phase.done, phase.total) if phase is not None else None
-
-    def _print_line(self, line: str) -> None:
-        console = self.console
-        if console is None:
-            print(line, flush=True)
-            return
-        console.print(line, markup=False, highlight=False, soft_wrap=True)
-        console.file.flush()
 
     @contextmanager
     def phase(self, label: str, total: int) -> Iterator[None]:
@@ -182,61 +166,44 @@ class RunProgress:
         if not self.enabled:
             yield
             return
-        if self.plain:
-            with self._lock:
-                self._phase, self._label = _Phase(total), label
-            try:
-                yield
-            finally:
-                with self._lock:
-                    self._phase = None
-            return
-        progress = Progress(
+        progress = None if self.plain else Progress(
             TextColumn("{task.description}"), BarColumn(bar_width=24), MofNCompleteColumn(),
             TextColumn("{task.fields[loss]}"), TextColumn("{task.fields[held_out]}"),
             TextColumn("{task.fields[match]}"), TextColumn("{task.fields[speed]}"),
             TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn(), console=self.console,
             transient=False, refresh_per_second=REFRESH_PER_SECOND)
         with self._lock:
-            self._phase = _Phase(total)
-            self._task = progress.add_task(label, total=self._phase.total,
-                                           **self._phase.fields())
-            self._progress = progress
+            self._phase, self._label = _Phase(total), label
+            if progress is not None:
+                self._task = progress.add_task(label, total=self._phase.total,
+                                               **self._phase.fields(None))
+                self._progress = progress
         try:
-            progress.start()
-        except LiveError:  # another live display (a spinner) is on: no bar for this phase
-            with self._lock:
-                self._phase = self._progress = None
+            if progress is not None:
+                try:
+                    progress.start()
+                except LiveError:  # another live display (a spinner) is on: no bar this phase
+                    with self._lock:
+                        self._phase = self._progress = progress = None
             yield
-            return
-        finished = False
-        try:
-            yield
-            finished = True
+            if progress is not None:
+                with self._lock:
+                    done = self._phase.done
+                    if done:  # stopped early (solved): the bar ends full, at the steps taken
+                        progress.update(self._task, total=done, completed=done)
         finally:
             with self._lock:
-                done = self._phase.done
-                if finished and done:  # stopped early (solved): the bar ends full, at the
-                    progress.update(self._task, total=done, completed=done)  # steps taken
                 self._phase = self._progress = None
-            progress.stop()
-
-
-def root_log(log: Any) -> Any:
-    """The ``CsvLog`` under a ``TaggedLog`` (or any wrapper with a ``log`` attribute)."""
-    seen = 0
-    while log is not None and not hasattr(log, "listeners") and seen < 10:
-        log = getattr(log, "log", None)
-        seen += 1
-    return log
+            if progress is not None:
+                progress.stop()
 
 
 def progress_bar(log: Any, label: str, total: int) -> Any:
     """``RunProgress.phase`` of the run whose metrics log ``log`` is (a ``CsvLog``, a
     ``TaggedLog`` of it, or None); a no-op context when there is none."""
-    root = root_log(log)
-    for listener in getattr(root, "listeners", ()):
-        owner = getattr(listener, "__self__", None)
-        if isinstance(owner, RunProgress):
+    while log is not None and not hasattr(log, "listeners"):  # a TaggedLog: the log it tags for
+        log = getattr(log, "log", None)
+    for listener in getattr(log, "listeners", ()):
+        if isinstance(owner := getattr(listener, "__self__", None), RunProgress):
             return owner.phase(label, total)
     return nullcontext()

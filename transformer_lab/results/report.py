@@ -4,18 +4,18 @@ verdicts, and plots (``docs/cli.md``, "tlab report"); ``gather.py`` reads the ru
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+from rich.table import Column, Table
 
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import variance_by_source
 from transformer_lab.results.curve_metrics import CURVE_METRICS, curve_metric
 from transformer_lab.results.gather import METRICS, SEED_SOURCES, Gathered, as_seed, gather
-from transformer_lab.results.report_plots import plot_loss_curves, plot_metric
 from transformer_lab.results.verdicts import verdict_columns, verdict_lines
 
 
@@ -28,8 +28,6 @@ class Report:
     variance: pd.DataFrame | None = None  # report-variance.csv's rows, when there is one
 
 
-# --- summarising ----------------------------------------------------------------------------
-
 def metrics_present(runs: pd.DataFrame) -> list[str]:
     return [m for m in (*METRICS, *CURVE_METRICS) if m in runs.columns and runs[m].notna().any()]
 
@@ -37,50 +35,37 @@ def metrics_present(runs: pd.DataFrame) -> list[str]:
 def with_curve_metrics(gathered: Gathered) -> Gathered:
     """``gathered`` with a ``CURVE_METRICS`` column: the mean over a run's curves (over a seed's,
     for a run counted per seed); NaN without a curve."""
-    numbers: dict[tuple, list[dict[str, float]]] = {}  # (run_dir, seed or None) -> per curve
-    for (run_dir, _), curve in gathered.curves.groupby(["run_dir", "curve"], sort=False):
-        curve = curve.sort_values("step")
+    metrics, per_curve = list(CURVE_METRICS), []
+    for (run_dir, _), curve in gathered.curves.sort_values("step").groupby(["run_dir", "curve"],
+                                                                           sort=False):
         steps, losses = curve["step"].astype(int).tolist(), curve["loss"].tolist()
-        value = {metric: curve_metric(metric, steps, losses) for metric in CURVE_METRICS}
-        numbers.setdefault((run_dir, None), []).append(value)
-        if run_dir in gathered.seeded and curve["seed"].notna().any():
-            numbers.setdefault((run_dir, float(curve["seed"].iloc[0])), []).append(value)
-
-    def mean_of(key: tuple, metric: str) -> float:
-        finite = [v[metric] for v in numbers.get(key, []) if math.isfinite(v[metric])]
-        return statistics.fmean(finite) if finite else math.nan
-
-    keys = [(run_dir, float(seed) if run_dir in gathered.seeded else None)
-            for run_dir, seed in zip(gathered.runs["run_dir"], gathered.runs["seed"]
-                                     if "seed" in gathered.runs.columns
-                                     else [None] * len(gathered.runs), strict=True)]
-    runs = gathered.runs.assign(**{metric: [mean_of(key, metric) for key in keys]
-                                   for metric in CURVE_METRICS})
-    return dataclasses.replace(gathered, runs=runs)
+        per_curve.append({"run_dir": run_dir, "seed": curve["seed"].iloc[0],
+                          **{metric: curve_metric(metric, steps, losses) for metric in metrics}})
+    per_curve = pd.DataFrame(per_curve, columns=["run_dir", "seed", *metrics]).replace(
+        [math.inf, -math.inf], math.nan)  # the mean of the finite values
+    runs = gathered.runs
+    seeds = pd.to_numeric(runs["seed"], errors="coerce") if "seed" in runs.columns else math.nan
+    of_run = runs[["run_dir"]].join(per_curve.groupby("run_dir")[metrics].mean(), on="run_dir")
+    of_seed = runs[["run_dir"]].assign(seed=seeds).join(
+        per_curve.groupby(["run_dir", "seed"])[metrics].mean(), on=["run_dir", "seed"])
+    values = of_run[metrics].mask(runs["run_dir"].isin(gathered.seeded), of_seed[metrics], axis=0)
+    return dataclasses.replace(gathered, runs=runs.assign(**values))
 
 
 def pivot_table(gathered: Gathered) -> pd.DataFrame:
     """One row per group of the swept keys (seed excluded): counts and mean/std of metrics."""
-    runs = gathered.runs.assign(_first=gathered.first_of_run())
-    runs["_passed"] = runs["_first"] & (runs["status"] == "passed")
-    keys = gathered.group_keys
-    if not keys:
-        runs["group"] = "all runs"
-        keys = ["group"]
-    for key in keys:
-        runs[key] = runs[key].astype(str)
-    metrics = metrics_present(runs)
-    grouped = runs.groupby(keys, sort=False, dropna=False)
-    table = grouped.agg(n_runs=("_first", "sum"), n_passed=("_passed", "sum"),
-                        n_seeds=("run_dir", "size"))  # run folders; samples (seeds)
-    if "seed" in runs.columns:
-        table["seeds"] = grouped["seed"].agg(
-            lambda s: ",".join(str(as_seed(v)) for v in sorted(s.dropna().unique())))
-    for metric in metrics:
-        table[f"{metric}_mean"] = grouped[metric].mean()
-        table[f"{metric}_std"] = grouped[metric].std(ddof=1)
-        table[f"{metric}_n"] = grouped[metric].count()  # runs that have it (e.g. solved ones)
-    return table.reset_index()
+    keys, first = gathered.group_keys or ["group"], gathered.first_of_run()
+    runs = gathered.runs if gathered.group_keys else gathered.runs.assign(group="all runs")
+    runs = runs.assign(_first=first, _passed=first & (runs["status"] == "passed"),
+                       **{key: runs[key].astype(str) for key in keys})
+    seeds = {"seeds": ("seed", lambda s: ",".join(str(as_seed(v))
+                                                  for v in sorted(s.dropna().unique())))}
+    numbers = {f"{metric}_{name}": (metric, how) for metric in metrics_present(runs)
+               for name, how in (("mean", "mean"), ("std", "std"), ("n", "count"))}
+    # n_runs: run folders; n_seeds: samples (seeds); <metric>_n: the samples that have it
+    return runs.groupby(keys, sort=False, dropna=False).agg(
+        n_runs=("_first", "sum"), n_passed=("_passed", "sum"), n_seeds=("run_dir", "size"),
+        **(seeds if "seed" in runs.columns else {}), **numbers).reset_index()
 
 
 VARIANCE_COLUMNS = ["metric", "n_init", "n_data", "mean", "var_init", "var_data",
@@ -98,8 +83,7 @@ def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | Non
     keys = gathered.group_keys
     runs = runs.assign(**{k: runs[k].astype(str) for k in (*keys, *SEED_SOURCES)})
     rows = []
-    for group, cells in runs.groupby(keys, sort=False) if keys else [((), runs)]:
-        group = group if isinstance(group, tuple) else (group,)
+    for group, cells in runs.groupby(keys, sort=False) if keys else [((), runs)]:  # tuples
         row = {**dict(zip(keys, group, strict=True)), "metric": metric}
         rows.append(row)
         if cells.duplicated(list(SEED_SOURCES)).any():
@@ -111,18 +95,14 @@ def variance_table(gathered: Gathered, metric: str | None) -> pd.DataFrame | Non
         except ValueError as exc:
             row["note"] = f"{exc}: needs every seed_init x seed_data pair"
             continue
-        row.update(n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
+        below = [name for name, value in (("var_init", parts.init), ("var_data", parts.data))
+                 if value < 0]
+        row.update(zip(("share_init", "share_data", "share_residual"), parts.shares, strict=True),
+                   n_init=parts.n_init, n_data=parts.n_data, mean=parts.mean,
                    var_init=parts.init, var_data=parts.data, var_residual=parts.residual,
-                   var_total=parts.total, note=_negative_note(parts.init, parts.data))
-        row.update(zip(("share_init", "share_data", "share_residual"), parts.shares,
-                       strict=True))
+                   var_total=parts.total, note=f"{' and '.join(below)} below 0 (within the "
+                   "noise): 0 in the total and shares" if below else "")
     return pd.DataFrame(rows).reindex(columns=[*keys, *VARIANCE_COLUMNS])
-
-
-def _negative_note(init: float, data: float) -> str:
-    below = [name for name, value in (("var_init", init), ("var_data", data)) if value < 0]
-    return (f"{' and '.join(below)} below 0 (within the noise): 0 in the total and shares"
-            if below else "")
 
 
 def variance_lines(variance: pd.DataFrame, keys: list[str]) -> list[str]:
@@ -148,67 +128,99 @@ def variance_lines(variance: pd.DataFrame, keys: list[str]) -> list[str]:
 
 
 def mean_std(mean: float, std: float) -> str:
-    if mean is None or (isinstance(mean, float) and math.isnan(mean)):
+    if pd.isna(mean):
         return "–"
-    if std is None or (isinstance(std, float) and math.isnan(std)) or std == 0:
-        return f"{mean:.4g}"
-    return f"{mean:.4g} ± {std:.2g}"
+    return f"{mean:.4g}" if pd.isna(std) or std == 0 else f"{mean:.4g} ± {std:.2g}"
 
 
 def display_rows(pivot: pd.DataFrame, keys: list[str], metrics: list[str]) -> tuple[list[str],
                                                                                    list[list[str]]]:
+    seeds = ["seeds"] if "seeds" in pivot.columns else []
     verdict = ["verdict"] if "verdict" in pivot.columns else []
-    header = [*keys, "runs", "passed", *(["seeds"] if "seeds" in pivot.columns else []),
-              *metrics, *verdict]
     body = []
     for _, row in pivot.iterrows():
-        cells = [str(row[k]) for k in keys] + [str(row["n_runs"]), str(row["n_passed"])]
-        if "seeds" in pivot.columns:
-            cells.append(str(row["seeds"]))
+        cells = [str(row[k]) for k in [*keys, "n_runs", "n_passed", *seeds]]
         for m in metrics:
-            cell = mean_std(row[f"{m}_mean"], row[f"{m}_std"])
+            cells.append(mean_std(row[f"{m}_mean"], row[f"{m}_std"]))
             if 0 < row[f"{m}_n"] < row["n_seeds"]:  # e.g. solved_step of the seeds that solved
-                cell += f" ({row[f'{m}_n']} of {row['n_seeds']})"
-            cells.append(cell)
-        if verdict:
-            cells.append("" if pd.isna(row["verdict"]) else str(row["verdict"]))
-        body.append(cells)
-    return header, body
+                cells[-1] += f" ({row[f'{m}_n']} of {row['n_seeds']})"
+        body.append(cells + ["" if pd.isna(row[c]) else str(row[c]) for c in verdict])
+    return [*keys, "runs", "passed", *seeds, *metrics, *verdict], body
 
 
 def markdown_table(header: list[str], body: list[list[str]]) -> str:
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|").replace("\n", " ")
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |"
 
-    lines = ["| " + " | ".join(cell(h) for h in header) + " |",
-             "|" + "|".join("---" for _ in header) + "|"]
-    lines += ["| " + " | ".join(cell(c) for c in row) + " |" for row in body]
-    return "\n".join(lines)
+    return "\n".join([line(header), "|" + "|".join("---" for _ in header) + "|", *map(line, body)])
 
 
 def choose_metric(runs: pd.DataFrame, requested: str | None) -> str | None:
     present = metrics_present(runs)
-    if requested is not None:
-        if requested not in present:
-            curves = [] if requested in CURVE_METRICS else list(CURVE_METRICS)
-            raise ConfigError(f"--metric {requested} has no values in these runs; available: "
-                              f"{', '.join(present + curves) or 'none'}")
-        return requested
-    return next((m for m in ("best_exact_match", "final_loss") if m in present), None)
+    if requested is not None and requested not in present:
+        curves = [] if requested in CURVE_METRICS else list(CURVE_METRICS)
+        raise ConfigError(f"--metric {requested} has no values in these runs; available: "
+                          f"{', '.join(present + curves) or 'none'}")
+    return requested or next((m for m in ("best_exact_match", "final_loss") if m in present), None)
 
 
 def free_prefix(out_dir: Path) -> str:
     """``report`` or the first ``report-<n>`` whose files do not exist yet."""
-    n = 1
-    while True:
+    for n in itertools.count(1):
         prefix = "report" if n == 1 else f"report-{n}"
         if not any((out_dir / f"{prefix}{suffix}").exists()
                    for suffix in (".csv", ".md", "-pivot.csv", "-loss.png", "-variance.csv")):
             return prefix
-        n += 1
 
 
-# --- the report -----------------------------------------------------------------------------
+def _group_labels(frame: pd.DataFrame, keys: list[str]) -> pd.Series:
+    """Per row of ``frame``: its group as ``key=value, ...`` (``all runs`` without keys)."""
+    if not keys:
+        return pd.Series("all runs", index=frame.index)
+    return frame[keys].astype(str).apply(lambda row: ", ".join(f"{k}={v}" for k, v in row.items()),
+                                         axis=1)
+
+
+def plot_metric(pivot: pd.DataFrame, keys: list[str], metric: str, path: Path) -> Path:
+    """One bar per group of ``pivot``: the mean of ``metric`` over its samples, std error bars."""
+    from transformer_lab.results.plots import plt, save
+
+    labels = _group_labels(pivot, keys).tolist()
+    means = pivot[f"{metric}_mean"].to_numpy(dtype=float)
+    stds = pivot[f"{metric}_std"].fillna(0.0).to_numpy(dtype=float)
+    fig, ax = plt.subplots(figsize=(max(5.0, 0.6 * len(labels) + 2), 4))
+    ax.bar(range(len(labels)), means, yerr=stds, capsize=4, color="tab:blue", alpha=0.8)
+    ax.set_xticks(range(len(labels)), labels, rotation=30 if len(labels) > 3 else 0, ha="right"
+                  if len(labels) > 3 else "center", fontsize=8)
+    ax.set_ylabel(f"{metric} (mean ± std over seeds)")
+    ax.set_title(f"{metric} at the end of each run, per choice")
+    return save(fig, path)
+
+
+def plot_loss_curves(gathered: Gathered, path: Path) -> Path | None:
+    """Per group, the mean training loss at each step over every curve of its runs (each seed
+    of a multi-seed run is one curve), std band; None without curves."""
+    if gathered.curves.empty:
+        return None
+    from transformer_lab.results.plots import distinct_styles, plt, save
+
+    first = gathered.runs.drop_duplicates("run_dir")
+    label_of = _group_labels(first, gathered.group_keys).set_axis(first["run_dir"])
+    curves = gathered.curves.assign(group=gathered.curves["run_dir"].map(label_of))
+    groups = list(curves.groupby("group", sort=False))
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for (group, rows), style in zip(groups, distinct_styles(len(groups)), strict=True):
+        by_step = rows.groupby("step")["loss"]
+        mean, std = by_step.mean(), by_step.std(ddof=1).fillna(0.0)
+        ax.plot(mean.index, mean.to_numpy(), label=str(group), **style)
+        ax.fill_between(mean.index, (mean - std).to_numpy(), (mean + std).to_numpy(),
+                        color=style["color"], alpha=0.2)
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss (mean over seeds)")
+    ax.set_title("loss curves per group")
+    ax.legend(fontsize=7)
+    return save(fig, path)
+
 
 def make_report(root: Path, out_dir: Path | None = None, metric: str | None = None,
                 baseline: str | None = None) -> Report:
@@ -222,30 +234,26 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
         pivot = verdict_columns(gathered, pivot, chosen, baseline)
     out_dir = Path(out_dir) if out_dir is not None else Path(root)
     out_dir.mkdir(parents=True, exist_ok=True)
-    prefix = free_prefix(out_dir)
-    files = []
-    leading = ["run_dir", "job", "status", *gathered.swept_keys]
-    columns = [c for c in leading if c in gathered.runs.columns]
-    columns += [c for c in gathered.runs.columns if c not in columns]
-    runs_csv = out_dir / f"{prefix}.csv"
-    gathered.runs[columns].to_csv(runs_csv, index=False)
-    pivot_csv = out_dir / f"{prefix}-pivot.csv"
+    base = free_prefix(out_dir)
+    runs_csv, pivot_csv, variance_csv, md = (out_dir / f"{base}{suffix}" for suffix in
+                                             (".csv", "-pivot.csv", "-variance.csv", ".md"))
+    leading = [c for c in ["run_dir", "job", "status", *gathered.swept_keys]
+               if c in gathered.runs.columns]
+    gathered.runs[leading + [c for c in gathered.runs.columns if c not in leading]].to_csv(
+        runs_csv, index=False)
     pivot.to_csv(pivot_csv, index=False)
-    files += [runs_csv, pivot_csv]
+    files = [runs_csv, pivot_csv]
     variance = variance_table(gathered, chosen)
     if variance is not None:
-        files.append(out_dir / f"{prefix}-variance.csv")
-        variance.to_csv(files[-1], index=False)
-    keys = gathered.group_keys or ["group"]
+        variance.to_csv(variance_csv, index=False)
+        files.append(variance_csv)
     if chosen is not None:
         files.append(plot_metric(pivot, gathered.group_keys, chosen,
-                                 out_dir / f"{prefix}-{chosen}.png"))
-    curve_png = plot_loss_curves(gathered, out_dir / f"{prefix}-loss.png")
-    if curve_png is not None:
+                                 out_dir / f"{base}-{chosen}.png"))
+    if (curve_png := plot_loss_curves(gathered, out_dir / f"{base}-loss.png")) is not None:
         files.append(curve_png)
-    md = out_dir / f"{prefix}.md"
-    md.write_text(markdown_report(gathered, pivot, keys, [f.name for f in files], chosen,
-                                  variance))
+    md.write_text(markdown_report(gathered, pivot, gathered.group_keys or ["group"],
+                                  [f.name for f in files], chosen, variance))
     files.insert(2, md)
     return Report(gathered, pivot, chosen, files, variance)
 
@@ -269,17 +277,13 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
         lines += variance_lines(variance, gathered.group_keys)
     failed = runs[runs["status"] != "passed"]
     if not failed.empty:
-        keys = [k for k in gathered.swept_keys if k in runs.columns]
-        lines += ["## Runs that did not pass", "",
-                  markdown_table(["run_dir", *keys, "status", "error"],
-                                 [[str(r["run_dir"]), *(str(r[k]) for k in keys),
-                                   str(r["status"]),
-                                   "" if pd.isna(r.get("error")) else str(r.get("error"))]
-                                  for _, r in failed.iterrows()]), ""]
+        columns = ["run_dir", *(k for k in gathered.swept_keys if k in runs.columns), "status"]
+        rows = [[str(r[c]) for c in columns] + ["" if pd.isna(r.get("error")) else str(r["error"])]
+                for _, r in failed.iterrows()]
+        lines += ["## Runs that did not pass", "", markdown_table([*columns, "error"], rows), ""]
     if gathered.skipped:
-        lines += ["## Skipped files", ""]
-        lines += [f"- `{path}`: {why}" for path, why in gathered.skipped]
-        lines.append("")
+        lines += ["## Skipped files", "", *(f"- `{path}`: {why}" for path, why in gathered.skipped),
+                  ""]
     if gathered.superseded:
         lines += [f"{gathered.superseded} superseded attempt(s) (`<job>.failed-<n>`, kept by "
                   "`--resume`) are not counted.", ""]
@@ -287,16 +291,13 @@ def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
     return "\n".join(lines)
 
 
-def rich_table(report: Report):
-    from rich.table import Table
-
+def rich_table(report: Report) -> Table:
     gathered = report.gathered
-    keys = gathered.group_keys or ["group"]
-    header, body = display_rows(report.pivot, keys, metrics_present(gathered.runs))
+    header, body = display_rows(report.pivot, gathered.group_keys or ["group"],
+                                metrics_present(gathered.runs))
     n_runs = int(gathered.first_of_run().sum())
-    table = Table(title=f"tlab report - {gathered.root} ({n_runs} runs)")
-    for column in header:
-        table.add_column(column, overflow="fold")
+    table = Table(*(Column(name, overflow="fold") for name in header),
+                  title=f"tlab report - {gathered.root} ({n_runs} runs)")
     for row in body:
         table.add_row(*row)
     return table

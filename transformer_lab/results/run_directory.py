@@ -6,11 +6,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import functools
+import hashlib
 import json
 import math
 import os
 import platform
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -58,17 +60,21 @@ class CsvLog:
         self.listeners = list(listeners)
         self.rows = 0  # data rows in the file
         self._file = None
-        self._writer: csv.DictWriter | None = None
+        self._writer: Any = None  # a csv.writer
 
     def write(self, row: Mapping[str, Any]) -> None:
         extra = [k for k in row if k not in self.columns]
         if self._writer is None:
             self.columns += extra
             self._open("w")
-            self._writer.writeheader()
-        elif extra:
-            self._widen(extra)
-        self._writer.writerow({k: _format(row.get(k)) for k in self.columns})
+            self._writer.writerow(self.columns)
+        elif extra:  # rewrite the file with the wider header, then append again
+            self._file.close()
+            with self.path.open(newline="", encoding="utf-8") as f:
+                rows = list(csv.DictReader(f))
+            columns = self.columns + extra
+            self._rewrite(columns, [[r.get(c) for c in columns] for r in rows], ".widening")
+        self._writer.writerow([_format(row.get(k)) for k in self.columns])
         self._file.flush()
         self.rows += 1
         for listener in self.listeners:
@@ -76,23 +82,13 @@ class CsvLog:
 
     def _open(self, mode: str) -> None:
         self._file = self.path.open(mode, newline="", encoding="utf-8")
-        self._writer = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
-
-    def _widen(self, extra: list[str]) -> None:
-        """Rewrite the file with ``extra`` added to the header, then append again."""
-        self._file.close()
-        with self.path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.DictReader(f))
-        columns = self.columns + extra
-        self._rewrite(columns, [[row.get(c) for c in columns] for row in rows], ".widening")
+        self._writer = csv.writer(self._file)
 
     def _rewrite(self, header: list[str], rows: list[list[Any]], suffix: str) -> None:
         """Replace the file with ``header`` and ``rows`` (atomically), then append again."""
         partial = self.path.with_name(self.path.name + suffix)
         with partial.open("w", newline="", encoding="utf-8") as f:
-            writer = csv.writer(f)
-            writer.writerow(header)
-            writer.writerows(rows)
+            csv.writer(f).writerows([header, *rows])
         os.replace(partial, self.path)
         self.columns = list(header)
         self._open("a")
@@ -141,9 +137,8 @@ def holds_run(path: Path) -> bool:
 
 def resume_hint(path: Path) -> str:
     """How to resume the run in ``path`` if it kept a checkpoint, for a refusal message."""
-    if not (Path(path) / CHECKPOINT_FILE).is_file():
-        return ""
-    return f"; to go on with that run: tlab train --resume {path}"
+    has_checkpoint = (Path(path) / CHECKPOINT_FILE).is_file()
+    return f"; to go on with that run: tlab train --resume {path}" if has_checkpoint else ""
 
 
 def weights_path(run_dir: Path, seed: int, variant: str | None = None,
@@ -166,23 +161,19 @@ def claimed_by(path: Path) -> str | None:
     marker = Path(path) / CLAIM_FILE
     if not marker.exists():
         return None
-    owner: dict[str, Any] = {}
-    for _ in range(20):
-        owner = read_json(marker)
-        if owner:
+    for _ in range(20):  # a claim being written reads empty for a moment
+        if owner := read_json(marker):
             break
         time.sleep(0.025)
     return (f"pid {owner.get('pid', '?')} on {owner.get('host', '?')} (since "
             f"{owner.get('time', '?')})")
 
 
-def _claim(resuming: bool = False) -> str:
-    """The text of a claim by this process (``resuming``: of an interrupted run's directory)."""
-    import socket
-
-    owner = {"pid": os.getpid(), "host": socket.gethostname(),
-             "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv}
-    return json.dumps({**owner, "resuming": True} if resuming else owner)
+def _claim(**resuming: bool) -> str:
+    """The text of a claim by this process (``resuming=True``: of an interrupted run's folder)."""
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                       "time": datetime.now(timezone.utc).isoformat(), "argv": sys.argv,
+                       **resuming})
 
 
 def claim_directory(path: str | Path) -> Path:
@@ -210,9 +201,6 @@ def claim_directory(path: str | Path) -> Path:
 def reclaim_directory(path: Path) -> None:
     """Take over the claim of an interrupted run's directory (``--resume RUN_DIR``);
     ``ConfigError`` while its owner runs, or for the loser of two resumes."""
-    import hashlib
-    import socket
-
     marker = path / CLAIM_FILE
     before = marker.read_text(encoding="utf-8") if marker.exists() else ""
     owner = read_json(marker)
@@ -241,19 +229,11 @@ def process_alive(pid: Any) -> bool:
         return False
     try:
         os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
     except PermissionError:  # it exists, owned by someone else
         return True
     except OSError:
         return False
     return True
-
-
-def resumed_here(path: Path) -> bool:
-    """True when this process claimed ``path`` to resume the run in it (``reclaim_directory``)."""
-    owner = read_json(Path(path) / CLAIM_FILE)
-    return bool(owner.get("resuming")) and owner.get("pid") == os.getpid()
 
 
 @functools.cache
@@ -291,55 +271,40 @@ class RunDirectory:
 
     @classmethod
     def create(cls, path: str | Path, cfg: DictConfig) -> RunDirectory:
-        """A new run's directory; one holding a run is refused unless resumed here (``reopen``)."""
+        """A new run's directory; one holding a run is refused unless this process resumes it
+        (``reclaim_directory``): then it goes on there, this process added to ``resumes``."""
         path = Path(path)
+        run = cls(path, cfg)
+        now = datetime.now(timezone.utc).isoformat()
         if holds_run(path):
-            if resumed_here(path):
-                return cls.reopen(path, cfg)
-            raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
-                              f"{resume_hint(path)}")
-        path.mkdir(parents=True, exist_ok=True)
-        run = cls(path, cfg)
-        run.info = {
-            "seed": cfg.get("seed"),
-            "routine": cfg.routine.name,
-            "git_commit": git_commit(),
-            "versions": dict(package_versions()),
-            "platform": platform.platform(),
-            "device": cfg.train.device,
-            "threads": _torch_threads(),
-            "argv": sys.argv,
-            "pid": os.getpid(),
-            "start_time": datetime.now(timezone.utc).isoformat(),
-            "status": "running",
-        }
+            claim = read_json(path / CLAIM_FILE)
+            if not (claim.get("resuming") and claim.get("pid") == os.getpid()):
+                raise ConfigError(f"'{path}' already holds a run; choose another --out directory"
+                                  f"{resume_hint(path)}")
+            run.info = read_json(path / "run.json")
+            resumes = [*(run.info.get("resumes") or []),
+                       {"pid": os.getpid(), "argv": sys.argv, "start_time": now,
+                        "previous_status": run.info.get("status")}]
+            run.info.update(status="running", error=None, resumes=resumes)
+        else:
+            path.mkdir(parents=True, exist_ok=True)
+            torch = sys.modules.get("torch")
+            run.info = {"seed": cfg.get("seed"), "routine": cfg.routine.name,
+                        "git_commit": git_commit(), "versions": dict(package_versions()),
+                        "platform": platform.platform(), "device": cfg.train.device,
+                        "threads": torch.get_num_threads() if torch is not None else None,
+                        "argv": sys.argv, "pid": os.getpid(), "start_time": now,
+                        "status": "running"}
         run.write_info()
-        run.start_outputs()
-        return run
-
-    @classmethod
-    def reopen(cls, path: Path, cfg: DictConfig) -> RunDirectory:
-        """An interrupted run's directory to go on in (this process added to ``resumes``)."""
-        run = cls(path, cfg)
-        run.info = read_json(path / "run.json")
-        resumes = run.info.get("resumes") or []
-        resumes.append({"pid": os.getpid(), "argv": sys.argv,
-                        "start_time": datetime.now(timezone.utc).isoformat(),
-                        "previous_status": run.info.get("status")})
-        run.info.update(status="running", error=None, resumes=resumes)
-        run.write_info()
-        run.start_outputs()
-        return run
-
-    def start_outputs(self) -> None:
-        """The trackers ``cfg.logger`` names and the progress bars (``logger.progress``)."""
+        # the trackers ``cfg.logger`` names and the progress bars (``logger.progress``)
         from transformer_lab.results.progress import RunProgress
         from transformer_lab.results.tracking import build_trackers
 
-        logger = self.cfg.get("logger")
-        quiet = logger is not None and not logger.get("progress", True)
-        self.progress = RunProgress.for_terminal(quiet=quiet)
-        self.trackers = build_trackers(self.cfg, self.path)
+        logger = cfg.get("logger")
+        run.progress = RunProgress.for_terminal(quiet=logger is not None
+                                                and not logger.get("progress", True))
+        run.trackers = build_trackers(cfg, path)
+        return run
 
     def write_config(self) -> None:
         """Save the resolved config (unresolved if an interpolation cannot be resolved)."""
@@ -354,24 +319,19 @@ class RunDirectory:
 
     def log(self, name: str, columns: Iterable[str] = ()) -> CsvLog:
         """The CSV log ``<name>.csv`` of this run (created on first write)."""
-        if name not in self._logs:
-            self._logs[name] = CsvLog(self.path / f"{name}.csv", columns)
-        return self._logs[name]
+        return self._logs.setdefault(name, CsvLog(self.path / f"{name}.csv", columns))
 
     @property
     def metrics(self) -> CsvLog:
         if "metrics" not in self._logs:
-            listeners = [tracker.log_row for tracker in self.trackers]
-            if self.progress is not None:
-                listeners.append(self.progress.on_row)
+            listeners = [tracker.log_row for tracker in self.trackers] + \
+                ([self.progress.on_row] if self.progress is not None else [])
             self._logs["metrics"] = CsvLog(self.path / "metrics.csv", METRIC_COLUMNS, listeners)
         return self._logs["metrics"]
 
     def write_table(self, name: str, rows: list[Mapping[str, Any]],
-                    columns: Iterable[str] = ()) -> Path:
-        table = self.log(name, columns)
-        table.write_all(rows)
-        return table.path
+                    columns: Iterable[str] = ()) -> None:
+        self.log(name, columns).write_all(rows)
 
     def finish(self, status: str, error: str | None = None, **extra: Any) -> None:
         for log in self._logs.values():
@@ -383,11 +343,6 @@ class RunDirectory:
         self.write_info()
         for tracker in self.trackers:  # after the files are complete: they are its artifacts
             tracker.finish(self.path, status)
-
-
-def _torch_threads() -> int | None:
-    torch = sys.modules.get("torch")
-    return torch.get_num_threads() if torch is not None else None
 
 
 def read_json(path: Path) -> dict[str, Any]:

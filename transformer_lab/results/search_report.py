@@ -19,10 +19,9 @@ def study_rows(sweep_dir: Path) -> tuple[list[dict[str, Any]], dict[str, Any] | 
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.load_study(study_name=STUDY_NAME, storage=f"sqlite:///{path.resolve()}")
-    rows = []
-    for trial in study.get_trials(deepcopy=False):
-        rows.append({"trial": trial.number, "job": trial.number, "state": trial.state.name,
-                     "value": trial.value, **{f"param:{k}": v for k, v in trial.params.items()}})
+    rows = [{"trial": trial.number, "job": trial.number, "state": trial.state.name,
+             "value": trial.value, **{f"param:{k}": v for k, v in trial.params.items()}}
+            for trial in study.get_trials(deepcopy=False)]
     complete = [r for r in rows if r["state"] == "COMPLETE" and r["value"] is not None]
     if not complete:
         return rows, None
@@ -46,9 +45,8 @@ def write_study_report(sweep_dir: Path, out_dir: Path) -> Path | None:
         writer = csv.DictWriter(f, fieldnames=columns)
         writer.writeheader()
         writer.writerows(rows)
-    table = Table(title=f"Optuna search - {len(rows)} trials")
-    for column in columns:
-        table.add_column(column.removeprefix("param:"))
+    table = Table(*(column.removeprefix("param:") for column in columns),
+                  title=f"Optuna search - {len(rows)} trials")
     for row in rows:
         table.add_row(*[_cell(row.get(c)) for c in columns])
     console.print(table)

@@ -7,28 +7,23 @@ import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 METRIC_KEYS = ("loss", "accuracy", "exact_match", "lr", "grad_norm", "tokens_per_s")
 ARTIFACT_PATTERNS = ("*.csv", "*.png", "config.yaml", "run.json")
-
-
-class Tracker(Protocol):
-    def log_row(self, row: Mapping[str, Any]) -> None: ...
-    def finish(self, run_dir: Path, status: str) -> None: ...
+# Row columns that describe how a row was made, not which curve it belongs to (tlab 0.2 runs
+# wrote ``seed_engine``).
+NOT_TAGS = {"seed_engine"}
 
 
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     """``{"model": {"d_model": 8}}`` -> ``{"model.d_model": 8}`` (lists kept as values)."""
     if not isinstance(node, Mapping):
         return {prefix: node}
-    flat: dict[str, Any] = {}
-    for key, value in node.items():
-        name = f"{prefix}.{key}" if prefix else str(key)
-        flat.update(flatten(value, name) if isinstance(value, Mapping) else {name: value})
-    return flat
+    return {name: value for key, child in node.items()
+            for name, value in flatten(child, f"{prefix}.{key}" if prefix else str(key)).items()}
 
 
 def config_params(cfg: DictConfig) -> dict[str, Any]:
@@ -41,28 +36,16 @@ def config_params(cfg: DictConfig) -> dict[str, Any]:
     return flatten(tree)
 
 
-# Row columns that describe how a row was made, not which curve it belongs to (tlab 0.2 runs
-# wrote ``seed_engine``).
-NOT_TAGS = {"seed_engine"}
-
-
-def metric_name(row: Mapping[str, Any], key: str) -> str:
-    """``split/tag.../key``: tags are the row's non-measurement columns (seed, variant, ...)."""
+def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
+    """The finite numbers of a metrics row, named ``split/tag.../key``: the tags are the row's
+    non-measurement columns (seed, variant, ...)."""
     from transformer_lab.results.progress import MEASURE_KEYS
 
     tags = [f"{k}={v}" for k, v in row.items()
             if k not in MEASURE_KEYS and k not in NOT_TAGS and v is not None]
-    return "/".join([str(row.get("split") or "train"), *tags, key])
-
-
-def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
-    """The finite numbers of a metrics row, by ``metric_name``."""
-    values = {}
-    for key in METRIC_KEYS:
-        value = row.get(key)
-        if isinstance(value, (int, float)) and math.isfinite(value):
-            values[metric_name(row, key)] = float(value)
-    return values
+    prefix = "/".join([str(row.get("split") or "train"), *tags])
+    return {f"{prefix}/{key}": float(row[key]) for key in METRIC_KEYS
+            if isinstance(row.get(key), int | float) and math.isfinite(row[key])}
 
 
 class TensorBoardTracker:
@@ -96,11 +79,6 @@ def tracking_store(value: str) -> tuple[str, str | None]:
     return f"sqlite:///{folder / 'mlflow.db'}", (folder / "artifacts").as_uri()
 
 
-def sweep_of(run_dir: Path) -> Path | None:
-    """The sweep directory holding ``run_dir`` (Hydra's ``multirun.yaml`` is there), if any."""
-    return run_dir.parent if (run_dir.parent / "multirun.yaml").exists() else None
-
-
 class MlflowTracker:
     """One MLflow run per run directory, through ``MlflowClient`` (no global active run)."""
 
@@ -110,14 +88,12 @@ class MlflowTracker:
 
         uri, self.artifact_root = tracking_store(str(logger.tracking_uri))
         self.client = MlflowClient(tracking_uri=uri)
-        experiment = str(logger.get("experiment") or cfg.routine.name)
-        sweep = sweep_of(run_dir)
-        if sweep is not None:  # the jobs of one sweep side by side
-            experiment = f"{experiment}/{sweep.name}"
+        experiment, name = str(logger.get("experiment") or cfg.routine.name), run_dir.name
         tags = {"tlab.run_dir": str(run_dir.resolve()), "tlab.routine": str(cfg.routine.name)}
-        if sweep is not None:
+        sweep = run_dir.parent
+        if (sweep / "multirun.yaml").exists():  # a job of a sweep: its jobs side by side
+            experiment, name = f"{experiment}/{sweep.name}", f"{sweep.name}/{run_dir.name}"
             tags.update({"tlab.sweep_dir": str(sweep.resolve()), "tlab.job": run_dir.name})
-        name = f"{sweep.name}/{run_dir.name}" if sweep is not None else run_dir.name
         self.run_id = self.client.create_run(self._experiment_id(experiment), run_name=name,
                                              tags=tags).info.run_id
         params = [Param(k, str(v)[:500]) for k, v in config_params(cfg).items()]
@@ -125,11 +101,10 @@ class MlflowTracker:
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
     def _experiment_id(self, name: str) -> str:
-        found = self.client.get_experiment_by_name(name)
-        if found is not None:
-            return found.experiment_id
         try:
-            return self.client.create_experiment(name, artifact_location=self.artifact_root)
+            found = self.client.get_experiment_by_name(name)
+            return found.experiment_id if found is not None else \
+                self.client.create_experiment(name, artifact_location=self.artifact_root)
         except Exception:  # another job of the sweep created it first
             found = self.client.get_experiment_by_name(name)
             if found is None:
@@ -157,7 +132,7 @@ class SafeTracker:
 
     def __init__(self, name: str, make: Any) -> None:
         self.name = name
-        self.tracker: Tracker | None = None
+        self.tracker: Any = None
         self._call(lambda: setattr(self, "tracker", make()), "start")
 
     def _call(self, action: Any, what: str) -> None:
@@ -181,19 +156,14 @@ class SafeTracker:
             self.tracker = None
 
 
-LOGGERS = ("csv", "tensorboard", "mlflow")
-
-
 def build_trackers(cfg: DictConfig, run_dir: Path) -> list[SafeTracker]:
     """The trackers ``cfg.logger`` asks for (none for ``csv`` or a config without a logger)."""
     logger = cfg.get("logger")
-    name = None if logger is None else logger.get("name", "csv")
-    if name in (None, "csv"):
-        return []
-    if name == "tensorboard":
-        return [SafeTracker(name, lambda: TensorBoardTracker(run_dir, cfg))]
-    if name == "mlflow":
-        return [SafeTracker(name, lambda: MlflowTracker(run_dir, cfg, logger))]
-    from transformer_lab.errors import ConfigError
+    name = "csv" if logger is None else logger.get("name") or "csv"
+    makers = {"csv": None, "tensorboard": lambda: TensorBoardTracker(run_dir, cfg),
+              "mlflow": lambda: MlflowTracker(run_dir, cfg, logger)}
+    if name not in makers:
+        from transformer_lab.errors import ConfigError
 
-    raise ConfigError(f"logger={name} is not known; valid: {', '.join(LOGGERS)}")
+        raise ConfigError(f"logger={name} is not known; valid: {', '.join(makers)}")
+    return [SafeTracker(name, makers[name])] if makers[name] is not None else []

@@ -13,7 +13,7 @@ from transformer_lab.measures.property_result import PropertyResult, component
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.routines.variants import with_choice
 
-SWAPPED_GROUPS = ("pe", "ffn", "norm_layer", "block")
+# The swapped groups, as a failing row names them.
 GROUP_LABELS = {"pe": "the positional encoding", "ffn": "the FFN", "norm_layer": "the norm layer",
                 "block": "the block"}
 Measure = Callable[[TransformerModel], list[PropertyResult]]
@@ -24,30 +24,16 @@ def default_choices() -> dict[str, str]:
     defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
     found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
              for group, choice in entry.items()}
-    return {group: found[group] for group in SWAPPED_GROUPS if group in found}
-
-
-def group_module(model: TransformerModel, group: str) -> object:
-    """The run's module of ``group``: its PE, block 0's FFN, norm layer or the block itself."""
-    block = model.blocks[0] if len(model.blocks) else None
-    return {"pe": model.positional, "ffn": getattr(block, "feedforward", None),
-            "norm_layer": getattr(block, "norm1", None), "block": block}[group]
-
-
-def _node(cfg: DictConfig, group: str) -> object:
-    return OmegaConf.to_container(cfg[group], resolve=True)
+    return {group: found[group] for group in GROUP_LABELS if group in found}
 
 
 def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
     """``(group, default choice, config)`` for each group whose node is not the default's."""
-    found = []
-    for group, choice in default_choices().items():
-        if group not in cfg:
-            continue
-        variant = with_choice(cfg, group, choice)
-        if _node(variant, group) != _node(cfg, group):
-            found.append((group, choice, variant))
-    return found
+    variants = [(group, choice, with_choice(cfg, group, choice))
+                for group, choice in default_choices().items() if group in cfg]
+    return [(group, choice, variant) for group, choice, variant in variants
+            if OmegaConf.to_container(variant[group], resolve=True)
+            != OmegaConf.to_container(cfg[group], resolve=True)]
 
 
 def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
@@ -55,6 +41,9 @@ def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
     """Failing property name -> what the swaps found, for its row's detail (``""`` when no
     group was swapped); ``measure``: the properties of a model."""
     tried, found = [], {name: [] for name in failing}
+    block = model.blocks[0] if len(model.blocks) else None  # the run's module of each group:
+    modules = {"pe": model.positional, "ffn": getattr(block, "feedforward", None),
+               "norm_layer": getattr(block, "norm1", None), "block": block}  # of block 0
     for group, choice, variant in swaps(cfg):
         try:
             with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
@@ -63,7 +52,7 @@ def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
             continue
         tried.append(f"{group}={choice}")
         holds = {r.name for r in results if r.passed is not False}
-        label = f"{GROUP_LABELS[group]} ({component(group_module(model, group))})"
+        label = f"{GROUP_LABELS[group]} ({component(modules[group])})"
         for name in failing & holds:
             found[name].append(f"{label}: with {choice} the property holds")
     return {name: ("culprit: " + "; ".join(names) if names else

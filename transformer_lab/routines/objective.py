@@ -39,10 +39,8 @@ def final_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> fl
 
 def steps_to_solve(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
     """Steps until held-out exact match reached the target; unsolved: a penalty."""
-    solved = summary.get("solved_step")
-    if solved is None or (isinstance(solved, float) and math.isnan(solved)):
-        return UNSOLVED_PENALTY * float(cfg.routine.max_steps)
-    return float(solved)
+    solved = _float(summary.get("solved_step"))
+    return UNSOLVED_PENALTY * float(cfg.routine.max_steps) if math.isnan(solved) else solved
 
 
 def chosen_variant_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
@@ -61,9 +59,8 @@ def objective_for(routine: str) -> Objective | None:
     """The ``OBJECTIVE`` that routine ``routine`` declares (None if it declares none)."""
     from transformer_lab.routines import ROUTINES
 
-    if routine not in ROUTINES:
-        return None
-    return getattr(import_module(ROUTINES[routine].split(":")[0]), "OBJECTIVE", None)
+    module = ROUTINES[routine].split(":")[0] if routine in ROUTINES else None
+    return getattr(import_module(module), "OBJECTIVE", None) if module else None
 
 
 def require_objective(routine: str) -> Objective:
@@ -81,7 +78,6 @@ def require_objective(routine: str) -> Objective:
 def objective_value(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> dict | None:
     """``{"name", "direction", "value"}`` for ``run.json``, or None without an objective."""
     objective = objective_for(str(cfg.routine.name))
-    if objective is None:
-        return None
-    return {"name": objective.name, "direction": objective.direction,
-            "value": objective.value(cfg, run_dir, summary)}
+    return None if objective is None else {"name": objective.name,
+                                           "direction": objective.direction,
+                                           "value": objective.value(cfg, run_dir, summary)}

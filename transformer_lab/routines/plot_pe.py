@@ -21,13 +21,13 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.training.pretrained import pretrained_option
 
 
-def checked_dims(dims: list[int], width: int, what: str, drop: bool = False) -> list[int]:
-    """``dims`` if all are below ``width``; ``drop``: only those (a checkpoint's width is not
-    the default one)."""
-    if drop and any(0 <= d < width for d in dims):
+def checked_dims(cfg: DictConfig, width: int, what: str) -> list[int]:
+    """``routine.dims`` if all are below ``width``; of a checkpoint's PE (whose width is not the
+    default one) only those that are."""
+    dims = list(cfg.routine.dims)
+    if pretrained_option(cfg) and any(0 <= d < width for d in dims):
         dims = [d for d in dims if 0 <= d < width]
-    bad = [d for d in dims if not 0 <= d < width]
-    if bad:
+    if bad := [d for d in dims if not 0 <= d < width]:
         raise ConfigError(f"routine.dims={bad} not valid for {what} {width}; use 0..{width - 1}")
     return dims
 
@@ -43,8 +43,7 @@ def plot_additive(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> li
     length, name = int(cfg.routine.max_len), cfg.pe.get("name")
     with torch.no_grad():
         table = pe(torch.arange(length)).float().numpy()  # (L, D)
-    dims = checked_dims(list(cfg.routine.dims), table.shape[1], "d_model",
-                        drop=bool(pretrained_option(cfg)))
+    dims = checked_dims(cfg, table.shape[1], "d_model")
     positions = np.arange(length)
     curves = {f"dim {d}": table[:, d] for d in dims}
     write_values(run, positions, curves)
@@ -68,19 +67,16 @@ def rope_scores(pe: torch.nn.Module, head_dim: int, length: int) -> np.ndarray:
 def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
     length, name = int(cfg.routine.max_len), cfg.pe.get("name")
     head_dim = int(pe.head_dim)
-    cos, _ = pe.cos_sin(torch.arange(length))  # (L, rot/2)
-    cos = cos.numpy()
-    dims = checked_dims(list(cfg.routine.dims), head_dim, "head_dim",
-                        drop=bool(pretrained_option(cfg)))
+    cos = pe.cos_sin(torch.arange(length))[0].numpy()  # (L, rot/2)
+    dims = checked_dims(cfg, head_dim, "head_dim")
     positions = np.arange(length)
     curves = {f"dim {d} (pair {d // 2})": cos[:, d // 2] for d in dims if d // 2 < cos.shape[1]}
     scores = {f"base {float(cfg.pe.base):g} (configured)": rope_scores(pe, head_dim, length)}
-    for base in cfg.routine.rope_bases:
-        spec = OmegaConf.to_container(cfg.pe, resolve=True)
-        spec["base"] = float(base)
-        if float(base) != float(cfg.pe.base):
-            other = instantiate_component(spec, "pe")
-            scores[f"base {float(base):g}"] = rope_scores(other, head_dim, length)
+    for base in map(float, cfg.routine.rope_bases):
+        if base != float(cfg.pe.base):
+            other = {**OmegaConf.to_container(cfg.pe, resolve=True), "base": base}
+            scores[f"base {base:g}"] = rope_scores(instantiate_component(other, "pe"), head_dim,
+                                                   length)
     write_values(run, positions, {**{f"cos {k}": v for k, v in curves.items()},
                                   **{f"score {k}": v for k, v in scores.items()}})
     return [
@@ -118,10 +114,7 @@ def plot_bias(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[P
 
 
 PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[Path]]] = {
-    "additive": plot_additive,
-    "rotary": plot_rotary,
-    "bias": plot_bias,
-}
+    "additive": plot_additive, "rotary": plot_rotary, "bias": plot_bias}
 
 
 # The routine's own keys (``routines.check_settings``).
@@ -132,14 +125,14 @@ SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight: a PE kind that has a plot, and dimensions that the PE has."""
     pe = instantiate_component(cfg, "pe")
-    kind, hf = getattr(pe, "kind", None), bool(pretrained_option(cfg))
+    kind = getattr(pe, "kind", None)
     if kind not in PLOTTERS:
         raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
                           f"plotted kinds: {', '.join(PLOTTERS)}")
     if kind == "additive":
-        checked_dims(list(cfg.routine.dims), int(cfg.model.d_model), "d_model", drop=hf)
+        checked_dims(cfg, int(cfg.model.d_model), "d_model")
     elif kind == "rotary":
-        checked_dims(list(cfg.routine.dims), int(pe.head_dim), "head_dim", drop=hf)
+        checked_dims(cfg, int(pe.head_dim), "head_dim")
 
 
 def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:

@@ -18,17 +18,14 @@ from transformer_lab.training.checkpoint import (
     load_trained,
 )
 
-DEFAULT_TOKENS = 100
 DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary without it: its first
 
-
-# --- the settings ---------------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sampling:
     """How the continuation is drawn: ``temperature`` 0 is greedy (argmax)."""
 
-    tokens: int = DEFAULT_TOKENS
+    tokens: int = 100
     temperature: float = 1.0
     top_k: int | None = None
     top_p: float | None = None
@@ -42,22 +39,18 @@ class Sampling:
                      num_samples: int = 1) -> Sampling:
         """The command's options (default: temperature 1, a fresh seed); ``ConfigError`` when
         they contradict."""
-        if greedy and (temperature not in (None, 0.0) or top_k is not None or top_p is not None):
-            given = f"--temperature {temperature}" if temperature not in (None, 0.0) else \
-                f"--top-k {top_k}" if top_k is not None else f"--top-p {top_p}"
-            raise ConfigError(f"--greedy takes the most likely token; {given} draws one: give "
-                              "one of them")
-        if tokens < 1:
-            raise ConfigError(f"--tokens {tokens} is not valid; generate 1 or more tokens")
-        if top_p is not None and not 0 < top_p <= 1:
+        drawing = [f"--{name} {value}" for name, value in (("temperature", temperature or None),
+                                                           ("top-k", top_k), ("top-p", top_p))
+                   if value is not None]
+        if greedy and drawing:
+            raise ConfigError(f"--greedy takes the most likely token; {drawing[0]} draws one: "
+                              "give one of them")
+        if top_p is not None and not 0 < top_p <= 1:  # --tokens, --num-samples: typer's min=1
             raise ConfigError(f"--top-p {top_p} is not valid; give a probability in (0, 1]")
-        if num_samples < 1:
-            raise ConfigError(f"--num-samples {num_samples} is not valid; give 1 or more")
         chosen = 0.0 if greedy else (1.0 if temperature is None else float(temperature))
-        fresh = seed is None
         return cls(int(tokens), chosen, top_k, top_p,
-                   secrets.randbelow(2**31) if fresh else int(seed), int(num_samples),
-                   seed_given=not fresh)
+                   secrets.randbelow(2**31) if seed is None else int(seed), int(num_samples),
+                   seed_given=seed is not None)
 
     def describe(self) -> str:
         samples = f" x {self.num_samples} samples" if self.num_samples > 1 else ""
@@ -69,51 +62,36 @@ class Sampling:
         return f"temperature {self.temperature:g}{top}{samples}, seed {self.seed}{reuse}"
 
 
-# --- the prompt -----------------------------------------------------------------------------
-
 def prompt_ids(trained: TrainedModel, prompt: str | None) -> torch.Tensor:
     """The prompt as token ids (1, P), by the run's tokenizer or read as ids on a synthetic
     task (default: a newline, or token 0)."""
     tokenizer, vocab = trained.tokenizer, int(trained.model.token_embedding.num_embeddings)
-    if tokenizer is None:
-        return torch.tensor([token_prompt(prompt if prompt is not None else "0", vocab)])
+    if tokenizer is None:  # "3 1 4" (spaces or commas) -> [3, 1, 4]
+        prompt = "0" if prompt is None else prompt
+        words = prompt.replace(",", " ").split()
+        bad = [w for w in words if not w.lstrip("-").isdigit() or not 0 <= int(w) < vocab]
+        if bad or not words:
+            problem = f": {bad[0]!r} is no token of this run's synthetic task" if bad else \
+                " has no token"
+            raise ConfigError(f"--prompt {prompt!r}{problem}; give token ids 0..{vocab - 1} "
+                              "separated by spaces")
+        return torch.tensor([[int(word) for word in words]])
     if prompt is None:
         known = not isinstance(tokenizer, CharTokenizer) or DEFAULT_TEXT_PROMPT in tokenizer.chars
         prompt = DEFAULT_TEXT_PROMPT if known else tokenizer.chars[0]
     if prompt == "":
         raise ConfigError("--prompt is empty; give at least one character to continue")
-    if isinstance(tokenizer, CharTokenizer):
-        unknown = sorted(set(prompt) - set(tokenizer.chars))
-        if unknown:
-            shown = "".join(tokenizer.chars)
-            raise ConfigError(f"--prompt {prompt!r} has characters the run's tokenizer does not "
-                              f"know: {''.join(unknown)!r}; its {len(tokenizer.chars)} are "
-                              f"{shown!r}")
+    if isinstance(tokenizer, CharTokenizer) and (unknown := set(prompt) - set(tokenizer.chars)):
+        raise ConfigError(f"--prompt {prompt!r} has characters the run's tokenizer does not know: "
+                          f"{''.join(sorted(unknown))!r}; its {len(tokenizer.chars)} are "
+                          f"{''.join(tokenizer.chars)!r}")
     return torch.tensor([tokenizer.encode(prompt).tolist()])
-
-
-def token_prompt(prompt: str, vocab: int) -> list[int]:
-    """``"3 1 4"`` (spaces or commas) -> ``[3, 1, 4]``; each an id in ``0..vocab-1``."""
-    ids = []
-    for word in prompt.replace(",", " ").split():
-        if not word.lstrip("-").isdigit() or not 0 <= int(word) < vocab:
-            raise ConfigError(f"--prompt {prompt!r}: {word!r} is no token of this run's "
-                              f"synthetic task; give token ids 0..{vocab - 1} separated by spaces")
-        ids.append(int(word))
-    if not ids:
-        raise ConfigError(f"--prompt {prompt!r} has no token; give token ids 0..{vocab - 1} "
-                          "separated by spaces")
-    return ids
 
 
 def render(trained: TrainedModel, ids: list[int]) -> str:
     """Token ids as text (the run's tokenizer) or, on a synthetic task, as ids."""
-    if trained.tokenizer is None:
-        return " ".join(map(str, ids))
-    return trained.tokenizer.decode(ids)
+    return " ".join(map(str, ids)) if trained.tokenizer is None else trained.tokenizer.decode(ids)
 
-
-# --- the continuation -----------------------------------------------------------------------
 
 @dataclass(frozen=True)
 class Sample:
@@ -123,18 +101,9 @@ class Sample:
     models: list[WeightsHeader]  # every model of the run
     prompt: list[int]
     prompt_text: str  # the prompt, rendered as the continuations are
-    samples: list[list[int]]  # each continuation's ids
     texts: list[str]  # each continuation, rendered
     window: int | None  # the model's context window (cropped past it), or None
     joiner: str  # between the prompt and a continuation: "" (text) or " " (token ids)
-
-
-def require_decoder(trained: TrainedModel) -> None:
-    """``ConfigError`` for an encoder: its tokens see later ones, so it continues nothing."""
-    if not trained.cfg.arch.causal:
-        raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
-                          "tokens see the later ones, so it cannot continue a prompt: sample a "
-                          "decoder's run (arch=decoder)")
 
 
 def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
@@ -162,9 +131,11 @@ def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | No
     its weights files) chosen by ``variant`` and ``model_seed``."""
     header, models = choose_model(path, variant, model_seed, option="tlab sample")
     trained = load_trained(header.path)
-    require_decoder(trained)
+    if not trained.cfg.arch.causal:  # an encoder's tokens see the later ones
+        raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
+                          "tokens see the later ones, so it cannot continue a prompt: sample a "
+                          "decoder's run (arch=decoder)")
     ids = prompt_ids(trained, prompt)
-    samples = continue_prompt(trained, ids, sampling)
-    return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), samples,
-                  [render(trained, new) for new in samples], trained.model.context_window,
-                  " " if trained.tokenizer is None else "")
+    texts = [render(trained, new) for new in continue_prompt(trained, ids, sampling)]
+    return Sample(header, models, ids[0].tolist(), render(trained, ids[0].tolist()), texts,
+                  trained.model.context_window, " " if trained.tokenizer is None else "")
