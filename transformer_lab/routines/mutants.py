@@ -175,7 +175,7 @@ def confusion_table(counts: dict[str, int], score: float | None) -> Table:
     return table
 
 
-def verdict_table(verdicts: list[Verdict]) -> Table:
+def mutation_table(verdicts: list[Verdict]) -> Table:
     table = Table(title="components")
     for column in ("name", "kind", "expected", "caught", "outcome"):
         table.add_column(column, overflow="fold")
@@ -199,7 +199,7 @@ def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
         verdicts.append(verdict)
     counts = confusion(verdicts)
     score = mutation_score(counts)
-    console.print(verdict_table(verdicts))
+    console.print(mutation_table(verdicts))
     console.print(confusion_table(counts, score))
     wrong = [v for v in verdicts if v.outcome not in ("correct-passed", "caught-expected")]
     message = "; ".join(f"{v.candidate.name}: {v.outcome} ({v.caught or 'nothing'})"
