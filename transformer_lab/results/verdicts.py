@@ -39,14 +39,10 @@ def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> 
     if baseline is None:
         return keys[0], str(pivot[keys[0]].iloc[0])
     key, _, value = baseline.rpartition("=")
-    if key:
-        if key not in keys:
-            raise ConfigError(f"--baseline {baseline}: '{key}' is not a grouped key; valid: "
-                              f"{', '.join(keys)}")
-        candidates = [key]
-    else:
-        candidates = [k for k in keys if value in set(pivot[k].astype(str))] or keys[:1]
-    key = candidates[0]
+    if key and key not in keys:
+        raise ConfigError(f"--baseline {baseline}: '{key}' is not a grouped key; valid: "
+                          f"{', '.join(keys)}")
+    key = key or next((k for k in keys if value in set(pivot[k].astype(str))), keys[0])
     values = list(dict.fromkeys(pivot[key].astype(str)))
     if value not in values:
         raise ConfigError(f"--baseline {baseline}: no group has {key}={value}; valid: "
@@ -66,15 +62,10 @@ def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
                                 seed=sample_ids(gathered.runs))
     runs = runs[[*keys, "seed", metric]].dropna(subset=["seed"])
     columns = ["baseline", f"{metric}_ci_low", f"{metric}_ci_high", *VERDICT_COLUMNS]
-    out = pivot.copy()
-    for column in columns:
-        out[column] = pd.Series([None] * len(out), index=out.index, dtype=object)
+    out = pivot.assign(**dict.fromkeys(columns, None))  # object columns, None until filled
     strata = runs.groupby(others, sort=False) if others else [((), runs)]
     for stratum, rows in strata:
-        stratum = stratum if isinstance(stratum, tuple) else (stratum,)
-        where = pd.Series(True, index=out.index)
-        for other, level in zip(others, stratum, strict=True):
-            where &= out[other].astype(str) == level
+        where = out[others].astype(str).eq(list(stratum)).all(axis=1)
         out.loc[where, "baseline"] = f"{key}={value}"
         if value not in set(rows[key]):
             out.loc[where, "note"] = f"no {key}={value} group with these settings"
