@@ -298,13 +298,11 @@ def has_verdict(row: pd.Series | dict) -> bool:
 
 
 def _note(pair: PairedComparison) -> str:
-    parts = []
-    if pair.n < 2:
-        parts.append(f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)")
-    if pair.dropped:
-        plural = "" if pair.dropped == 1 else "s"
-        parts.append(f"{pair.dropped} seed{plural} dropped (NaN or missing)")
-    return "; ".join(parts)
+    parts = [f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)"
+             if pair.n < 2 else "",
+             f"{pair.dropped} seed{'' if pair.dropped == 1 else 's'} dropped (NaN or missing)"
+             if pair.dropped else ""]
+    return "; ".join(part for part in parts if part)
 
 
 def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None:
