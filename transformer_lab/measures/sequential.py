@@ -152,7 +152,7 @@ class SequentialTest:
     def _crossed(self, name: str) -> bool | None:
         """After the variant's latest group: None while undecided, else whether the variant is
         higher than the baseline (the e-value reached the threshold)."""
-        up, down = self._e_process(name)
+        up, down = e_process(np.asarray(self._differences[name]), self._looks[name])
         if (up[-1] + down[-1]) / 2 < self.threshold:
             return None
         return bool(up[-1] >= down[-1])
@@ -172,9 +172,6 @@ class SequentialTest:
         self.update({name: np.asarray(v, dtype=float) - base
                      for name, v in values.items() if name != self.baseline})
 
-    def _e_process(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return e_process(np.asarray(self._differences[name]), self._looks[name])
-
     def _running(self, name: str) -> bool:
         capped = self.max_seeds is not None and self.seeds_used(name) >= self.max_seeds
         return name not in self._decided and not capped
@@ -187,7 +184,7 @@ class SequentialTest:
         """The two-sided e-value after the variant's last group (1 before any seed)."""
         if not self._looks[variant]:
             return 1.0
-        up, down = self._e_process(variant)
+        up, down = e_process(np.asarray(self._differences[variant]), self._looks[variant])
         return float((up[-1] + down[-1]) / 2)
 
     def interval(self, variant: str) -> tuple[float, float]:
