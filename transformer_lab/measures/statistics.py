@@ -170,9 +170,9 @@ class VarianceComponents:
     @property
     def shares(self) -> tuple[float, float, float]:
         """(init, data, residual) as fractions of ``total`` (nan when it is 0)."""
-        parts = (max(self.init, 0.0), max(self.data, 0.0), self.residual)
         total = self.total
-        return tuple(part / total if total > 0 else math.nan for part in parts)
+        return tuple(part / total if total > 0 else math.nan
+                     for part in (max(self.init, 0.0), max(self.data, 0.0), self.residual))
 
 
 def variance_by_source(table: Sequence[Sequence[float]] | np.ndarray) -> VarianceComponents:
