@@ -8,6 +8,7 @@ measured costs: README, "A planned design".
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Sequence
 
@@ -19,32 +20,24 @@ DEFAULT_SPENDING = "obrien_fleming"
 _GRID = 401  # points per look in the numerical integration
 
 
-def _stats():
-    from scipy import stats
-
-    return stats
-
-
 def spending(name: str, alpha: float) -> Callable[[float], float]:
     """The alpha-spending function ``name`` (``obrien_fleming``, ``pocock``, ``hsd:G``):
     information fraction in [0, 1] -> the level spent up to it (0 at 0, ``alpha`` at 1)."""
-    stats = _stats()
+    from scipy import stats
+
     if name == "obrien_fleming":  # each side spends alpha / 2 (as gsDesign's sfLDOF)
         z = stats.norm.isf(alpha / 4)
         return lambda t: 0.0 if t <= 0 else float(4 * stats.norm.sf(z / math.sqrt(min(t, 1.0))))
     if name == "pocock":
         return lambda t: float(alpha * math.log(1 + (math.e - 1) * min(t, 1.0)))
-    head, _, gamma = name.partition(":")
-    if head == "hsd" and gamma:
-        try:
-            g = float(gamma)
-        except ValueError:
-            g = math.nan
-        if math.isfinite(g):
-            if g == 0:
-                return lambda t: float(alpha * min(t, 1.0))
-            return lambda t: float(alpha * (1 - math.exp(-g * min(t, 1.0)))
-                                   / (1 - math.exp(-g)))
+    g = math.nan
+    if name.startswith("hsd:"):
+        with contextlib.suppress(ValueError):
+            g = float(name.removeprefix("hsd:"))
+    if g == 0:
+        return lambda t: float(alpha * min(t, 1.0))
+    if math.isfinite(g):
+        return lambda t: float(alpha * (1 - math.exp(-g * min(t, 1.0))) / (1 - math.exp(-g)))
     raise ValueError(f"spending function '{name}': valid are obrien_fleming, pocock and hsd:G "
                      "(G a number, e.g. hsd:-4)")
 
@@ -62,9 +55,8 @@ def increments(looks: Sequence[int], max_seeds: int, alpha: float,
 
 
 def sign_draws(max_seeds: int, draws: int = SIGN_DRAWS, seed: int = 0) -> np.ndarray:
-    """(draws, max_seeds) signs +/-1 that serve every look: all 2^max_seeds patterns when there
-    are at most ``draws`` of them (the boundaries are then exact), else random ones from a
-    fixed seed."""
+    """(draws, max_seeds) signs +/-1 for every look: all 2^max_seeds patterns when there are at
+    most ``draws`` (exact boundaries), else random ones from a fixed seed."""
     if 2 ** max_seeds <= draws:
         patterns = np.arange(2 ** max_seeds)[:, None] >> np.arange(max_seeds)  # (2^n, n)
         return np.where(patterns & 1, -1.0, 1.0)
@@ -74,11 +66,8 @@ def sign_draws(max_seeds: int, draws: int = SIGN_DRAWS, seed: int = 0) -> np.nda
 def sign_flip_boundaries(magnitudes: np.ndarray, looks: Sequence[int], spent: np.ndarray,
                          signs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Boundaries on ``|sum of the first n_k differences|`` at each look (``inf``: no verdict
-    possible there) and each look's nominal level (the share of draws beyond its boundary),
-    from the magnitudes ``|d_i|`` (..., n) and the null sign draws (draws, >= n); ``spent``:
-    the level of each look. A look spends what its predecessors could not (their share of
-    the draws is discrete): the draws crossing at looks 1..k never exceed the level spent up
-    to k. Returns two arrays of shape (..., looks)."""
+    there) and each look's nominal level, from the magnitudes ``|d_i|`` (..., n), the null sign
+    draws (draws, >= n) and each look's ``spent`` level; two arrays of shape (..., looks)."""
     magnitudes = np.asarray(magnitudes, dtype=float)
     draws = len(signs)
     n = looks[-1]

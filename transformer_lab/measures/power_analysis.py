@@ -16,7 +16,7 @@ def paired_t_power(n: int | np.ndarray, effect: float, alpha: float = 0.05) -> n
     ``P(|T| > t_{1-a/2, n-1})`` for ``T ~ nct(df = n - 1, nc = effect * sqrt(n))``."""
     n = np.asarray(n, dtype=float)
     df, nc = n - 1, abs(effect) * np.sqrt(n)
-    from scipy import stats  # on first use, as ``statistics._stats``
+    from scipy import stats  # on first use: commands comparing nothing do not pay for it
 
     critical = stats.t.ppf(1 - alpha / 2, df)
     return stats.nct.sf(critical, df, nc) + stats.nct.cdf(-critical, df, nc)
@@ -31,7 +31,7 @@ def seeds_needed(diff: float, sd: float, alpha: float = 0.05, power: float = 0.8
     if math.isnan(diff) or diff == 0 or math.isnan(sd):
         return None
     level = alpha / max(1, comparisons)
-    least = max(2, math.ceil(math.log2(2 / level)))  # 2 / 2^n <= level
+    least = fewest_seeds_for_a_verdict(comparisons, alpha)  # 2 / 2^n <= level
     if sd == 0:
         return least if least <= cap else None
     start = least

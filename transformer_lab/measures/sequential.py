@@ -7,7 +7,7 @@ docs/statistics.md.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 
@@ -37,10 +37,9 @@ def _weights(magnitudes: np.ndarray, looks: Sequence[int]) -> np.ndarray:
 
 
 def e_process(differences: np.ndarray, looks: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The mixture wealth betting that the differences are positive (``up``) and negative
-    (``down``) after each group; ``looks``: the number of differences seen at the end of each
-    group (increasing, the last one ``n``). (..., n) -> two arrays of shape (..., len(looks));
-    the two-sided e-value is their mean. No NaN allowed (drop diverged seeds first)."""
+    """The mixture wealth betting on positive (``up``) and negative (``down``) differences after
+    each group (``looks``: differences seen by its end, increasing to ``n``); (..., n) -> two
+    (..., len(looks)); the two-sided e-value is their mean. No NaN allowed."""
     differences = np.asarray(differences, dtype=float)
     if not len(looks) or looks[-1] != differences.shape[-1] or min(np.diff(looks, prepend=0)) < 1:
         raise ValueError(f"looks {list(looks)} must increase to the {differences.shape[-1]} "
@@ -61,21 +60,11 @@ def first_crossing(e_values: np.ndarray, threshold: float) -> np.ndarray:
     return np.where(crossed.any(axis=-1), crossed.argmax(axis=-1), -1)
 
 
-def _limit_e_values(looks: Sequence[int]) -> np.ndarray:
-    """The two-sided e-value at each group when every difference has the same sign and weight
-    1: what a shift ``m`` far beyond the data gets (every ``|d_i - m|`` alike)."""
-    n = np.asarray(looks, dtype=float)[:, None]
-    return ((1 + BETS) ** n + (1 - BETS) ** n).mean(axis=-1) / 2
-
-
 def confidence_sequence(differences: Sequence[float] | np.ndarray, looks: Sequence[int],
                         alpha: float) -> tuple[float, float]:
     """(low, high): the hull of the shifts ``m`` whose two-sided e-value of ``d_i - m`` stayed
-    below ``1 / alpha`` at every group (``-inf`` / ``inf`` where no shift that far is
-    excluded yet; ``(nan, nan)`` when every shift is, which a symmetric location model makes
-    an event of probability at most ``alpha``). Grid over ``median +/- 3 spreads``, each end
-    refined by finer grids between its last kept and first excluded shift; the hull is a
-    superset of the set, so it keeps its coverage."""
+    below ``1 / alpha`` at every group (``+/-inf``: none that far excluded yet; ``nan``: every
+    shift excluded). How it is searched: docs/statistics.md."""
     d = np.asarray(differences, dtype=float)
     threshold = 1 / alpha
 
@@ -89,7 +78,9 @@ def confidence_sequence(differences: Sequence[float] | np.ndarray, looks: Sequen
     inside = np.flatnonzero(~excluded(grid))
     if not len(inside):
         return math.nan, math.nan
-    far_excluded = bool((_limit_e_values(looks) >= threshold).any())
+    # a shift far beyond the data: every d_i - m has the same sign and weight 1
+    n = np.asarray(looks, dtype=float)[:, None]
+    far_excluded = bool((((1 + BETS) ** n + (1 - BETS) ** n).mean(axis=-1) / 2 >= threshold).any())
     ends = []
     for side, index in ((-1, inside[0]), (1, inside[-1])):
         kept, neighbour = float(grid[index]), index + side
@@ -98,9 +89,12 @@ def confidence_sequence(differences: Sequence[float] | np.ndarray, looks: Sequen
         elif not far_excluded:
             ends.append(side * math.inf)
             continue
-        else:  # kept at the grid's end: step outward until a shift is excluded
-            kept, out = _first_excluded_beyond(kept, side * spread, excluded)
-            if math.isinf(out):
+        else:  # kept at the grid's end: step outward, doubling, until a shift is excluded
+            step = side * spread
+            while math.isfinite(kept + step) and not excluded(np.array([kept + step]))[0]:
+                kept, step = kept + step, 2 * step
+            out = kept + step
+            if math.isinf(out):  # no shift excluded before the floats run out
                 ends.append(out)
                 continue
         for _ in range(_REFINEMENTS):  # the last kept and first excluded shift, ever closer
@@ -109,19 +103,6 @@ def confidence_sequence(differences: Sequence[float] | np.ndarray, looks: Sequen
             kept, out = float(between[first_out - 1]), float(between[first_out])
         ends.append(kept)
     return ends[0], ends[1]
-
-
-def _first_excluded_beyond(start: float, step: float,
-                           excluded: Callable[[np.ndarray], np.ndarray]) -> tuple[float, float]:
-    """(the last shift kept, the first excluded) along ``start + step, start + 3 step,
-    start + 7 step, ...`` (doubling steps); the second is +/-inf if no shift is excluded
-    before the floats run out."""
-    kept = start
-    while math.isfinite(kept + step):
-        if excluded(np.array([kept + step]))[0]:
-            return kept, kept + step
-        kept, step = kept + step, 2 * step
-    return kept, math.copysign(math.inf, step)
 
 
 class SequentialTest:
@@ -171,7 +152,7 @@ class SequentialTest:
     def _crossed(self, name: str) -> bool | None:
         """After the variant's latest group: None while undecided, else whether the variant is
         higher than the baseline (the e-value reached the threshold)."""
-        up, down = self._e_process(name)
+        up, down = e_process(np.asarray(self._differences[name]), self._looks[name])
         if (up[-1] + down[-1]) / 2 < self.threshold:
             return None
         return bool(up[-1] >= down[-1])
@@ -184,16 +165,12 @@ class SequentialTest:
                 "p_adjusted": min(1.0, len(self.variants) / e_value)}
 
     def update_values(self, values: Mapping[str, Sequence[float]]) -> None:
-        """One group as each name's values, the baseline's included, paired by position
-        (position i is one seed for every name)."""
+        """One group as each name's values, the baseline's included (position i: one seed)."""
         if self.baseline not in values:
             raise ValueError(f"the group has no values for the baseline '{self.baseline}'")
         base = np.asarray(values[self.baseline], dtype=float)
         self.update({name: np.asarray(v, dtype=float) - base
                      for name, v in values.items() if name != self.baseline})
-
-    def _e_process(self, name: str) -> tuple[np.ndarray, np.ndarray]:
-        return e_process(np.asarray(self._differences[name]), self._looks[name])
 
     def _running(self, name: str) -> bool:
         capped = self.max_seeds is not None and self.seeds_used(name) >= self.max_seeds
@@ -207,7 +184,7 @@ class SequentialTest:
         """The two-sided e-value after the variant's last group (1 before any seed)."""
         if not self._looks[variant]:
             return 1.0
-        up, down = self._e_process(variant)
+        up, down = e_process(np.asarray(self._differences[variant]), self._looks[variant])
         return float((up[-1] + down[-1]) / 2)
 
     def interval(self, variant: str) -> tuple[float, float]:
@@ -233,8 +210,7 @@ class SequentialTest:
         return f"e-value {self.e_value(variant):.3g} (a verdict at {self.threshold:.3g})"
 
     def running(self) -> list[str]:
-        """The variants that still take seeds (the next group need train only these and the
-        baseline)."""
+        """The variants that still take seeds (the next group trains these and the baseline)."""
         return [v for v in self.variants if self._running(v)]
 
     def done(self) -> bool:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
 
@@ -18,13 +18,6 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from transformer_lab.measures.sequential import SequentialTest
-
-
-def _stats() -> Any:
-    """``scipy.stats``, imported on first use (commands comparing nothing do not pay for it)."""
-    from scipy import stats
-
-    return stats
 
 
 BASELINE = "baseline"
@@ -47,16 +40,9 @@ class Interval:
     dropped: int = 0
 
 
-def _finite(values: Sequence[float] | np.ndarray) -> tuple[np.ndarray, int]:
-    array = np.asarray(values, dtype=float).ravel()
-    keep = ~np.isnan(array)
-    return array[keep], int((~keep).sum())
-
-
 def _finite_pairs(variant: Sequence[float] | np.ndarray, baseline: Sequence[float] | np.ndarray
                   ) -> tuple[np.ndarray, np.ndarray, int]:
-    """The pairs (index i = seed i in both) where both values are finite, and how many were
-    dropped."""
+    """The pairs (index i = seed i in both) where both are finite, and how many were dropped."""
     x, y = np.asarray(variant, dtype=float), np.asarray(baseline, dtype=float)
     if x.shape != y.shape:
         raise ValueError(f"paired values differ in length: {x.shape} vs {y.shape}")
@@ -66,21 +52,23 @@ def _finite_pairs(variant: Sequence[float] | np.ndarray, baseline: Sequence[floa
 
 def _t_interval(values: np.ndarray, confidence: float) -> tuple[float, float]:
     """``mean -/+ t_{(1+c)/2, n-1} * s / sqrt(n)`` (Student 1908); zero spread -> (mean, mean)."""
-    n = len(values)
-    if n < 2:
+    from scipy import stats  # on first use: commands comparing nothing do not pay for it
+
+    if len(values) < 2:
         return math.nan, math.nan
-    mean, sem = float(values.mean()), float(_stats().sem(values))
+    mean, sem = float(values.mean()), float(stats.sem(values))
     if sem == 0.0:
         return mean, mean
-    low, high = _stats().t.interval(confidence, n - 1, loc=mean, scale=sem)
+    low, high = stats.t.interval(confidence, len(values) - 1, loc=mean, scale=sem)
     return float(low), float(high)
 
 
 def mean_interval(values: Sequence[float] | np.ndarray, confidence: float = 0.95) -> Interval:
     """Mean of the finite ``values`` over seeds and its Student-t confidence interval."""
-    finite, dropped = _finite(values)
+    array = np.asarray(values, dtype=float).ravel()
+    finite = array[~np.isnan(array)]
     mean = float(finite.mean()) if len(finite) else math.nan
-    return Interval(mean, *_t_interval(finite, confidence), n=len(finite), dropped=dropped)
+    return Interval(mean, *_t_interval(finite, confidence), len(finite), len(array) - len(finite))
 
 
 @dataclass(frozen=True)
@@ -99,11 +87,12 @@ class PairedComparison:
 
 def sign_flip_p_value(differences: np.ndarray, seed: int = 0) -> float:
     """Two-sided p-value of the paired sign-flip permutation test of ``mean(d) = 0`` (Fisher
-    1935): exact, no normality assumed, but never below ``2 / 2^n``. All ``2^n`` flips up to
-    :data:`EXACT_UP_TO` seeds, else a Monte Carlo with a fixed ``seed``."""
-    n = len(differences)
-    resamples = math.inf if n <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
-    result = _stats().permutation_test((differences,), np.mean, vectorized=True,
+    1935), never below ``2 / 2^n``: all ``2^n`` flips up to :data:`EXACT_UP_TO` seeds, else a
+    Monte Carlo with a fixed ``seed``."""
+    from scipy import stats
+
+    resamples = math.inf if len(differences) <= EXACT_UP_TO else MONTE_CARLO_RESAMPLES
+    result = stats.permutation_test((differences,), np.mean, vectorized=True,
                                     permutation_type="samples", alternative="two-sided",
                                     n_resamples=resamples, rng=np.random.default_rng(seed))
     return float(result.pvalue)
@@ -138,12 +127,9 @@ def probability_of_improvement(variant: Sequence[float] | np.ndarray,
                                baseline: Sequence[float] | np.ndarray,
                                confidence: float = 0.95, lower_is_better: bool = True,
                                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Improvement:
-    """P(a random seed of the variant beats a random seed of the baseline), the probability of
-    improvement of rliable (Agarwal et al. 2021): the share of ordered pairs of *different*
-    finite seeds (i, j) where the variant at i beats (is lower, when ``lower_is_better``) the
-    baseline at j, a tie counting 1/2 (a U-statistic; same-seed pairs share weights and
-    batches). Interval: percentile bootstrap over seeds resampled as pairs, ``resamples``
-    draws from a fixed ``seed``."""
+    """P(a random seed of the variant beats a random seed of the baseline) of rliable (Agarwal et
+    al. 2021) over pairs of *different* seeds, a tie counting 1/2, with a percentile bootstrap
+    interval over seeds resampled as pairs (docs/statistics.md)."""
     x, y, _ = _finite_pairs(variant, baseline)
     n = len(x)
     if n < 2:
@@ -184,16 +170,15 @@ class VarianceComponents:
     @property
     def shares(self) -> tuple[float, float, float]:
         """(init, data, residual) as fractions of ``total`` (nan when it is 0)."""
-        parts = (max(self.init, 0.0), max(self.data, 0.0), self.residual)
         total = self.total
-        return tuple(part / total if total > 0 else math.nan for part in parts)
+        return tuple(part / total if total > 0 else math.nan
+                     for part in (max(self.init, 0.0), max(self.data, 0.0), self.residual))
 
 
 def variance_by_source(table: Sequence[Sequence[float]] | np.ndarray) -> VarianceComponents:
-    """The two-way random-effects model without replication, ``y_ij = mu + a_i + b_j + e_ij``,
-    by the ANOVA method of moments (Searle, Casella & McCulloch 1992, sec. 4.4):
-    ``var_init = (MS_init - MS_residual) / J`` and alike. ``table``: (I init seeds, J data
-    seeds), complete, I, J >= 2; a ``ValueError`` otherwise."""
+    """``y_ij = mu + a_i + b_j + e_ij`` by the ANOVA method of moments (Searle, Casella &
+    McCulloch 1992, sec. 4.4); ``table``: (I init seeds, J data seeds), complete, I, J >= 2,
+    else a ``ValueError``."""
     y = np.asarray(table, dtype=float)
     if y.ndim != 2 or min(y.shape) < 2:
         raise ValueError(f"need a table of at least 2 x 2 runs, got shape {y.shape}")
@@ -241,11 +226,9 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
                   baseline: str | None = None, alpha: float = 0.05, confidence: float = 0.95,
                   lower_is_better: bool = True, test: SequentialTest | None = None
                   ) -> pd.DataFrame:
-    """One row per variant (order of first appearance, indexed by ``variant``) from rows of
-    (``variant``, ``seed``, ``value``): ``<value>_ci_low``, ``<value>_ci_high`` over seeds,
-    then, paired by seed against ``baseline`` (default: the first variant), the columns
-    :data:`VERDICT_COLUMNS` (empty on the baseline's row, whose verdict is ``baseline``).
-    With the sequential ``test`` of ``--seeds auto``, its verdicts (``sequential_verdicts``)."""
+    """Per variant (indexed by ``variant``) from rows of (``variant``, ``seed``, ``value``):
+    ``<value>_ci_low/high`` over seeds and, paired by seed against ``baseline`` (default: the
+    first), :data:`VERDICT_COLUMNS`; with ``--seeds auto``'s ``test``, its verdicts."""
     names = list(dict.fromkeys(runs[variant]))
     if not names:
         raise ValueError("no rows to compare")
@@ -258,20 +241,17 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     wide = runs.pivot(index="seed", columns=variant, values=value)  # (seeds, variants)
     rows: dict[str, dict] = {}
     for name in names:
-        interval = mean_interval(wide[name].to_numpy(), confidence)
+        interval = mean_interval(wide[name], confidence)
         row = {f"{value}_ci_low": interval.low, f"{value}_ci_high": interval.high,
                **dict.fromkeys(VERDICT_COLUMNS, math.nan), "verdict": BASELINE,
                "seeds_needed": None, "paired_seeds": None, "note": ""}
         if name != baseline:
-            pair = paired_comparison(wide[name].to_numpy(), wide[baseline].to_numpy(),
-                                     confidence)
-            improvement = probability_of_improvement(wide[name].to_numpy(),
-                                                     wide[baseline].to_numpy(), confidence,
+            pair = paired_comparison(wide[name], wide[baseline], confidence)
+            improvement = probability_of_improvement(wide[name], wide[baseline], confidence,
                                                      lower_is_better)
             row.update(diff_vs_baseline=pair.diff, diff_ci_low=pair.low, diff_ci_high=pair.high,
-                       p_value=pair.p_value, paired_seeds=pair.n,
-                       p_improvement=improvement.p, p_improvement_low=improvement.low,
-                       p_improvement_high=improvement.high,
+                       p_value=pair.p_value, paired_seeds=pair.n, p_improvement=improvement.p,
+                       p_improvement_low=improvement.low, p_improvement_high=improvement.high,
                        seeds_needed=seeds_needed(pair.diff, pair.sd, alpha, comparisons=m),
                        note=_note(pair))
         rows[name] = row
@@ -288,15 +268,11 @@ def verdict_table(runs: pd.DataFrame, variant: str = "variant", value: str = "fi
     for column in ("seeds_needed", "paired_seeds"):  # ints or None (an empty CSV cell)
         table[column] = pd.Series([None if pd.isna(v) else int(v) for v in table[column]],
                                   index=table.index, dtype=object)
-    if test is not None:
-        sequential_verdicts(table, runs.groupby(variant, sort=False).size(), test)
-    return table
-
-
-def sequential_verdicts(table: pd.DataFrame, seeds: pd.Series, test: SequentialTest) -> None:
-    """In ``table``, ``test``'s verdict, interval and statistics replace the fixed test's;
-    ``seeds_used`` (else ``seeds``, a variant's count), ``stopped_because`` on every row."""
+    if test is None:
+        return table
+    # --seeds auto: the sequential test's verdict, interval and statistics replace the fixed ones
     table["e_value"] = table["sequential_design"] = None
+    seeds = runs.groupby(variant, sort=False).size()
     table["seeds_used"] = [int(seeds[name]) for name in table.index]
     table["stopped_because"] = ""
     for name in test.variants:
@@ -312,6 +288,7 @@ def sequential_verdicts(table: pd.DataFrame, seeds: pd.Series, test: SequentialT
             values["seeds_needed"] = None  # the fixed design's power figure does not apply
         for column, cell in values.items():
             table.at[name, column] = cell
+    return table
 
 
 def has_verdict(row: pd.Series | dict) -> bool:
@@ -321,13 +298,11 @@ def has_verdict(row: pd.Series | dict) -> bool:
 
 
 def _note(pair: PairedComparison) -> str:
-    parts = []
-    if pair.n < 2:
-        parts.append(f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)")
-    if pair.dropped:
-        plural = "" if pair.dropped == 1 else "s"
-        parts.append(f"{pair.dropped} seed{plural} dropped (NaN or missing)")
-    return "; ".join(parts)
+    parts = [f"{pair.n} paired seed{'' if pair.n == 1 else 's'}: no test (need 2+)"
+             if pair.n < 2 else "",
+             f"{pair.dropped} seed{'' if pair.dropped == 1 else 's'} dropped (NaN or missing)"
+             if pair.dropped else ""]
+    return "; ".join(part for part in parts if part)
 
 
 def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None:
@@ -347,44 +322,35 @@ def _note_when_no_verdict_is_possible(table: pd.DataFrame, alpha: float) -> None
                                  for note in table.loc[tested, "note"]]
 
 
-def _improvement_text(row: pd.Series | dict, confidence: float) -> str:
-    """The ``P(improvement)`` part of :func:`describe`'s line, or "" without one."""
-    p = row.get("p_improvement", math.nan)
-    if p is None or math.isnan(p):
-        return ""
-    low, high = row.get("p_improvement_low", math.nan), row.get("p_improvement_high", math.nan)
-    return f", P(improvement) {p:.2g} ({confidence:.0%} CI {low:.2g} to {high:.2g})"
-
-
 def describe(name: str, row: pd.Series | dict, baseline: str, value: str = "final_loss",
              confidence: float = 0.95) -> str:
     """One line for the terminal (README, "Verdicts"); the CI is in the direction of the word
     (lower / higher)."""
     if row["verdict"] == BASELINE:
         return f"{name}: baseline"
-    diff = row["diff_vs_baseline"]
-    head = f"{name} vs {baseline}: {value}"
-    if row.get("sequential_design"):  # --seeds auto: the sequential test's interval
-        low, high = sorted((-1.0 if diff < 0 else 1.0) * row[f"diff_ci_{end}"]
-                           for end in ("low", "high"))
+    diff, sequential = row["diff_vs_baseline"], row.get("sequential_design")
+    if math.isnan(diff) and not sequential:
+        return f"{name} vs {baseline}: {value}: no paired seeds -> {row['verdict']}"
+    line = f"{name} vs {baseline}: {value} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}"
+    low, high = sorted((-1.0 if diff < 0 else 1.0) * row[f"diff_ci_{end}"]
+                       for end in ("low", "high"))
+    if sequential:  # --seeds auto: the sequential test's interval
         stopped = "" if row["stopped_because"] == STOPPED_VERDICT else " (MAX seeds reached)"
         anytime = row.get("e_value") is not None
         statistic = (f"e-value {row['e_value']:.3g}" if anytime
                      else f"group-sequential p {row['p_value']:.3g}")
-        return (f"{head} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}, "
-                f"{'anytime' if anytime else 'repeated'} {confidence:.0%} interval {low:.3g} "
-                f"to {high:.3g}, {statistic} after {row['seeds_used']} paired seeds{stopped} "
-                f"-> {row['verdict']}")
-    if math.isnan(diff):
-        return f"{head}: no paired seeds -> {row['verdict']}"
-    sign = -1.0 if diff < 0 else 1.0
-    line = f"{head} {abs(diff):.3g} {'lower' if diff < 0 else 'higher'}"
+        return (f"{line}, {'anytime' if anytime else 'repeated'} {confidence:.0%} interval "
+                f"{low:.3g} to {high:.3g}, {statistic} after {row['seeds_used']} paired seeds"
+                f"{stopped} -> {row['verdict']}")
     if math.isnan(row["p_value"]):
         return f"{line} ({row['note']}) -> {row['verdict']}"
-    low, high = sorted((sign * row["diff_ci_low"], sign * row["diff_ci_high"]))
     line += (f" ({confidence:.0%} CI {low:.3g} to {high:.3g}), p = {row['p_value']:.2g}, "
-             f"Holm {row['p_adjusted']:.2g}{_improvement_text(row, confidence)} "
-             f"-> {row['verdict']}")
+             f"Holm {row['p_adjusted']:.2g}")
+    p = row.get("p_improvement", math.nan)
+    if p is not None and not math.isnan(p):
+        line += (f", P(improvement) {p:.2g} ({confidence:.0%} CI "
+                 f"{row['p_improvement_low']:.2g} to {row['p_improvement_high']:.2g})")
+    line += f" -> {row['verdict']}"
     if row["verdict"] == NO_DIFFERENCE and row["seeds_needed"] is not None:
         line += f" ({row['seeds_needed']} paired seeds would detect it at 80% power)"
     if row["note"]:

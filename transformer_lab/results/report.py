@@ -252,15 +252,14 @@ def make_report(root: Path, out_dir: Path | None = None, metric: str | None = No
                                  out_dir / f"{base}-{chosen}.png"))
     if (curve_png := plot_loss_curves(gathered, out_dir / f"{base}-loss.png")) is not None:
         files.append(curve_png)
-    md.write_text(markdown_report(gathered, pivot, gathered.group_keys or ["group"],
-                                  [f.name for f in files], chosen, variance))
+    md.write_text(markdown_report(gathered, pivot, [f.name for f in files], chosen, variance))
     files.insert(2, md)
     return Report(gathered, pivot, chosen, files, variance)
 
 
-def markdown_report(gathered: Gathered, pivot: pd.DataFrame, keys: list[str],
-                    files: list[str], metric: str | None = None,
-                    variance: pd.DataFrame | None = None) -> str:
+def markdown_report(gathered: Gathered, pivot: pd.DataFrame, files: list[str],
+                    metric: str | None, variance: pd.DataFrame | None) -> str:
+    keys = gathered.group_keys or ["group"]
     header, body = display_rows(pivot, keys, metrics_present(gathered.runs))
     runs = gathered.runs[gathered.first_of_run()]  # one row per run folder
     counts = runs["status"].value_counts().to_dict()

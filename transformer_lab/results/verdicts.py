@@ -27,26 +27,15 @@ def sample_ids(runs: pd.DataFrame) -> pd.Series:
     return pd.Series(labels, index=runs.index).where(parts.notna().any(axis=1))
 
 
-def has_seeds(gathered: Gathered) -> bool:
-    """True when the runs are grouped and carry more than one seed."""
-    runs = gathered.runs
-    return bool(gathered.group_keys) and "seed" in runs.columns \
-        and sample_ids(runs).dropna().astype(str).nunique() > 1
-
-
 def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> tuple[str, str]:
     """(key, baseline value) from ``--baseline`` (``KEY=VALUE``, ``VALUE`` or None)."""
     if baseline is None:
         return keys[0], str(pivot[keys[0]].iloc[0])
     key, _, value = baseline.rpartition("=")
-    if key:
-        if key not in keys:
-            raise ConfigError(f"--baseline {baseline}: '{key}' is not a grouped key; valid: "
-                              f"{', '.join(keys)}")
-        candidates = [key]
-    else:
-        candidates = [k for k in keys if value in set(pivot[k].astype(str))] or keys[:1]
-    key = candidates[0]
+    if key and key not in keys:
+        raise ConfigError(f"--baseline {baseline}: '{key}' is not a grouped key; valid: "
+                          f"{', '.join(keys)}")
+    key = key or next((k for k in keys if value in set(pivot[k].astype(str))), keys[0])
     values = list(dict.fromkeys(pivot[key].astype(str)))
     if value not in values:
         raise ConfigError(f"--baseline {baseline}: no group has {key}={value}; valid: "
@@ -56,25 +45,21 @@ def compared_key(pivot: pd.DataFrame, keys: list[str], baseline: str | None) -> 
 
 def verdict_columns(gathered: Gathered, pivot: pd.DataFrame, metric: str,
                     baseline: str | None = None, alpha: float = 0.05) -> pd.DataFrame:
-    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` (seeds)."""
-    if not has_seeds(gathered):
+    """``pivot`` with ``baseline``, ``<metric>_ci_low/high`` and ``VERDICT_COLUMNS`` when the
+    runs are grouped and carry more than one seed."""
+    keys, runs = gathered.group_keys, gathered.runs
+    seeds = sample_ids(runs) if keys and "seed" in runs.columns else pd.Series(dtype=object)
+    if seeds.dropna().astype(str).nunique() < 2:
         return pivot
-    keys = gathered.group_keys
     key, value = compared_key(pivot, keys, baseline)
     others = [k for k in keys if k != key]
-    runs = gathered.runs.assign(**{k: gathered.runs[k].astype(str) for k in keys},
-                                seed=sample_ids(gathered.runs))
+    runs = runs.assign(**{k: runs[k].astype(str) for k in keys}, seed=seeds)
     runs = runs[[*keys, "seed", metric]].dropna(subset=["seed"])
     columns = ["baseline", f"{metric}_ci_low", f"{metric}_ci_high", *VERDICT_COLUMNS]
-    out = pivot.copy()
-    for column in columns:
-        out[column] = pd.Series([None] * len(out), index=out.index, dtype=object)
+    out = pivot.assign(**dict.fromkeys(columns, None))  # object columns, None until filled
     strata = runs.groupby(others, sort=False) if others else [((), runs)]
     for stratum, rows in strata:
-        stratum = stratum if isinstance(stratum, tuple) else (stratum,)
-        where = pd.Series(True, index=out.index)
-        for other, level in zip(others, stratum, strict=True):
-            where &= out[other].astype(str) == level
+        where = out[others].astype(str).eq(list(stratum)).all(axis=1)
         out.loc[where, "baseline"] = f"{key}={value}"
         if value not in set(rows[key]):
             out.loc[where, "note"] = f"no {key}={value} group with these settings"
