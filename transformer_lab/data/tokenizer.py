@@ -129,7 +129,7 @@ def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
 
 
 TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)
-BPE_LINES = 4096  # lines encoded per call of the BPE library's batch encoder
+BPE_LINES = 4096  # lines encoded per call (BPE: of the library's batch encoder)
 TOKENS_DIR = "tokens"  # <cache dir>/tokens/<sha256 prefix>-<tokenizer>.bin and .json
 
 
@@ -141,12 +141,12 @@ class NotUtf8Error(ValueError):
         self.start, self.reason = start, reason
 
 
-def text_chunks(file: Path) -> Iterator[str]:
-    """The UTF-8 text of ``file`` in pieces that join to ``read_text()`` (newlines translated the
-    same way)."""
+def text_lines(file: Path) -> Iterator[list[str]]:
+    """The lines of ``file`` (``read_text().splitlines(keepends=True)``, newlines translated the
+    same way), a chunk at a time; ``NotUtf8Error`` where it is not UTF-8."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(),
                                            translate=True)
-    offset = 0  # bytes read before this block
+    offset, carry = 0, ""  # bytes read before this block; the line that may go on
     with open(file, "rb") as source:
         while True:
             block = source.read(TEXT_CHUNK)
@@ -156,22 +156,12 @@ def text_chunks(file: Path) -> Iterator[str]:
                 raise NotUtf8Error(offset + exc.start - (len(exc.object) - len(block)),
                                    exc.reason) from None
             offset += len(block)
-            if text:
-                yield text
+            lines = (carry + text).splitlines(keepends=True)
+            carry = lines.pop() if block and lines else ""  # may go on in the next block
+            if lines:
+                yield lines
             if not block:
                 return
-
-
-def text_lines(file: Path) -> Iterator[list[str]]:
-    """The lines of ``file`` (``read_text().splitlines(keepends=True)``), a chunk at a time."""
-    carry = ""
-    for text in text_chunks(file):
-        lines = (carry + text).splitlines(keepends=True)
-        carry = lines.pop()  # the last line may go on in the next chunk
-        if lines:
-            yield lines
-    if carry:
-        yield [carry]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -184,8 +174,8 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
     over it, a chunk at a time."""
     if kind == "char":
         seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
-        for text in text_chunks(file):
-            seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+        for lines in text_lines(file):
+            seen[np.frombuffer("".join(lines).encode("utf-32-le"), dtype=np.uint32)] = True
         return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
     if kind == "byte":
         return ByteTokenizer()
@@ -193,17 +183,14 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
 
 
 def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
-    """Write ``file``'s token ids to ``out`` as ``token_dtype``, a chunk at a time (BPE: a few whole
-    lines at once); returns the number of ids."""
+    """Write ``file``'s token ids to ``out`` as ``token_dtype``, a few whole lines at a time;
+    returns the number of ids."""
     dtype, count = token_dtype(tokenizer.vocab_size), 0
-    pieces: Iterable[str] = text_chunks(file)
-    if isinstance(tokenizer, BpeTokenizer):
-        pieces = ("".join(lines[i:i + BPE_LINES]) for lines in text_lines(file)
-                  for i in range(0, len(lines), BPE_LINES))
-    for piece in pieces:
-        ids = tokenizer.encode(piece).astype(dtype)
-        out.write(ids.tobytes())
-        count += len(ids)
+    for lines in text_lines(file):
+        for i in range(0, len(lines), BPE_LINES):
+            ids = tokenizer.encode("".join(lines[i:i + BPE_LINES])).astype(dtype)
+            out.write(ids.tobytes())
+            count += len(ids)
     return count
 
 
@@ -211,14 +198,15 @@ def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
     """A task's tokenizer as JSON text (None for a task without one, e.g. synthetic tokens)."""
     if tokenizer is None:
         return None
+    data = {"kind": tokenizer.name}
     if isinstance(tokenizer, CharTokenizer):
-        return json.dumps({"kind": "char", "chars": "".join(tokenizer.chars)})
-    if isinstance(tokenizer, ByteTokenizer):
-        return json.dumps({"kind": "byte"})
-    if isinstance(tokenizer, BpeTokenizer):
-        return json.dumps({"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
-    raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the weights; "
-                      "known: char, byte, bpe")
+        data["chars"] = "".join(tokenizer.chars)
+    elif isinstance(tokenizer, BpeTokenizer):
+        data["tokenizer"] = tokenizer.tokenizer.to_str()
+    elif not isinstance(tokenizer, ByteTokenizer):
+        raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the "
+                          "weights; known: char, byte, bpe")
+    return json.dumps(data)
 
 
 def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
