@@ -10,16 +10,15 @@ import hashlib
 import io
 import itertools
 import json
-import os
 import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO, Protocol
 
 import numpy as np
 
-from transformer_lab.data.corpus import cache_dir, file_sha256
+from transformer_lab.data.corpus import atomic_write, cache_dir, file_sha256
 from transformer_lab.errors import ConfigError
 
 TOKENIZERS = ("char", "byte", "bpe")
@@ -112,20 +111,6 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
     lines = text.splitlines(keepends=True) if isinstance(text, str) else text
     tokenizer.train_from_iterator(lines, trainer)
     return BpeTokenizer(tokenizer)
-
-
-def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
-    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: nobody
-    sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(handle)
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        Path(temp).unlink(missing_ok=True)
-    return path
 
 
 TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)

@@ -148,16 +148,15 @@ def rope_overrides(hc: Any) -> list[str]:
     params.update(getattr(hc, "rope_scaling", None) or {})
     base = params.get("rope_theta", getattr(hc, "rope_theta", 10000.0))
     kind = params.get("rope_type", params.get("type", "default"))
-    names = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn",
-             "llama3": "llama3"}
-    if kind not in names:
-        raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(names)})")
+    kinds = ("default", "linear", "dynamic", "yarn", "llama3")  # tlab's pe.scaling, default: none
+    if kind not in kinds:
+        raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(kinds)})")
     for key in ("mscale", "mscale_all_dim"):
         if params.get(key):
             raise Unsupported(f"rope {key}={params[key]!r} (tlab: attention_factor only)")
     if params.get("truncate") is False:
         raise Unsupported("rope truncate=False (tlab rounds YaRN's ramp bounds)")
-    out = [f"pe.base={float(base)}", f"pe.scaling={names[kind]}",
+    out = [f"pe.base={float(base)}", f"pe.scaling={'none' if kind == 'default' else kind}",
            f"pe.rotary_fraction={float(params.get('partial_rotary_factor', 1.0))}"]
     if kind != "default":
         out.append(f"pe.factor={float(params['factor'])}")

@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab import __version__
 from transformer_lab.components import attention, block, feedforward, moe, norms
 from transformer_lab.components.positional import (
     alibi,
@@ -40,15 +41,6 @@ REMOTE_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "attn_bias"
                      "head_dim", "attn_scale", "qkv_bias", "out_bias", "parallel_block",
                      "embed_norm", "tie_embeddings", "max_len", "init_std")
 
-
-def _tlab_version() -> str:
-    """The installed transformer_lab's version (its metadata: no import of the package)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("transformer_lab")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 WRAPPER = '''
 
@@ -228,7 +220,7 @@ def modeling_source() -> str:
         bodies.append(f"# --- {module.__name__} " + "-" * max(0, 80 - len(module.__name__))
                       + "\n\n" + body)
     unique = list(dict.fromkeys(imports))
-    return (HEADER.format(name=MODELING_FILE, version=_tlab_version())
+    return (HEADER.format(name=MODELING_FILE, version=__version__)
             + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
 
 

@@ -83,8 +83,6 @@ class TextTask(LanguageModelTask):
         from transformer_lab.data import corpus_path, load_tokens
         from transformer_lab.data.tokenizer import NotUtf8Error
 
-        if not 0 < eval_fraction < 1:
-            raise ValueError(f"task.eval_fraction={eval_fraction} must be between 0 and 1")
         if path is not None:
             file = Path(str(path)).expanduser()
             if not file.is_file():
