@@ -235,9 +235,7 @@ class TokenFile:
         return self.stop - self.start
 
     def __getitem__(self, part: slice) -> TokenFile:
-        start, stop, step = part.indices(len(self))
-        if step != 1:
-            raise ValueError("a TokenFile is sliced with step 1 only")
+        start, stop, _ = part.indices(len(self))  # step 1
         return TokenFile(self.path, self.dtype, self.start + start, self.start + max(start, stop))
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
@@ -255,18 +253,6 @@ def _mapped(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:  # mmap cannot map an empty file
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
-
-
-def _cached(bin_path: Path, meta_path: Path, sha256: str) -> tuple[np.ndarray, Tokenizer] | None:
-    """The cache entry's ids and tokenizer, or None when it is missing or incomplete."""
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        dtype = np.dtype(meta["dtype"])
-        if meta["sha256"] != sha256 or bin_path.stat().st_size != meta["tokens"] * dtype.itemsize:
-            return None
-        return _mapped(bin_path, dtype, int(meta["tokens"])), tokenizer_from_spec(meta["spec"])
-    except Exception:  # missing or damaged: tokenise again
-        return None
 
 
 def content_sha256(file: Path) -> str:
@@ -294,9 +280,11 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
     label = f"bpe{bpe_vocab_size}" if kind == "bpe" else kind  # <sha256[:16]>-<label>.bin, .json
     stem = cache_dir() / TOKENS_DIR / f"{sha256[:16]}-{label}"
     bin_path, meta_path = stem.with_suffix(".bin"), stem.with_suffix(".json")
-    hit = _cached(bin_path, meta_path, sha256)
-    if hit is not None:
-        return hit
+    with contextlib.suppress(Exception):  # a complete entry; missing or damaged: tokenise again
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        if meta["sha256"] == sha256 and bin_path.stat().st_size == meta["tokens"] * dtype.itemsize:
+            return _mapped(bin_path, dtype, int(meta["tokens"])), tokenizer_from_spec(meta["spec"])
     tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
 

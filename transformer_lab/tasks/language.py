@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transformer_lab.data.tokenizer import TokenFile
+from transformer_lab.data.corpus import corpus_path
+from transformer_lab.data.tokenizer import NotUtf8Error, TokenFile, load_tokens
 from transformer_lab.tasks.base import Batch, Task
 
 
@@ -80,9 +81,6 @@ class TextTask(LanguageModelTask):
                  url: str | None = None, tokenizer: str = "char", bpe_vocab_size: int = 512,
                  seq_len: int = 64, eval_fraction: float = 0.1, eval_size: int = 256,
                  data_seed: int = 1234, vocab_size: int | None = None) -> None:
-        from transformer_lab.data import corpus_path, load_tokens
-        from transformer_lab.data.tokenizer import NotUtf8Error
-
         if path is not None:
             file = Path(str(path)).expanduser()
             if not file.is_file():
