@@ -10,11 +10,10 @@ import hashlib
 import io
 import itertools
 import json
-import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import numpy as np
 
@@ -23,15 +22,6 @@ from transformer_lab.errors import ConfigError
 
 TOKENIZERS = ("char", "byte", "bpe")
 BYTE_ALPHABET = 256
-
-
-class Tokenizer(Protocol):
-    name: str
-    vocab_size: int
-
-    def encode(self, text: str) -> np.ndarray: ...  # (N,) int64
-
-    def decode(self, ids: np.ndarray | list[int]) -> str: ...
 
 
 class CharTokenizer:
@@ -92,6 +82,9 @@ class BpeTokenizer:
 
     def decode(self, ids: np.ndarray | list[int]) -> str:
         return self.tokenizer.decode([int(i) for i in ids])
+
+
+Tokenizer = CharTokenizer | ByteTokenizer | BpeTokenizer  # encode: text -> (N,) int64 ids
 
 
 def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
@@ -299,10 +292,9 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
                            "tokens": count, "spec": tokenizer_spec(tokenizer)})
         atomic_write(meta_path, lambda temp: Path(temp).write_text(meta, encoding="utf-8"))
     except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
-        with tempfile.TemporaryFile() as out:
-            encode_file(file, tokenizer, out)
-            out.seek(0)
-            return np.fromfile(out, dtype), tokenizer
+        ids = io.BytesIO()
+        encode_file(file, tokenizer, ids)
+        return np.frombuffer(ids.getbuffer(), dtype), tokenizer
     return _mapped(bin_path, dtype, count), tokenizer
 
 

@@ -224,9 +224,13 @@ def modeling_source() -> str:
             + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
 
 
-def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
-    """The resolved settings ``assemble_model`` rebuilds the model from; ``ConfigError`` for a
-    component of the user's own (its code is not tlab's to bundle)."""
+def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
+    """Write ``modeling_tlab.py``, ``config.json`` (the settings ``assemble_model`` rebuilds the
+    model from), ``generation_config.json`` and ``model.safetensors`` into ``directory``;
+    ``ConfigError`` for a component of the user's own (its code is not tlab's to bundle)."""
+    import transformers
+    from safetensors.torch import save_file
+
     settings: dict[str, Any] = {}
     for group in COMPONENTS:
         node = OmegaConf.to_container(cfg[group], resolve=True)
@@ -237,20 +241,9 @@ def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
                               f"train with a built-in {group} to export")
         settings[group] = node
     model_node = OmegaConf.to_container(cfg.model, resolve=True)
-    settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
+    m = settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
         "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
         "dropout": {"attention": 0.0, "embedding": 0.0}}  # an export for inference
-    return settings
-
-
-def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
-    """Write ``modeling_tlab.py``, ``config.json``, ``generation_config.json`` and
-    ``model.safetensors`` (the tlab state dict under ``model.``) into ``directory``."""
-    import transformers
-    from safetensors.torch import save_file
-
-    settings = remote_settings(model, cfg)
-    m = settings["model"]
     (directory / MODELING_FILE).write_text(modeling_source(), encoding="utf-8")
     no_special_tokens = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
                          "transformers_version": transformers.__version__}

@@ -99,7 +99,6 @@ class TextTask(LanguageModelTask):
         if len(ids) == 0:
             raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
                              f"{seq_len + 2} tokens per split")
-        self.file = file
         stream = TokenFile.of(ids) if isinstance(ids, np.memmap) else ids  # (N,) token ids
         split = int(len(ids) * (1 - eval_fraction))
         try:
