@@ -146,11 +146,9 @@ def flag(name: str, value: Any) -> str:
 
 
 def rope_overrides(hc: Any) -> list[str]:
-    """``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling`` -> pe.*."""
-    params = dict(getattr(hc, "rope_parameters", None) or {})
-    params.update(getattr(hc, "rope_scaling", None) or {})
-    base = params.get("rope_theta", getattr(hc, "rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
+    """``rope_parameters`` (transformers >= 5: with ``rope_theta``) -> pe.*."""
+    params = hc.rope_parameters or {}
+    base, kind = params.get("rope_theta", 10000.0), params.get("rope_type", "default")
     kinds = ("default", "linear", "dynamic", "yarn", "llama3")  # tlab's pe.scaling, default: none
     if kind not in kinds:
         raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(kinds)})")

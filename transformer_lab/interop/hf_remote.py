@@ -168,26 +168,20 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
     """(imports from outside tlab, the module's code without imports and docstring, its top-level
     names); ``names`` keeps only those definitions."""
     source = inspect.getsource(module)
-    tree = ast.parse(source)
     lines = source.splitlines()
     imports, keep, defined = [], [], set()
-    for node in tree.body:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        segment = "\n".join(lines[first - 1:node.end_lineno])  # with its decorators
+    for node in ast.parse(source).body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            outside = isinstance(node, ast.Import) or (
-                node.level == 0 and not (node.module or "").startswith("transformer_lab")
-                and node.module != "__future__")
-            if outside:
+            package = node.names[0].name if isinstance(node, ast.Import) else node.module
+            if getattr(node, "level", 0) == 0 and package.split(".")[0] not in (
+                    "transformer_lab", "omegaconf", "__future__"):  # from outside tlab
                 imports.append(ast.unparse(node))
             continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
-                and isinstance(node.value.value, str):
-            continue  # the module docstring
         node_names = _defined_names(node)
-        if names is not None and not node_names & set(names):
-            continue
-        keep.append(segment)
+        if not node_names or names is not None and not node_names & set(names):
+            continue  # the module docstring, or a definition not asked for
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        keep.append("\n".join(lines[first - 1:node.end_lineno]))  # with its decorators
         defined |= node_names
     return imports, "\n\n\n".join(keep), defined
 
@@ -195,11 +189,8 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
 def _defined_names(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {node.name}
-    if isinstance(node, ast.Assign):
-        return {t.id for t in node.targets if isinstance(t, ast.Name)}
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        return {node.target.id}
-    return set()
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
 def modeling_source() -> str:
@@ -216,7 +207,7 @@ def modeling_source() -> str:
         if clash:
             raise ValueError(f"bundling {module.__name__}: {clash} defined twice")
         owners.update(dict.fromkeys(defined, module.__name__))
-        imports += [i for i in module_imports if "omegaconf" not in i]
+        imports += module_imports
         bodies.append(f"# --- {module.__name__} " + "-" * max(0, 80 - len(module.__name__))
                       + "\n\n" + body)
     unique = list(dict.fromkeys(imports))
