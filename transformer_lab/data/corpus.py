@@ -11,6 +11,7 @@ import sys
 import tempfile
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,13 +87,11 @@ def _download(corpus: Corpus, url: str, path: Path) -> None:
                          "set TLAB_CACHE=DIR, or use a local copy with task.path=FILE") from None
     print(f"downloading {corpus.name} ({corpus.size:,} bytes) from {url} to {path}",
           file=sys.stderr)
-    handle, temp_name = tempfile.mkstemp(prefix=f".{corpus.name}.", suffix=".part",
-                                         dir=path.parent)
-    temp = Path(temp_name)
-    try:
-        with os.fdopen(handle, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
+
+    def download_checked(temp: str) -> None:
+        with open(temp, "wb") as out, urllib.request.urlopen(url, timeout=TIMEOUT_S) as r:
             shutil.copyfileobj(r, out, CHUNK)
-        size, sha256 = temp.stat().st_size, file_sha256(temp)
+        size, sha256 = Path(temp).stat().st_size, file_sha256(Path(temp))
         if size != corpus.size:
             raise ValueError(
                 f"task.corpus={corpus.name}: the download from {url} stopped after {size:,} of "
@@ -104,11 +103,25 @@ def _download(corpus: Corpus, url: str, path: Path) -> None:
                 f"{sha256[:12]}..., expected {corpus.sha256[:12]}... "
                 f"({corpus.size:,} bytes); it was not used. Try again, or use a local copy "
                 "with task.path=FILE")
-        os.replace(temp, path)
+
+    try:
+        atomic_write(path, download_checked)
     except (urllib.error.URLError, http.client.HTTPException, OSError) as exc:
         reason = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or exc
         raise ValueError(
             f"task.corpus={corpus.name}: could not download {url} ({reason}); offline? "
             f"use a local copy with task.path=FILE, or put it at {path}") from None
+
+
+def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
+    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: nobody
+    sees a partial file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
+    os.close(handle)
+    try:
+        write(temp)
+        os.replace(temp, path)
     finally:
-        temp.unlink(missing_ok=True)
+        Path(temp).unlink(missing_ok=True)
+    return path

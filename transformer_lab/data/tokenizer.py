@@ -10,29 +10,18 @@ import hashlib
 import io
 import itertools
 import json
-import os
-import tempfile
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Protocol
+from typing import BinaryIO
 
 import numpy as np
 
-from transformer_lab.data.corpus import cache_dir, file_sha256
+from transformer_lab.data.corpus import atomic_write, cache_dir, file_sha256
 from transformer_lab.errors import ConfigError
 
 TOKENIZERS = ("char", "byte", "bpe")
 BYTE_ALPHABET = 256
-
-
-class Tokenizer(Protocol):
-    name: str
-    vocab_size: int
-
-    def encode(self, text: str) -> np.ndarray: ...  # (N,) int64
-
-    def decode(self, ids: np.ndarray | list[int]) -> str: ...
 
 
 class CharTokenizer:
@@ -95,6 +84,9 @@ class BpeTokenizer:
         return self.tokenizer.decode([int(i) for i in ids])
 
 
+Tokenizer = CharTokenizer | ByteTokenizer | BpeTokenizer  # encode: text -> (N,) int64 ids
+
+
 def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
     """Byte-level BPE with ``vocab_size`` tokens trained on ``text`` (a string, or its lines
     as ``str.splitlines(keepends=True)`` cuts them; deterministic)."""
@@ -114,22 +106,8 @@ def train_bpe(text: str | Iterable[str], vocab_size: int) -> BpeTokenizer:
     return BpeTokenizer(tokenizer)
 
 
-def atomic_write(path: Path, write: Callable[[str], object]) -> Path:
-    """``write(temporary_path)`` in ``path``'s folder, then ``os.replace`` onto ``path``: nobody
-    sees a partial file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".part", dir=path.parent)
-    os.close(handle)
-    try:
-        write(temp)
-        os.replace(temp, path)
-    finally:
-        Path(temp).unlink(missing_ok=True)
-    return path
-
-
 TEXT_CHUNK = 1 << 22  # bytes of text tokenised per step (4 MiB)
-BPE_LINES = 4096  # lines encoded per call of the BPE library's batch encoder
+BPE_LINES = 4096  # lines encoded per call (BPE: of the library's batch encoder)
 TOKENS_DIR = "tokens"  # <cache dir>/tokens/<sha256 prefix>-<tokenizer>.bin and .json
 
 
@@ -141,12 +119,12 @@ class NotUtf8Error(ValueError):
         self.start, self.reason = start, reason
 
 
-def text_chunks(file: Path) -> Iterator[str]:
-    """The UTF-8 text of ``file`` in pieces that join to ``read_text()`` (newlines translated the
-    same way)."""
+def text_lines(file: Path) -> Iterator[list[str]]:
+    """The lines of ``file`` (``read_text().splitlines(keepends=True)``, newlines translated the
+    same way), a chunk at a time; ``NotUtf8Error`` where it is not UTF-8."""
     decoder = io.IncrementalNewlineDecoder(codecs.getincrementaldecoder("utf-8")(),
                                            translate=True)
-    offset = 0  # bytes read before this block
+    offset, carry = 0, ""  # bytes read before this block; the line that may go on
     with open(file, "rb") as source:
         while True:
             block = source.read(TEXT_CHUNK)
@@ -156,22 +134,12 @@ def text_chunks(file: Path) -> Iterator[str]:
                 raise NotUtf8Error(offset + exc.start - (len(exc.object) - len(block)),
                                    exc.reason) from None
             offset += len(block)
-            if text:
-                yield text
+            lines = (carry + text).splitlines(keepends=True)
+            carry = lines.pop() if block and lines else ""  # may go on in the next block
+            if lines:
+                yield lines
             if not block:
                 return
-
-
-def text_lines(file: Path) -> Iterator[list[str]]:
-    """The lines of ``file`` (``read_text().splitlines(keepends=True)``), a chunk at a time."""
-    carry = ""
-    for text in text_chunks(file):
-        lines = (carry + text).splitlines(keepends=True)
-        carry = lines.pop()  # the last line may go on in the next chunk
-        if lines:
-            yield lines
-    if carry:
-        yield [carry]
 
 
 def token_dtype(vocab_size: int) -> np.dtype:
@@ -184,8 +152,8 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
     over it, a chunk at a time."""
     if kind == "char":
         seen = np.zeros(0x110000, dtype=bool)  # one flag per Unicode code point
-        for text in text_chunks(file):
-            seen[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)] = True
+        for lines in text_lines(file):
+            seen[np.frombuffer("".join(lines).encode("utf-32-le"), dtype=np.uint32)] = True
         return CharTokenizer([chr(code) for code in np.flatnonzero(seen)])
     if kind == "byte":
         return ByteTokenizer()
@@ -193,17 +161,14 @@ def fit_tokenizer(file: Path, kind: str, bpe_vocab_size: int) -> Tokenizer:
 
 
 def encode_file(file: Path, tokenizer: Tokenizer, out: BinaryIO) -> int:
-    """Write ``file``'s token ids to ``out`` as ``token_dtype``, a chunk at a time (BPE: a few whole
-    lines at once); returns the number of ids."""
+    """Write ``file``'s token ids to ``out`` as ``token_dtype``, a few whole lines at a time;
+    returns the number of ids."""
     dtype, count = token_dtype(tokenizer.vocab_size), 0
-    pieces: Iterable[str] = text_chunks(file)
-    if isinstance(tokenizer, BpeTokenizer):
-        pieces = ("".join(lines[i:i + BPE_LINES]) for lines in text_lines(file)
-                  for i in range(0, len(lines), BPE_LINES))
-    for piece in pieces:
-        ids = tokenizer.encode(piece).astype(dtype)
-        out.write(ids.tobytes())
-        count += len(ids)
+    for lines in text_lines(file):
+        for i in range(0, len(lines), BPE_LINES):
+            ids = tokenizer.encode("".join(lines[i:i + BPE_LINES])).astype(dtype)
+            out.write(ids.tobytes())
+            count += len(ids)
     return count
 
 
@@ -211,14 +176,15 @@ def tokenizer_spec(tokenizer: Tokenizer | None) -> str | None:
     """A task's tokenizer as JSON text (None for a task without one, e.g. synthetic tokens)."""
     if tokenizer is None:
         return None
+    data = {"kind": tokenizer.name}
     if isinstance(tokenizer, CharTokenizer):
-        return json.dumps({"kind": "char", "chars": "".join(tokenizer.chars)})
-    if isinstance(tokenizer, ByteTokenizer):
-        return json.dumps({"kind": "byte"})
-    if isinstance(tokenizer, BpeTokenizer):
-        return json.dumps({"kind": "bpe", "tokenizer": tokenizer.tokenizer.to_str()})
-    raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the weights; "
-                      "known: char, byte, bpe")
+        data["chars"] = "".join(tokenizer.chars)
+    elif isinstance(tokenizer, BpeTokenizer):
+        data["tokenizer"] = tokenizer.tokenizer.to_str()
+    elif not isinstance(tokenizer, ByteTokenizer):
+        raise ConfigError(f"tokenizer {type(tokenizer).__name__} cannot be kept with the "
+                          "weights; known: char, byte, bpe")
+    return json.dumps(data)
 
 
 def tokenizer_from_spec(spec: str | None) -> Tokenizer | None:
@@ -262,9 +228,7 @@ class TokenFile:
         return self.stop - self.start
 
     def __getitem__(self, part: slice) -> TokenFile:
-        start, stop, step = part.indices(len(self))
-        if step != 1:
-            raise ValueError("a TokenFile is sliced with step 1 only")
+        start, stop, _ = part.indices(len(self))  # step 1
         return TokenFile(self.path, self.dtype, self.start + start, self.start + max(start, stop))
 
     def windows(self, starts: np.ndarray, length: int) -> np.ndarray:
@@ -282,18 +246,6 @@ def _mapped(path: Path, dtype: np.dtype, count: int) -> np.ndarray:
     if count == 0:  # mmap cannot map an empty file
         return np.zeros(0, dtype)
     return np.memmap(path, dtype=dtype, mode="r", shape=(count,))
-
-
-def _cached(bin_path: Path, meta_path: Path, sha256: str) -> tuple[np.ndarray, Tokenizer] | None:
-    """The cache entry's ids and tokenizer, or None when it is missing or incomplete."""
-    try:
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        dtype = np.dtype(meta["dtype"])
-        if meta["sha256"] != sha256 or bin_path.stat().st_size != meta["tokens"] * dtype.itemsize:
-            return None
-        return _mapped(bin_path, dtype, int(meta["tokens"])), tokenizer_from_spec(meta["spec"])
-    except Exception:  # missing or damaged: tokenise again
-        return None
 
 
 def content_sha256(file: Path) -> str:
@@ -321,9 +273,11 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
     label = f"bpe{bpe_vocab_size}" if kind == "bpe" else kind  # <sha256[:16]>-<label>.bin, .json
     stem = cache_dir() / TOKENS_DIR / f"{sha256[:16]}-{label}"
     bin_path, meta_path = stem.with_suffix(".bin"), stem.with_suffix(".json")
-    hit = _cached(bin_path, meta_path, sha256)
-    if hit is not None:
-        return hit
+    with contextlib.suppress(Exception):  # a complete entry; missing or damaged: tokenise again
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        dtype = np.dtype(meta["dtype"])
+        if meta["sha256"] == sha256 and bin_path.stat().st_size == meta["tokens"] * dtype.itemsize:
+            return _mapped(bin_path, dtype, int(meta["tokens"])), tokenizer_from_spec(meta["spec"])
     tokenizer = fit_tokenizer(file, kind, bpe_vocab_size)
     dtype = token_dtype(tokenizer.vocab_size)
 
@@ -338,10 +292,9 @@ def _encoded(path: str, mtime_ns: int, size: int, kind: str,
                            "tokens": count, "spec": tokenizer_spec(tokenizer)})
         atomic_write(meta_path, lambda temp: Path(temp).write_text(meta, encoding="utf-8"))
     except OSError:  # a read-only cache: the ids in memory instead (token_dtype, not int64)
-        with tempfile.TemporaryFile() as out:
-            encode_file(file, tokenizer, out)
-            out.seek(0)
-            return np.fromfile(out, dtype), tokenizer
+        ids = io.BytesIO()
+        encode_file(file, tokenizer, ids)
+        return np.frombuffer(ids.getbuffer(), dtype), tokenizer
     return _mapped(bin_path, dtype, count), tokenizer
 
 

@@ -146,12 +146,8 @@ def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
         raise ConfigError(f"to_hf knows the families {known}; this config is not one of them")
     config = family.hf_config(cfg)
     hf = getattr(transformers, family.hf_class)(config, **dict(family.hf_init)).eval()
-    state = family.to_hf(cfg, model.state_dict())
-    missing, unexpected = hf.load_state_dict(state, strict=False)
-    missing = [k for k in missing if not (k == "lm_head.weight" and cfg.model.tie_embeddings)]
-    if missing or unexpected:
-        raise ConfigError(f"tlab's model does not fit {family.hf_class}: missing {missing[:3]}, "
-                          f"unexpected {unexpected[:3]}")
+    load_fitted(hf, family.to_hf(cfg, model.state_dict()), f"tlab's {family.hf_class} weights",
+                may_miss=("lm_head.weight",) if cfg.model.tie_embeddings else ())
     return hf
 
 

@@ -1,7 +1,5 @@
-"""Per-family maps between ``transformers`` and tlab: each ``Family`` gives the overrides a
-checkpoint's config stands for, the HF config of a tlab one, and a table renaming (and reshaping)
-the weights both ways (layouts: docs/export.md); a setting tlab cannot express raises
-``Unsupported``."""
+"""Per-family maps between ``transformers`` and tlab: the overrides of a checkpoint's config, the
+HF config of a tlab one, and the weights renamed (and reshaped) both ways (docs/export.md)."""
 
 from __future__ import annotations
 
@@ -11,9 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from omegaconf import OmegaConf
 
 State = dict[str, torch.Tensor]
 COMPONENTS = ("pe", "ffn", "block", "norm_layer")  # the groups a run chooses components in
+# HF config key -> the tlab setting of the same value, in every family
+SIZES = {"hidden_size": "model.d_model", "num_attention_heads": "model.n_heads",
+         "num_hidden_layers": "model.n_layers"}
+# ... and in several (LLaMA, GPT-NeoX, BERT; GPT-2, BLOOM)
+D_FF_MAX_LEN = {"intermediate_size": "model.d_ff", "max_position_embeddings": "model.max_len"}
+EPS_TIED = {"layer_norm_epsilon": "norm_layer.eps", "tie_word_embeddings": "model.tie_embeddings"}
 # HF activation name -> tlab ffn choice, and back (the first HF name of each choice)
 GELU_NAMES = {"gelu_new": "gelu_tanh", "gelu_pytorch_tanh": "gelu_tanh", "gelu": "gelu",
               "relu": "relu"}
@@ -40,16 +45,16 @@ def _matches(module: str, state: State) -> Iterator[tuple[str, str | None, str]]
 class Family:
     """How one ``model_type`` maps onto tlab. ``names``: HF module -> tlab module (``{i}``: a
     layer); ``qkv``: HF's Q, K and V modules (concatenated in tlab's ``qkv_proj``), or one module
-    fused per head, ``(H, 3, Dh)`` rows where tlab has ``(3, H, Dh)``; ``conv1d``: HF modules
-    with ``(in, out)`` weights."""
+    fused per head, ``(H, 3, Dh)`` rows where tlab has ``(3, H, Dh)``."""
 
     preset: str
     hf_class: str  # the transformers class ``to_hf`` builds and ``from_hf`` loads
-    knobs: Callable[[Any], list[str]]  # HF config -> overrides beyond the preset and the sizes
-    config_knobs: Callable[[Any], dict[str, Any]]  # tlab cfg -> HF config keywords, likewise
+    same: dict[str, str]  # HF config key -> the tlab setting of the same value (beyond SIZES)
+    knobs: Callable[[Any], list[str]]  # HF config -> the other overrides beyond the preset
+    config_knobs: Callable[[Any], dict[str, Any]]  # tlab cfg -> the other HF config keywords
     names: dict[str, str]
     qkv: tuple[str, ...] = ()
-    conv1d: tuple[str, ...] = ()
+    conv1d: tuple[str, ...] = ()  # HF modules with (in, out) weights
     extra_to_tlab: Callable[[Any, State], State] | None = None
     extra_to_hf: Callable[[Any, State], State] | None = None
     output_head: bool = True  # False: the HF model returns hidden states (BertModel, T5 encoder)
@@ -57,19 +62,17 @@ class Family:
 
     def overrides(self, hc: Any) -> list[str]:
         """The tlab overrides of a HF config."""
-        return [f"preset={self.preset}", f"model.d_model={hc.hidden_size}",
-                f"model.n_heads={hc.num_attention_heads}",
-                f"model.n_layers={hc.num_hidden_layers}", *self.knobs(hc)]
+        same = [flag(tl, getattr(hc, hf)) if isinstance(getattr(hc, hf), bool) else
+                f"{tl}={getattr(hc, hf)}" for hf, tl in (SIZES | self.same).items()]
+        return [f"preset={self.preset}", *same, *self.knobs(hc)]
 
     def hf_config(self, cfg: Any) -> Any:
         """The HF config of a tlab config."""
         import transformers
 
-        m = cfg.model
         config_class = getattr(transformers, self.hf_class).config_class
-        return config_class(vocab_size=m.vocab_size, hidden_size=m.d_model,
-                            num_hidden_layers=m.n_layers, num_attention_heads=m.n_heads,
-                            **self.config_knobs(cfg))
+        same = {hf: OmegaConf.select(cfg, tl) for hf, tl in (SIZES | self.same).items()}
+        return config_class(vocab_size=cfg.model.vocab_size, **same | self.config_knobs(cfg))
 
     def _renamed(self, state: State, to_hf: bool) -> State:
         out = {}
@@ -143,21 +146,18 @@ def flag(name: str, value: Any) -> str:
 
 
 def rope_overrides(hc: Any) -> list[str]:
-    """``rope_parameters`` (transformers >= 5) or ``rope_theta`` + ``rope_scaling`` -> pe.*."""
-    params = dict(getattr(hc, "rope_parameters", None) or {})
-    params.update(getattr(hc, "rope_scaling", None) or {})
-    base = params.get("rope_theta", getattr(hc, "rope_theta", 10000.0))
-    kind = params.get("rope_type", params.get("type", "default"))
-    names = {"default": "none", "linear": "linear", "dynamic": "dynamic", "yarn": "yarn",
-             "llama3": "llama3"}
-    if kind not in names:
-        raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(names)})")
+    """``rope_parameters`` (transformers >= 5: with ``rope_theta``) -> pe.*."""
+    params = hc.rope_parameters or {}
+    base, kind = params.get("rope_theta", 10000.0), params.get("rope_type", "default")
+    kinds = ("default", "linear", "dynamic", "yarn", "llama3")  # tlab's pe.scaling, default: none
+    if kind not in kinds:
+        raise Unsupported(f"rope_type={kind!r} (tlab supports {', '.join(kinds)})")
     for key in ("mscale", "mscale_all_dim"):
         if params.get(key):
             raise Unsupported(f"rope {key}={params[key]!r} (tlab: attention_factor only)")
     if params.get("truncate") is False:
         raise Unsupported("rope truncate=False (tlab rounds YaRN's ramp bounds)")
-    out = [f"pe.base={float(base)}", f"pe.scaling={names[kind]}",
+    out = [f"pe.base={float(base)}", f"pe.scaling={'none' if kind == 'default' else kind}",
            f"pe.rotary_fraction={float(params.get('partial_rotary_factor', 1.0))}"]
     if kind != "default":
         out.append(f"pe.factor={float(params['factor'])}")
@@ -202,12 +202,8 @@ def _llama_knobs(hc: Any) -> list[str]:
     attn_bias = bool(getattr(hc, "attention_bias", False))
     out = [f"model.n_kv_heads={hc.num_key_value_heads or hc.num_attention_heads}",
            f"model.head_dim={getattr(hc, 'head_dim', None) or 'null'}",
-           f"model.d_ff={hc.intermediate_size}", flag("model.attn_bias", attn_bias),
-           flag("model.out_bias", attn_bias),
-           flag("model.ffn_bias", getattr(hc, "mlp_bias", False)),
-           flag("model.tie_embeddings", hc.tie_word_embeddings),
-           f"model.max_len={hc.max_position_embeddings}", f"norm_layer.eps={hc.rms_norm_eps}",
-           *rope_overrides(hc)]
+           flag("model.attn_bias", attn_bias), flag("model.out_bias", attn_bias),
+           flag("model.ffn_bias", getattr(hc, "mlp_bias", False)), *rope_overrides(hc)]
     if hc.model_type == "qwen2":  # Q/K/V bias, no output bias
         out += ["model.qkv_bias=true", "model.out_bias=false"]
     if moe:
@@ -222,12 +218,10 @@ def _llama_knobs(hc: Any) -> list[str]:
 
 def _llama_config(cfg: Any) -> dict[str, Any]:
     m = cfg.model
-    common = dict(intermediate_size=m.d_ff, num_key_value_heads=m.n_kv_heads or m.n_heads,
-                  head_dim=m.head_dim or m.d_model // m.n_heads, rms_norm_eps=cfg.norm_layer.eps,
-                  tie_word_embeddings=bool(m.tie_embeddings), attention_bias=bool(m.attn_bias),
-                  **rope_config(cfg))
+    common = dict(num_key_value_heads=m.n_kv_heads or m.n_heads, attention_bias=m.attn_bias,
+                  head_dim=m.head_dim or m.d_model // m.n_heads, **rope_config(cfg))
     if cfg.ffn.get("n_experts") is None:
-        return common | {"mlp_bias": bool(m.ffn_bias)}
+        return common | {"mlp_bias": m.ffn_bias}
     if int(cfg.ffn.top_k) == 1:
         raise Unsupported(TOP1_MOE)
     return common | {"num_local_experts": cfg.ffn.n_experts,
@@ -268,7 +262,9 @@ LLAMA_NAMES = _names(
 
 def _llama_family(hf_class: str, preset: str = "llama") -> Family:
     """A family with LLaMA's layout (one map, its own HF class)."""
-    return Family(preset, hf_class, _llama_knobs, _llama_config, LLAMA_NAMES,
+    same = D_FF_MAX_LEN | {"rms_norm_eps": "norm_layer.eps",
+                           "tie_word_embeddings": "model.tie_embeddings"}
+    return Family(preset, hf_class, same, _llama_knobs, _llama_config, LLAMA_NAMES,
                   qkv=tuple(f"model.layers.{{i}}.self_attn.{p}_proj" for p in "qkv"),
                   extra_to_tlab=_experts_to_tlab if preset == "mixtral" else None,
                   extra_to_hf=_experts_to_hf if preset == "mixtral" else None)
@@ -282,17 +278,12 @@ def _gpt2_knobs(hc: Any) -> list[str]:
     require(hc, "scale_attn_weights", (True,), True)
     require(hc, "scale_attn_by_inverse_layer_idx", (False,), False)
     require(hc, "add_cross_attention", (False,), False)
-    return [ffn_choice(hc, "activation_function"), f"model.d_ff={hc.n_inner or 4 * hc.n_embd}",
-            f"model.max_len={hc.n_positions}", f"norm_layer.eps={hc.layer_norm_epsilon}",
-            flag("model.tie_embeddings", hc.tie_word_embeddings)]
+    return [ffn_choice(hc, "activation_function"), f"model.d_ff={hc.n_inner or 4 * hc.n_embd}"]
 
 
 def _gpt2_config(cfg: Any) -> dict[str, Any]:
-    m = cfg.model
-    return dict(n_positions=m.max_len, n_inner=m.d_ff, activation_function=hf_activation(cfg),
-                resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-                layer_norm_epsilon=cfg.norm_layer.eps, tie_word_embeddings=bool(m.tie_embeddings),
-                bos_token_id=None, eos_token_id=None)
+    return dict(n_inner=cfg.model.d_ff, activation_function=hf_activation(cfg), resid_pdrop=0.0,
+                embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
 
 
 GPT2_CONV1D = {"attn.c_attn": "attention.qkv_proj", "attn.c_proj": "attention.out_proj",
@@ -303,18 +294,12 @@ GPT2_NAMES = _names({"transformer.wte": "token_embedding", "transformer.wpe": "p
 
 
 def _neox_knobs(hc: Any) -> list[str]:
-    return [ffn_choice(hc, "hidden_act"), f"model.d_ff={hc.intermediate_size}",
-            f"model.max_len={hc.max_position_embeddings}", f"norm_layer.eps={hc.layer_norm_eps}",
-            flag("model.attn_bias", getattr(hc, "attention_bias", True)),
-            flag("model.parallel_block", hc.use_parallel_residual),
-            flag("model.tie_embeddings", hc.tie_word_embeddings), *rope_overrides(hc)]
+    return [ffn_choice(hc, "hidden_act"), *rope_overrides(hc),
+            flag("model.attn_bias", getattr(hc, "attention_bias", True))]
 
 
 def _neox_config(cfg: Any) -> dict[str, Any]:
-    m = cfg.model
-    return dict(intermediate_size=m.d_ff, hidden_act=hf_activation(cfg),
-                layer_norm_eps=cfg.norm_layer.eps, use_parallel_residual=bool(m.parallel_block),
-                attention_bias=bool(m.attn_bias), tie_word_embeddings=bool(m.tie_embeddings),
+    return dict(hidden_act=hf_activation(cfg), attention_bias=cfg.model.attn_bias,
                 bos_token_id=None, eos_token_id=None, **rope_config(cfg))
 
 
@@ -329,14 +314,11 @@ NEOX_NAMES = _names({"gpt_neox.embed_in": "token_embedding", "lm_head": "lm_head
 
 def _bloom_knobs(hc: Any) -> list[str]:
     require(hc, "apply_residual_connection_post_layernorm", (False,), False)
-    return [f"model.d_ff={4 * hc.hidden_size}", f"norm_layer.eps={hc.layer_norm_epsilon}",
-            flag("model.tie_embeddings", hc.tie_word_embeddings)]
+    return [f"model.d_ff={4 * hc.hidden_size}"]
 
 
 def _bloom_config(cfg: Any) -> dict[str, Any]:
-    return dict(layer_norm_epsilon=cfg.norm_layer.eps,
-                tie_word_embeddings=bool(cfg.model.tie_embeddings), bos_token_id=None,
-                eos_token_id=None)
+    return dict(bos_token_id=None, eos_token_id=None)
 
 
 BLOOM_NAMES = _names({"transformer.word_embeddings": "token_embedding", "lm_head": "lm_head",
@@ -352,16 +334,12 @@ BLOOM_NAMES = _names({"transformer.word_embeddings": "token_embedding", "lm_head
 def _bert_knobs(hc: Any) -> list[str]:
     require(hc, "position_embedding_type", ("absolute",), "absolute")
     require(hc, "is_decoder", (False,), False)
-    return [ffn_choice(hc, "hidden_act"), f"model.d_ff={hc.intermediate_size}",
-            f"model.max_len={hc.max_position_embeddings}", f"norm_layer.eps={hc.layer_norm_eps}",
-            "model.tie_embeddings=false"]
+    return [ffn_choice(hc, "hidden_act"), "model.tie_embeddings=false"]
 
 
 def _bert_config(cfg: Any) -> dict[str, Any]:
-    return dict(intermediate_size=cfg.model.d_ff, hidden_act=hf_activation(cfg),
-                hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-                max_position_embeddings=cfg.model.max_len, type_vocab_size=2,
-                layer_norm_eps=cfg.norm_layer.eps)
+    return dict(hidden_act=hf_activation(cfg), hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0, type_vocab_size=2)
 
 
 def _bert_positions_to_tlab(hc: Any, hf: State) -> State:
@@ -388,20 +366,13 @@ def _t5_knobs(hc: Any) -> list[str]:
     if getattr(hc, "is_gated_act", False):
         raise Unsupported(f"feed_forward_proj={hc.feed_forward_proj!r} (a gated FFN as in T5 "
                           "v1.1; tlab's T5 map supports 'relu' and 'gelu')")
-    return [ffn_choice(hc, "dense_act_fn"), f"model.head_dim={hc.d_kv}",
-            f"model.d_ff={hc.d_ff}", "model.attn_scale=1.0",
-            f"norm_layer.eps={hc.layer_norm_epsilon}",
-            f"pe.num_buckets={hc.relative_attention_num_buckets}",
-            f"pe.max_distance={hc.relative_attention_max_distance}"]
+    return [ffn_choice(hc, "dense_act_fn"), f"model.head_dim={hc.d_kv}", "model.attn_scale=1.0"]
 
 
 def _t5_config(cfg: Any) -> dict[str, Any]:
     m = cfg.model
-    return dict(d_kv=m.head_dim or m.d_model // m.n_heads, d_ff=m.d_ff,
-                relative_attention_num_buckets=cfg.pe.num_buckets,
-                relative_attention_max_distance=cfg.pe.max_distance, dropout_rate=0.0,
-                layer_norm_epsilon=cfg.norm_layer.eps, feed_forward_proj=hf_activation(cfg),
-                use_cache=False)
+    return dict(d_kv=m.head_dim or m.d_model // m.n_heads, dropout_rate=0.0,
+                feed_forward_proj=hf_activation(cfg), use_cache=False)
 
 
 T5_NAMES = _names({"shared": "token_embedding", "encoder.embed_tokens": "token_embedding",
@@ -421,18 +392,30 @@ FAMILIES: dict[str, Family] = {
     "mistral": _llama_family("MistralForCausalLM"),
     "qwen2": _llama_family("Qwen2ForCausalLM"),
     "mixtral": _llama_family("MixtralForCausalLM", preset="mixtral"),
-    "gpt2": Family("gpt2", "GPT2LMHeadModel", _gpt2_knobs, _gpt2_config, GPT2_NAMES,
+    "gpt2": Family("gpt2", "GPT2LMHeadModel", {"n_positions": "model.max_len", **EPS_TIED},
+                   _gpt2_knobs, _gpt2_config, GPT2_NAMES,
                    conv1d=tuple(f"transformer.h.{{i}}.{hf}" for hf in GPT2_CONV1D)),
-    "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM", _neox_knobs, _neox_config, NEOX_NAMES,
+    "gpt_neox": Family("gpt_neox", "GPTNeoXForCausalLM",
+                       D_FF_MAX_LEN | {"layer_norm_eps": "norm_layer.eps",
+                                       "use_parallel_residual": "model.parallel_block",
+                                       "tie_word_embeddings": "model.tie_embeddings"},
+                       _neox_knobs, _neox_config, NEOX_NAMES,
                        qkv=("gpt_neox.layers.{i}.attention.query_key_value",)),
-    "bloom": Family("bloom", "BloomForCausalLM", _bloom_knobs, _bloom_config, BLOOM_NAMES,
+    "bloom": Family("bloom", "BloomForCausalLM", EPS_TIED, _bloom_knobs, _bloom_config,
+                    BLOOM_NAMES,
                     qkv=("transformer.h.{i}.self_attention.query_key_value",)),
-    "bert": Family("bert", "BertModel", _bert_knobs, _bert_config, BERT_NAMES,
+    "bert": Family("bert", "BertModel",
+                   D_FF_MAX_LEN | {"layer_norm_eps": "norm_layer.eps"}, _bert_knobs,
+                   _bert_config, BERT_NAMES,
                    qkv=tuple(f"encoder.layer.{{i}}.attention.self.{p}"
                              for p in ("query", "key", "value")),
                    extra_to_tlab=_bert_positions_to_tlab, extra_to_hf=_bert_positions_to_hf,
                    output_head=False, hf_init=(("add_pooling_layer", False),)),
-    "t5": Family("t5_encoder", "T5EncoderModel", _t5_knobs, _t5_config, T5_NAMES,
+    "t5": Family("t5_encoder", "T5EncoderModel",
+                 {"d_ff": "model.d_ff", "layer_norm_epsilon": "norm_layer.eps",
+                  "relative_attention_num_buckets": "pe.num_buckets",
+                  "relative_attention_max_distance": "pe.max_distance"},
+                 _t5_knobs, _t5_config, T5_NAMES,
                  qkv=tuple(f"encoder.block.{{i}}.layer.0.SelfAttention.{p}" for p in "qkv"),
                  output_head=False),
 }

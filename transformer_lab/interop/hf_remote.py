@@ -13,6 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab import __version__
 from transformer_lab.components import attention, block, feedforward, moe, norms
 from transformer_lab.components.positional import (
     alibi,
@@ -40,15 +41,6 @@ REMOTE_MODEL_KEYS = ("vocab_size", "d_model", "n_layers", "n_heads", "attn_bias"
                      "head_dim", "attn_scale", "qkv_bias", "out_bias", "parallel_block",
                      "embed_norm", "tie_embeddings", "max_len", "init_std")
 
-
-def _tlab_version() -> str:
-    """The installed transformer_lab's version (its metadata: no import of the package)."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("transformer_lab")
-    except metadata.PackageNotFoundError:
-        return "unknown"
 
 WRAPPER = '''
 
@@ -176,26 +168,20 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
     """(imports from outside tlab, the module's code without imports and docstring, its top-level
     names); ``names`` keeps only those definitions."""
     source = inspect.getsource(module)
-    tree = ast.parse(source)
     lines = source.splitlines()
     imports, keep, defined = [], [], set()
-    for node in tree.body:
-        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
-        segment = "\n".join(lines[first - 1:node.end_lineno])  # with its decorators
+    for node in ast.parse(source).body:
         if isinstance(node, ast.Import | ast.ImportFrom):
-            outside = isinstance(node, ast.Import) or (
-                node.level == 0 and not (node.module or "").startswith("transformer_lab")
-                and node.module != "__future__")
-            if outside:
+            package = node.names[0].name if isinstance(node, ast.Import) else node.module
+            if getattr(node, "level", 0) == 0 and package.split(".")[0] not in (
+                    "transformer_lab", "omegaconf", "__future__"):  # from outside tlab
                 imports.append(ast.unparse(node))
             continue
-        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) \
-                and isinstance(node.value.value, str):
-            continue  # the module docstring
         node_names = _defined_names(node)
-        if names is not None and not node_names & set(names):
-            continue
-        keep.append(segment)
+        if not node_names or names is not None and not node_names & set(names):
+            continue  # the module docstring, or a definition not asked for
+        first = min([node.lineno] + [d.lineno for d in getattr(node, "decorator_list", [])])
+        keep.append("\n".join(lines[first - 1:node.end_lineno]))  # with its decorators
         defined |= node_names
     return imports, "\n\n\n".join(keep), defined
 
@@ -203,11 +189,8 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
 def _defined_names(node: ast.stmt) -> set[str]:
     if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
         return {node.name}
-    if isinstance(node, ast.Assign):
-        return {t.id for t in node.targets if isinstance(t, ast.Name)}
-    if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-        return {node.target.id}
-    return set()
+    targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
+    return {t.id for t in targets if isinstance(t, ast.Name)}
 
 
 def modeling_source() -> str:
@@ -224,17 +207,21 @@ def modeling_source() -> str:
         if clash:
             raise ValueError(f"bundling {module.__name__}: {clash} defined twice")
         owners.update(dict.fromkeys(defined, module.__name__))
-        imports += [i for i in module_imports if "omegaconf" not in i]
+        imports += module_imports
         bodies.append(f"# --- {module.__name__} " + "-" * max(0, 80 - len(module.__name__))
                       + "\n\n" + body)
     unique = list(dict.fromkeys(imports))
-    return (HEADER.format(name=MODELING_FILE, version=_tlab_version())
+    return (HEADER.format(name=MODELING_FILE, version=__version__)
             + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
 
 
-def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
-    """The resolved settings ``assemble_model`` rebuilds the model from; ``ConfigError`` for a
-    component of the user's own (its code is not tlab's to bundle)."""
+def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
+    """Write ``modeling_tlab.py``, ``config.json`` (the settings ``assemble_model`` rebuilds the
+    model from), ``generation_config.json`` and ``model.safetensors`` into ``directory``;
+    ``ConfigError`` for a component of the user's own (its code is not tlab's to bundle)."""
+    import transformers
+    from safetensors.torch import save_file
+
     settings: dict[str, Any] = {}
     for group in COMPONENTS:
         node = OmegaConf.to_container(cfg[group], resolve=True)
@@ -245,20 +232,9 @@ def remote_settings(model: TransformerModel, cfg: DictConfig) -> dict[str, Any]:
                               f"train with a built-in {group} to export")
         settings[group] = node
     model_node = OmegaConf.to_container(cfg.model, resolve=True)
-    settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
+    m = settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
         "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
         "dropout": {"attention": 0.0, "embedding": 0.0}}  # an export for inference
-    return settings
-
-
-def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
-    """Write ``modeling_tlab.py``, ``config.json``, ``generation_config.json`` and
-    ``model.safetensors`` (the tlab state dict under ``model.``) into ``directory``."""
-    import transformers
-    from safetensors.torch import save_file
-
-    settings = remote_settings(model, cfg)
-    m = settings["model"]
     (directory / MODELING_FILE).write_text(modeling_source(), encoding="utf-8")
     no_special_tokens = {"bos_token_id": None, "eos_token_id": None, "pad_token_id": None,
                          "transformers_version": transformers.__version__}

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from transformer_lab.data.tokenizer import TokenFile
+from transformer_lab.data.corpus import corpus_path
+from transformer_lab.data.tokenizer import NotUtf8Error, TokenFile, load_tokens
 from transformer_lab.tasks.base import Batch, Task
 
 
@@ -80,11 +81,6 @@ class TextTask(LanguageModelTask):
                  url: str | None = None, tokenizer: str = "char", bpe_vocab_size: int = 512,
                  seq_len: int = 64, eval_fraction: float = 0.1, eval_size: int = 256,
                  data_seed: int = 1234, vocab_size: int | None = None) -> None:
-        from transformer_lab.data import corpus_path, load_tokens
-        from transformer_lab.data.tokenizer import NotUtf8Error
-
-        if not 0 < eval_fraction < 1:
-            raise ValueError(f"task.eval_fraction={eval_fraction} must be between 0 and 1")
         if path is not None:
             file = Path(str(path)).expanduser()
             if not file.is_file():
@@ -103,7 +99,6 @@ class TextTask(LanguageModelTask):
         if len(ids) == 0:
             raise ValueError(f"{where} is empty; give a text of at least task.seq_len+2="
                              f"{seq_len + 2} tokens per split")
-        self.file = file
         stream = TokenFile.of(ids) if isinstance(ids, np.memmap) else ids  # (N,) token ids
         split = int(len(ids) * (1 - eval_fraction))
         try:

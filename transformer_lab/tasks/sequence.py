@@ -20,8 +20,6 @@ class SequenceTransformTask(Task):
             raise ValueError(f"task.seq_len={seq_len} is too short; it must be at least 2")
         if vocab_size < 3:
             raise ValueError(f"task.vocab_size={vocab_size} is too small; it must be at least 3")
-        if eval_size < 1:
-            raise ValueError(f"task.eval_size={eval_size} must be at least 1")
         self.seq_len = seq_len
         self.vocab_size = vocab_size
         self.causal = causal
