@@ -14,7 +14,6 @@ from torch import nn
 from transformer_lab.errors import ConfigError
 from transformer_lab.training.settings import OptimizerSettings
 
-PARAMETER_SETS = ("all", "hidden_matrices")
 # Keys of an optimizer node that tlab reads itself (not constructor keywords).
 TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")
 # Constructor parameters tlab fills in itself.
@@ -25,11 +24,9 @@ def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float
                      ) -> tuple[list[torch.optim.Optimizer], list[float]]:
     """The optimisers ``settings`` describe over ``model``'s trainable parameters at learning rate
     ``lr``, and their ``lr_ratio``s; with ``params=hidden_matrices``, ``settings`` takes the 2-D
-    parameters of the model's ``blocks`` (Muon's share) and ``settings.rest`` the others."""
+    parameters of the model's ``blocks`` (Muon's share) and ``settings.rest`` the others
+    (``optimizer.params``' values are ``SCHEMA``'s to check)."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if settings.params not in PARAMETER_SETS:
-        raise ConfigError(f"optimizer.params={settings.params} is not valid; use "
-                          f"{' or '.join(PARAMETER_SETS)}")
     parts = [(settings, params)]
     if settings.params == "hidden_matrices":
         if settings.rest is None:
