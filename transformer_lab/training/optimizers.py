@@ -1,7 +1,5 @@
-"""The optimisers of one model, as the ``optimizer`` config group chooses them: any
-``torch.optim.Optimizer`` by ``_target_``, its other keys the constructor's keywords except tlab's
-``params`` (``all`` or ``hidden_matrices``), ``rest`` and ``lr_ratio`` (README: the ``optimizer``
-group)."""
+"""The optimisers of one model (the ``optimizer`` group, README): a ``torch.optim.Optimizer`` by
+``_target_``, the other keys its keywords but tlab's ``params``, ``rest`` and ``lr_ratio``."""
 
 from __future__ import annotations
 
@@ -22,10 +20,9 @@ _FILLED_IN = ("self", "params", "lr")
 
 def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float
                      ) -> tuple[list[torch.optim.Optimizer], list[float]]:
-    """The optimisers ``settings`` describe over ``model``'s trainable parameters at learning rate
-    ``lr``, and their ``lr_ratio``s; with ``params=hidden_matrices``, ``settings`` takes the 2-D
-    parameters of the model's ``blocks`` (Muon's share) and ``settings.rest`` the others
-    (``optimizer.params``' values are ``SCHEMA``'s to check)."""
+    """The optimisers of ``settings`` over ``model``'s trainable parameters at ``lr``, and their
+    ``lr_ratio``s; ``params=hidden_matrices`` (``SCHEMA`` checks the values): ``settings`` takes
+    the 2-D parameters of the ``blocks`` (Muon's share), ``settings.rest`` the others."""
     params = [p for p in model.parameters() if p.requires_grad]
     parts = [(settings, params)]
     if settings.params == "hidden_matrices":
@@ -49,9 +46,8 @@ def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float
 def make_optimizer(settings: OptimizerSettings, params: Sequence[nn.Parameter],
                    lr: float) -> torch.optim.Optimizer:
     """One optimiser over ``params``: weight decay on matrices only; fused where torch's kernels
-    take every parameter (floating, on the CPU or a GPU). ``ConfigError`` naming the optimiser
-    for a ``_target_`` that is no ``torch.optim.Optimizer``, ``lr``, a keyword its constructor
-    does not take (any, where it takes ``**kwargs``) or a value it refuses."""
+    take every parameter. ``ConfigError`` for a ``_target_`` not a ``torch.optim.Optimizer``,
+    ``lr``, a keyword the constructor does not take (unless ``**kwargs``) or a value it refuses."""
     from transformer_lab.config.instantiate import locate
 
     name, target = settings.name, settings.target
