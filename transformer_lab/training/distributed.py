@@ -39,27 +39,20 @@ def world() -> World:
                    (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))))
 
 
-def check_device(name: str) -> None:
-    """``ConfigError`` for a ``train.device`` not auto, cpu, cuda or cuda:K, or CUDA where torch
-    sees none."""
+def resolve_device(name: str) -> torch.device:
+    """``train.device`` as this process's device: ``auto`` is CUDA when torch sees one, else the
+    CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``. ``ConfigError`` for a name not auto,
+    cpu, cuda or cuda:K, or CUDA where torch sees none."""
     import torch
 
     name = str(name)
     if name not in ("auto", "cpu", "cuda") and not name.startswith("cuda:"):
         raise ConfigError(f"train.device='{name}' is not valid; use auto, cpu or cuda")
+    if name == "auto":
+        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"train.device='{name}' but torch sees no CUDA device; use cpu or "
                           "auto")
-
-
-def resolve_device(name: str) -> torch.device:
-    """``train.device`` as this process's device: ``auto`` is CUDA when torch sees one, else the
-    CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``."""
-    import torch
-
-    name = str(name)
-    if name == "auto":
-        name = "cuda" if torch.cuda.is_available() else "cpu"
     if name.startswith("cuda:") and world().size > 1:
         raise ConfigError(f"train.device={name} under torchrun puts every process on one GPU; "
                           "use cuda or auto (each process on cuda:LOCAL_RANK)")
