@@ -64,7 +64,7 @@ def test_torch_adamw_decays_matrices_only():
 
 @pytest.mark.parametrize("key, value, message", [
     ("schedule", "linear", "train.schedule='linear' is not known; valid: constant"),
-    ("precision", "fp16", "train.precision='fp16' is not valid; use fp32 or bf16"),
+    ("precision", "fp16", "train.precision=fp16 is not valid; it must be one of fp32, bf16"),
 ])
 def test_bad_train_settings_name_the_key(key, value, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace(")", r"\)")):

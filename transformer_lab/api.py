@@ -133,18 +133,6 @@ class OfferedComponents:
             yield
 
 
-def _check_given(components: OfferedComponents, overrides: Sequence[str]) -> None:
-    """``ConfigError`` for a constructor argument that must be given and no override gives."""
-    given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
-    for group, nodes in components.nodes.items():
-        for name, node in nodes.items():
-            for key, value in node.items():
-                if value == "???" and f"{group}.{key}" not in given:
-                    raise ConfigError(f"{group}={name}: {name} takes '{key}' (no default), "
-                                      "which tlab cannot fill in from the model; give it: "
-                                      f"overrides=['{group}.{key}=...']")
-
-
 @contextmanager
 def _root_logging_kept() -> Iterator[None]:
     """After the block the root logger has its handlers back: Hydra's job logging (``run.log``,
@@ -180,7 +168,14 @@ def _launch(experiment: str, groups: dict[str, Component],
     if activations is not None:
         names = [components.choice("ffn", a) for a in activations]
         chosen["routine.activations"] = "[" + ",".join(names) + "]"
-    _check_given(components, overrides)
+    given = {o.split("=", 1)[0].lstrip("+") for o in overrides}
+    for group, nodes in components.nodes.items():  # an argument tlab cannot fill in, not given
+        for name, node in nodes.items():
+            for key, value in node.items():
+                if value == "???" and f"{group}.{key}" not in given:
+                    raise ConfigError(f"{group}={name}: {name} takes '{key}' (no default), "
+                                      "which tlab cannot fill in from the model; give it: "
+                                      f"overrides=['{group}.{key}=...']")
     chosen.update({key: value(chosen) if callable(value) else value
                    for key, value in options.items()})
     args = [f"experiment={experiment}",

@@ -13,10 +13,9 @@ from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
 from transformer_lab.routines import JobInputs, check_routine, check_settings
 from transformer_lab.routines.variants import seed_sources, train_settings
-from transformer_lab.training.distributed import check_device
+from transformer_lab.training.distributed import resolve_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
-from transformer_lab.training.threads import check_threads
 
 
 def preflight(cfg: DictConfig) -> JobInputs:
@@ -46,6 +45,5 @@ def check_unbuilt(cfg: DictConfig) -> None:
     check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
     check_architecture(cfg)  # heads / head size, parallel block, RoPE and MoE bounds
     train_settings(cfg)  # the typed train.* settings' own checks (train.schedule...)
-    check_device(cfg.train.device)  # auto, cpu, cuda, cuda:K
-    check_threads(cfg.train.get("threads"))
+    resolve_device(cfg.train.device)  # auto, cpu, cuda, cuda:K
 

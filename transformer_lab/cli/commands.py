@@ -3,6 +3,7 @@ override each sets (``docs/cli.md``)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated
 
@@ -148,11 +149,8 @@ def budget() -> None:
         "--trained", help="Also run the swap test on a model just trained on reversal.")],
         "routine.trained", False, convert=lambda trained: trained or None),
     option("steps", "routine.train_steps", "Training steps for --trained (default 300).", int),
-    # a checkpoint's PE is checked without the causal mask
-    option("from_hf", "from_hf", FROM_HF_HELP, Path,
-           convert=lambda path: {"from_hf": path, "arch": "encoder"}),
-    option("from_run", "from_run", FROM_RUN_HELP, Path,
-           convert=lambda path: {"from_run": path, "arch": "encoder"}),
+    *(replace(o, convert=lambda path, key=o.key: {key: path, "arch": "encoder"})
+      for o in PRETRAINED),  # a checkpoint's PE is checked without the causal mask
     *RUN, TRUST_CODE])
 def check() -> None:
     """Correctness checks of the positional encodings (checks.csv; exit 1 if one fails).

@@ -9,8 +9,6 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.tree import CONFIG_DIR, GROUP_ALIASES
 
-__all__ = ["GROUP_ALIASES", "compose", "rename_group_aliases"]
-
 _OVERRIDE_HEAD = re.compile(
     r"^(?P<prefix>[~+]*)(?P<group>[A-Za-z_][A-Za-z0-9_]*)(?P<rest>[./@=].*)?$", re.S)
 

@@ -35,21 +35,6 @@ def component_class(node: Node | None) -> type | None:
     return found if isinstance(found, type) else None
 
 
-def component_arguments(node: Node) -> dict[str, Any]:
-    """The node's constructor keyword arguments, interpolations resolved where they resolve."""
-    arguments = {}
-    for key in node:
-        if key in _NOT_ARGUMENTS:
-            continue
-        try:
-            value = node[key]
-            arguments[key] = (OmegaConf.to_container(value, resolve=True)
-                              if isinstance(value, DictConfig | ListConfig) else value)
-        except Exception:
-            continue
-    return arguments
-
-
 def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
     """What the class of ``node`` declares as ``attribute``: the attribute, or a method's result
     for the node's keyword arguments and ``extra`` (those it takes; None when a required one is
@@ -62,7 +47,16 @@ def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
     method = getattr(cls, attribute, None) if cls is not None else None
     if method is None or not callable(method) or isinstance(method, type):
         return method
-    arguments = {**component_arguments(node), **extra}
+    arguments = {}  # the node's constructor keywords, interpolations resolved where they do
+    for key in node:
+        if key not in _NOT_ARGUMENTS:
+            try:
+                value = node[key]
+                arguments[key] = (OmegaConf.to_container(value, resolve=True)
+                                  if isinstance(value, DictConfig | ListConfig) else value)
+            except Exception:
+                continue
+    arguments.update(extra)
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):

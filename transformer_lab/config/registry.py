@@ -1,7 +1,6 @@
-"""The components a saved config may name, and the check of a config read from a run: every
-``_target_`` must be one of tlab's own components or a class given to the Python API, checked by
-name only before anything is imported; ``--trust-code`` adds those the run recorded
-(docs/security.md)."""
+"""The check of a config read from a run: every ``_target_`` one of tlab's components or a class
+given to the Python API, by name, before anything is imported; ``--trust-code`` adds those the
+run recorded (docs/security.md)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,6 @@
-"""Where the Hydra config tree is and what it offers (no heavy imports: used by ``tlab list``):
-``configs/`` (in the wheel ``transformer_lab/configs``), then the user's ``--config-dir`` trees,
-whose old-named group folders (``GROUP_ALIASES``) still count until tlab 0.3, then the choices
-the Python API offers in this process; Hydra finds the last two in its ConfigStore."""
+"""Where the Hydra config tree is and what it offers (no heavy imports: ``tlab list``): tlab's
+``configs/``, the user's ``--config-dir`` trees (old-named group folders too, until tlab 0.3) and
+the Python API's choices of this process (the last two: in Hydra's ConfigStore)."""
 
 from __future__ import annotations
 

@@ -26,17 +26,12 @@ from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE
 
 WEIGHTS_FORMAT = "1"  # the header's ``tlab_format``
 STATE_FORMAT = 1  # the resumable state's ``format``
-RUN_KEYS_DROPPED = ("hydra",)  # not part of a model's config
-
-
-# --------------------------------------------------------------------------------------------
-# final weights
 
 
 def config_yaml(cfg: DictConfig, seed: int | None = None) -> str:
     """The resolved config (``hydra`` left out) as YAML; with ``seed``, that of a model trained with
     that seed."""
-    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k not in RUN_KEYS_DROPPED])
+    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
     container = OmegaConf.to_container(kept, resolve=True)
     if seed is not None:
         container["seed"] = int(seed)
@@ -165,15 +160,9 @@ def choose_model(path: Path, variant: str | None = None, seed: int | None = None
         variants = sorted({h.variant for h in models if h.variant is not None})
         valid = (f"variants {', '.join(variants)}; " if variants else "") + \
             f"seeds {', '.join(map(str, sorted({h.seed for h in models})))}"
-        asked = {"variant": variant, "seed": seed}
-        raise ConfigError(f"{where} has no model of "
-                          f"{', '.join(f'{k} {v}' for k, v in asked.items() if v is not None)}; "
-                          f"valid: {valid}")
+        asked = [f"{k} {v}" for k, v in (("variant", variant), ("seed", seed)) if v is not None]
+        raise ConfigError(f"{where} has no model of {', '.join(asked)}; valid: {valid}")
     return chosen[0], models
-
-
-# --------------------------------------------------------------------------------------------
-# resumable state
 
 
 def save_state(path: Path, state: dict[str, Any]) -> Path:

@@ -18,8 +18,6 @@ from transformer_lab.errors import ConfigError
 if TYPE_CHECKING:
     import torch
 
-DEVICES = ("auto", "cpu", "cuda")
-DISTRIBUTED_ROUTINES = ("train",)  # the routines that train one model per seed with Trainer
 
 
 @dataclass(frozen=True)
@@ -37,32 +35,24 @@ class World:
 
 def world() -> World:
     """From torchrun's environment (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``)."""
-    env = os.environ
-    return World(int(env.get("RANK", 0)), int(env.get("LOCAL_RANK", 0)),
-                 int(env.get("WORLD_SIZE", 1)))
-
-
-def check_device(name: str) -> None:
-    """``ConfigError`` for a ``train.device`` not auto, cpu, cuda or cuda:K, or CUDA where torch
-    sees none."""
-    import torch
-
-    name = str(name)
-    if name not in DEVICES and not name.startswith("cuda:"):
-        raise ConfigError(f"train.device='{name}' is not valid; use auto, cpu or cuda")
-    if name.startswith("cuda") and not torch.cuda.is_available():
-        raise ConfigError(f"train.device='{name}' but torch sees no CUDA device; use cpu or "
-                          "auto")
+    return World(*(int(os.environ.get(key, default)) for key, default in
+                   (("RANK", 0), ("LOCAL_RANK", 0), ("WORLD_SIZE", 1))))
 
 
 def resolve_device(name: str) -> torch.device:
     """``train.device`` as this process's device: ``auto`` is CUDA when torch sees one, else the
-    CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``."""
+    CPU; ``cuda`` under torchrun is ``cuda:LOCAL_RANK``. ``ConfigError`` for a name not auto,
+    cpu, cuda or cuda:K, or CUDA where torch sees none."""
     import torch
 
     name = str(name)
+    if name not in ("auto", "cpu", "cuda") and not name.startswith("cuda:"):
+        raise ConfigError(f"train.device='{name}' is not valid; use auto, cpu or cuda")
     if name == "auto":
         name = "cuda" if torch.cuda.is_available() else "cpu"
+    if name.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"train.device='{name}' but torch sees no CUDA device; use cpu or "
+                          "auto")
     if name.startswith("cuda:") and world().size > 1:
         raise ConfigError(f"train.device={name} under torchrun puts every process on one GPU; "
                           "use cuda or auto (each process on cuda:LOCAL_RANK)")
@@ -106,15 +96,13 @@ def process_group(device_name: str) -> Iterator[None]:
 def check_distributed(routine: str, single_run: bool) -> None:
     """Under torchrun: only a single ``tlab train`` run (``ConfigError`` otherwise)."""
     size = world().size
-    if size == 1:
-        return
-    if not single_run:
+    if size > 1 and not single_run:
         raise ConfigError(f"a sweep (-m) cannot run under torchrun (WORLD_SIZE={size}); run "
                           "each job with torchrun, or sweep with hydra/launcher=slurm "
                           "(docs/scale.md)")
-    if routine not in DISTRIBUTED_ROUTINES:
+    if size > 1 and routine != "train":  # the one routine that trains a single model with Trainer
         raise ConfigError(f"routine={routine} cannot run on several processes (WORLD_SIZE="
-                          f"{size}); only {', '.join(DISTRIBUTED_ROUTINES)} can")
+                          f"{size}); only train can")
 
 
 @contextmanager

@@ -1,7 +1,5 @@
-"""The optimisers of one model, as the ``optimizer`` config group chooses them: any
-``torch.optim.Optimizer`` by ``_target_``, its other keys the constructor's keywords except tlab's
-``params`` (``all`` or ``hidden_matrices``), ``rest`` and ``lr_ratio`` (README: the ``optimizer``
-group)."""
+"""The optimisers of one model (the ``optimizer`` group, README): a ``torch.optim.Optimizer`` by
+``_target_``, the other keys its keywords but tlab's ``params``, ``rest`` and ``lr_ratio``."""
 
 from __future__ import annotations
 
@@ -14,72 +12,30 @@ from torch import nn
 from transformer_lab.errors import ConfigError
 from transformer_lab.training.settings import OptimizerSettings
 
-PARAMETER_SETS = ("all", "hidden_matrices")
 # Keys of an optimizer node that tlab reads itself (not constructor keywords).
 TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")
 # Constructor parameters tlab fills in itself.
 _FILLED_IN = ("self", "params", "lr")
 
 
-def hidden_matrices(model: nn.Module) -> list[nn.Parameter]:
-    """The trainable 2-D parameters of the model's ``blocks`` (Muon's share): not the embedding, the
-    head or a PE's table."""
-    blocks = getattr(model, "blocks", None)
-    if not isinstance(blocks, nn.Module):
-        raise ConfigError("optimizer.params=hidden_matrices needs a model whose hidden layers "
-                          f"are its `blocks` (tlab's TransformerModel); {type(model).__name__} "
-                          "has none: use optimizer.params=all")
-    return [p for p in blocks.parameters() if p.requires_grad and p.dim() == 2]
-
-
-def optimizer_class(settings: OptimizerSettings) -> type[torch.optim.Optimizer]:
-    """The ``torch.optim.Optimizer`` subclass ``settings.target`` names, or ``ConfigError``."""
-    from transformer_lab.config.instantiate import locate
-
-    try:
-        found = locate(settings.target)
-    except Exception as exc:
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"optimizer={settings.name}: _target_ '{settings.target}' cannot be "
-                          f"imported ({reason})") from None
-    if not (isinstance(found, type) and issubclass(found, torch.optim.Optimizer)):
-        raise ConfigError(f"optimizer={settings.name}: _target_ '{settings.target}' is not a "
-                          "torch.optim.Optimizer subclass; give one, e.g. torch.optim.AdamW")
-    return found
-
-
-def check_arguments(settings: OptimizerSettings, cls: type[torch.optim.Optimizer]) -> None:
-    """``ConfigError`` for ``lr`` or the first keyword ``cls``'s constructor does not take (any,
-    where it takes ``**kwargs``)."""
-    if "lr" in settings.arguments:
-        raise ConfigError(f"optimizer={settings.name}: 'lr' is not an optimizer setting: "
-                          "train.lr and train.schedule set the learning rate (optimizer.lr_ratio "
-                          "scales it for one optimizer)")
-    parameters = inspect.signature(cls.__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return
-    taken = [name for name in parameters if name not in _FILLED_IN]
-    for key in settings.arguments:
-        if key not in parameters or key in _FILLED_IN:
-            raise ConfigError(f"optimizer={settings.name}: {settings.target} takes no argument "
-                              f"'{key}'; it takes {', '.join(taken)}")
-
-
 def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float
                      ) -> tuple[list[torch.optim.Optimizer], list[float]]:
-    """The optimisers ``settings`` describe over ``model``'s trainable parameters at learning rate
-    ``lr``, and their ``lr_ratio``s; ``ConfigError`` naming the optimiser for settings refused."""
+    """The optimisers of ``settings`` over ``model``'s trainable parameters at ``lr``, and their
+    ``lr_ratio``s; ``params=hidden_matrices`` (``SCHEMA`` checks the values): ``settings`` takes
+    the 2-D parameters of the ``blocks`` (Muon's share), ``settings.rest`` the others."""
     params = [p for p in model.parameters() if p.requires_grad]
-    if settings.params not in PARAMETER_SETS:
-        raise ConfigError(f"optimizer.params={settings.params} is not valid; use "
-                          f"{' or '.join(PARAMETER_SETS)}")
     parts = [(settings, params)]
     if settings.params == "hidden_matrices":
         if settings.rest is None:
             raise ConfigError(f"optimizer={settings.name} has params=hidden_matrices but no "
                               "optimizer.rest for the other parameters (embeddings, head, "
                               "biases, norm gains); give one, e.g. configs/optimizer/muon.yaml's")
-        hidden = {id(p) for p in hidden_matrices(model)}
+        blocks = getattr(model, "blocks", None)
+        if not isinstance(blocks, nn.Module):
+            raise ConfigError("optimizer.params=hidden_matrices needs a model whose hidden layers "
+                              f"are its `blocks` (tlab's TransformerModel); "
+                              f"{type(model).__name__} has none: use optimizer.params=all")
+        hidden = {id(p) for p in blocks.parameters() if p.dim() == 2}
         parts = [(settings, [p for p in params if id(p) in hidden]),
                  (settings.rest, [p for p in params if id(p) not in hidden])]
         parts = [(part, chosen) for part, chosen in parts if chosen]  # e.g. no hidden matrices
@@ -90,9 +46,30 @@ def build_optimizers(model: nn.Module, settings: OptimizerSettings, lr: float
 def make_optimizer(settings: OptimizerSettings, params: Sequence[nn.Parameter],
                    lr: float) -> torch.optim.Optimizer:
     """One optimiser over ``params``: weight decay on matrices only; fused where torch's kernels
-    take every parameter (floating, on the CPU or a GPU)."""
-    cls = optimizer_class(settings)
-    check_arguments(settings, cls)
+    take every parameter. ``ConfigError`` for a ``_target_`` not a ``torch.optim.Optimizer``,
+    ``lr``, a keyword the constructor does not take (unless ``**kwargs``) or a value it refuses."""
+    from transformer_lab.config.instantiate import locate
+
+    name, target = settings.name, settings.target
+    try:
+        cls = locate(target)
+    except Exception as exc:
+        raise ConfigError(f"optimizer={name}: _target_ '{target}' cannot be imported "
+                          f"({first_line(exc)})") from None
+    if not (isinstance(cls, type) and issubclass(cls, torch.optim.Optimizer)):
+        raise ConfigError(f"optimizer={name}: _target_ '{target}' is not a "
+                          "torch.optim.Optimizer subclass; give one, e.g. torch.optim.AdamW")
+    if "lr" in settings.arguments:
+        raise ConfigError(f"optimizer={name}: 'lr' is not an optimizer setting: "
+                          "train.lr and train.schedule set the learning rate (optimizer.lr_ratio "
+                          "scales it for one optimizer)")
+    parameters = inspect.signature(cls.__init__).parameters
+    if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        taken = [key for key in parameters if key not in _FILLED_IN]
+        for key in settings.arguments:
+            if key not in taken:
+                raise ConfigError(f"optimizer={name}: {target} takes no argument '{key}'; it "
+                                  f"takes {', '.join(taken)}")
     arguments = dict(settings.arguments)
     groups: list[dict] = [{"params": list(params)}]
     if decay := float(arguments.get("weight_decay") or 0.0):
@@ -104,9 +81,13 @@ def make_optimizer(settings: OptimizerSettings, params: Sequence[nn.Parameter],
     try:
         return cls(groups, lr=lr * settings.lr_ratio, **arguments)
     except Exception as exc:  # the class's own checks (a value out of range, ...)
-        reason = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise ConfigError(f"optimizer={settings.name}: {settings.target} refused its "
-                          f"settings: {reason}") from None
+        raise ConfigError(f"optimizer={name}: {target} refused its settings: "
+                          f"{first_line(exc)}") from None
+
+
+def first_line(exc: Exception) -> str:
+    """The first line of ``exc``'s message (its type's name when it has none)."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
 
 
 def check_optimizer(settings: OptimizerSettings, model: nn.Module) -> None:

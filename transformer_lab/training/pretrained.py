@@ -28,23 +28,18 @@ def pretrained_option(cfg: DictConfig) -> str | None:
 
 
 def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
-    """Load the weights ``cfg`` names (``from_hf`` or ``from_run``) into ``model``; ``ConfigError``
-    if they do not fit."""
-    if cfg.get("from_hf"):
-        from transformer_lab.interop.hf import load_hf_weights
-
-        load_hf_weights(model, cfg, str(cfg.from_hf))
-    elif cfg.get("from_run"):
-        load_run_weights(model, Path(str(cfg.from_run)), cfg)
-
-
-def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None) -> None:
-    """A tlab weights file's tensors into ``model`` (vocabulary cut to the task's; tied names
-    filled), read as data. ``ConfigError`` names the first architecture key that differs."""
+    """Load the weights ``cfg`` names into ``model``: ``from_hf``'s, or ``from_run``'s tensors
+    (vocabulary cut to the task's; tied names filled), read as data. ``ConfigError`` if they do
+    not fit, naming the first architecture key that differs from the run's."""
     from safetensors.torch import load_file
 
-    from transformer_lab.interop.hf import load_fitted
+    from transformer_lab.interop.hf import load_fitted, load_hf_weights
 
+    if cfg.get("from_hf"):
+        load_hf_weights(model, cfg, str(cfg.from_hf))
+    if not cfg.get("from_run"):
+        return
+    path = Path(str(cfg.from_run))
     # its header was checked when from_run= was expanded (run_overrides); a job of a sweep may
     # run in another process, without --trust-code's context: only the tensors are read here
     try:
@@ -63,7 +58,7 @@ def load_run_weights(model: nn.Module, path: Path, cfg: DictConfig | None = None
         load_fitted(model, state, f"--from-run {path}")
     except ConfigError as exc:
         try:
-            differing = "" if cfg is None else architecture_difference(cfg, read_header(path).cfg)
+            differing = architecture_difference(cfg, read_header(path).cfg)
         except ConfigError:  # a header this process may not read (see above)
             differing = ""
         raise ConfigError(f"{exc}{differing}") from None

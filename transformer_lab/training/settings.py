@@ -33,9 +33,6 @@ class OptimizerSettings:
                                                    "fused": True})
 
 
-PRECISIONS = ("fp32", "bf16")
-
-
 @dataclass(frozen=True)
 class TrainSettings:
     """The ``train.*`` keys, typed (``configs/train/default.yaml`` says what each means), plus the
@@ -61,18 +58,14 @@ class TrainSettings:
     optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
 
     def __post_init__(self) -> None:
+        """The keys ``SCHEMA`` types (the same lines as the pre-flight's), then the schedule."""
+        from transformer_lab.config.schema import SCHEMA  # omegaconf: not at the CLI's start-up
+
+        for name in ("precision", "grad_accum", "compile", "threads"):
+            SCHEMA[f"train.{name}"].check(f"train.{name}", getattr(self, name))
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"train.schedule='{self.schedule}' is not known; valid: "
                               f"{', '.join(SCHEDULES)}")
-        if self.precision not in PRECISIONS:
-            raise ConfigError(f"train.precision='{self.precision}' is not valid; use "
-                              f"{' or '.join(PRECISIONS)}")
-        if isinstance(self.grad_accum, bool) or not isinstance(self.grad_accum, int) \
-                or self.grad_accum < 1:
-            raise ConfigError(f"train.grad_accum={self.grad_accum} is not valid; use an "
-                              "integer >= 1")
-        if not isinstance(self.compile, bool):
-            raise ConfigError(f"train.compile={self.compile} is not valid; use true or false")
 
     @classmethod
     def from_mapping(cls, train: Mapping[str, object], d_model: int,

@@ -6,14 +6,6 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from transformer_lab.errors import ConfigError
-
-
-def check_threads(threads: object) -> None:
-    if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int)
-                                or threads < 1):
-        raise ConfigError(f"train.threads={threads} is not valid; use an integer >= 1 or null")
-
 
 def available_cores() -> int:
     """Cores this process may run on (its CPU affinity where the OS tells, else all)."""
@@ -25,7 +17,6 @@ def torch_threads(threads: int | None) -> Iterator[None]:
     """Run the block with ``torch.set_num_threads(threads)`` (None: leave it), then restore."""
     import torch
 
-    check_threads(threads)
     if threads is None:
         yield
         return

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from inspect import signature
+from types import SimpleNamespace
 from typing import Any
 
 import torch
@@ -33,9 +34,8 @@ def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def last_forward(model: nn.Module, name: str, default: Any) -> Any:
-    """``model.<name>()`` about its last forward where the model has it (MoE: ``auxiliary_loss``,
-    the load-balancing loss; ``auxiliary_metrics``, extra ``metrics.csv`` columns), else
-    ``default``."""
+    """``model.<name>()`` about its last forward where the model has it (MoE's ``auxiliary_loss``,
+    ``auxiliary_metrics``: extra ``metrics.csv`` columns), else ``default``."""
     collect = getattr(model, name, None)
     return collect() if callable(collect) else default
 
@@ -206,8 +206,7 @@ class Trainer:
             torch.cuda.set_rng_state(state["cuda_rng"], self.device)
 
     def evaluate(self, batch: Batch | None = None, exact_match: bool = True) -> dict[str, float]:
-        """``evaluate_model`` on ``batch`` (default: the held-out batch) in the precision of
-        training."""
+        """``evaluate_model`` on ``batch`` (default: the held-out one) in training's precision."""
         batch = (batch or self.task.eval_batch()).to(self.device)
         return evaluate_model(self.model, self.task, batch, self.autocast, exact_match)
 
@@ -222,11 +221,10 @@ class Trainer:
             horizon: int | None = None,
             on_checkpoint: Callable[[TrainResult], None] | None = None,
             result: TrainResult | None = None) -> TrainResult:
-        """Train ``steps`` steps (fresh batches, or cycling ``batches``), stopping at the first
-        held-out exact match >= ``target_exact_match``. ``horizon``: the steps the schedule plans
-        for (default ``steps``). ``on_step(step, loss)``: at each ``train`` row, after
-        ``Diverged`` is checked. ``on_checkpoint(result)``: every ``checkpoint_every`` steps and
-        before ``Interrupted``; ``result``: that of the fit this one resumes."""
+        """Train ``steps`` steps (fresh batches, or cycling ``batches``) up to the first held-out
+        exact match >= ``target_exact_match``; ``horizon``: the schedule's (default ``steps``);
+        ``on_step(step, loss)`` at each train row; ``on_checkpoint(result)`` every
+        ``checkpoint_every`` steps and before ``Interrupted``; ``result``: the fit it resumes."""
         self._horizon = self.step_count + int(steps if horizon is None else horizon)
         result = TrainResult() if result is None else result
         log_every, eval_every = max(1, self.settings.log_every), self.settings.eval_every
@@ -299,11 +297,7 @@ class Trainer:
 
 # --- stopping between steps ------------------------------------------------------------------
 
-class _StopRequest:
-    signum: int | None = None  # the signal that asked training to stop, while one is pending
-
-
-STOP = _StopRequest()
+STOP = SimpleNamespace(signum=None)  # the signal that asked training to stop, while one is pending
 
 
 @contextmanager
