@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -113,24 +112,17 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
     return next((row for row in rows if not row.passed), None)
 
 
-def preflight(cfg: DictConfig) -> None:
-    """The app's pre-flight of the components: each run against its protocol (``ConfigError``)."""
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_checked_model
-
-    task = build_task(cfg)  # (also sets model.vocab_size)
-    build_checked_model(cfg, task.model_seq_len)
-
-
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     """The pre-flight, steps 1-2 and step 3 on one candidate; the first failure names where
     it was caught."""
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.model import build_checked_model
     from transformer_lab.routines import check, validate
 
     clock = Stopwatch()
     cfg = candidate.cfg()
-    try:
-        preflight(cfg)
+    try:  # the app's pre-flight of the components: each run against its protocol
+        build_checked_model(cfg, build_task(cfg).model_seq_len)  # (build_task sets vocab_size)
     except ConfigError as exc:
         return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
     configs = validate.step_configs(cfg)
@@ -153,8 +145,7 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
 
 
 def confusion(verdicts: list[Verdict]) -> dict[str, int]:
-    counts = Counter(v.outcome for v in verdicts)
-    return {outcome: counts[outcome] for outcome in OUTCOMES}
+    return {outcome: sum(v.outcome == outcome for v in verdicts) for outcome in OUTCOMES}
 
 
 def mutation_score(counts: dict[str, int]) -> float | None:
