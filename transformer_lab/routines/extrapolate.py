@@ -16,7 +16,7 @@ from typing import Any
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.table import Table
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
@@ -189,13 +189,11 @@ def make_plan(cfg: DictConfig) -> Plan:
 def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | None) -> DictConfig:
     """A copy of ``cfg`` with PE ``node``, ``task.seq_len`` and (when given) ``model.max_len``."""
     out = copy.deepcopy(cfg)
-    with_flag = OmegaConf.is_struct(out)
-    OmegaConf.set_struct(out, False)
-    out.pe = copy.deepcopy(node)
-    out.task.seq_len = seq_len
-    if max_len is not None:
-        out.model.max_len = max_len
-    OmegaConf.set_struct(out, with_flag)
+    with open_dict(out):
+        out.pe = copy.deepcopy(node)
+        out.task.seq_len = seq_len
+        if max_len is not None:
+            out.model.max_len = max_len
     return out
 
 
