@@ -1,7 +1,6 @@
 """``tlab extrapolate``: train at one length, evaluate at longer ones, with RoPE scalings and
-fine-tuning (the article's pitfall 6.2; docs/routines.md). Read top to bottom: the plan (what
-to train and evaluate), the configs and models at each length, the routine, its curves, plot,
-table and verdicts (each curve against its baseline curve, paired by seed)."""
+fine-tuning (the article's pitfall 6.2; docs/routines.md). Top to bottom: the plan, the configs
+and models at each length, the routine, its curves, plot, table and verdicts."""
 
 from __future__ import annotations
 
