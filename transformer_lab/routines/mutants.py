@@ -112,17 +112,24 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
     return next((row for row in rows if not row.passed), None)
 
 
+def preflight(cfg: DictConfig) -> None:
+    """The app's pre-flight of the components: each run against its protocol (``ConfigError``)."""
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.model import build_checked_model
+
+    task = build_task(cfg)  # (also sets model.vocab_size)
+    build_checked_model(cfg, task.model_seq_len)
+
+
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     """The pre-flight, steps 1-2 and step 3 on one candidate; the first failure names where
     it was caught."""
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_checked_model
     from transformer_lab.routines import check, validate
 
     clock = Stopwatch()
     cfg = candidate.cfg()
-    try:  # the app's pre-flight of the components: each run against its protocol
-        build_checked_model(cfg, build_task(cfg).model_seq_len)  # (build_task sets vocab_size)
+    try:
+        preflight(cfg)
     except ConfigError as exc:
         return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
     configs = validate.step_configs(cfg)
