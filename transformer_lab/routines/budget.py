@@ -86,10 +86,10 @@ def compare(expected: float | None, measured: float | None) -> str:
 
 
 def params_row(component: str, scope: str, formula: str, expected: float | None,
-               measured: float | None, status: str = "", detail: str = "") -> BudgetRow:
-    """A row of the parameters section; the status compares formula and model unless given."""
+               measured: float | None, detail: str = "") -> BudgetRow:
+    """A row of the parameters section; the status compares formula and model."""
     return BudgetRow("parameters", component, scope, formula, expected, measured, "params",
-                     status or compare(expected, measured), detail)
+                     compare(expected, measured), detail)
 
 
 # parameters
