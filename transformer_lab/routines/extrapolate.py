@@ -471,15 +471,13 @@ def results_table(rows: list[Mapping[str, Any]], title: str) -> Table:
 
 def baselines(rows: list[Mapping[str, Any]]) -> dict[str, str]:
     """Curve label -> the label of the curve it is tested against."""
-    curves: dict[str, list[str]] = {}  # pe -> its curve labels, in order of appearance
+    curves: dict[str, dict[str, None]] = {}  # pe -> its curve labels, in order of appearance
     for row in rows:
-        labels = curves.setdefault(row["pe"], [])
-        if (label := curve_label(row)) not in labels:
-            labels.append(label)
+        curves.setdefault(row["pe"], {})[curve_label(row)] = None
 
     def reference(pe: str) -> str:
         plain = curve_label({"pe": pe, "scaling": "none", "finetune_steps": 0})
-        return plain if plain in curves[pe] else curves[pe][0]
+        return plain if plain in curves[pe] else next(iter(curves[pe]))
 
     first = reference(next(iter(curves))) if curves else None
     return {label: first if label == reference(pe) else reference(pe)
