@@ -1,4 +1,4 @@
-"""Tests for ``tlab extrapolate`` (transformer_lab.routines.extrapolate: routine, lengths).
+"""Tests for ``tlab extrapolate`` (transformer_lab.routines.extrapolate).
 
 Reference frequencies are computed here from the papers' formulas in plain Python, independently
 of ``rope_scaling.py``; the CSV tests run the real routine on a tiny model.
@@ -20,14 +20,16 @@ from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
-from transformer_lab.routines.extrapolate.lengths import config_for, scaled_model, task_at
-from transformer_lab.routines.extrapolate.plan import (
+from transformer_lab.routines.extrapolate import (
+    EXTRAPOLATION_COLUMNS,
     Scaling,
+    config_for,
     make_plan,
     parse_eval_length,
     parse_scaling,
+    scaled_model,
+    task_at,
 )
-from transformer_lab.routines.extrapolate.tables import EXTRAPOLATION_COLUMNS
 
 TINY = ["model=tiny", "train.steps=12", "train.lr=2e-2", "task.eval_size=16", "routine.train_len=3",
         "train.log_every=4"]

@@ -19,7 +19,7 @@ from transformer_lab.routines.compare import (
     comparison_checks,
     comparison_rows,
 )
-from transformer_lab.routines.extrapolate.tables import (
+from transformer_lab.routines.extrapolate import (
     EXTRAPOLATION_COLUMNS,
     baselines,
     with_verdicts,

@@ -138,20 +138,6 @@ class ZeroDownGeGLU(GatedFeedForward):
         nn.init.zeros_(self.down_proj.weight)
 
 
-def attend(attention: MultiHeadAttention, x: torch.Tensor, inputs: AttentionInputs,
-           weigh: Weighing, q_transform: Callable | None = None) -> torch.Tensor:
-    """Self-attention with ``attention``'s projections, written out with ``weigh`` in place of
-    the softmax, honouring every field of ``inputs`` (rotary PE, ``mask`` or ``is_causal``, KV
-    ``cache`` holding keys before rotation, ``need_weights``). ``q_transform(q, k)`` changes q
-    and k before the PE (QK-norm). x (B, T, D) -> (B, T, D)."""
-    q, k, v = attention.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
-    if q_transform is not None:
-        q, k = q_transform(q, k)
-    q, k, v = attention.positioned(q, k, v, inputs)  # (B, H, T, Dh), (B, H, T_k, Dh) x 2
-    out = attention.written_out(q, k, v, inputs, weigh)  # (B, H, T, Dh)
-    return attention.out_proj(out.transpose(1, 2).flatten(2))  # (B, T, H Dh) -> (B, T, D)
-
-
 class ReZeroBlock(nn.Module):
     """ReZero (Bachlechner et al. 2020, arXiv 2003.04887): no norm layer, ``x = x + alpha *
     attn(x)``, ``x = x + alpha * ffn(x)`` with one learned ``alpha`` started at 0. It declares
@@ -198,12 +184,17 @@ class ZeroGateAttentionBlock(PreNormBlock):
 
 
 class WrittenOutAttention(nn.Module):
-    """tlab's ``attention`` (projections, ``last_weights``) computed with :func:`attend` and
-    ``weigh`` in place of the softmax. x (B, T, D) -> (B, T, D)."""
+    """tlab's ``attention`` (projections, ``last_weights``) written out with ``weigh`` in place
+    of the softmax, honouring every field of the inputs (rotary PE, mask or ``is_causal``, KV
+    cache, ``need_weights``); ``qk_norm``: a LayerNorm on each head's q and k before the PE
+    (Dehghani et al. 2023, ViT-22B, arXiv 2302.05442; OLMo 2: bounded logits)."""
 
-    def __init__(self, attention: MultiHeadAttention, weigh: Weighing = softmax) -> None:
+    def __init__(self, attention: MultiHeadAttention, weigh: Weighing = softmax,
+                 qk_norm: bool = False) -> None:
         super().__init__()
         self.inner, self.weigh = attention, weigh
+        self.q_norm = nn.LayerNorm(attention.head_dim) if qk_norm else None
+        self.k_norm = nn.LayerNorm(attention.head_dim) if qk_norm else None
 
     @property
     def last_weights(self) -> torch.Tensor | None:
@@ -214,7 +205,12 @@ class WrittenOutAttention(nn.Module):
         self.inner.last_weights = value
 
     def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return attend(self.inner, x, inputs, self.weigh)
+        q, k, v = self.inner.split_heads(x)  # (B, H, T, Dh), (B, H_kv, T, Dh) x 2
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = self.inner.positioned(q, k, v, inputs)  # (B, H, T, Dh), (B, H, T_k, Dh) x 2
+        out = self.inner.written_out(q, k, v, inputs, self.weigh)  # (B, H, T, Dh)
+        return self.inner.out_proj(out.transpose(1, 2).flatten(2))  # (B, T, H Dh) -> (B, T, D)
 
 
 def sigmoid_weights(scores: torch.Tensor, bias: float) -> torch.Tensor:
@@ -250,27 +246,14 @@ class QuietAttentionBlock(PreNormBlock):
                          make_norm, **kwargs)
 
 
-class QKNormAttention(WrittenOutAttention):
-    """Softmax attention with a LayerNorm on each head's queries and keys before their product
-    (Dehghani et al. 2023, ViT-22B, arXiv 2302.05442; OLMo 2): bounded logits."""
-
-    def __init__(self, attention: MultiHeadAttention) -> None:
-        super().__init__(attention)
-        self.q_norm = nn.LayerNorm(attention.head_dim)
-        self.k_norm = nn.LayerNorm(attention.head_dim)
-
-    def forward(self, x: torch.Tensor, inputs: AttentionInputs) -> torch.Tensor:
-        return attend(self.inner, x, inputs, self.weigh,
-                      lambda q, k: (self.q_norm(q), self.k_norm(k)))
-
-
 class QKNormBlock(PreNormBlock):
-    """Pre-LN block with :class:`QKNormAttention` (adds parameters, inherits
-    ``norms_per_block``)."""
+    """Pre-LN block with QK-norm attention (``WrittenOutAttention(qk_norm=True)``: adds
+    parameters, inherits ``norms_per_block``)."""
 
     def __init__(self, d_model: int, attention: MultiHeadAttention, feedforward: nn.Module,
                  make_norm: NormFactory, **kwargs: object) -> None:
-        super().__init__(d_model, QKNormAttention(attention), feedforward, make_norm, **kwargs)
+        super().__init__(d_model, WrittenOutAttention(attention, qk_norm=True), feedforward,
+                         make_norm, **kwargs)
 
 
 class HeadScale(nn.Module):

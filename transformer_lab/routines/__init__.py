@@ -18,7 +18,7 @@ ROUTINES: dict[str, str] = {
     "budget": "transformer_lab.routines.budget:run_budget",
     "check": "transformer_lab.routines.check:run_check",
     "plot_pe": "transformer_lab.routines.plot_pe:run_plot_pe",
-    "extrapolate": "transformer_lab.routines.extrapolate.routine:run_extrapolate",
+    "extrapolate": "transformer_lab.routines.extrapolate:run_extrapolate",
     "reverse_task": "transformer_lab.routines.reverse_task:run_reverse_task",
     "compare": "transformer_lab.routines.compare:run_compare",
     "compare_activations": "transformer_lab.routines.compare:run_compare",

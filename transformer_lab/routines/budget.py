@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from omegaconf import DictConfig
@@ -62,10 +62,6 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
 
 # a row of budget.csv
 
-BUDGET_COLUMNS = ["section", "component", "scope", "formula", "expected", "measured", "unit",
-                  "status", "detail"]
-
-
 @dataclass
 class BudgetRow:
     section: str  # parameters | activations | flops | article
@@ -79,6 +75,9 @@ class BudgetRow:
     detail: str = ""
 
 
+BUDGET_COLUMNS = [f.name for f in fields(BudgetRow)]
+
+
 def compare(expected: float | None, measured: float | None) -> str:
     """PASS when formula and measurement agree exactly, FAIL when not, SKIP without a formula."""
     if expected is None or measured is None:
@@ -87,10 +86,10 @@ def compare(expected: float | None, measured: float | None) -> str:
 
 
 def params_row(component: str, scope: str, formula: str, expected: float | None,
-               measured: float | None, status: str = "", detail: str = "") -> BudgetRow:
-    """A row of the parameters section; the status compares formula and model unless given."""
+               measured: float | None, detail: str = "") -> BudgetRow:
+    """A row of the parameters section; the status compares formula and model."""
     return BudgetRow("parameters", component, scope, formula, expected, measured, "params",
-                     status or compare(expected, measured), detail)
+                     compare(expected, measured), detail)
 
 
 # parameters
@@ -303,22 +302,23 @@ def article_rows() -> list[BudgetRow]:
     """The article's figures next to tlab's formulas at its sizes: DIFF, not FAIL, where they
     differ (its FFN-with-biases sum leaves out the output bias)."""
     ffn_bias = feedforward_params(768, 3072, True)
-    rows = [
-        BudgetRow("article", "attention Q,K,V,O without bias", "article layer", "4*768^2",
-                  2_359_296, attention_params(768, False), "params"),
-        BudgetRow("article", "FFN 768-3072-768 without bias", "article layer", "2*768*3072",
-                  4_718_592, feedforward_params(768, 3072, False), "params"),
-        BudgetRow("article", "FFN 768-3072-768 with biases", "article layer",
-                  "768*3072 + 3072 + 3072*768 + 768", ARTICLE_FFN_WITH_BIAS, ffn_bias, "params"),
-        BudgetRow("article", "first FFN activation", "article layer", "8*512*3072*4", 50_331_648,
-                  ffn_activation_bytes(8, 512, 3072, 4), "bytes"),
+    figures = [  # component, formula, the article's figure, tlab's formula, unit
+        ("attention Q,K,V,O without bias", "4*768^2", 2_359_296, attention_params(768, False),
+         "params"),
+        ("FFN 768-3072-768 without bias", "2*768*3072", 4_718_592,
+         feedforward_params(768, 3072, False), "params"),
+        ("FFN 768-3072-768 with biases", "768*3072 + 3072 + 3072*768 + 768",
+         ARTICLE_FFN_WITH_BIAS, ffn_bias, "params"),
+        ("first FFN activation", "8*512*3072*4", 50_331_648,
+         ffn_activation_bytes(8, 512, 3072, 4), "bytes"),
     ]
-    for row in rows:
-        row.status = "PASS" if row.expected == row.measured else "DIFF"
-        row.detail = "expected: the source article's figure; measured: tlab's formula"
-    left_out = ffn_bias - ARTICLE_FFN_WITH_BIAS
+    rows = [BudgetRow("article", component, "article layer", formula, expected, measured, unit,
+                      "PASS" if expected == measured else "DIFF",
+                      "expected: the source article's figure; measured: tlab's formula")
+            for component, formula, expected, measured, unit in figures]
     rows[2].detail += (f"; the source article's own sum is {ffn_bias:,}: its "
-                       f"{ARTICLE_FFN_WITH_BIAS:,} leaves out the output bias ({left_out})")
+                       f"{ARTICLE_FFN_WITH_BIAS:,} leaves out the output bias "
+                       f"({ffn_bias - ARTICLE_FFN_WITH_BIAS})")
     return rows
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -33,9 +33,7 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import with_choice
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 
-# a row of checks.csv and the tolerances
-
-CHECK_TABLE_COLUMNS = ["check", "component", "status", "value", "tolerance", "detail", "wall_s"]
+# the tolerances and a row of checks.csv
 
 # Tolerances. "exact" properties allow float32 rounding; "must break" properties need a
 # difference far above it.
@@ -60,6 +58,8 @@ class ComponentCheck:
     detail: str = ""
     wall_s: float = 0.0
 
+
+CHECK_TABLE_COLUMNS = [f.name for f in fields(ComponentCheck)]
 
 def judged(check: str, component: str, value: float, limit: float, detail: str = "",
            holds: bool = True) -> ComponentCheck:

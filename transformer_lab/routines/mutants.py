@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
@@ -153,8 +152,7 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
 
 
 def confusion(verdicts: list[Verdict]) -> dict[str, int]:
-    counts = Counter(v.outcome for v in verdicts)
-    return {outcome: counts[outcome] for outcome in OUTCOMES}
+    return {outcome: sum(v.outcome == outcome for v in verdicts) for outcome in OUTCOMES}
 
 
 def mutation_score(counts: dict[str, int]) -> float | None:

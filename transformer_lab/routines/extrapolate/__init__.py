@@ -1,2 +1,0 @@
-"""``tlab extrapolate``: ``plan`` (what to train and evaluate), ``lengths`` (configs, tasks and
-models at each length), ``routine``, ``tables`` (curves, plot, table, verdicts)."""
