@@ -3,6 +3,7 @@ columns: tables wrap their details, never a name or a header word; paths print w
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -22,6 +23,13 @@ def print_error(message: str) -> None:
 
 def print_warning(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def result_table(title: str, caption: str | None = None) -> Table:
+    """An empty result table in tlab's style: a rule under the header, no edges, one space
+    between columns."""
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+                 padding=(0, 1, 0, 0))
 
 
 LONGEST_WORD = 32  # a column is kept at least as wide as its longest word up to this

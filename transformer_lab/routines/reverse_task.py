@@ -28,14 +28,13 @@ from transformer_lab.results.check_rows import (
     status,
 )
 from transformer_lab.results.console import console, print_table
-from transformer_lab.results.run_directory import CsvLog, RunDirectory
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
 from transformer_lab.routines.study import SeedRun, run_study, study
 from transformer_lab.routines.variants import (
     seed_sources,
-    stage_log,
     train_settings,
     with_choice,
 )
@@ -142,7 +141,7 @@ def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvL
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
     trainer = Trainer(model, task, train_settings(cfg), data_seed,
-                      stage_log(log, stage, pe_label(cfg), seed))
+                      TaggedLog(log, stage=stage, variant=pe_label(cfg), seed=seed))
     result = trainer.fit(budget, target_exact_match=target, horizon=int(cfg.routine.max_steps))
     tags = {"pe": pe_label(cfg), "arch": arch_name(cfg), "target": target,
             "expected": expected_outcome(cfg)}
@@ -279,7 +278,7 @@ def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> R
     run.write_table("reverse", table, REVERSE_COLUMNS)
     print_table(check_table(rows, f"tlab reverse-task - {run.path}"))
     if (line := verdict_line(table)) is not None:
-        console.print(line, highlight=False, markup=False)
+        console.print(line, markup=False)
     failed = [r for r in rows if not r.passed]
     summary = {**reversal_summary(runs), "wall_s": clock.lap()}
     message = "; ".join(f"{r.check}: {r.detail}" for r in failed)

@@ -160,7 +160,7 @@ def run_study(spec: Study, train_one: Callable[[str, int], Run], log: Any,
         test.update_values({name: [run.result.final_loss for run in train(name, seeds)]
                             for name in variants if name in taking})
         done += len(seeds)
-        console.print(running_line(test, done), highlight=False, markup=False)
+        console.print(running_line(test, done), markup=False)
     return runs, test
 
 
