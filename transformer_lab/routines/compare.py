@@ -37,7 +37,7 @@ from transformer_lab.measures.statistics import (
 )
 from transformer_lab.model import build_checked_model, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
-from transformer_lab.results.console import console, print_table, result_table
+from transformer_lab.results.console import cell, console, print_table, result_table
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
@@ -370,17 +370,12 @@ def parameter_note(run: SeedRun, baseline: SeedRun, varied: str) -> str:
         return f"{head}: {varied} sizes the model (the difference is the point)"
     parts = set(run.parts) | set(baseline.parts)
     part = max(parts, key=lambda p: abs(run.parts.get(p, 0) - baseline.parts.get(p, 0)))
+    low, high = sorted((run.parts.get("ffn", 0), baseline.parts.get("ffn", 0)))
     gating_differs = run.tags["gated_ffn"] != baseline.tags["gated_ffn"]
-    if part == "ffn" and gating_differs and _about_three_halves(run.parts.get("ffn", 0),
-                                                                baseline.parts.get("ffn", 0)):
+    # a gated FFN against a two-matrix one of the same d_ff: about 3/2 the parameters
+    if part == "ffn" and gating_differs and low > 0 and 1.25 <= high / low <= 1.75:
         return f"{head}: match them with model.gated_match_params=true (gated FFNs at 2/3 d_ff)"
     return f"{head}, most in its {part}: match them with {SIZING_KNOBS.get(part, part)}"
-
-
-def _about_three_halves(a: int, b: int) -> bool:
-    """A gated FFN against a two-matrix one of the same d_ff (about 3/2 the parameters)."""
-    low, high = sorted((a, b))
-    return low > 0 and 1.25 <= high / low <= 1.75
 
 
 def baseline_name(rows: list[dict]) -> str:
@@ -437,21 +432,13 @@ def comparison_table(rows: list[dict], title: str) -> Table:
                          justify="left" if column in ("variant", "verdict") else "right",
                          no_wrap=True, min_width=widest if column == "variant" else None)
     for row in rows:
-        cells = [_cell(row.get(c)) for c in TABLE_HEADERS]
+        cells = [cell(row.get(c)) for c in TABLE_HEADERS]
         if row.get("params_note"):
             cells[1] += f" {row['params_vs_baseline']:+.0%}!"
         if cells[-1] == NO_DIFFERENCE:  # the table's short form (comparison.csv: in full)
             cells[-1] = "no diff."
         table.add_row(*cells)
     return table
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value)
 
 
 def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:

@@ -57,20 +57,14 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
-def probed_max_len(cfg: DictConfig) -> int | None:
-    """How far step 1 checks positions: ``routine.max_len``, else ``pe.max_len``, else None
-    (the PE's own ``max_len`` attribute, else 256)."""
-    if cfg.routine.get("max_len"):
-        return int(cfg.routine.max_len)
-    given = cfg.pe.get("max_len") if "pe" in cfg else None
-    return int(given) if isinstance(given, int) and not isinstance(given, bool) else None
-
-
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``), one row each; a
     failing row's detail ends with its culprit (``routines.attribution``)."""
     clock = Stopwatch()
-    max_len = probed_max_len(cfg)
+    # how far positions are checked: routine.max_len, else pe.max_len, else None (the PE's own
+    # max_len attribute, else 256)
+    given = cfg.routine.get("max_len") or ("pe" in cfg and cfg.pe.get("max_len"))
+    max_len = int(given) if isinstance(given, int) and not isinstance(given, bool) else None
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
         return model_properties(built, cfg.model.vocab_size, max_len,

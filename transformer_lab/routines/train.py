@@ -20,7 +20,7 @@ from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
-from transformer_lab.results.console import print_table, result_table
+from transformer_lab.results.console import cell, print_table, result_table
 from transformer_lab.results.run_directory import (
     CHECKPOINT_FILE,
     CsvLog,
@@ -221,21 +221,10 @@ def train_table(rows: list[dict[str, Any]], title: str, caption: str) -> Table:
     for column in columns:
         table.add_column(TABLE_COLUMNS[column], justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(_percent(row.get(column)) if column == "mfu" else _cell(row.get(column))
-                        for column in columns))
+        mfu = row.get("mfu")
+        percent = f"{100 * mfu:.3g}%" if isinstance(mfu, float) and math.isfinite(mfu) else "-"
+        table.add_row(*(percent if c == "mfu" else cell(row.get(c), 4, ",") for c in columns))
     return table
-
-
-def _percent(value: object) -> str:
-    return f"{100 * value:.3g}%" if isinstance(value, float) and math.isfinite(value) else "-"
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
 
 
 def describe_run(cfg: DictConfig, params: int) -> str:

@@ -8,7 +8,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager, nullcontext
 from functools import partial
 from pathlib import Path
@@ -91,10 +91,9 @@ SETTINGS = {"parallel": Rule("bool"), **reverse_task.SETTINGS,
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks of steps 3 and 4 (what ties their settings to the task)."""
-    configs = step_configs(cfg)
     reverse_task.check_config(cfg, inputs)
-    compare_cfg = configs["compare"]
-    compare.check_config(compare_cfg, inputs)  # the compare patch leaves the task as it is
+    # (the compare patch leaves the task as it is)
+    compare.check_config(step_configs(cfg)["compare"], inputs)
 
 
 def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
@@ -163,20 +162,12 @@ class StepFailed(Exception):
     """The step in the second process raised (its text), or the process died."""
 
 
-class HeldRows:
+class HeldRows(list):
     """The second process's metrics log: keeps its (already tagged) rows for the parent's
     ``metrics.csv``; no listeners, so no progress bar is drawn for it."""
 
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.listeners: list[Callable] = []
-
     def write(self, row: Mapping[str, Any]) -> None:
-        self.rows.append(dict(row))
-
-    def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        for row in rows:
-            self.write(row)
+        self.append(dict(row))
 
 
 class StagedRun(RunDirectory):
@@ -257,7 +248,7 @@ def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: A
         outcome, value = "interrupted", None
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a FAIL row
         outcome, value = "error", f"{type(exc).__name__}: {exc}"
-    results.send((outcome, value, staged.held.rows))
+    results.send((outcome, value, list(staged.held)))
 
 
 def collect_comparison(cfg: DictConfig, beside: StepBeside,
