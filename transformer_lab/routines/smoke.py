@@ -77,9 +77,14 @@ def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
         for row in rows:
             if named.get(row.check):
                 row.detail = f"{row.detail}; {named[row.check]}"
-    wall = clock.lap()
-    for row in rows:
-        row.wall_s = wall / len(rows)
+    return share_wall(rows, clock.lap())
+
+
+def share_wall(rows: list[CheckRow], wall_s: float | None) -> list[CheckRow]:
+    """``rows``, ``wall_s`` shared among them unless a row has its own."""
+    if wall_s is not None and rows and not any(row.wall_s for row in rows):
+        for row in rows:
+            row.wall_s = wall_s / len(rows)
     return rows
 
 
@@ -116,10 +121,7 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
                          detail=f"no formula (a custom component declares no count): the model "
                          f"has {params:,}" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
-    wall = clock.lap()
-    for row in rows[start:]:
-        row.wall_s = wall / (len(rows) - start)
-    return rows
+    return rows[:start] + share_wall(rows[start:], clock.lap())
 
 
 def swamp_hint(cfg: DictConfig, ratio: float) -> str:

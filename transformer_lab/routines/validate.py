@@ -33,7 +33,12 @@ from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLo
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
 from transformer_lab.routines.compare import comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
-from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
+from transformer_lab.routines.smoke import (
+    forward_backward_check,
+    share_wall,
+    smoke_setup,
+    smoke_training,
+)
 from transformer_lab.routines.study import study
 from transformer_lab.routines.variants import merged
 
@@ -134,8 +139,7 @@ def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
                                  f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
                                  f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
         rows = comparison_checks(compare.write_comparison(cfg, run, runs, test))
-    _spread(rows, clock.lap())
-    return rows
+    return share_wall(rows, clock.lap())
 
 
 def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
@@ -268,16 +272,8 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
                          detail=f"step 4 did not finish: {exc}")]
 
 
-def _spread(rows: list[CheckRow], wall_s: float | None) -> None:
-    """Share ``wall_s`` among ``rows`` unless a row has its own."""
-    if wall_s is not None and rows and not any(row.wall_s for row in rows):
-        for row in rows:
-            row.wall_s = wall_s / len(rows)
-
-
 def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> None:
-    _spread(rows, wall_s)
-    log.write_all(row.as_row() for row in rows)
+    log.write_all(row.as_row() for row in share_wall(rows, wall_s))
 
 
 def skipped(step: int, reason: str) -> CheckRow:
