@@ -148,15 +148,12 @@ def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvL
     return SeedRun(role, seed, result, count_parameters(model), tags)
 
 
-def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
-                  stage: str = STAGE) -> tuple[list[CheckRow], list[SeedRun]]:
+def reversal_runs(cfg: DictConfig, log: CsvLog | None = None
+                  ) -> tuple[list[CheckRow], list[SeedRun]]:
     """Step 3: the rotary check, the chosen PE's training (every seed), then the NoPE controls,
     each for as many steps as the chosen PE took with its seed."""
     cfg, note = with_declared_settings(cfg)
-    rows: list[CheckRow] = []
-    rotary = rotary_relative_check(cfg)
-    if rotary is not None:
-        rows.append(rotary)
+    rows = [row for row in [rotary_relative_check(cfg)] if row is not None]
     spec, arch = study(cfg), arch_name(cfg)
     configs = {"chosen": cfg}
     if cfg.routine.get("control", True) and pe_label(cfg) != NOPE:
@@ -169,7 +166,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         return chosen[seed].result.solved_step or chosen[seed].result.steps
 
     def train_one(role: str, seed: int) -> SeedRun:
-        run = train_reversal(configs[role], role, seed, budget(role, seed), log, stage)
+        run = train_reversal(configs[role], role, seed, budget(role, seed), log, STAGE)
         if role == "chosen":
             chosen[seed] = run
         return run
