@@ -55,9 +55,7 @@ from transformer_lab.training.checkpoint import save_weights
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.trainer import Trainer, count_parameters
 
-# --------------------------------------------------------------------------------------------
-# the variation and its checks
-
+# --- the variation and its checks -----------------------------------------------------------------
 
 def variant_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """(name, config) of every variant, in the order given."""
@@ -113,9 +111,7 @@ def check_variant(cfg: DictConfig, vary: Study, name: str, value: Any) -> None:
         raise ConfigError(f"{vary.option}={name}: {message}") from None
 
 
-# --------------------------------------------------------------------------------------------
-# the training
-
+# --- the training ---------------------------------------------------------------------------------
 
 def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, variant: str | None = None,
                initial: dict[int, dict[str, torch.Tensor]] | None = None,
@@ -189,8 +185,7 @@ def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = Fals
     runs_log, steps, trained = run.log("compare_runs", RUN_COLUMNS), int(cfg.routine.steps), []
 
     def train_one(name: str, seed: int) -> SeedRun:
-        variant = configs[name]
-        task = task_of(name)
+        variant, task = configs[name], task_of(name)
         seed_run, model = train_seed(variant, seed, run.metrics, name, initial, task)
         if keep_weights:
             save_weights(model, weights_path(run.path, seed, name), variant, seed,
@@ -218,9 +213,7 @@ def write_comparison(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun],
     return rows
 
 
-# --------------------------------------------------------------------------------------------
-# a seed's run, the rows, the verdicts and the checks
-
+# --- a seed's run, the rows, the verdicts and the checks ------------------------------------------
 
 SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 
@@ -387,7 +380,8 @@ def comparison_checks(rows: list[dict]) -> list[CheckRow]:
     baseline = baseline_name(rows) if rows else None
     for row in rows:
         varied, name = row.get("varied", "ffn"), row["variant"]
-        label = f"the FFN ({name})" if varied == "ffn" else f"{varied}={name}"
+        check, label = (f"activation_{name}", f"the FFN ({name})") if varied == "ffn" \
+            else (f"{varied}={name}",) * 2
         finite = math.isfinite(row["final_loss"]) and math.isfinite(row["grad_norm_mean"])
         fell = finite and row["final_loss"] < row["first_loss"]
         detail = (f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f} (ppl "
@@ -400,15 +394,12 @@ def comparison_checks(rows: list[dict]) -> list[CheckRow]:
             detail += f"; the loss did not fall: check {label}'s forward and its initialisation"
         if has_verdict(row):
             detail += f"; {describe(name, row, baseline)}"
-        check = f"activation_{name}" if varied == "ffn" else f"{varied}={name}"
         checks.append(CheckRow(4, check, status(fell), "final_loss", row["final_loss"],
                                "< first loss", 0.0, detail))
     return checks
 
 
-# --------------------------------------------------------------------------------------------
-# the terminal table and the plot
-
+# --- the terminal table and the plot --------------------------------------------------------------
 
 TABLE_HEADERS = {"variant": "variant", "params": "params", "ffn_params": "ffn",
                  "tokens_per_s": "tok/s", "rel_speed": "speed", "final_loss": "loss",

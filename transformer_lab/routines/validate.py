@@ -276,10 +276,6 @@ def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> N
     log.write_all(row.as_row() for row in share_wall(rows, wall_s))
 
 
-def skipped(step: int, reason: str) -> CheckRow:
-    return CheckRow(step, "not_run", "SKIP", detail=reason)
-
-
 def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
               beside: StepBeside | None) -> tuple[list[CheckRow], dict]:
     """Steps 1-4 in order, each step's rows recorded in ``validation.csv`` as it ends; step 4
@@ -289,7 +285,7 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
     _record(log, step_rows, clock.lap())
     rows, summary = list(step_rows), {}
     if any(not row.passed for row in step_rows if row.step == 1):
-        later = [skipped(step, "step 1 failed") for step in (2, 3, 4)
+        later = [CheckRow(step, "not_run", "SKIP", detail="step 1 failed") for step in (2, 3, 4)
                  if not any(row.step == step for row in step_rows)]
         _record(log, later)
         return rows + later, summary
@@ -326,9 +322,8 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
                           "mask); run a PE to validate it")
             continue
         console.print(f"[bold red]step {step} failed[/]: {STEP_HINTS[step]}")
-    passed = not failed_steps
-    summary = {**summary, "wall_s": total.lap()}
     message = "; ".join(f"step {row.step} {row.check}: {row.detail}"
                         for row in rows if not row.passed)
-    return RoutineOutcome(passed=passed, summary=summary, message=message,
+    return RoutineOutcome(passed=not failed_steps, summary={**summary, "wall_s": total.lap()},
+                          message=message,
                           result=check_counts([row.status for row in rows]))
