@@ -124,15 +124,6 @@ def exact_match(run: SeedRun) -> float:
     return run.result.best_exact_match or 0.0
 
 
-def reverse_row(run: SeedRun) -> dict:
-    """The run's row of ``reverse.csv`` (its ``variant``: its role, chosen or nope_control)."""
-    r = run.result
-    return {"role": run.variant, **run.tags, "seed": run.seed, "solved": solved(run),
-            "solved_step": r.solved_step, "best_exact_match": exact_match(run),
-            "steps": r.steps, "params": run.params, "wall_s": r.wall_s,
-            "tokens_per_s": r.tokens_per_s}
-
-
 def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvLog | None,
                    stage: str) -> SeedRun:
     """``cfg`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
@@ -238,8 +229,12 @@ def control_row(control: SeedRun, with_seed: bool = False) -> CheckRow:
 
 
 def reverse_rows(runs: list[SeedRun]) -> list[dict]:
-    """``reverse.csv``: one row per model; with NoPE controls, the verdict columns."""
-    rows = [reverse_row(run) for run in runs]
+    """``reverse.csv``: one row per model (its ``role``: the run's variant, chosen or
+    nope_control); with NoPE controls, the verdict columns."""
+    rows = [{"role": run.variant, **run.tags, "seed": run.seed, "solved": solved(run),
+             "solved_step": run.result.solved_step, "best_exact_match": exact_match(run),
+             "steps": run.result.steps, "params": run.params, "wall_s": run.result.wall_s,
+             "tokens_per_s": run.result.tokens_per_s} for run in runs]
     if not any(run.variant == "nope_control" for run in runs):
         return rows
     import pandas as pd
