@@ -149,7 +149,6 @@ def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = N
     cores or more, and not a sweep job (its launcher shares the cores out)."""
     if not cfg.routine.get("parallel", True) or not sys.platform.startswith("linux"):
         return False
-    import torch
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
