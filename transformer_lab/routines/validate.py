@@ -9,7 +9,7 @@ import shutil
 import signal
 import sys
 from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -205,11 +205,11 @@ class StepBeside:
         sender.close()
         self.done = False
 
-    def collect(self, run: RunDirectory, showing: AbstractContextManager | None = None) -> Any:
+    def collect(self, run: RunDirectory, showing: AbstractContextManager) -> Any:
         """Wait for the step (inside ``showing``, e.g. a progress bar), move its files into
         ``run`` and write its metrics rows; its result, ``StepFailed`` (its error, or how the
         process died), or ``KeyboardInterrupt`` as it ended."""
-        with showing or nullcontext():
+        with showing:
             try:
                 outcome, value, rows = self._results.recv()
             except EOFError:  # it died without a result
