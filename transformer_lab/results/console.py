@@ -3,6 +3,9 @@ columns: tables wrap their details, never a name or a header word; paths print w
 
 from __future__ import annotations
 
+import math
+
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -22,6 +25,23 @@ def print_error(message: str) -> None:
 
 def print_warning(message: str) -> None:
     err_console.print(f"[yellow]warning:[/] {escape(message)}", soft_wrap=True)
+
+
+def result_table(title: str, caption: str | None = None) -> Table:
+    """An empty result table in tlab's style: a rule under the header, no edges, one space
+    between columns."""
+    return Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
+                 padding=(0, 1, 0, 0))
+
+
+def cell(value: object, digits: int = 3, thousands: str = "") -> str:
+    """A table cell: ``-`` for None or NaN; a float to ``digits`` significant digits, from 1000
+    on whole (``thousands``: the separator, e.g. ``,``)."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:{thousands}.0f}" if abs(value) >= 1000 else f"{value:.{digits}g}"
+    return str(value)
 
 
 LONGEST_WORD = 32  # a column is kept at least as wide as its longest word up to this

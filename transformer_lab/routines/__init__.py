@@ -67,41 +67,39 @@ def routine_module(name: str) -> Any:
     return import_module(ROUTINES[name].split(":")[0])
 
 
-def check_settings(cfg: Any, name: str | None = None) -> None:
-    """``ConfigError`` for the first ``routine.*`` key that breaks or is not in the
-    ``SETTINGS`` of routine ``name`` (default: ``cfg.routine.name``)."""
+def own(cfg: Any, attribute: str) -> Any:
+    """``attribute`` of ``cfg.routine.name``'s module; None where it has none or the routine is
+    unknown (``get_routine`` reports that)."""
     from omegaconf import OmegaConf
 
+    name = OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
+    return getattr(routine_module(name), attribute, None) if name in ROUTINES else None
+
+
+def check_settings(cfg: Any) -> None:
+    """``ConfigError`` for the first ``routine.*`` key that breaks or is not in the routine
+    module's ``SETTINGS``; then its ``check_values`` (values a rule cannot say, before any
+    data)."""
     from transformer_lab.config.schema import check_keys, check_known
 
-    name = name or OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
-    if name not in ROUTINES:
-        return  # get_routine reports it
-    module = routine_module(name)
-    rules = getattr(module, "SETTINGS", {})
+    rules = own(cfg, "SETTINGS")
+    if rules is None:
+        return
     check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
     check_known(cfg, "routine", {"name", *(key.split(".")[0] for key in rules)})
-    own = getattr(module, "check_values", None)  # values a rule cannot say (before any data)
-    if own is not None:
-        own(cfg)
+    if (check_values := own(cfg, "check_values")) is not None:
+        check_values(cfg)
 
 
 def workload(cfg: Any, task: Any) -> Workload:
     """The routine module's ``workload``, else one model at ``train.batch_size``."""
     length = int(task.model_seq_len)
     default = Workload(1, int(cfg.train.batch_size), length, length)
-    name = cfg.routine.get("name")
-    own = getattr(routine_module(name), "workload", None) if name in ROUTINES else None
-    return default if own is None else own(cfg, task, default)
+    estimate = own(cfg, "workload")
+    return default if estimate is None else estimate(cfg, task, default)
 
 
 def check_routine(cfg: Any, inputs: JobInputs) -> None:
     """The routine module's ``check_config(cfg, inputs)``, where it defines one."""
-    from omegaconf import OmegaConf
-
-    name = OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
-    if name not in ROUTINES:
-        return  # get_routine reports it
-    check = getattr(routine_module(name), "check_config", None)
-    if check is not None:
+    if (check := own(cfg, "check_config")) is not None:
         check(cfg, inputs)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import statistics
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import replace
 from functools import cache
@@ -16,7 +17,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from rich import box
 from rich.table import Table
 from torch import nn
 
@@ -37,9 +37,9 @@ from transformer_lab.measures.statistics import (
 )
 from transformer_lab.model import build_checked_model, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, status
-from transformer_lab.results.console import console, print_table
+from transformer_lab.results.console import cell, console, print_table, result_table
 from transformer_lab.results.curve_metrics import early_loss, late_loss_std
-from transformer_lab.results.run_directory import CsvLog, RunDirectory, weights_path
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog, weights_path
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.study import SeedRun, Study, run_study, study
@@ -47,7 +47,6 @@ from transformer_lab.routines.train import mean_or_nan, perplexity
 from transformer_lab.routines.variants import (
     is_group,
     seed_sources,
-    stage_log,
     train_settings,
     with_value,
 )
@@ -56,9 +55,7 @@ from transformer_lab.training.checkpoint import save_weights
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.trainer import Trainer, count_parameters
 
-# --------------------------------------------------------------------------------------------
-# the variation and its checks
-
+# --- the variation and its checks -----------------------------------------------------------------
 
 def variant_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
     """(name, config) of every variant, in the order given."""
@@ -78,19 +75,14 @@ SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
 
 
-def check_values(cfg: DictConfig) -> None:
-    """Before the task is built: the study (seeds, variants, baseline) is consistent."""
-    study(cfg)
+check_values = study  # before the task is built: the study (seeds, variants, baseline) holds
 
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight: a variation with values, and every variant's config passing the run's own
     checks."""
     spec = study(cfg)
-    if not spec.values:
-        if spec.option == "--activations":
-            valid = ", ".join(group_choices("ffn", user_config_dirs(cfg)))
-            raise ConfigError(f"routine.activations is empty; give one or more of: {valid}")
+    if not spec.values:  # (an empty routine.activations breaks its SETTINGS rule)
         raise ConfigError("tlab compare needs --vary KEY=V1,V2,... (a config group or key and "
                           "its values), e.g. --vary pe=rope,alibi,t5 or --vary train.lr=1e-3,3e-3")
     for name, value in zip(spec.names, spec.values, strict=True):
@@ -119,19 +111,16 @@ def check_variant(cfg: DictConfig, vary: Study, name: str, value: Any) -> None:
         raise ConfigError(f"{vary.option}={name}: {message}") from None
 
 
-# --------------------------------------------------------------------------------------------
-# the training
+# --- the training ---------------------------------------------------------------------------------
 
-
-def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, stage: str = "compare",
-               variant: str | None = None,
+def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, variant: str | None = None,
                initial: dict[int, dict[str, torch.Tensor]] | None = None,
                task: Task | None = None) -> tuple[SeedRun, nn.Module]:
     """Train one variant of ``cfg`` (``variant``; default its ffn) with ``seed`` for
     ``routine.steps`` on ``task`` (default: built from ``cfg``); the run and its model.
     ``initial`` (seed -> parameter values) shares initial weights between variants."""
     activation = str(cfg.ffn.get("name"))
-    variant = activation if variant is None else variant
+    variant = variant or activation
     task, settings = task or build_task(cfg), train_settings(cfg)
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
@@ -142,7 +131,8 @@ def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, stage: str = "com
             initial[seed] = {name: p.detach().clone() for name, p in model.named_parameters()}
     parts = parameter_parts(model)
     logged: list[tuple[int, float]] = []  # (step, perf_counter) at each logged step
-    trainer = Trainer(model, task, settings, data_seed, stage_log(log, stage, variant, seed))
+    trainer = Trainer(model, task, settings, data_seed,
+                      TaggedLog(log, stage="compare", variant=variant, seed=seed))
     result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss:
                          logged.append((step, time.perf_counter())))
     tokens_per_step = settings.batch_size * task.model_seq_len
@@ -175,13 +165,12 @@ MODEL_PARTS = {"token_embedding": "embedding", "positional": "pe", "attention": 
 
 def parameter_parts(model: nn.Module) -> dict[str, int]:
     """Parameter counts by part (``MODEL_PARTS``; any other name counts as ``norms``)."""
-    parts: dict[str, int] = {}
+    parts: Counter[str] = Counter()
     for name, parameter in model.named_parameters():
         words = name.split(".")
         word = words[2] if words[0] == "blocks" and len(words) > 2 else words[0]
-        part = MODEL_PARTS.get(word, "norms")
-        parts[part] = parts.get(part, 0) + parameter.numel()
-    return parts
+        parts[MODEL_PARTS.get(word, "norms")] += parameter.numel()
+    return dict(parts)
 
 
 def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
@@ -196,9 +185,8 @@ def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = Fals
     runs_log, steps, trained = run.log("compare_runs", RUN_COLUMNS), int(cfg.routine.steps), []
 
     def train_one(name: str, seed: int) -> SeedRun:
-        variant = configs[name]
-        task = task_of(name)
-        seed_run, model = train_seed(variant, seed, run.metrics, "compare", name, initial, task)
+        variant, task = configs[name], task_of(name)
+        seed_run, model = train_seed(variant, seed, run.metrics, name, initial, task)
         if keep_weights:
             save_weights(model, weights_path(run.path, seed, name), variant, seed,
                          index=len(trained), variant=name, varied=spec.key,
@@ -225,9 +213,7 @@ def write_comparison(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun],
     return rows
 
 
-# --------------------------------------------------------------------------------------------
-# a seed's run, the rows, the verdicts and the checks
-
+# --- a seed's run, the rows, the verdicts and the checks ------------------------------------------
 
 SMOOTHING = 0.1  # EMA weight of the newest training loss in the smoothed curve
 
@@ -284,10 +270,8 @@ def _std(values: Sequence[float]) -> float:
 
 def runs_by_variant(runs: list[SeedRun]) -> dict[str, list[SeedRun]]:
     """Each variant's runs, variants in the order first seen."""
-    by_variant: dict[str, list[SeedRun]] = {}
-    for run in runs:
-        by_variant.setdefault(run.variant, []).append(run)
-    return by_variant
+    return {name: [run for run in runs if run.variant == name]
+            for name in dict.fromkeys(run.variant for run in runs)}
 
 
 def steps_to_target(run: SeedRun, target: float) -> int | None:
@@ -376,17 +360,12 @@ def parameter_note(run: SeedRun, baseline: SeedRun, varied: str) -> str:
         return f"{head}: {varied} sizes the model (the difference is the point)"
     parts = set(run.parts) | set(baseline.parts)
     part = max(parts, key=lambda p: abs(run.parts.get(p, 0) - baseline.parts.get(p, 0)))
+    low, high = sorted((run.parts.get("ffn", 0), baseline.parts.get("ffn", 0)))
     gating_differs = run.tags["gated_ffn"] != baseline.tags["gated_ffn"]
-    if part == "ffn" and gating_differs and _about_three_halves(run.parts.get("ffn", 0),
-                                                                baseline.parts.get("ffn", 0)):
+    # a gated FFN against a two-matrix one of the same d_ff: about 3/2 the parameters
+    if part == "ffn" and gating_differs and low > 0 and 1.25 <= high / low <= 1.75:
         return f"{head}: match them with model.gated_match_params=true (gated FFNs at 2/3 d_ff)"
     return f"{head}, most in its {part}: match them with {SIZING_KNOBS.get(part, part)}"
-
-
-def _about_three_halves(a: int, b: int) -> bool:
-    """A gated FFN against a two-matrix one of the same d_ff (about 3/2 the parameters)."""
-    low, high = sorted((a, b))
-    return low > 0 and 1.25 <= high / low <= 1.75
 
 
 def baseline_name(rows: list[dict]) -> str:
@@ -395,19 +374,14 @@ def baseline_name(rows: list[dict]) -> str:
                 rows[0]["variant"])
 
 
-def verdict_lines(rows: list[dict]) -> list[str]:
-    """One plain-language line per variant against the baseline."""
-    baseline = baseline_name(rows)
-    return [describe(row["variant"], row, baseline) for row in rows if has_verdict(row)]
-
-
-def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
+def comparison_checks(rows: list[dict]) -> list[CheckRow]:
     """One check per variant (``activation_gelu``; ``pe=alibi``): a finite, falling loss."""
     checks = []
     baseline = baseline_name(rows) if rows else None
     for row in rows:
         varied, name = row.get("varied", "ffn"), row["variant"]
-        label = f"the FFN ({name})" if varied == "ffn" else f"{varied}={name}"
+        check, label = (f"activation_{name}", f"the FFN ({name})") if varied == "ffn" \
+            else (f"{varied}={name}",) * 2
         finite = math.isfinite(row["final_loss"]) and math.isfinite(row["grad_norm_mean"])
         fell = finite and row["final_loss"] < row["first_loss"]
         detail = (f"loss {row['first_loss']:.3f} -> {row['final_loss']:.3f} (ppl "
@@ -420,15 +394,12 @@ def comparison_checks(rows: list[dict], step: int = 4) -> list[CheckRow]:
             detail += f"; the loss did not fall: check {label}'s forward and its initialisation"
         if has_verdict(row):
             detail += f"; {describe(name, row, baseline)}"
-        check = f"activation_{name}" if varied == "ffn" else f"{varied}={name}"
-        checks.append(CheckRow(step, check, status(fell), "final_loss", row["final_loss"],
+        checks.append(CheckRow(4, check, status(fell), "final_loss", row["final_loss"],
                                "< first loss", 0.0, detail))
     return checks
 
 
-# --------------------------------------------------------------------------------------------
-# the terminal table and the plot
-
+# --- the terminal table and the plot --------------------------------------------------------------
 
 TABLE_HEADERS = {"variant": "variant", "params": "params", "ffn_params": "ffn",
                  "tokens_per_s": "tok/s", "rel_speed": "speed", "final_loss": "loss",
@@ -439,34 +410,23 @@ TABLE_HEADERS = {"variant": "variant", "params": "params", "ffn_params": "ffn",
 def comparison_table(rows: list[dict], title: str) -> Table:
     """The rows in a terminal table; a parameter count off the baseline's marked ``!``."""
     varied = rows[0].get("varied", "ffn") if rows else "variant"
-    table = Table(title=title, box=box.SIMPLE_HEAD, padding=(0, 1, 0, 0), show_edge=False,
-                  caption="speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
-                  "steps; steps*: steps to the loss every run reaches; n: seeds; no diff.: no "
-                  f"detectable difference; !: parameters {PARAMS_TOLERANCE:.0%}+ off the "
-                  "baseline's")
+    table = result_table(
+        title, "speed: tokens/s / the first's; |g|, sd: gradient norm mean and sd over "
+        "steps; steps*: steps to the loss every run reaches; n: seeds; no diff.: no "
+        f"detectable difference; !: parameters {PARAMS_TOLERANCE:.0%}+ off the baseline's")
     widest = max([len(varied), *(len(str(row["variant"])) for row in rows)])
     for column, header in TABLE_HEADERS.items():
         table.add_column(varied if column == "variant" else header,
                          justify="left" if column in ("variant", "verdict") else "right",
                          no_wrap=True, min_width=widest if column == "variant" else None)
     for row in rows:
-        cells = [_cell(row.get(c)) for c in TABLE_HEADERS]
+        cells = [cell(row.get(c)) for c in TABLE_HEADERS]
         if row.get("params_note"):
             cells[1] += f" {row['params_vs_baseline']:+.0%}!"
-        cells[-1] = VERDICT_CELLS.get(cells[-1], cells[-1])
+        if cells[-1] == NO_DIFFERENCE:  # the table's short form (comparison.csv: in full)
+            cells[-1] = "no diff."
         table.add_row(*cells)
     return table
-
-
-VERDICT_CELLS = {NO_DIFFERENCE: "no diff."}  # the table's short form (comparison.csv: in full)
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.0f}" if abs(value) >= 1000 else f"{value:.3g}"
-    return str(value)
 
 
 def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
@@ -506,10 +466,9 @@ def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routin
     print_table(comparison_table(rows, f"tlab {command} - {run.path}"))
     for row in rows:
         if row.get("params_note"):
-            console.print(f"! {vary.key}={row['variant']}: {row['params_note']}",
-                          highlight=False, markup=False)
-    for line in verdict_lines(rows):
-        console.print(line, highlight=False, markup=False)
+            console.print(f"! {vary.key}={row['variant']}: {row['params_note']}", markup=False)
+    for row in filter(has_verdict, rows):
+        console.print(describe(row["variant"], row, baseline_name(rows)), markup=False)
     checks = comparison_checks(rows)
     failed = [c for c in checks if not c.passed]
     first = rows[0]

@@ -28,14 +28,13 @@ from transformer_lab.results.check_rows import (
     status,
 )
 from transformer_lab.results.console import console, print_table
-from transformer_lab.results.run_directory import CsvLog, RunDirectory
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
 from transformer_lab.routines.study import SeedRun, run_study, study
 from transformer_lab.routines.variants import (
     seed_sources,
-    stage_log,
     train_settings,
     with_choice,
 )
@@ -125,15 +124,6 @@ def exact_match(run: SeedRun) -> float:
     return run.result.best_exact_match or 0.0
 
 
-def reverse_row(run: SeedRun) -> dict:
-    """The run's row of ``reverse.csv`` (its ``variant``: its role, chosen or nope_control)."""
-    r = run.result
-    return {"role": run.variant, **run.tags, "seed": run.seed, "solved": solved(run),
-            "solved_step": r.solved_step, "best_exact_match": exact_match(run),
-            "steps": r.steps, "params": run.params, "wall_s": r.wall_s,
-            "tokens_per_s": r.tokens_per_s}
-
-
 def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvLog | None,
                    stage: str) -> SeedRun:
     """``cfg`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
@@ -142,22 +132,19 @@ def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvL
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
     trainer = Trainer(model, task, train_settings(cfg), data_seed,
-                      stage_log(log, stage, pe_label(cfg), seed))
+                      TaggedLog(log, stage=stage, variant=pe_label(cfg), seed=seed))
     result = trainer.fit(budget, target_exact_match=target, horizon=int(cfg.routine.max_steps))
     tags = {"pe": pe_label(cfg), "arch": arch_name(cfg), "target": target,
             "expected": expected_outcome(cfg)}
     return SeedRun(role, seed, result, count_parameters(model), tags)
 
 
-def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
-                  stage: str = STAGE) -> tuple[list[CheckRow], list[SeedRun]]:
+def reversal_runs(cfg: DictConfig, log: CsvLog | None = None
+                  ) -> tuple[list[CheckRow], list[SeedRun]]:
     """Step 3: the rotary check, the chosen PE's training (every seed), then the NoPE controls,
     each for as many steps as the chosen PE took with its seed."""
     cfg, note = with_declared_settings(cfg)
-    rows: list[CheckRow] = []
-    rotary = rotary_relative_check(cfg)
-    if rotary is not None:
-        rows.append(rotary)
+    rows = [row for row in [rotary_relative_check(cfg)] if row is not None]
     spec, arch = study(cfg), arch_name(cfg)
     configs = {"chosen": cfg}
     if cfg.routine.get("control", True) and pe_label(cfg) != NOPE:
@@ -170,7 +157,7 @@ def reversal_runs(cfg: DictConfig, log: CsvLog | None = None,
         return chosen[seed].result.solved_step or chosen[seed].result.steps
 
     def train_one(role: str, seed: int) -> SeedRun:
-        run = train_reversal(configs[role], role, seed, budget(role, seed), log, stage)
+        run = train_reversal(configs[role], role, seed, budget(role, seed), log, STAGE)
         if role == "chosen":
             chosen[seed] = run
         return run
@@ -242,8 +229,12 @@ def control_row(control: SeedRun, with_seed: bool = False) -> CheckRow:
 
 
 def reverse_rows(runs: list[SeedRun]) -> list[dict]:
-    """``reverse.csv``: one row per model; with NoPE controls, the verdict columns."""
-    rows = [reverse_row(run) for run in runs]
+    """``reverse.csv``: one row per model (its ``role``: the run's variant, chosen or
+    nope_control); with NoPE controls, the verdict columns."""
+    rows = [{"role": run.variant, **run.tags, "seed": run.seed, "solved": solved(run),
+             "solved_step": run.result.solved_step, "best_exact_match": exact_match(run),
+             "steps": run.result.steps, "params": run.params, "wall_s": run.result.wall_s,
+             "tokens_per_s": run.result.tokens_per_s} for run in runs]
     if not any(run.variant == "nope_control" for run in runs):
         return rows
     import pandas as pd
@@ -279,7 +270,7 @@ def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> R
     run.write_table("reverse", table, REVERSE_COLUMNS)
     print_table(check_table(rows, f"tlab reverse-task - {run.path}"))
     if (line := verdict_line(table)) is not None:
-        console.print(line, highlight=False, markup=False)
+        console.print(line, markup=False)
     failed = [r for r in rows if not r.passed]
     summary = {**reversal_summary(runs), "wall_s": clock.lap()}
     message = "; ".join(f"{r.check}: {r.detail}" for r in failed)

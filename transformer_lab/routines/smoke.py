@@ -57,20 +57,14 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
-def probed_max_len(cfg: DictConfig) -> int | None:
-    """How far step 1 checks positions: ``routine.max_len``, else ``pe.max_len``, else None
-    (the PE's own ``max_len`` attribute, else 256)."""
-    if cfg.routine.get("max_len"):
-        return int(cfg.routine.max_len)
-    given = cfg.pe.get("max_len") if "pe" in cfg else None
-    return int(given) if isinstance(given, int) and not isinstance(given, bool) else None
-
-
 def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``), one row each; a
     failing row's detail ends with its culprit (``routines.attribution``)."""
     clock = Stopwatch()
-    max_len = probed_max_len(cfg)
+    # how far positions are checked: routine.max_len, else pe.max_len, else None (the PE's own
+    # max_len attribute, else 256)
+    given = cfg.routine.get("max_len") or ("pe" in cfg and cfg.pe.get("max_len"))
+    max_len = int(given) if isinstance(given, int) and not isinstance(given, bool) else None
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
         return model_properties(built, cfg.model.vocab_size, max_len,
@@ -83,9 +77,14 @@ def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
         for row in rows:
             if named.get(row.check):
                 row.detail = f"{row.detail}; {named[row.check]}"
-    wall = clock.lap()
-    for row in rows:
-        row.wall_s = wall / len(rows)
+    return share_wall(rows, clock.lap())
+
+
+def share_wall(rows: list[CheckRow], wall_s: float | None) -> list[CheckRow]:
+    """``rows``, ``wall_s`` shared among them unless a row has its own."""
+    if wall_s is not None and rows and not any(row.wall_s for row in rows):
+        for row in rows:
+            row.wall_s = wall_s / len(rows)
     return rows
 
 
@@ -122,10 +121,7 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
                          detail=f"no formula (a custom component declares no count): the model "
                          f"has {params:,}" if formula is None
                          else f"model {params:,} vs formula {formula:,}"))
-    wall = clock.lap()
-    for row in rows[start:]:
-        row.wall_s = wall / (len(rows) - start)
-    return rows
+    return rows[:start] + share_wall(rows[start:], clock.lap())
 
 
 def swamp_hint(cfg: DictConfig, ratio: float) -> str:
@@ -159,65 +155,54 @@ def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float
 
 
 def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
-                   batches: list[Batch]) -> tuple[list[CheckRow], float]:
+                   batches: list[Batch]) -> tuple[list[CheckRow], dict[int, float]]:
     """Step 2: train each seed on its fixed batches (``model`` and ``batches``: the first
-    seed's) and check that the loss falls; the rows and seed -> loss after training."""
+    seed's, whose ``parameters_move`` row is measured too) and check that the loss falls; the
+    rows and seed -> loss after training."""
     spec = study(cfg)
     seeds, settings, steps = spec.seeds, train_settings(cfg), int(cfg.routine.steps)
-    several = len(seeds) > 1
+    several, min_drop = len(seeds) > 1, cfg.routine.min_drop
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
     afters, moved = {}, []
 
     def train_one(_: str, seed: int) -> CheckRow:
-        seed_model, fixed = model, batches
-        if seed != seeds[0]:  # one model in memory at a time (the pre-flight's estimate)
-            init_seed, data_seed = seed_sources(cfg, seed)
+        seed_model, fixed, watch = model, batches, seed == seeds[0]
+        init_seed, data_seed = seed_sources(cfg, seed)
+        if not watch:  # one model in memory at a time (the pre-flight's estimate)
             seed_model = build_model(cfg, seed=init_seed)
-            generator = torch.Generator().manual_seed(data_seed)
-            fixed = [task.train_batch(cfg.routine.batch_size, generator)
-                     for _ in range(cfg.routine.n_batches)]
+            fixed = fixed_batches(cfg, task, data_seed)
+        clock = Stopwatch()
         log = TaggedLog(metrics, seed=seed) if several else metrics
-        return _smoke_seed(cfg, seed_model, task, settings, seed, fixed, log, afters, several,
-                           moved if seed == seeds[0] else None)
+        trainer = Trainer(seed_model, task, settings, data_seed, log)
+        before = _fixed_loss(trainer, fixed)
+        # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so
+        # the ratio after training hides a PE that swamped the tokens when training began
+        ratio = pe_to_embedding_ratio(seed_model, fixed[0])
+        initial = {n: p.detach().clone() for n, p in seed_model.named_parameters()} if watch \
+            else {}
+        # an expert no token chose may stay as it was
+        with idle_parameters(seed_model) if watch else nullcontext(set()) as idle:
+            trainer.fit(steps, batches=fixed)
+        wall = clock.lap()
+        if watch:
+            moved.append(parameters_move(seed_model, initial, idle))
+        after = afters[seed] = _fixed_loss(trainer, fixed)
+        drop = (before - after) / before if before > 0 else 0.0
+        ok = math.isfinite(after) and drop >= min_drop
+        detail = (f"seed {seed}: loss {before:.4f} -> {after:.4f}" if several
+                  else f"loss {before:.4f} -> {after:.4f} in {steps} steps")
+        if not ok:
+            detail += f"; {diagnose(cfg, seed_model, fixed[0], drop, ratio)}"
+        elif ratio is not None and ratio > PE_SWAMP_RATIO:
+            detail += f"; but {swamp_hint(cfg, ratio)}"
+        elif ratio is not None:
+            detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
+        return CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else "smoke_loss_falls",
+                        status(ok), "relative_drop", drop, min_drop, wall, detail)
 
     rows, _ = run_study(spec, train_one, metrics, lambda *_: (f"smoke training: {label}",
                                                               steps * len(seeds)))
-    return rows + moved, afters  # parameters_move: the first seed's
-
-
-def _smoke_seed(cfg: DictConfig, model: TransformerModel, task, settings, seed: int,
-                fixed: list[Batch], metrics: CsvLog | TaggedLog, afters: dict[int, float],
-                several: bool, moved: list[CheckRow] | None) -> CheckRow:
-    """One seed's smoke training on its fixed batches and its check row (its loss after
-    training goes into ``afters``; with ``moved``, its ``parameters_move`` row goes there)."""
-    clock = Stopwatch()
-    trainer = Trainer(model, task, settings, seed_sources(cfg, seed)[1], metrics)
-    before = _fixed_loss(trainer, fixed)
-    # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so the
-    # ratio after training hides a PE that swamped the tokens when training began
-    ratio = pe_to_embedding_ratio(model, fixed[0])
-    steps = int(cfg.routine.steps)
-    watch = moved is not None  # parameters_move is measured on this seed
-    initial = {name: p.detach().clone() for name, p in model.named_parameters()} if watch else {}
-    # an expert no token chose may stay as it was
-    with idle_parameters(model) if watch else nullcontext(set()) as idle:
-        trainer.fit(steps, batches=fixed)
-    wall = clock.lap()
-    if watch:
-        moved.append(parameters_move(model, initial, idle))
-    after = afters[seed] = _fixed_loss(trainer, fixed)
-    drop = (before - after) / before if before > 0 else 0.0
-    ok = math.isfinite(after) and drop >= cfg.routine.min_drop
-    detail = (f"seed {seed}: loss {before:.4f} -> {after:.4f}" if several
-              else f"loss {before:.4f} -> {after:.4f} in {steps} steps")
-    if not ok:
-        detail += f"; {diagnose(cfg, model, fixed[0], drop, ratio)}"
-    elif ratio is not None and ratio > PE_SWAMP_RATIO:
-        detail += f"; but {swamp_hint(cfg, ratio)}"
-    elif ratio is not None:
-        detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
-    return CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else "smoke_loss_falls",
-                    status(ok), "relative_drop", drop, cfg.routine.min_drop, wall, detail)
+    return rows + moved, afters
 
 
 def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
@@ -261,11 +246,14 @@ def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
     init_seed, data_seed = seed_sources(cfg, int(cfg.seed))
     if inputs is None:
         inputs = JobInputs(task=build_task(cfg), model=build_model(cfg, seed=init_seed))
-    task, model = inputs.task, inputs.model
+    return inputs.task, inputs.model, fixed_batches(cfg, inputs.task, data_seed)
+
+
+def fixed_batches(cfg: DictConfig, task: Task, data_seed: int) -> list[Batch]:
+    """The ``routine.n_batches`` training batches a seed trains on in step 2."""
     generator = torch.Generator().manual_seed(data_seed)
-    batches = [task.train_batch(cfg.routine.batch_size, generator)
-               for _ in range(cfg.routine.n_batches)]
-    return task, model, batches
+    return [task.train_batch(cfg.routine.batch_size, generator)
+            for _ in range(cfg.routine.n_batches)]
 
 
 def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
@@ -276,13 +264,12 @@ def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     rows += smoke_rows
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     print_table(check_table(rows, f"tlab smoke - {run.path}"))
-    passed = all(r.passed for r in rows)
     failed = [r.check for r in rows if not r.passed]
     return RoutineOutcome(
-        passed=passed,
+        passed=not failed,
         summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
                  "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
-        message="" if passed else f"failed: {', '.join(failed)}",
+        message="" if not failed else f"failed: {', '.join(failed)}",
         result=check_counts([r.status for r in rows]),
         seeds=[{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
                for seed, loss in losses.items()],

@@ -54,11 +54,6 @@ class Study:
         """Each value as the tables name it (``variant``)."""
         return [value_name(value) for value in self.values]
 
-    @property
-    def group(self) -> int:
-        """Seeds trained (and tested) at a time: all of them, or the sequential design's."""
-        return {None: len(self.seeds), ANYTIME: AUTO_GROUP, GROUP_SEQUENTIAL: 1}[self.design]
-
 
 def study(cfg: DictConfig) -> Study:
     """The study of ``cfg.routine``: ``vary`` (else ``activations`` as ``ffn``; no values
@@ -153,14 +148,14 @@ def run_study(spec: Study, train_one: Callable[[str, int], Run], log: Any,
     test = (GroupSequentialTest(variants, baseline, len(spec.seeds), alpha=ALPHA)
             if spec.design == GROUP_SEQUENTIAL else
             SequentialTest(variants, baseline, alpha=ALPHA, max_seeds=len(spec.seeds)))
-    done = 0
+    done, group = 0, AUTO_GROUP if spec.design == ANYTIME else 1  # seeds trained at a time
     while not test.done():
-        seeds = list(spec.seeds[done:done + spec.group])
+        seeds = list(spec.seeds[done:done + group])
         taking = {baseline, *test.running()}
         test.update_values({name: [run.result.final_loss for run in train(name, seeds)]
                             for name in variants if name in taking})
         done += len(seeds)
-        console.print(running_line(test, done), highlight=False, markup=False)
+        console.print(running_line(test, done), markup=False)
     return runs, test
 
 

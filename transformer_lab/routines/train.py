@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 from omegaconf import DictConfig
-from rich import box
 from rich.table import Table
 from torch import nn
 
@@ -21,7 +20,7 @@ from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
 from transformer_lab.results.check_rows import Stopwatch
-from transformer_lab.results.console import print_table
+from transformer_lab.results.console import cell, print_table, result_table
 from transformer_lab.results.run_directory import (
     CHECKPOINT_FILE,
     CsvLog,
@@ -58,9 +57,9 @@ class HeldOutLog:
     """A seed's metrics rows: held-out rows gain ``ppl`` on a language task; ``last`` is the
     last held-out row."""
 
-    def __init__(self, log: Any, language: bool) -> None:
+    def __init__(self, log: Any, task: Task) -> None:
         self.log = log
-        self.language = language
+        self.language = isinstance(task, LanguageModelTask)
         self.last: dict[str, Any] = {}
 
     def write(self, row: Mapping[str, Any]) -> None:
@@ -110,22 +109,6 @@ def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
 
 # --- the kept models and state ---------------------------------------------------------------
 
-@dataclass
-class ResumePoint:
-    """Where an interrupted run goes on: the seeds it finished and the current seed's state."""
-
-    done: list[SeedRun]
-    current: dict[str, Any] | None  # seed, trainer (Trainer.state_dict), result, held_out
-
-    def states(self, steps: int) -> dict[int, dict[str, Any]]:
-        """Seed -> the state it goes on from: the current one's, and a finished seed's when it
-        trained fewer than ``steps`` steps (the run is extended)."""
-        states = {s.seed: seed_state(s) for s in self.done if s.result.steps < steps}
-        if self.current is not None:
-            states[int(self.current["seed"])] = self.current
-        return states
-
-
 class RunCheckpoints:
     """Each seed's final weights and the run's resumable state (``checkpoint.pt``)."""
 
@@ -139,13 +122,18 @@ class RunCheckpoints:
         self.config = config_yaml(cfg) if self.enabled else ""  # once (the YAML costs more
         # than torch.save of a small model)
 
-    def resume_point(self) -> ResumePoint | None:
-        """The state the run left (None for a new run); ``metrics.csv`` cut back to match."""
+    def resume_point(self, steps: int) -> tuple[dict[int, dict[str, Any]], dict[int, SeedRun]]:
+        """Seed -> the state it goes on from (the interrupted seed's, and a finished seed's
+        that trained fewer than ``steps``: the run is extended), and seed -> finished run;
+        both empty for a new run. ``metrics.csv`` is cut back to match."""
         if not self.path.is_file():
-            return None
+            return {}, {}
         state = load_state(self.path)
         self.run.metrics.keep_first(int(state["metric_rows"]))
-        return ResumePoint([seed_from_state(s) for s in state["done"]], state["current"])
+        states = {int(s["seed"]): s for s in state["done"] if s["result"]["steps"] < steps}
+        if state["current"] is not None:  # seed, trainer (Trainer.state_dict), result, held_out
+            states[int(state["current"]["seed"])] = state["current"]
+        return states, {int(s["seed"]): seed_from_state(s) for s in state["done"]}
 
     def save_progress(self, done: Sequence[SeedRun], current: dict[str, Any] | None) -> None:
         """The finished seeds, the current one's state (None between seeds) and the rows
@@ -175,7 +163,7 @@ def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
     init_seed, data_seed = seed_sources(cfg, seed)
     model = build_model(cfg, seed=init_seed)
     load_pretrained(model, cfg)  # from_run= / from_hf=: fine-tune from those weights
-    held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), is_language(task))
+    held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), task)
     trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
     if resume is not None:
@@ -204,11 +192,6 @@ def on_cpu(state: Any) -> Any:
     return state
 
 
-def is_language(task: Task) -> bool:
-    """Next-token prediction (``task=lm``, ``task=text``): perplexity, no exact match."""
-    return isinstance(task, LanguageModelTask)
-
-
 # --- the numbers and the table --------------------------------------------------------------
 
 def run_summary(seeds: list[SeedRun], language: bool) -> dict[str, Any]:
@@ -234,26 +217,14 @@ TABLE_COLUMNS = {"seed": "seed", "steps": "steps", "final_loss": "held-out loss"
 def train_table(rows: list[dict[str, Any]], title: str, caption: str) -> Table:
     """One line per seed (and the mean of several), the columns the rows have."""
     columns = [c for c in TABLE_COLUMNS if c in rows[0]]
-    table = Table(title=title, caption=caption, box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=(0, 1, 0, 0))
+    table = result_table(title, caption)
     for column in columns:
         table.add_column(TABLE_COLUMNS[column], justify="right", no_wrap=True)
     for row in rows:
-        table.add_row(*(_percent(row.get(column)) if column == "mfu" else _cell(row.get(column))
-                        for column in columns))
+        mfu = row.get("mfu")
+        percent = f"{100 * mfu:.3g}%" if isinstance(mfu, float) and math.isfinite(mfu) else "-"
+        table.add_row(*(percent if c == "mfu" else cell(row.get(c), 4, ",") for c in columns))
     return table
-
-
-def _percent(value: object) -> str:
-    return f"{100 * value:.3g}%" if isinstance(value, float) and math.isfinite(value) else "-"
-
-
-def _cell(value: object) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
-    return str(value)
 
 
 def describe_run(cfg: DictConfig, params: int) -> str:
@@ -316,12 +287,10 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     table; PASS when every held-out loss is finite."""
     clock = Stopwatch()
     task, seeds, steps = inputs.task, list(study(cfg).seeds), int(cfg.train.steps)
-    language = is_language(task)
+    language = isinstance(task, LanguageModelTask)
     kept = RunCheckpoints(cfg, run, task, seeds)
-    resumed = kept.resume_point()
-    states = resumed.states(steps) if resumed is not None else {}  # seed -> state to go on from
-    latest = {s.seed: s for s in resumed.done} if resumed is not None else {}  # seed -> last
-    if resumed is None and kept.periodic:
+    states, latest = kept.resume_point(steps)  # seed -> state to go on from, seed -> last run
+    if kept.periodic and not (states or latest):
         kept.save_progress([], None)  # resumable from the start
     which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
     training = [s for s in seeds if s in states or s not in latest]  # (resumed: counts steps)

@@ -8,9 +8,8 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable, Iterable, Mapping
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,7 +19,6 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.errors import ConfigError, Diverged
-from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
     CHECK_COLUMNS,
@@ -31,13 +29,18 @@ from transformer_lab.results.check_rows import (
 )
 from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
-from transformer_lab.results.run_directory import CsvLog, RunDirectory
+from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, compare, reverse_task, smoke
-from transformer_lab.routines.compare import SeedRun, comparison_checks
+from transformer_lab.routines.compare import comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
-from transformer_lab.routines.smoke import forward_backward_check, smoke_setup, smoke_training
+from transformer_lab.routines.smoke import (
+    forward_backward_check,
+    share_wall,
+    smoke_setup,
+    smoke_training,
+)
 from transformer_lab.routines.study import study
-from transformer_lab.routines.variants import merged, stage_log
+from transformer_lab.routines.variants import merged
 
 # What to look at when a step fails (the rows' details say more).
 STEP_HINTS = {
@@ -93,10 +96,9 @@ SETTINGS = {"parallel": Rule("bool"), **reverse_task.SETTINGS,
 
 def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     """Pre-flight checks of steps 3 and 4 (what ties their settings to the task)."""
-    configs = step_configs(cfg)
     reverse_task.check_config(cfg, inputs)
-    compare_cfg = configs["compare"]
-    compare.check_config(compare_cfg, inputs)  # the compare patch leaves the task as it is
+    # (the compare patch leaves the task as it is)
+    compare.check_config(step_configs(cfg)["compare"], inputs)
 
 
 def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
@@ -106,8 +108,9 @@ def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     if any(not row.passed for row in rows):
         return rows
     try:
-        smoke_rows, _ = smoke_training(cfg, model, task, stage_log(run.metrics, "smoke"),
-                                       batches)
+        # (seed=None: as a smoke seed's rows have always been tagged in validate)
+        log = TaggedLog(run.metrics, stage="smoke", variant="", seed=None)
+        smoke_rows, _ = smoke_training(cfg, model, task, log, batches)
     except Diverged as exc:
         smoke_rows = [CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")]
     return [*rows, *smoke_rows]
@@ -124,39 +127,19 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
-    seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
-    return comparison_results(cfg, run, train_comparison(cfg, run))
-
-
-@dataclass
-class ComparisonTraining:
-    """Step 4's training: its runs and sequential test (``seeds=auto``), or its divergence."""
-
-    runs: list[SeedRun]
-    test: SequentialTest | None
-    wall_s: float
-    diverged: str | None = None
-
-
-def train_comparison(cfg: DictConfig, run: RunDirectory) -> ComparisonTraining:
-    """Step 4's training and ``loss_curves.png``."""
+    seeds until the sequential test decides, as ``tlab compare --seeds auto``), its
+    ``comparison.csv`` and ``loss_curves.png``; the rows share its wall time."""
     clock = Stopwatch()
     try:
         runs, test = compare.train_variants(cfg, run)
     except Diverged as exc:
-        return ComparisonTraining([], None, clock.lap(), diverged=str(exc))
-    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
-                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
-                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
-    return ComparisonTraining(runs, test, clock.lap())
-
-
-def comparison_results(cfg: DictConfig, run: RunDirectory,
-                       trained: ComparisonTraining) -> list[CheckRow]:
-    """Step 4's rows and ``comparison.csv`` (the verdicts) from its training."""
-    if trained.diverged is not None:
-        return [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {trained.diverged}")]
-    return comparison_checks(compare.write_comparison(cfg, run, trained.runs, trained.test))
+        rows = [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
+    else:
+        compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+                                 f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
+                                 f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
+        rows = comparison_checks(compare.write_comparison(cfg, run, runs, test))
+    return share_wall(rows, clock.lap())
 
 
 def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
@@ -166,7 +149,6 @@ def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = N
     cores or more, and not a sweep job (its launcher shares the cores out)."""
     if not cfg.routine.get("parallel", True) or not sys.platform.startswith("linux"):
         return False
-    import torch
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -183,20 +165,12 @@ class StepFailed(Exception):
     """The step in the second process raised (its text), or the process died."""
 
 
-class HeldRows:
+class HeldRows(list):
     """The second process's metrics log: keeps its (already tagged) rows for the parent's
     ``metrics.csv``; no listeners, so no progress bar is drawn for it."""
 
-    def __init__(self) -> None:
-        self.rows: list[dict[str, Any]] = []
-        self.listeners: list[Callable] = []
-
     def write(self, row: Mapping[str, Any]) -> None:
-        self.rows.append(dict(row))
-
-    def write_all(self, rows: Iterable[Mapping[str, Any]]) -> None:
-        for row in rows:
-            self.write(row)
+        self.append(dict(row))
 
 
 class StagedRun(RunDirectory):
@@ -231,11 +205,11 @@ class StepBeside:
         sender.close()
         self.done = False
 
-    def collect(self, run: RunDirectory, showing: AbstractContextManager | None = None) -> Any:
+    def collect(self, run: RunDirectory, showing: AbstractContextManager) -> Any:
         """Wait for the step (inside ``showing``, e.g. a progress bar), move its files into
         ``run`` and write its metrics rows; its result, ``StepFailed`` (its error, or how the
         process died), or ``KeyboardInterrupt`` as it ended."""
-        with showing or nullcontext():
+        with showing:
             try:
                 outcome, value, rows = self._results.recv()
             except EOFError:  # it died without a result
@@ -277,45 +251,28 @@ def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: A
         outcome, value = "interrupted", None
     except BaseException as exc:  # noqa: BLE001 - reported by the parent as a FAIL row
         outcome, value = "error", f"{type(exc).__name__}: {exc}"
-    results.send((outcome, value, staged.held.rows))
+    results.send((outcome, value, list(staged.held)))
 
 
 def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
     with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
-    routine = cfg.routine
-    spec = study(cfg)
+    spec, steps = study(cfg), int(cfg.routine.steps)
     count, activations = len(spec.seeds), spec.names
     seeds = f"{count} seed{'s' if count > 1 else ''}"
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
-                       f"{'at most ' if spec.design else ''}{seeds}: {routine.steps} steps",
-                       total=int(routine.steps) * count * len(activations))
+                       f"{'at most ' if spec.design else ''}{seeds}: {steps} steps",
+                       total=steps * count * len(activations))
     try:
-        trained = beside.collect(run, bar)
+        return beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
-    clock = Stopwatch()
-    rows = comparison_results(cfg, run, trained)
-    _spread(rows, trained.wall_s + clock.lap())
-    return rows
-
-
-def _spread(rows: list[CheckRow], wall_s: float | None) -> None:
-    """Share ``wall_s`` among ``rows`` unless a row has its own."""
-    if wall_s is not None and rows and not any(row.wall_s for row in rows):
-        for row in rows:
-            row.wall_s = wall_s / len(rows)
 
 
 def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> None:
-    _spread(rows, wall_s)
-    log.write_all(row.as_row() for row in rows)
-
-
-def skipped(step: int, reason: str) -> CheckRow:
-    return CheckRow(step, "not_run", "SKIP", detail=reason)
+    log.write_all(row.as_row() for row in share_wall(rows, wall_s))
 
 
 def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
@@ -327,19 +284,16 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
     _record(log, step_rows, clock.lap())
     rows, summary = list(step_rows), {}
     if any(not row.passed for row in step_rows if row.step == 1):
-        later = [skipped(step, "step 1 failed") for step in (2, 3, 4)
+        later = [CheckRow(step, "not_run", "SKIP", detail="step 1 failed") for step in (2, 3, 4)
                  if not any(row.step == step for row in step_rows)]
         _record(log, later)
         return rows + later, summary
     step_rows, summary = reversal_step(configs["reverse_task"], run)
     _record(log, step_rows, clock.lap())
     rows += step_rows
-    if beside is None:
-        step_rows = comparison_step(configs["compare"], run)
-        _record(log, step_rows, clock.lap())
-    else:  # its rows carry the second process's wall time and their own
-        step_rows = collect_comparison(configs["compare"], beside, run)
-        _record(log, step_rows)
+    step_rows = comparison_step(configs["compare"], run) if beside is None else \
+        collect_comparison(configs["compare"], beside, run)
+    _record(log, step_rows)  # (its rows carry their own wall time)
     return rows + step_rows, summary
 
 
@@ -348,10 +302,10 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
     configs, notes = configs_and_notes(cfg)
     for steps, note in notes.items():
         if note:
-            console.print(f"{steps} run {note}", highlight=False, markup=False)
+            console.print(f"{steps} run {note}", markup=False)
     beside = None
     if comparison_beside(cfg, configs):
-        beside = StepBeside(partial(train_comparison, configs["compare"]), run)
+        beside = StepBeside(partial(comparison_step, configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
     finally:
@@ -367,9 +321,8 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
                           "mask); run a PE to validate it")
             continue
         console.print(f"[bold red]step {step} failed[/]: {STEP_HINTS[step]}")
-    passed = not failed_steps
-    summary = {**summary, "wall_s": total.lap()}
     message = "; ".join(f"step {row.step} {row.check}: {row.detail}"
                         for row in rows if not row.passed)
-    return RoutineOutcome(passed=passed, summary=summary, message=message,
+    return RoutineOutcome(passed=not failed_steps, summary={**summary, "wall_s": total.lap()},
+                          message=message,
                           result=check_counts([row.status for row in rows]))

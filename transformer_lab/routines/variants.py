@@ -17,41 +17,29 @@ from transformer_lab.config.tree import (
     user_config_dirs,
 )
 from transformer_lab.errors import ConfigError
-from transformer_lab.results.run_directory import CsvLog, TaggedLog
 from transformer_lab.training.optimizers import TLAB_KEYS, OptimizerSettings
 from transformer_lab.training.trainer import TrainSettings
-
-
-def stage_log(log: CsvLog | None, stage: str, variant: str = "",
-              seed: int | None = None) -> TaggedLog:
-    """``log`` with the ``stage``, ``variant`` and ``seed`` columns of one trained model."""
-    return TaggedLog(log, stage=stage, variant=variant, seed=seed)
 
 
 def train_settings(cfg: DictConfig) -> TrainSettings:
     """The typed training settings of ``cfg`` (without an ``optimizer`` node, as an older
     run's: AdamW)."""
     node = cfg.get("optimizer")
-    return TrainSettings.from_mapping(OmegaConf.to_container(cfg.train, resolve=True),
-                                      int(cfg.model.d_model),
-                                      None if node is None else optimizer_settings(node))
+    return TrainSettings.from_mapping(
+        OmegaConf.to_container(cfg.train, resolve=True), int(cfg.model.d_model),
+        None if node is None else optimizer_settings(OmegaConf.to_container(node, resolve=True)))
 
 
-def optimizer_settings(node: DictConfig) -> OptimizerSettings:
-    """An ``optimizer`` node (interpolations resolved) as typed settings."""
-    return _optimizer_settings(OmegaConf.to_container(node, resolve=True))
-
-
-def _optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
-    """tlab's keys (``TLAB_KEYS``) read, the others the constructor's keywords (lists as
-    tuples); ``rest`` in the same way."""
+def optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
+    """An ``optimizer`` node's values: tlab's keys (``TLAB_KEYS``) read, the others the
+    constructor's keywords (lists as tuples); ``rest`` in the same way."""
     rest = values.get("rest")
     return OptimizerSettings(
         name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
         arguments={key: tuple(value) if isinstance(value, list) else value
                    for key, value in values.items() if key not in TLAB_KEYS},
         params=str(values.get("params", "all")), lr_ratio=float(values.get("lr_ratio", 1.0)),
-        rest=None if rest is None else _optimizer_settings(rest))
+        rest=None if rest is None else optimizer_settings(rest))
 
 
 def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
