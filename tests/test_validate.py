@@ -16,7 +16,8 @@ FAST = ["routine.compare.routine.steps=20", "task.eval_size=128"]
 
 def test_validate_passes_on_a_working_configuration(tlab, tmp_path):
     out = tmp_path / "ok"
-    code, stdout, _ = tlab("experiment=validate", "pe=sinusoidal", *FAST, f"hydra.run.dir={out}")
+    code, stdout, _ = tlab("experiment=validate", "pe=sinusoidal", *FAST,
+                           "+routine.smoke.routine.seeds=2", f"hydra.run.dir={out}")
     assert code == 0, stdout
     rows = read_csv(out / "validation.csv")
     assert list(rows[0]) == CHECK_COLUMNS
@@ -29,14 +30,16 @@ def test_validate_passes_on_a_working_configuration(tlab, tmp_path):
         r for r in rows if r["status"] != "PASS"]
     assert {r["status"] for r in rows if r["check"] in skipped} == {"SKIP"}
     checks = {r["check"] for r in rows}
-    assert {"output_shape", "gradients_finite", "smoke_loss_falls", "reverse_exact_match",
+    assert {"output_shape", "gradients_finite", "smoke_loss_falls[seed=1]", "reverse_exact_match",
             "nope_control", "activation_relu", "activation_gelu"} <= checks
     # Every step's table is in the same run directory.
     assert len(read_csv(out / "reverse.csv")) == 2
     assert [r["activation"] for r in read_csv(out / "comparison.csv")] == ["relu", "gelu"]
     assert (out / "loss_curves.png").exists()
-    stages = {r["stage"] for r in read_csv(out / "metrics.csv")}
-    assert stages == {"smoke", "reverse_task", "compare"}
+    metrics = read_csv(out / "metrics.csv")
+    assert {r["stage"] for r in metrics} == {"smoke", "reverse_task", "compare"}
+    # two smoke seeds: each step-2 row names the seed it trained
+    assert {r["seed"] for r in metrics if r["stage"] == "smoke"} == {"0", "1"}
     # Step 1 ran the source article's minimal model: 4 tokens, d_model 8.
     shape = next(r for r in rows if r["check"] == "output_shape")["detail"]
     assert shape.startswith("(8, 4, 10)")

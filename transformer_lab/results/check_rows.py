@@ -48,13 +48,12 @@ def status(ok: bool) -> str:
 def check_table(rows: list[CheckRow], title: str) -> Table:
     """The PASS/FAIL table: a name never wraps; below ``console.NARROW`` columns each row's
     detail goes on a line of its own under the check's name instead of a narrow column."""
-    from rich import box
     from rich.text import Text
 
-    from transformer_lab.results.console import NARROW, console
+    from transformer_lab.results.console import NARROW, console, result_table
 
     stacked = console.width < NARROW
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    table = result_table(title)
     table.add_column("step", no_wrap=True)
     table.add_column("check", no_wrap=not stacked,
                      min_width=max((len(row.check) for row in rows), default=5))

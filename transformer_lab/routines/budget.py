@@ -9,7 +9,6 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 from omegaconf import DictConfig
-from rich import box
 from rich.table import Table
 from torch import nn
 
@@ -35,7 +34,7 @@ from transformer_lab.measures.parameters import (
 )
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.check_rows import check_counts
-from transformer_lab.results.console import console, print_table
+from transformer_lab.results.console import console, print_table, result_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 
@@ -326,7 +325,7 @@ def article_rows() -> list[BudgetRow]:
 
 
 def budget_table(rows: list[BudgetRow], title: str) -> Table:
-    table = Table(title=title, box=box.SIMPLE_HEAD, show_edge=False, padding=(0, 1, 0, 0))
+    table = result_table(title)
     for column in ("component", "scope", "expected", "measured", "unit", "status"):
         table.add_column(column, justify="right" if column in ("expected", "measured") else "left")
     colours = {"PASS": "green", "FAIL": "bold red", "SKIP": "yellow", "INFO": "dim",

@@ -9,8 +9,6 @@ from dataclasses import asdict, dataclass, fields
 
 import torch
 from omegaconf import DictConfig, OmegaConf
-from rich import box
-from rich.table import Table
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
@@ -27,7 +25,7 @@ from transformer_lab.measures.properties import (
 )
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_counts, status
-from transformer_lab.results.console import console, print_table
+from transformer_lab.results.console import console, print_table, result_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.variants import with_choice
@@ -320,8 +318,7 @@ def run_check(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
                 row.wall_s = (time.perf_counter() - clock) / len(new)
                 log.write(asdict(row))
             rows += new
-    table = Table(title=f"tlab check - {run.path}", box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=(0, 1, 0, 0))
+    table = result_table(f"tlab check - {run.path}")
     for column in ("check", "component", "status", "value", "tolerance"):
         table.add_column(column, no_wrap=column in ("check", "status"))
     for row in rows:

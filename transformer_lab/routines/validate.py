@@ -108,8 +108,7 @@ def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     if any(not row.passed for row in rows):
         return rows
     try:
-        # (seed=None: as a smoke seed's rows have always been tagged in validate)
-        log = TaggedLog(run.metrics, stage="smoke", variant="", seed=None)
+        log = TaggedLog(run.metrics, stage="smoke", variant="")  # several seeds: each row's own
         smoke_rows, _ = smoke_training(cfg, model, task, log, batches)
     except Diverged as exc:
         smoke_rows = [CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")]
