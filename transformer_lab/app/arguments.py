@@ -18,14 +18,16 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer_lab.app.sweeps import quote_value
-from transformer_lab.config.compose import compose
+from transformer_lab.config.compose import GROUP_ALIASES, compose, rename_group_aliases
 from transformer_lab.config.tree import (
     CONFIG_DIR,
     config_dirs,
     group_choices,
+    old_group_folder_notes,
     store_choices,
 )
 from transformer_lab.errors import ConfigError
+from transformer_lab.results.console import print_warning
 from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
 from transformer_lab.results.tracking import flatten
 
@@ -189,8 +191,14 @@ class Arguments:
 
 def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     """Parse the command line once; ``ConfigError`` for arguments that cannot make a valid run.
-    ``resume``: the output directory is being resumed, so it may hold runs."""
+    ``resume``: the output directory is being resumed, so it may hold runs. Old group names are
+    renamed (``activation=`` -> ``ffn=``, ``norm=`` -> ``block=``) with a warning, as are
+    old-named folders."""
     flags, overrides = split_arguments(args)
+    overrides, used = rename_group_aliases(overrides)
+    for old in dict.fromkeys(used):
+        print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
+                      "0.3)")
     overrides = expand_pretrained(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
         return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
@@ -226,6 +234,8 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
             first_values.append(f"{head}={values[0]}")
         else:
             first_values.append(override.input_line)
+    for note in old_group_folder_notes(dirs):
+        print_warning(note)
     return Arguments(flags, overrides, first_values, dirs, multirun, bool(printing))
 
 

@@ -22,18 +22,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer_lab.app import recovery, resume, search, sweeps
-from transformer_lab.app.arguments import (
-    Arguments,
-    check_arguments,
-    compose_first_job,
-    split_arguments,
-)
+from transformer_lab.app.arguments import Arguments, check_arguments, compose_first_job
 from transformer_lab.app.isolation import LAUNCHER_ENV, save_hydra_files
 from transformer_lab.app.job import execute
-from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
-from transformer_lab.config.tree import CONFIG_DIR, config_store_kept, old_group_folder_notes
+from transformer_lab.config.tree import CONFIG_DIR, config_store_kept
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
-from transformer_lab.results.console import print_error, print_warning
+from transformer_lab.results.console import print_error
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
 from transformer_lab.routines.objective import require_objective
 from transformer_lab.training import distributed
@@ -54,7 +48,7 @@ def hydra_job(cfg: DictConfig) -> int:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return execute(cfg, run_dir)
     code = sweeps.run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
-    if search.uses_optuna_sweeper(hydra_cfg):  # Optuna's sweeper reads the routine's objective
+    if "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower():  # a search's trial
         return search.trial_value(run_dir)
     return code
 
@@ -75,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                     args = resume.run_arguments(resume_dir, args)
                 elif resume_dir is not None:
                     args = resume.resume_arguments(resume_dir, args)
-                arguments = checked_arguments(args, resume=resume_dir is not None)
+                arguments = check_arguments(args, resume=resume_dir is not None)
                 if arguments.hydra_only:
                     return _run_hydra(arguments)
                 cfg = compose_first_job(arguments)
@@ -262,20 +256,6 @@ class WithCommandLine:
             return self.task_function(cfg)
         finally:
             sys.argv = hydra_argv
-
-
-def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
-    """``check_arguments`` with old group names renamed (``activation=`` -> ``ffn=``, ``norm=``
-    -> ``block=``), warning about each and about old-named folders."""
-    flags, overrides = split_arguments(args)
-    overrides, used = rename_group_aliases(overrides)
-    for old in dict.fromkeys(used):
-        print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
-                      "0.3)")
-    arguments = check_arguments([*flags, *overrides], resume=resume)
-    for note in old_group_folder_notes(arguments.config_dirs):
-        print_warning(note)
-    return arguments
 
 
 @contextmanager

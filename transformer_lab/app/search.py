@@ -41,11 +41,6 @@ def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) ->
     return [f"{key}={value}" for key, value in wanted.items() if key.lstrip("+") not in given]
 
 
-def uses_optuna_sweeper(hydra_cfg: Any) -> bool:
-    """True inside a job launched by Optuna's sweeper (``HydraConfig.get()``)."""
-    return "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower()
-
-
 def trial_value(run_dir: Path) -> float:
     """The objective in ``run_dir/run.json``; NaN (a failed trial) when there is none."""
     info = read_json(run_dir / "run.json")
