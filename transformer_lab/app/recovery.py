@@ -18,26 +18,14 @@ from transformer_lab.app.sweeps import (
     RETRY,
     SWEEP_FILE,
     append_row,
+    job_dirs,
     job_row,
     latest_rows,
     previous_attempts,
 )
-from transformer_lab.results.run_directory import (
-    holds_run,
-    is_failed_attempt_dir,
-    process_alive,
-    read_json,
-)
+from transformer_lab.results.run_directory import process_alive, read_json
 
 BROKEN_POOL = (BrokenExecutor,)  # loky's TerminatedWorkerError is one
-
-
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job folders that hold a run (latest attempts; kept failed ones left out)."""
-    if not sweep_dir.is_dir():
-        return []
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and holds_run(p)
-                   and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
 
 
 def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[str]]:

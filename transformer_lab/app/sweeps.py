@@ -147,6 +147,14 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
 # --- the launching side ---------------------------------------------------------------------
 
 
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job folders that hold a run (latest attempts; kept failed ones left out)."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and holds_run(p)
+                   and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
+
+
 def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
     """The last recorded row of each job (a resumed job's new attempt replaces the old one)."""
     return {row["job"]: row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")}
@@ -163,10 +171,10 @@ def sweep_exit_code(sweep_dir: Path) -> int:
     """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
     codes = [_code_of(row.get("exit_code", ""), row.get("status")) for row in rows.values()]
-    for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
-        if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir) \
-                and (status := recorded_status(job_dir)) is not None:  # killed before its row
-            codes.append(_code_of(read_json(job_dir / "run.json").get("exit_code"), status))
+    for job_dir in job_dirs(sweep_dir):
+        if job_dir.name not in rows:  # killed before its row
+            info = read_json(job_dir / "run.json")
+            codes.append(_code_of(info.get("exit_code"), info.get("status")))
     return max(codes, default=EXIT_OK)
 
 
