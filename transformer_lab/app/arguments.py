@@ -41,14 +41,11 @@ _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 HYDRA_FLAGS = _FLAGS_WITH_VALUE | _SKIP_FLAGS | {"--version", "--resolve", "--run", "-r",
                                                  "--multirun", "-m", "--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# Each extra installs hydra_plugins.hydra_<extra>_launcher (a preset in configs/hydra/launcher
+# needs its plugin too).
 LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
                    "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
-# Launchers that submit to a scheduler need its command on PATH (submitit looks for srun).
-LAUNCHER_COMMANDS = {"submitit_slurm": "srun", "slurm": "srun"}
-# The module each extra installs (a preset in configs/hydra/launcher needs its plugin too).
-EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
-                 "submitit": "hydra_plugins.hydra_submitit_launcher",
-                 "ray": "hydra_plugins.hydra_ray_launcher"}
+SLURM_LAUNCHERS = ("submitit_slurm", "slurm")  # submit with srun: it must be on PATH
 
 
 def nearest(name: str, candidates: list[str]) -> str | None:
@@ -127,16 +124,17 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
         GlobalHydra.instance().clear()  # the group's choices, installed plugins included
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             available = sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+        launcher = group == "hydra/launcher"
         for value in values:
-            extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
-            if value not in available or (extra and not _importable(EXTRA_MODULES[extra])):
+            extra = LAUNCHER_EXTRAS.get(value) if launcher else None
+            if value not in available or \
+                    (extra and not _importable(f"hydra_plugins.hydra_{extra}_launcher")):
                 hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
                         else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
                 raise ConfigError(f"{group}={value} is not available (installed: "
                                   f"{', '.join(available) or 'none'}){hint}")
-            command = LAUNCHER_COMMANDS.get(value) if group == "hydra/launcher" else None
-            if running and command and shutil.which(command) is None:
-                raise ConfigError(f"{group}={value} submits to SLURM but '{command}' is not on "
+            if running and launcher and value in SLURM_LAUNCHERS and shutil.which("srun") is None:
+                raise ConfigError(f"{group}={value} submits to SLURM but 'srun' is not on "
                                   "PATH: run it on the cluster's login node (to try the sweep "
                                   "here use hydra/launcher=submitit_local)")
         return

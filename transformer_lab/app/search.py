@@ -28,9 +28,8 @@ def uses_optuna(overrides: list[str]) -> bool:
 
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
     """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search and the callback that
-    continues a stored study; the sweep directory is created for the study file."""
+    continues a stored study (in ``sweep_dir``, claimed or resumed: it exists)."""
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     wanted = {"hydra.sweeper.storage": quote_value(f"sqlite:///{sweep_dir.resolve() / STUDY_FILE}"),
               "hydra.sweeper.study_name": STUDY_NAME,
