@@ -181,8 +181,7 @@ def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
         try:
             return run_hydra([*arguments.flags, *overrides], hydra_job, recovery.BROKEN_POOL)
         except recovery.BROKEN_POOL as exc:
-            lost, stopped = recovery.settle_jobs(sweep_dir, exc)
-            done = recovery.finished_jobs(sweep_dir)
+            lost, stopped, done = recovery.settle_jobs(sweep_dir, exc)
             again = done > finished and not search.uses_optuna(arguments.overrides)
             print_error(recovery.summary(exc, lost, stopped, again))
             if not again:

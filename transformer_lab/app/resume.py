@@ -102,10 +102,9 @@ def _refuse_others(directory: Path, kind: str, overrides: list[str], recorded: l
                    allowed: list[str], hint: str = "") -> None:
     """``ConfigError`` for an override that names the directory, or is neither ``recorded``
     nor ``allowed``."""
-    for override in overrides:
-        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
-            raise ConfigError(f"--resume {directory} already names the {kind} directory; drop "
-                              f"'{override}' (or --out)")
+    if named := [o for o in overrides if _key(o) in ("hydra.sweep.dir", "hydra.run.dir")]:
+        raise ConfigError(f"--resume {directory} already names the {kind} directory; drop "
+                          f"'{named[0]}' (or --out)")
     if foreign := [o for o in overrides if o not in recorded + allowed]:
         raise ConfigError(f"--resume {directory}: {' '.join(foreign)} is not part of the {kind} "
                           f"recorded there ({' '.join(recorded)}); give the same overrides or "

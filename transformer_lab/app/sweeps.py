@@ -44,14 +44,6 @@ _STATUS_CODES = {"passed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}  # else EXI
 # --- the job side ---------------------------------------------------------------------------
 
 
-def recorded_status(run_dir: Path) -> str | None:
-    """Status in ``run_dir/run.json``; ``None`` if no run is there; ``"unreadable"`` if broken."""
-    if not holds_run(run_dir):
-        return None
-    status = read_json(run_dir / "run.json").get("status")
-    return "unreadable" if status is None else str(status)
-
-
 def move_aside(run_dir: Path) -> Path:
     """Move the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n); ``*.log``
     files are copied (the job's log handler writes to them)."""
@@ -121,9 +113,9 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
     job = run_dir.name  # its number: hydra.sweep.subdir (after earlier launches of a search)
     mode = os.environ.get(RESUME_ENV)
     if mode in ("1", RETRY):
-        previous = recorded_status(run_dir)
-        if mode == RETRY and previous is not None and \
-                not read_json(run_dir / "run.json").get(POOL_STOPPED):
+        info = read_json(run_dir / "run.json")  # "unreadable" if broken, None if no run is there
+        previous = str(info.get("status") or "unreadable") if holds_run(run_dir) else None
+        if mode == RETRY and previous is not None and not info.get(POOL_STOPPED):
             return EXIT_OK  # finished in this sweep's earlier launch (app.recovery)
         if previous == "passed":
             console.print(f"job {job} ({' '.join(overrides)}) passed in an earlier attempt: "
