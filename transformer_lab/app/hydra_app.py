@@ -197,11 +197,10 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
     user_full_error = os.environ.get(FULL_ERROR)
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else "tlab", *argv]
-    if reraise:
-        os.environ[FULL_ERROR] = "1"
     try:
-        hydra.main(config_path=str(CONFIG_DIR), config_name="config",
-                   version_base="1.3")(WithCommandLine(task_function, saved_argv))()
+        with env_override({FULL_ERROR: "1"} if reraise else {}):
+            hydra.main(config_path=str(CONFIG_DIR), config_name="config",
+                       version_base="1.3")(WithCommandLine(task_function, saved_argv))()
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except reraise:
@@ -218,10 +217,6 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
         return EXIT_FAILED
     finally:
         sys.argv = saved_argv
-        if user_full_error is None:
-            os.environ.pop(FULL_ERROR, None)
-        else:
-            os.environ[FULL_ERROR] = user_full_error
     return 0
 
 
