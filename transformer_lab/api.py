@@ -152,9 +152,8 @@ def _launch(experiment: str, groups: dict[str, Component],
             activations: Sequence[Component] | None = None) -> Result:
     """Run ``experiment`` as the CLI runs a single run, with the components offered; return
     its Result. ``options``: overrides by key (None: left out; a callable gets the choices)."""
-    from transformer_lab.app.arguments import compose_first_job
+    from transformer_lab.app.arguments import check_arguments, compose_first_job
     from transformer_lab.app.hydra_app import (
-        checked_arguments,
         one_line_errors,
         run_single,
         working_directory_importable,
@@ -188,7 +187,7 @@ def _launch(experiment: str, groups: dict[str, Component],
     with components.offered(), working_directory_importable(), _root_logging_kept(), \
             config_store_kept():
         with one_line_errors():
-            arguments = checked_arguments(args)
+            arguments = check_arguments(args)
             if not arguments.single_run:
                 raise ConfigError("the Python API runs single runs; use the CLI for -m sweeps, "
                                   "--cfg and --info")

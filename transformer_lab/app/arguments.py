@@ -18,14 +18,16 @@ from hydra.errors import OverrideParseException
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from transformer_lab.app.sweeps import quote_value
-from transformer_lab.config.compose import compose
+from transformer_lab.config.compose import GROUP_ALIASES, compose, rename_group_aliases
 from transformer_lab.config.tree import (
     CONFIG_DIR,
     config_dirs,
     group_choices,
+    old_group_folder_notes,
     store_choices,
 )
 from transformer_lab.errors import ConfigError
+from transformer_lab.results.console import print_warning
 from transformer_lab.results.run_directory import claimed_by, holds_run, resume_hint
 from transformer_lab.results.tracking import flatten
 
@@ -39,14 +41,11 @@ _CONFIG_DIR_FLAGS = ("--config-dir", "-cd")
 HYDRA_FLAGS = _FLAGS_WITH_VALUE | _SKIP_FLAGS | {"--version", "--resolve", "--run", "-r",
                                                  "--multirun", "-m", "--info", "-i"}
 _INFO_TOPICS = {"all", "config", "defaults", "defaults-tree", "plugins", "searchpath"}
+# Each extra installs hydra_plugins.hydra_<extra>_launcher (a preset in configs/hydra/launcher
+# needs its plugin too).
 LAUNCHER_EXTRAS = {"joblib": "joblib", "submitit_local": "submitit", "submitit_slurm": "submitit",
                    "slurm": "submitit", "ray": "ray", "ray_aws": "ray"}
-# Launchers that submit to a scheduler need its command on PATH (submitit looks for srun).
-LAUNCHER_COMMANDS = {"submitit_slurm": "srun", "slurm": "srun"}
-# The module each extra installs (a preset in configs/hydra/launcher needs its plugin too).
-EXTRA_MODULES = {"joblib": "hydra_plugins.hydra_joblib_launcher",
-                 "submitit": "hydra_plugins.hydra_submitit_launcher",
-                 "ray": "hydra_plugins.hydra_ray_launcher"}
+SLURM_LAUNCHERS = ("submitit_slurm", "slurm")  # submit with srun: it must be on PATH
 
 
 def nearest(name: str, candidates: list[str]) -> str | None:
@@ -125,16 +124,17 @@ def _check_group_choice(group: str, values: list[str], user_dirs: list[Path],
         GlobalHydra.instance().clear()  # the group's choices, installed plugins included
         with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
             available = sorted(GlobalHydra.instance().config_loader().get_group_options(group))
+        launcher = group == "hydra/launcher"
         for value in values:
-            extra = LAUNCHER_EXTRAS.get(value) if group == "hydra/launcher" else None
-            if value not in available or (extra and not _importable(EXTRA_MODULES[extra])):
+            extra = LAUNCHER_EXTRAS.get(value) if launcher else None
+            if value not in available or \
+                    (extra and not _importable(f"hydra_plugins.hydra_{extra}_launcher")):
                 hint = (f"; install it with: pip install 'transformer_lab[{extra}]'" if extra
                         else "; Hydra plugins are pip packages (e.g. hydra-optuna-sweeper)")
                 raise ConfigError(f"{group}={value} is not available (installed: "
                                   f"{', '.join(available) or 'none'}){hint}")
-            command = LAUNCHER_COMMANDS.get(value) if group == "hydra/launcher" else None
-            if running and command and shutil.which(command) is None:
-                raise ConfigError(f"{group}={value} submits to SLURM but '{command}' is not on "
+            if running and launcher and value in SLURM_LAUNCHERS and shutil.which("srun") is None:
+                raise ConfigError(f"{group}={value} submits to SLURM but 'srun' is not on "
                                   "PATH: run it on the cluster's login node (to try the sweep "
                                   "here use hydra/launcher=submitit_local)")
         return
@@ -189,8 +189,14 @@ class Arguments:
 
 def check_arguments(args: list[str], resume: bool = False) -> Arguments:
     """Parse the command line once; ``ConfigError`` for arguments that cannot make a valid run.
-    ``resume``: the output directory is being resumed, so it may hold runs."""
+    ``resume``: the output directory is being resumed, so it may hold runs. Old group names are
+    renamed (``activation=`` -> ``ffn=``, ``norm=`` -> ``block=``) with a warning, as are
+    old-named folders."""
     flags, overrides = split_arguments(args)
+    overrides, used = rename_group_aliases(overrides)
+    for old in dict.fromkeys(used):
+        print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
+                      "0.3)")
     overrides = expand_pretrained(overrides)
     if any(flag.split("=", 1)[0] in _SKIP_FLAGS for flag in flags):
         return Arguments(flags, overrides, hydra_only=True)  # help, another primary config
@@ -226,6 +232,8 @@ def check_arguments(args: list[str], resume: bool = False) -> Arguments:
             first_values.append(f"{head}={values[0]}")
         else:
             first_values.append(override.input_line)
+    for note in old_group_folder_notes(dirs):
+        print_warning(note)
     return Arguments(flags, overrides, first_values, dirs, multirun, bool(printing))
 
 

@@ -22,18 +22,12 @@ from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 from omegaconf.errors import OmegaConfBaseException
 
 from transformer_lab.app import recovery, resume, search, sweeps
-from transformer_lab.app.arguments import (
-    Arguments,
-    check_arguments,
-    compose_first_job,
-    split_arguments,
-)
+from transformer_lab.app.arguments import Arguments, check_arguments, compose_first_job
 from transformer_lab.app.isolation import LAUNCHER_ENV, save_hydra_files
 from transformer_lab.app.job import execute
-from transformer_lab.config.compose import GROUP_ALIASES, rename_group_aliases
-from transformer_lab.config.tree import CONFIG_DIR, config_store_kept, old_group_folder_notes
+from transformer_lab.config.tree import CONFIG_DIR, config_store_kept
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
-from transformer_lab.results.console import print_error, print_warning
+from transformer_lab.results.console import print_error
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
 from transformer_lab.routines.objective import require_objective
 from transformer_lab.training import distributed
@@ -54,13 +48,15 @@ def hydra_job(cfg: DictConfig) -> int:
     if hydra_cfg.mode != RunMode.MULTIRUN:
         return execute(cfg, run_dir)
     code = sweeps.run_sweep_job(cfg, execute)  # --resume skips, sweep.csv row
-    if search.uses_optuna_sweeper(hydra_cfg):  # Optuna's sweeper reads the routine's objective
+    if "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower():  # a search's trial
         return search.trial_value(run_dir)
     return code
 
 
 def main(argv: list[str] | None = None) -> int:
     """Check the arguments, run the job (or Hydra's sweep), return the worst job exit code."""
+    from transformer_lab.app.preflight import check_unbuilt, preflight
+
     args = list(sys.argv[1:] if argv is None else argv)
     with working_directory_importable(), config_store_kept():  # _target_=my_module.MyPE
         try:
@@ -75,19 +71,26 @@ def main(argv: list[str] | None = None) -> int:
                     args = resume.run_arguments(resume_dir, args)
                 elif resume_dir is not None:
                     args = resume.resume_arguments(resume_dir, args)
-                arguments = checked_arguments(args, resume=resume_dir is not None)
+                arguments = check_arguments(args, resume=resume_dir is not None)
                 if arguments.hydra_only:
-                    return _run_hydra(arguments)
+                    return run_hydra([*arguments.flags, *arguments.overrides], hydra_job)
                 cfg = compose_first_job(arguments)
                 distributed.check_distributed(str(cfg.routine.name), arguments.single_run)
-                sweep_dir = None if arguments.single_run else \
-                    _checked_sweep(arguments, cfg, resumed=resume_dir is not None)
+                if arguments.printing:  # --cfg, --info: nothing is built (no corpus downloaded)
+                    check_unbuilt(cfg)
+                elif not arguments.single_run:  # a sweep: its first job's pre-flight
+                    preflight(cfg)
+                    if search.uses_optuna(arguments.overrides):
+                        require_objective(str(cfg.routine.name))  # a search needs one
+                    sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
+                    if resume_dir is None:
+                        claim_directory(sweep_dir)
             if resume_dir is not None and resumed_run is None:
                 resume.keep_multirun_yaml(resume_dir)
             if arguments.single_run:
                 return run_single(cfg, resumed_run)
-            if sweep_dir is None:
-                return _run_hydra(arguments)  # --cfg, --info: Hydra prints
+            if arguments.printing:  # --cfg, --info: Hydra prints
+                return run_hydra([*arguments.flags, *arguments.overrides], hydra_job)
             code = _run_sweep(arguments, sweep_dir, cfg)
         except ConfigError as exc:  # refused: one line
             print_error(str(exc))
@@ -127,25 +130,6 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
         return _run_job(cfg, run_dir, inputs)
 
 
-def _checked_sweep(arguments: Arguments, cfg: DictConfig, resumed: bool) -> Path | None:
-    """The first job's pre-flight; the sweep directory, claimed unless resumed (None when
-    nothing runs: ``--cfg``, ``--info``)."""
-    from transformer_lab.app.preflight import check_unbuilt, preflight
-
-    if arguments.printing:  # --cfg, --info: nothing is built (no corpus downloaded)
-        check_unbuilt(cfg)
-        return None
-    preflight(cfg)
-    if not arguments.multirun:
-        return None
-    if search.uses_optuna(arguments.overrides):
-        require_objective(str(cfg.routine.name))  # a search needs one
-    sweep_dir = Path(str(OmegaConf.select(cfg, "hydra.sweep.dir"))).resolve()
-    if not resumed:
-        claim_directory(sweep_dir)
-    return sweep_dir
-
-
 @contextmanager
 def one_line_errors() -> Iterator[None]:
     """Any exception in the block as a one-line ``ConfigError``, unless ``HYDRA_FULL_ERROR=1``."""
@@ -180,37 +164,29 @@ def _run_job(cfg: DictConfig, run_dir: Path, inputs: object) -> int:
 
 
 def _run_sweep(arguments: Arguments, sweep_dir: Path, cfg: DictConfig) -> int:
-    """The sweep through Hydra, relaunched while that makes progress when a launcher worker's
-    death breaks its pool (``app.recovery``)."""
+    """The sweep through Hydra pinned to ``sweep_dir`` (an Optuna search given tlab's study
+    settings; ``cfg``: the first job's config), relaunched while that makes progress when a
+    launcher worker's death breaks its pool (``app.recovery``)."""
     finished = -1
     while True:
+        overrides = list(arguments.overrides)
+        if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
+            overrides.append(f"hydra.sweep.dir={sweeps.quote_value(str(sweep_dir))}")
+        # jobs in other processes run isolated (app.isolation); they see the user's
+        # HYDRA_FULL_ERROR, not the one run_hydra sets
+        overrides += [f"+hydra.job.env_set.{LAUNCHER_ENV}={os.getpid()}",
+                      f"+hydra.job.env_set.{FULL_ERROR}={os.environ.get(FULL_ERROR, '0')}"]
+        if search.uses_optuna(overrides):
+            overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
         try:
-            return _run_hydra(arguments, sweep_dir, cfg, reraise=recovery.BROKEN_POOL)
+            return run_hydra([*arguments.flags, *overrides], hydra_job, recovery.BROKEN_POOL)
         except recovery.BROKEN_POOL as exc:
-            lost, stopped = recovery.settle_jobs(sweep_dir, exc)
-            done = recovery.finished_jobs(sweep_dir)
+            lost, stopped, done = recovery.settle_jobs(sweep_dir, exc)
             again = done > finished and not search.uses_optuna(arguments.overrides)
             print_error(recovery.summary(exc, lost, stopped, again))
             if not again:
                 return EXIT_FAILED
             finished, arguments = done, recovery.retry_arguments(arguments)
-
-
-def _run_hydra(arguments: Arguments, sweep_dir: Path | None = None,
-               cfg: DictConfig | None = None,
-               reraise: tuple[type[BaseException], ...] = ()) -> int:
-    """Hydra's own command line (help, printing, sweeps); a sweep pinned to ``sweep_dir``, an
-    Optuna search given tlab's study settings (``cfg``: the first job's config)."""
-    overrides = list(arguments.overrides)
-    if sweep_dir is not None:  # jobs in other processes run isolated (app.isolation)
-        if not any(o.startswith("hydra.sweep.dir=") for o in overrides):
-            overrides.append(f"hydra.sweep.dir={sweeps.quote_value(str(sweep_dir))}")
-        overrides.append(f"+hydra.job.env_set.{LAUNCHER_ENV}={os.getpid()}")
-    if reraise:  # the jobs see the user's HYDRA_FULL_ERROR, not the one run_hydra sets
-        overrides.append(f"+hydra.job.env_set.{FULL_ERROR}={os.environ.get(FULL_ERROR, '0')}")
-    if sweep_dir is not None and cfg is not None and search.uses_optuna(overrides):
-        overrides += search.sweeper_overrides(overrides, cfg, sweep_dir)
-    return run_hydra([*arguments.flags, *overrides], hydra_job, reraise)
 
 
 def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
@@ -221,11 +197,10 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
     user_full_error = os.environ.get(FULL_ERROR)
     saved_argv = sys.argv
     sys.argv = [saved_argv[0] if saved_argv else "tlab", *argv]
-    if reraise:
-        os.environ[FULL_ERROR] = "1"
     try:
-        hydra.main(config_path=str(CONFIG_DIR), config_name="config",
-                   version_base="1.3")(WithCommandLine(task_function, saved_argv))()
+        with env_override({FULL_ERROR: "1"} if reraise else {}):
+            hydra.main(config_path=str(CONFIG_DIR), config_name="config",
+                       version_base="1.3")(WithCommandLine(task_function, saved_argv))()
     except SystemExit as exc:  # Hydra's own errors and --help
         return exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     except reraise:
@@ -242,10 +217,6 @@ def run_hydra(argv: list[str], task_function: Callable[[DictConfig], object],
         return EXIT_FAILED
     finally:
         sys.argv = saved_argv
-        if user_full_error is None:
-            os.environ.pop(FULL_ERROR, None)
-        else:
-            os.environ[FULL_ERROR] = user_full_error
     return 0
 
 
@@ -262,20 +233,6 @@ class WithCommandLine:
             return self.task_function(cfg)
         finally:
             sys.argv = hydra_argv
-
-
-def checked_arguments(args: list[str], resume: bool = False) -> Arguments:
-    """``check_arguments`` with old group names renamed (``activation=`` -> ``ffn=``, ``norm=``
-    -> ``block=``), warning about each and about old-named folders."""
-    flags, overrides = split_arguments(args)
-    overrides, used = rename_group_aliases(overrides)
-    for old in dict.fromkeys(used):
-        print_warning(f"'{old}=' is now '{GROUP_ALIASES[old]}=' (the old name works until tlab "
-                      "0.3)")
-    arguments = check_arguments([*flags, *overrides], resume=resume)
-    for note in old_group_folder_notes(arguments.config_dirs):
-        print_warning(note)
-    return arguments
 
 
 @contextmanager

@@ -3,6 +3,7 @@ model it builds are handed to the routine. Not the validation routine (``tlab va
 
 from __future__ import annotations
 
+import torch
 from omegaconf import DictConfig
 
 from transformer_lab.app.resources import check_resources
@@ -32,8 +33,6 @@ def preflight(cfg: DictConfig) -> JobInputs:
     check_optimizer(train_settings(cfg).optimizer, inputs.model)  # the optimizer group
     # --from-hf DIR, --from-run RUN: its weights, checked to fit the model built here
     load_pretrained(inputs.model, cfg)
-    import torch
-
     with torch.random.fork_rng(devices=[]):
         check_routine(cfg, inputs)  # the routine's own settings (e.g. extrapolate's lengths)
     return inputs

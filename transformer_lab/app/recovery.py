@@ -18,32 +18,21 @@ from transformer_lab.app.sweeps import (
     RETRY,
     SWEEP_FILE,
     append_row,
+    job_dirs,
     job_row,
     latest_rows,
     previous_attempts,
 )
-from transformer_lab.results.run_directory import (
-    holds_run,
-    is_failed_attempt_dir,
-    process_alive,
-    read_json,
-)
+from transformer_lab.results.run_directory import process_alive, read_json
 
 BROKEN_POOL = (BrokenExecutor,)  # loky's TerminatedWorkerError is one
 
 
-def job_dirs(sweep_dir: Path) -> list[Path]:
-    """The sweep's job folders that hold a run (latest attempts; kept failed ones left out)."""
-    if not sweep_dir.is_dir():
-        return []
-    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and holds_run(p)
-                   and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
-
-
-def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[str]]:
-    """After the launcher's pool broke: the jobs whose worker died, and the jobs it stopped
-    (recorded ``error``, to run again); every job left with a final status and a row."""
-    lost, stopped = [], []
+def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[str], int]:
+    """After the launcher's pool broke: the jobs whose worker died, the jobs it stopped
+    (recorded ``error``, to run again), and how many jobs hold a final status (not those
+    stopped); every job left with a final status and a row."""
+    lost, stopped, finished = [], [], 0
     reason = (f"stopped when a worker process of the launcher died ({type(cause).__name__}); "
               "run again in the same sweep")
     rows = latest_rows(sweep_dir)
@@ -59,21 +48,16 @@ def settle_jobs(sweep_dir: Path, cause: BaseException) -> tuple[list[str], list[
             stopped.append(job_dir.name)
         elif WORKER_DIED in info and not has_row:
             lost.append(job_dir.name)
+        info = read_json(job_dir / "run.json")  # as recorded now
+        finished += info.get("status") not in (None, "running") and not info.get(POOL_STOPPED)
         if not has_row:  # its worker died before writing it
             overrides_file = job_dir / ".hydra" / "overrides.yaml"
             overrides = [str(o) for o in OmegaConf.load(overrides_file)] \
                 if overrides_file.exists() else []
-            code = read_json(job_dir / "run.json").get("exit_code", 1)
+            code = info.get("exit_code", 1)
             append_row(sweep_dir / SWEEP_FILE, job_row(job_dir.name, attempt, overrides, job_dir,
                                                        code if isinstance(code, int) else 1))
-    return lost, stopped
-
-
-def finished_jobs(sweep_dir: Path) -> int:
-    """How many jobs hold a final status (not ones stopped with a broken pool)."""
-    return sum(1 for job_dir in job_dirs(sweep_dir)
-               if (info := read_json(job_dir / "run.json")).get("status") not in (None, "running")
-               and not info.get(POOL_STOPPED))
+    return lost, stopped, finished
 
 
 def summary(cause: BaseException, lost: list[str], stopped: list[str], again: bool) -> str:

@@ -102,10 +102,9 @@ def _refuse_others(directory: Path, kind: str, overrides: list[str], recorded: l
                    allowed: list[str], hint: str = "") -> None:
     """``ConfigError`` for an override that names the directory, or is neither ``recorded``
     nor ``allowed``."""
-    for override in overrides:
-        if _key(override) in ("hydra.sweep.dir", "hydra.run.dir"):
-            raise ConfigError(f"--resume {directory} already names the {kind} directory; drop "
-                              f"'{override}' (or --out)")
+    if named := [o for o in overrides if _key(o) in ("hydra.sweep.dir", "hydra.run.dir")]:
+        raise ConfigError(f"--resume {directory} already names the {kind} directory; drop "
+                          f"'{named[0]}' (or --out)")
     if foreign := [o for o in overrides if o not in recorded + allowed]:
         raise ConfigError(f"--resume {directory}: {' '.join(foreign)} is not part of the {kind} "
                           f"recorded there ({' '.join(recorded)}); give the same overrides or "
@@ -171,8 +170,17 @@ def run_arguments(run_dir: Path, args: list[str]) -> list[str]:
         raise ConfigError(f"--resume {run_dir}: the run there finished its {done} steps (status "
                           f"{status}); to train it further give more steps: tlab train --resume "
                           f"{run_dir} train.steps={2 * done}")
-    if steps:
-        check_extension(run_dir, steps[-1])
+    if steps:  # N above the steps taken, the finished seeds' final states kept
+        state = _checkpoint(run_dir)  # once: it holds every seed's weights
+        done, value = _kept_steps(state), steps[-1].partition("=")[2]
+        if not value.strip().isdigit() or int(value) <= done:
+            raise ConfigError(f"--resume {run_dir} {steps[-1]}: the run there has taken {done} "
+                              f"steps; give train.steps=N with N > {done}, e.g. "
+                              f"train.steps={2 * max(done, 1)}")
+        if any(seed.get("trainer") is None for seed in state["done"]):
+            raise ConfigError(f"--resume {run_dir} {steps[-1]}: its checkpoint keeps no final "
+                              "state of its finished seeds (an older tlab made it); it cannot be "
+                              "extended")
     recorded = read_overrides(run_dir / ".hydra" / "overrides.yaml", f"--resume {run_dir}: its "
                               ".hydra/overrides.yaml is missing or unreadable")
     if any(flag in ("-m", "--multirun") for flag in flags):
@@ -197,20 +205,6 @@ def _kept_steps(state: dict[str, Any]) -> int:
     if state.get("current") is not None:
         steps.append(int(state["current"]["trainer"]["step"]))
     return max(steps, default=0)
-
-
-def check_extension(run_dir: Path, override: str) -> None:
-    """``train.steps=N`` given to ``--resume``: N above the steps taken, final states kept."""
-    value = override.split("=", 1)[1] if "=" in override else ""
-    state = _checkpoint(run_dir)  # once: it holds every seed's weights
-    done = _kept_steps(state)
-    if not value.strip().isdigit() or int(value) <= done:
-        raise ConfigError(f"--resume {run_dir} {override}: the run there has taken {done} "
-                          f"steps; give train.steps=N with N > {done}, e.g. "
-                          f"train.steps={2 * max(done, 1)}")
-    if any(seed.get("trainer") is None for seed in state["done"]):
-        raise ConfigError(f"--resume {run_dir} {override}: its checkpoint keeps no final state "
-                          "of its finished seeds (an older tlab made it); it cannot be extended")
 
 
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:

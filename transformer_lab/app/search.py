@@ -28,9 +28,8 @@ def uses_optuna(overrides: list[str]) -> bool:
 
 def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) -> list[str]:
     """The ``hydra.sweeper.*`` settings tlab adds for an Optuna search and the callback that
-    continues a stored study; the sweep directory is created for the study file."""
+    continues a stored study (in ``sweep_dir``, claimed or resumed: it exists)."""
     objective = require_objective(str(cfg.routine.name))  # ConfigError: exit 2
-    sweep_dir.mkdir(parents=True, exist_ok=True)
     given = {o.split("=", 1)[0].lstrip("+~") for o in overrides}
     wanted = {"hydra.sweeper.storage": quote_value(f"sqlite:///{sweep_dir.resolve() / STUDY_FILE}"),
               "hydra.sweeper.study_name": STUDY_NAME,
@@ -39,11 +38,6 @@ def sweeper_overrides(overrides: list[str], cfg: DictConfig, sweep_dir: Path) ->
               "hydra.sweeper.n_jobs": "1",
               f"+{STUDY_CALLBACK}": f"{__name__}.ContinuedStudy"}
     return [f"{key}={value}" for key, value in wanted.items() if key.lstrip("+") not in given]
-
-
-def uses_optuna_sweeper(hydra_cfg: Any) -> bool:
-    """True inside a job launched by Optuna's sweeper (``HydraConfig.get()``)."""
-    return "optuna" in str(hydra_cfg.sweeper.get("_target_", "")).lower()
 
 
 def trial_value(run_dir: Path) -> float:

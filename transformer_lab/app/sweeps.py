@@ -44,14 +44,6 @@ _STATUS_CODES = {"passed": EXIT_OK, "interrupted": EXIT_INTERRUPTED}  # else EXI
 # --- the job side ---------------------------------------------------------------------------
 
 
-def recorded_status(run_dir: Path) -> str | None:
-    """Status in ``run_dir/run.json``; ``None`` if no run is there; ``"unreadable"`` if broken."""
-    if not holds_run(run_dir):
-        return None
-    status = read_json(run_dir / "run.json").get("status")
-    return "unreadable" if status is None else str(status)
-
-
 def move_aside(run_dir: Path) -> Path:
     """Move the run files of ``run_dir`` into ``<run_dir>.failed-<n>`` (first free n); ``*.log``
     files are copied (the job's log handler writes to them)."""
@@ -121,9 +113,9 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
     job = run_dir.name  # its number: hydra.sweep.subdir (after earlier launches of a search)
     mode = os.environ.get(RESUME_ENV)
     if mode in ("1", RETRY):
-        previous = recorded_status(run_dir)
-        if mode == RETRY and previous is not None and \
-                not read_json(run_dir / "run.json").get(POOL_STOPPED):
+        info = read_json(run_dir / "run.json")  # "unreadable" if broken, None if no run is there
+        previous = str(info.get("status") or "unreadable") if holds_run(run_dir) else None
+        if mode == RETRY and previous is not None and not info.get(POOL_STOPPED):
             return EXIT_OK  # finished in this sweep's earlier launch (app.recovery)
         if previous == "passed":
             console.print(f"job {job} ({' '.join(overrides)}) passed in an earlier attempt: "
@@ -147,6 +139,14 @@ def run_sweep_job(cfg: DictConfig, execute: Callable[[DictConfig, Path], int]) -
 # --- the launching side ---------------------------------------------------------------------
 
 
+def job_dirs(sweep_dir: Path) -> list[Path]:
+    """The sweep's job folders that hold a run (latest attempts; kept failed ones left out)."""
+    if not sweep_dir.is_dir():
+        return []
+    return sorted((p for p in sweep_dir.iterdir() if p.is_dir() and holds_run(p)
+                   and not is_failed_attempt_dir(p)), key=lambda p: (len(p.name), p.name))
+
+
 def latest_rows(sweep_dir: Path) -> dict[str, dict[str, str]]:
     """The last recorded row of each job (a resumed job's new attempt replaces the old one)."""
     return {row["job"]: row for row in _csv_rows(sweep_dir / SWEEP_FILE) if row.get("job")}
@@ -163,10 +163,10 @@ def sweep_exit_code(sweep_dir: Path) -> int:
     """Worst exit code over the jobs' latest ``sweep.csv`` rows and job folders with no row."""
     rows = latest_rows(sweep_dir)
     codes = [_code_of(row.get("exit_code", ""), row.get("status")) for row in rows.values()]
-    for job_dir in sweep_dir.iterdir() if sweep_dir.is_dir() else []:
-        if job_dir.is_dir() and job_dir.name not in rows and not is_failed_attempt_dir(job_dir) \
-                and (status := recorded_status(job_dir)) is not None:  # killed before its row
-            codes.append(_code_of(read_json(job_dir / "run.json").get("exit_code"), status))
+    for job_dir in job_dirs(sweep_dir):
+        if job_dir.name not in rows:  # killed before its row
+            info = read_json(job_dir / "run.json")
+            codes.append(_code_of(info.get("exit_code"), info.get("status")))
     return max(codes, default=EXIT_OK)
 
 
