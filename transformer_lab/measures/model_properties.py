@@ -22,6 +22,7 @@ from transformer_lab.measures.property_result import (
     eval_outputs,
     evaluating,
     failed,
+    flat_tensors,
     property_check,
     random_tokens,
     relative_change,
@@ -42,12 +43,6 @@ PATHS_TOLERANCE = 1e-4  # two orders of fp32 sums of <= 256 terms differ by < 25
 WEIGHTS_TOLERANCE = 1e-4  # a probability row sums to 1 up to fp32 rounding of T terms
 
 
-def _tensors(value: object) -> list[torch.Tensor]:
-    """The tensors of a module's inputs or output (a tensor, or a tuple or list of values)."""
-    values = value if isinstance(value, tuple | list) else (value,)
-    return [v for v in values if isinstance(v, torch.Tensor)]
-
-
 def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
                     inspect: Callable[[str, nn.Module, list, list], None]) -> torch.Tensor:
     """Logits of an eval forward that calls ``inspect(name, module, inputs, outputs)`` (their
@@ -55,7 +50,7 @@ def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
     names = {module: name for name, module in model.named_modules()}
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
-        inspect(names[module] or "model", module, _tensors(args), _tensors(output))
+        inspect(names[module] or "model", module, flat_tensors(args), flat_tensors(output))
 
     with ExitStack() as hooks:
         for module in model.modules():
