@@ -183,18 +183,6 @@ def norm_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
     return list(found.values())
 
 
-def output_rms(norm: nn.Module, d_model: int) -> list[float]:
-    """The RMS of ``norm``'s output for one Gaussian batch (4, 8, D) scaled to each RMS of
-    :data:`INPUT_SCALES`, on a copy in train mode (BatchNorm uses the batch's statistics)."""
-    copied = copy.deepcopy(norm).train()
-    generator = torch.Generator().manual_seed(9)
-    x = torch.randn(4, 8, d_model, generator=generator)  # (B, T, D), RMS ~1
-    dtype = next((p.dtype for p in copied.parameters()), torch.float32)
-    with torch.no_grad():
-        return [float(copied((scale * x).to(dtype)).float().pow(2).mean().sqrt())
-                for scale in INPUT_SCALES]
-
-
 def _exponent(out_big: float, out_small: float) -> float:
     """e in out_big / out_small = 10^e; 0 where both are 0."""
     return math.log10(max(out_big, 1e-30) / max(out_small, 1e-30))
@@ -208,9 +196,15 @@ def norm_scale_control(model: nn.Module) -> PropertyResult:
     if not layers:
         return PropertyResult(name, None, detail="no norm layer")
     exponents: list[tuple[float, str]] = []  # (exponent, what it means), per layer and kind
+    x = torch.randn(4, 8, model.token_embedding.weight.shape[1],
+                    generator=torch.Generator().manual_seed(9))  # (B, T, D), RMS ~1
     for layer_name, norm in layers:
         label = f"the norm layer {layer_name} ({component(norm)})"
-        out = output_rms(norm, model.token_embedding.weight.shape[1])
+        copied = copy.deepcopy(norm).train()  # BatchNorm uses the batch's statistics
+        dtype = next((p.dtype for p in copied.parameters()), torch.float32)
+        with torch.no_grad():  # output RMS at each input RMS of INPUT_SCALES
+            out = [float(copied((scale * x).to(dtype)).float().pow(2).mean().sqrt())
+                   for scale in INPUT_SCALES]
         if not all(math.isfinite(v) for v in out):
             return PropertyResult(name, False, math.inf, SCALE_EXPONENT_LIMIT,
                                   f"{label} returns inf/NaN for inputs of RMS "
@@ -233,19 +227,6 @@ def norm_scale_control(model: nn.Module) -> PropertyResult:
                    f"{INPUT_SCALES[-1]:g}", detail)
 
 
-def jacobian_rows(ffn: nn.Module, d_model: int) -> torch.Tensor:
-    """``J[i, k] = d ffn(x_k)[i] / d x_k`` at :data:`JACOBIAN_INPUTS` Gaussian one-token inputs
-    for the first :data:`JACOBIAN_ROWS` output coordinates i: (rows, K, D)."""
-    generator = torch.Generator().manual_seed(10)
-    x = torch.randn(JACOBIAN_INPUTS, 1, d_model, generator=generator).requires_grad_(True)
-    y = ffn(x)  # (K, 1, D)
-    rows = []
-    for i in range(min(d_model, JACOBIAN_ROWS)):
-        (grad,) = torch.autograd.grad(y[:, 0, i].sum(), x, retain_graph=True, allow_unused=True)
-        rows.append(torch.zeros_like(x[:, 0]) if grad is None else grad[:, 0])  # (K, D)
-    return torch.stack(rows)  # (rows, K, D)
-
-
 def _ffn_of_block_0(model: nn.Module, name: str) -> tuple[nn.Module, str] | PropertyResult:
     """An :func:`amplified_copy` of block 0's FFN and how messages name it, or the SKIP row of
     property ``name`` when there is none or its class declares ``is_linear = True``."""
@@ -266,9 +247,16 @@ def ffn_nonlinearity(model: nn.Module) -> PropertyResult:
     if isinstance(found, PropertyResult):
         return found
     ffn, label = found
+    d_model = model.token_embedding.weight.shape[1]
+    x = torch.randn(JACOBIAN_INPUTS, 1, d_model, generator=torch.Generator().manual_seed(10))
+    x.requires_grad_(True)  # (K, 1, D): Gaussian one-token inputs
     with train_mode_without_dropout(ffn):
-        rows = jacobian_rows(ffn, model.token_embedding.weight.shape[1]).double()
-    singular = torch.linalg.svdvals(rows)  # (rows, min(K, D))
+        y = ffn(x)  # (K, 1, D)
+    rows = []  # J[i, k] = d ffn(x_k)[i] / d x_k, for the first JACOBIAN_ROWS outputs i
+    for i in range(min(d_model, JACOBIAN_ROWS)):
+        (grad,) = torch.autograd.grad(y[:, 0, i].sum(), x, retain_graph=True, allow_unused=True)
+        rows.append(torch.zeros_like(x[:, 0]) if grad is None else grad[:, 0])  # (K, D)
+    singular = torch.linalg.svdvals(torch.stack(rows).double())  # (rows, min(K, D))
     informative = singular[:, 0] > 1e-30
     if not bool(informative.any()):
         return PropertyResult(name, False, 0.0, NONLINEARITY_TOLERANCE,
