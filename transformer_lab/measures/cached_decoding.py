@@ -70,20 +70,6 @@ def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
     return worst, None
 
 
-def _full_forwards(model: nn.Module, tokens: torch.Tensor,
-                   ends: set[int]) -> dict[int, torch.Tensor]:
-    """``end -> logits (end, V)`` of the full forward over the first ``end`` tokens."""
-    return {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
-
-
-def depends_on_length(full: dict[int, torch.Tensor]) -> bool:
-    """Whether a prefix's logits change when the sequence grows (RoPE ``scaling=dynamic``):
-    ``full`` maps lengths to full-forward logits."""
-    longest = full[max(full)]  # (L, V)
-    return any(float(relative_change(logits - longest[:end], longest[:end]).max())
-               > RELATIVE_TOLERANCE for end, logits in full.items())
-
-
 def first_layer_only(model: nn.Module) -> nn.Module:
     """A copy of ``model`` with its first block only (embedding, block 0, final norm, head)."""
     copied = copy.deepcopy(model)
@@ -105,14 +91,19 @@ def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
             if compared}
     scope = ""
     with evaluating(model):
-        full = _full_forwards(model, tokens, ends)
-        if not bool(torch.isfinite(full[max_len]).all()):
+        # end -> logits (end, V) of the full forward over the first end tokens
+        full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+        longest = full[max_len]  # (L, V)
+        if not bool(torch.isfinite(longest).all()):
             return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
                                   f"non-finite logits in a forward of {max_len} tokens: "
                                   "not compared (see finite_at_max_len)")
-        if len(model.blocks) > 1 and depends_on_length(full):
+        # a prefix's logits change when the sequence grows (RoPE scaling=dynamic)
+        if len(model.blocks) > 1 and any(
+                float(relative_change(logits - longest[:end], longest[:end]).max())
+                > RELATIVE_TOLERANCE for end, logits in full.items()):
             model, scope = first_layer_only(model), FIRST_LAYER_NOTE
-            full = _full_forwards(model, tokens, ends)
+            full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
         results = [_first_mismatch(model, tokens, step, full) for step in steps]
     worst = max(w for w, _ in results)
     mismatches = [m for _, m in results if m is not None]

@@ -26,19 +26,6 @@ def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
     return int(getattr(model.positional, "max_len", None) or default)
 
 
-def _rotary_representations(model: nn.Module, length: int, dtype: torch.dtype) -> torch.Tensor:
-    attention = model.blocks[0].attention
-    if not hasattr(attention, "n_heads"):  # a block's own attention wrapping tlab's
-        attention = next(m for m in model.modules()
-                         if all(hasattr(m, a) for a in ("n_heads", "n_kv_heads", "head_dim")))
-    positions = torch.arange(length)
-    q = torch.ones(1, attention.n_heads, length, attention.head_dim, dtype=dtype)
-    k = torch.ones(1, attention.n_kv_heads, length, attention.head_dim, dtype=dtype)
-    q, k = model.positional(q, k, positions)  # (1, H, L, Dh), (1, H_kv, L, Dh)
-    return torch.cat([q[0].transpose(0, 1).reshape(length, -1),
-                      k[0].transpose(0, 1).reshape(length, -1)], dim=1)  # (L, (H + H_kv) Dh)
-
-
 def position_representations(model: nn.Module, length: int,
                              dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
     """The model's PE for positions ``0 .. length - 1``, a float32 row each: an additive PE's
@@ -48,8 +35,14 @@ def position_representations(model: nn.Module, length: int,
     with torch.no_grad():
         if kind == "additive":
             return model.positional(torch.arange(length)).float()  # (L, D)
-        if kind == "rotary":
-            return _rotary_representations(model, length, dtype).float()
+        if kind == "rotary":  # tlab's attention, or the one a block's own attention wraps
+            attention = next(m for m in model.modules()
+                             if all(hasattr(m, a) for a in ("n_heads", "n_kv_heads", "head_dim")))
+            q = torch.ones(1, attention.n_heads, length, attention.head_dim, dtype=dtype)
+            k = torch.ones(1, attention.n_kv_heads, length, attention.head_dim, dtype=dtype)
+            q, k = model.positional(q, k, torch.arange(length))  # (1, H, L, Dh), (1, H_kv, L, Dh)
+            rows = [x[0].transpose(0, 1).reshape(length, -1) for x in (q, k)]
+            return torch.cat(rows, dim=1).float()  # (L, (H + H_kv) Dh)
         if kind == "bias":
             mask = model.attention_mask(length, length, torch.device("cpu"))  # (H, L, L)
             attention = mask.float().softmax(dim=-1).nan_to_num(0.0)  # (H, L, L)
