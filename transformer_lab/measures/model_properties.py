@@ -325,21 +325,6 @@ def mask_lengths(max_len: int) -> list[int]:
     return sorted({*lengths, max_len})
 
 
-def _keyless_queries(model: nn.Module, max_len: int) -> tuple[list[int], tuple[int, int] | None]:
-    """The lengths at which the model's additive attention mask (a bias PE plus the causal
-    mask) leaves a query with every key at -inf, and the first such (head, query)."""
-    lengths, first = [], None
-    for length in mask_lengths(max_len):
-        mask = model.attention_mask(length, length, torch.device("cpu"))  # (H, T, T) or None
-        if mask is None:
-            return [], None
-        keyless = torch.isneginf(mask).all(dim=-1) | torch.isnan(mask).any(dim=-1)  # (H, T)
-        if bool(keyless.any()):
-            lengths.append(length)
-            first = first or tuple(int(i) for i in torch.nonzero(keyless)[0])
-    return lengths, first
-
-
 def sums_to_one(attention: nn.Module) -> bool:
     """Whether an attention module's weights sum to one over the keys: tlab's softmax
     attention, or a class declaring ``weights_sum_to_one = True``."""
@@ -377,7 +362,17 @@ def query_sees_a_key(model: nn.Module, vocab_size: int, max_len: int,
                      seq_len: int = 16) -> PropertyResult:
     """Every query sees a key: in the additive mask and in the written-out attention."""
     name = "query_sees_a_key"
-    lengths, first = _keyless_queries(model, max_len)
+    # lengths where the additive mask (a bias PE plus the causal mask) leaves a query with every
+    # key at -inf, and the first such (head, query)
+    lengths, first = [], None
+    for length in mask_lengths(max_len):
+        mask = model.attention_mask(length, length, torch.device("cpu"))  # (H, T, T) or None
+        if mask is None:  # no PE bias: SDPA's is_causal, or no mask
+            break
+        keyless = torch.isneginf(mask).all(dim=-1) | torch.isnan(mask).any(dim=-1)  # (H, T)
+        if bool(keyless.any()):
+            lengths.append(length)
+            first = first or tuple(int(i) for i in torch.nonzero(keyless)[0])
     bad_rows = _bad_probability_rows(model, random_tokens(vocab_size, 2, min(seq_len, max_len)))
     if lengths:
         head, query = first
