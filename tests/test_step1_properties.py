@@ -18,20 +18,18 @@ from transformer_lab.components.moe import MoEFeedForward
 from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
 from transformer_lab.components.positional import RotaryPositionalEncoding, rotate_with_cos_sin
 from transformer_lab.config.compose import compose
-from transformer_lab.measures.bf16_behaviour import bf16_behaviour
 from transformer_lab.measures.model_properties import (
+    ALIASING_RATIO,
     SCALE_EXPONENT_LIMIT,
     attention_paths_agree,
+    bf16_behaviour,
     device_placement,
     eval_determinism,
     ffn_nonlinearity,
     norm_scale_control,
-    query_sees_a_key,
-)
-from transformer_lab.measures.positions import (
-    ALIASING_RATIO,
     position_distinguishability,
     position_max_len,
+    query_sees_a_key,
 )
 from transformer_lab.model import build_model
 from transformer_lab.mutants import BY_NAME, mutant_config

@@ -4,20 +4,22 @@ every step-1 check in order (docs/detector.md lists them and how each is measure
 from __future__ import annotations
 
 import copy
+import inspect
 import math
 from collections.abc import Callable
 from contextlib import ExitStack
+from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from transformer_lab.components.attention import MultiHeadAttention
-from transformer_lab.measures.bf16_behaviour import bf16_behaviour
-from transformer_lab.measures.cached_decoding import cached_decoding
-from transformer_lab.measures.positions import position_distinguishability, position_max_len
 from transformer_lab.measures.property_result import (
     PropertyResult,
     amplified_copy,
+    called_from,
     component,
     eval_outputs,
     evaluating,
@@ -41,16 +43,24 @@ INTERACTION_TOLERANCE = 1e-4  # a sum of one-variable functions: fp32 rounding o
 INTERACTION_PAIRS = 16  # (x, i, j) probes of the mixed second difference
 PATHS_TOLERANCE = 1e-4  # two orders of fp32 sums of <= 256 terms differ by < 256 * 6e-8
 WEIGHTS_TOLERANCE = 1e-4  # a probability row sums to 1 up to fp32 rounding of T terms
+DEFAULT_MAX_LEN = 256  # positions checked for a PE without a max_len of its own
+SAME_TOLERANCE = 1e-5  # relative to a row's norm; one PE computation rounds at 6e-8 of it
+ALIASING_RATIO = 0.05  # a far pair closer than this fraction of a neighbour step aliases
+HALF = (torch.bfloat16, torch.float16)
+FLOAT32_TOLERANCE = 1e-5  # a float32 computation and its float32 twin differ by rounding only
+BF16_TOLERANCE = 2.0 ** -7  # 4 x one bf16 rounding of the output (2^-9 relative)
+BF16_LENGTH = 512  # bf16 spaces integers 2 apart from 256 on: look past it where the PE can
+CHUNK = 3  # tokens per step of the chunked decoding
 
 
 def _hooked_forward(model: nn.Module, tokens: torch.Tensor,
-                    inspect: Callable[[str, nn.Module, list, list], None]) -> torch.Tensor:
-    """Logits of an eval forward that calls ``inspect(name, module, inputs, outputs)`` (their
+                    visit: Callable[[str, nn.Module, list, list], None]) -> torch.Tensor:
+    """Logits of an eval forward that calls ``visit(name, module, inputs, outputs)`` (their
     tensors) as each submodule finishes."""
     names = {module: name for name, module in model.named_modules()}
 
     def hook(module: nn.Module, args: tuple, output: object) -> None:
-        inspect(names[module] or "model", module, flat_tensors(args), flat_tensors(output))
+        visit(names[module] or "model", module, flat_tensors(args), flat_tensors(output))
 
     with ExitStack() as hooks:
         for module in model.modules():
@@ -64,13 +74,13 @@ def output_dtype(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Propert
     expected = model.token_embedding.weight.dtype
     wrong: list[str] = []
 
-    def inspect(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
+    def visit(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
         wrong.extend(f"{module_name} ({type(module).__name__}) returned {value.dtype}"
                      for value in outputs
                      if value.is_floating_point() and value.dtype != expected)
 
     try:
-        _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=5), inspect)
+        _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=5), visit)
     except Exception as exc:
         if not wrong:
             return failed(name, exc)
@@ -86,13 +96,13 @@ def device_placement(model: nn.Module, vocab_size: int, seq_len: int = 8) -> Pro
 
     returned: list[str] = []
 
-    def inspect(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
+    def visit(module_name: str, module: nn.Module, _inputs: list, outputs: list) -> None:
         returned.extend(f"{module_name} ({type(module).__name__}) returned a tensor made "
                         "without device=" for value in outputs if host_tensor(value))
 
     tokens = random_tokens(vocab_size, 2, seq_len, seed=6)  # made outside the audit
     with DeviceAudit() as audit:
-        _hooked_forward(model, tokens, inspect)
+        _hooked_forward(model, tokens, visit)
     found = returned[:1] + audit.violations[:1]
     return verdict("device_placement", not found, float(len(returned) + len(audit.violations)),
                    0.0, "every tensor follows the model's device",
@@ -155,13 +165,13 @@ def ffn_gain(model: nn.Module, vocab_size: int, seq_len: int = 8) -> PropertyRes
     ffns = {block.feedforward: index for index, block in enumerate(getattr(model, "blocks", []))}
     gains: list[tuple[float, str]] = []
 
-    def inspect(_name: str, module: nn.Module, inputs: list, outputs: list) -> None:
+    def visit(_name: str, module: nn.Module, inputs: list, outputs: list) -> None:
         if module in ffns:
             rms_in = inputs[0].float().pow(2).mean().sqrt().clamp_min(1e-30)
             gains.append((float(outputs[0].float().pow(2).mean().sqrt() / rms_in),
                           f"block {ffns[module]}"))
 
-    _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=7), inspect)
+    _hooked_forward(model, random_tokens(vocab_size, 2, seq_len, seed=7), visit)
     if not gains:
         return PropertyResult(name, None, detail="no FFN")
     gain, where = max(gains)
@@ -538,11 +548,292 @@ def train_eval_agreement(model: nn.Module, vocab_size: int, seq_len: int = 16) -
                    f"ones by {worst:.2g} (relative) with dropout off{note}")
 
 
+def position_max_len(model: nn.Module, default: int = DEFAULT_MAX_LEN) -> int:
+    """The PE's own ``max_len`` where it has one (a learned table), else ``default``."""
+    return int(getattr(model.positional, "max_len", None) or default)
+
+
+def position_representations(model: nn.Module, length: int,
+                             dtype: torch.dtype = torch.float32) -> torch.Tensor | None:
+    """The model's PE for positions ``0 .. length - 1``, a float32 row each: an additive PE's
+    rows (L, D); a rotary PE's rotation of all-ones q and k in ``dtype`` (L, (H + H_kv) Dh); a
+    bias PE's softmax of its mask rows (L, H L). None for a PE of kind ``none``."""
+    kind = model.positional.kind
+    with torch.no_grad():
+        if kind == "additive":
+            return model.positional(torch.arange(length)).float()  # (L, D)
+        if kind == "rotary":  # tlab's attention, or the one a block's own attention wraps
+            attention = next(m for m in model.modules()
+                             if all(hasattr(m, a) for a in ("n_heads", "n_kv_heads", "head_dim")))
+            q = torch.ones(1, attention.n_heads, length, attention.head_dim, dtype=dtype)
+            k = torch.ones(1, attention.n_kv_heads, length, attention.head_dim, dtype=dtype)
+            q, k = model.positional(q, k, torch.arange(length))  # (1, H, L, Dh), (1, H_kv, L, Dh)
+            rows = [x[0].transpose(0, 1).reshape(length, -1) for x in (q, k)]
+            return torch.cat(rows, dim=1).float()  # (L, (H + H_kv) Dh)
+        if kind == "bias":
+            mask = model.attention_mask(length, length, torch.device("cpu"))  # (H, L, L)
+            attention = mask.float().softmax(dim=-1).nan_to_num(0.0)  # (H, L, L)
+            return attention.transpose(0, 1).reshape(length, -1)  # (L, H L)
+    return None
+
+
+def same_pairs(rows: torch.Tensor) -> list[tuple[int, int]]:
+    """Pairs ``(p, q)``, ``p < q``, whose rows are the same up to :data:`SAME_TOLERANCE` of the
+    rows' mean norm."""
+    rows = rows.double()
+    scale = float(rows.norm(dim=-1).mean())
+    close = torch.cdist(rows, rows) <= SAME_TOLERANCE * max(scale, 1e-30)  # (L, L)
+    close &= torch.ones_like(close).triu(1)
+    return [(int(p), int(q)) for p, q in torch.nonzero(close)]
+
+
+def aliasing(rows: torch.Tensor) -> tuple[float, int, int]:
+    """The smallest distance between two positions at least 2 apart, as a fraction of the
+    smaller of their distances to their closest neighbours, with features standardized; and
+    that pair. Rows must be distinct (:func:`same_pairs`)."""
+    rows = rows.double()
+    spread = rows.std(dim=0)  # (F,)
+    varies = spread > SAME_TOLERANCE * float(rows.pow(2).mean().sqrt())  # beyond float32 noise
+    rows = rows[:, varies] / spread[varies]  # (L, F'): each varying feature standardized
+    distances = torch.cdist(rows, rows)  # (L, L)
+    length = distances.shape[0]
+    neighbour = distances.diagonal(1)  # (L - 1,): p to p + 1
+    padded = F.pad(neighbour, (1, 1), value=math.inf)  # (L + 1,)
+    step = torch.minimum(padded[:-1], padded[1:])  # (L,): to the closer neighbour
+    ratio = distances / torch.minimum(step[:, None], step[None, :])  # (L, L)
+    near = torch.ones(length, length, dtype=torch.bool).triu(2).logical_not()
+    ratio = ratio.masked_fill(near, math.inf)
+    p, q = divmod(int(ratio.argmin()), length)
+    return float(ratio[p, q]), p, q
+
+
+@property_check
+def position_distinguishability(model: nn.Module, max_len: int | None = None) -> PropertyResult:
+    """The PE gives every pair of positions below ``max_len`` clearly different rows."""
+    name = "position_distinguishability"
+    max_len = max_len or position_max_len(model)
+    pe = f"the positional encoding ({component(model.positional)})"
+    if max_len < 3:
+        return PropertyResult(name, None, detail=f"max_len={max_len}: no far pair")
+    rows = position_representations(model, max_len)
+    if rows is None:
+        return PropertyResult(name, None, detail="pe kind 'none': no positions (the control)")
+    if not bool(torch.isfinite(rows).all()):
+        return PropertyResult(name, False, math.nan, ALIASING_RATIO,
+                              f"{pe} gives non-finite values below position {max_len}")
+    same = same_pairs(rows)
+    if same:
+        p, q = same[0]
+        return PropertyResult(name, False, 0.0, ALIASING_RATIO,
+                              f"{pe} gives positions {p} and {q} the same representation "
+                              f"({len(same)} such pairs below {max_len})")
+    ratio, p, q = aliasing(rows)
+    return verdict(name, ratio >= ALIASING_RATIO, ratio, ALIASING_RATIO,
+                   f"every pair of positions below {max_len} at least {ratio:.2g} of a "
+                   "neighbour step apart",
+                   f"{pe}: positions {p} and {q} are only {ratio:.2g} of a neighbour step apart "
+                   "while neighbours differ clearly: far positions alias (a frequency turning a "
+                   f"whole number of times in {q - p} steps?)")
+
+
+class HalfPrecisionAudit(TorchFunctionMode):
+    """Records, in ``ops``, each op whose result is bfloat16 or float16: what, shape, where."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        result = func(*args, **(kwargs or {}))
+        half = next((v for v in flat_tensors(result) if v.dtype in HALF), None)
+        if half is not None and len(self.ops) < 8:
+            where = called_from(inspect.currentframe())
+            self.ops.append(f"{getattr(func, '__name__', str(func))} -> {half.dtype} "
+                            f"{tuple(half.shape)}{f' at {where}' if where else ''}")
+        return result
+
+
+class KeepFloat32(TorchFunctionMode):
+    """Every cast to bfloat16/float16 (``.to``, ``.type``, ``.bfloat16()``, ``.half()``,
+    ``type_as`` a half tensor, a factory's ``dtype=``) gives float32 instead."""
+
+    def __torch_function__(self, func: Any, types: Any, args: tuple = (),
+                           kwargs: dict | None = None) -> Any:
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        if name in ("bfloat16", "half") or (name == "type_as" and args[1].dtype in HALF):
+            return args[0].float()
+
+        def float32(value: Any) -> Any:
+            return torch.float32 if isinstance(value, torch.dtype) and value in HALF else value
+
+        return func(*(float32(a) for a in args), **{k: float32(v) for k, v in kwargs.items()})
+
+
+@property_check
+def bf16_behaviour(model: nn.Module, vocab_size: int, max_len: int,
+                   precision: str = "fp32", given: bool = False) -> PropertyResult:
+    """Where the run or the PE uses half precision, positions stay distinct up to ``max_len``
+    and the loss finite (gpt-neox #1016, modded-nanogpt #39)."""
+    name = "bf16_behaviour"
+    bf16_run = precision == "bf16"
+    if not given and not getattr(model.positional, "max_len", None):
+        max_len = max(max_len, BF16_LENGTH)
+    pe = f"the positional encoding ({component(model.positional)})"
+    with HalfPrecisionAudit() as audit:
+        position_representations(model, max_len)
+    if not bf16_run and not audit.ops:
+        return PropertyResult(name, None, detail="float32 run; the PE computes in float32")
+    allowed = BF16_TOLERANCE if bf16_run else FLOAT32_TOLERANCE
+    with torch.autocast("cpu", torch.bfloat16, enabled=bf16_run):
+        rows = position_representations(model, max_len,
+                                        torch.bfloat16 if bf16_run else torch.float32)
+    with KeepFloat32():
+        twin_rows = position_representations(copy.deepcopy(model), max_len)
+    tokens, targets = (random_tokens(vocab_size, 2, max_len, seed=seed) for seed in (12, 13))
+    with evaluating(model), torch.autocast("cpu", torch.bfloat16, enabled=bf16_run):
+        logits = model(tokens)  # (B, T, V)
+        loss = float(F.cross_entropy(logits.float().flatten(0, 1), targets.flatten()))
+    if rows is None:  # kind none: only the run's precision applies
+        rows = twin_rows = torch.zeros(1, 1)
+    how = "under bf16 autocast" if bf16_run else "in a float32 run"
+    merged = sorted(set(same_pairs(rows)) - set(same_pairs(twin_rows)))
+    deviations = relative_change(rows - twin_rows, twin_rows)  # (L,)
+    deviation = float(deviations.max())
+    if merged:
+        p, q = merged[0]
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} gives positions {p} and {q} the same representation "
+                              f"{how}, distinct in float32 ({len(merged)} such pairs below "
+                              f"{max_len}): bf16 holds integers exactly only up to 256; compute "
+                              "positions and angles in float32 (gpt-neox #1016)")
+    if not bf16_run:
+        off = (f"; its output is {deviation:.2g} (relative) from float32"
+               if deviation > allowed else "")
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} rounds to half precision in a float32 run ({audit.ops[0]})"
+                              f"{off}: 8-bit angles and tables blur positions; keep them in "
+                              "float32 (modded-nanogpt #39)")
+    if not deviation <= allowed:
+        return PropertyResult(name, False, deviation, allowed,
+                              f"{pe} {how}: its output at position {int(deviations.argmax())} is "
+                              f"{deviation:.2g} (relative) from the same computation in float32, "
+                              f"more than one bf16 rounding ({allowed:.2g}): angles or tables "
+                              "computed in bf16? keep them in float32 (gpt-neox #1003)")
+    if not torch.isfinite(torch.tensor(loss)):
+        return PropertyResult(name, False, loss, allowed,
+                              f"the loss at {max_len} tokens is {loss} {how}")
+    return PropertyResult(name, True, deviation, allowed,
+                          f"{how}: positions distinct up to {max_len}, output within "
+                          f"{allowed:.2g} of float32, loss finite ({loss:.3g})")
+
+
+FIRST_LAYER_NOTE = (" (first layer only: the logits depend on the sequence's length, and a "
+                    "deeper layer's cached keys come from a shorter sequence)")
+ADVICE = ("cached decoding (a KV cache) disagrees with the full forward: check how the PE "
+          "uses `positions` after an offset")
+
+
+def decoding_spans(max_len: int, step: int) -> list[tuple[int, int, bool]]:
+    """``(start, end, compared)`` token spans covering ``0 .. max_len``, one forward each: the
+    compared ones hold ``step`` tokens (the first 8, from ``p - 1`` and ``p`` for each power of
+    two ``p >= 16``, the last), the others feed the tokens between them."""
+    starts = list(range(0, min(8, max_len), step))
+    power = 16
+    while power <= max_len:
+        starts += [power - 1, power]
+        power *= 2
+    starts.append(max(max_len - step, 0))
+    spans: list[tuple[int, int, bool]] = []
+    done = 0  # tokens in the cache
+    for start in sorted({start for start in starts if start < max_len}):
+        if start < done:  # already in a compared span
+            continue
+        if start > done:
+            spans.append((done, start, False))  # the tokens in between, in one step
+        done = min(start + step, max_len)
+        spans.append((start, done, True))
+    if done < max_len:
+        spans.append((done, max_len, True))
+    return spans
+
+
+def _first_mismatch(model: nn.Module, tokens: torch.Tensor, step: int,
+                    full: dict[int, torch.Tensor]) -> tuple[float, tuple[int, float, str] | None]:
+    """Decode ``tokens`` (1, L) along ``decoding_spans(L, step)`` with a cache; compare each
+    compared span with ``full[end]`` (end, V). Returns the worst relative difference and the
+    first position past the tolerance: (position, its relative difference, how it was fed)."""
+    worst, cache = 0.0, model.new_cache()
+    label = "one token at a time" if step == 1 else f"{step} tokens at a time"
+    for start, end, compared in decoding_spans(tokens.shape[1], step):
+        cached = model(tokens[:, start:end], cache=cache).float()[0]  # (T_step, V)
+        if not compared:
+            continue
+        reference = full[end][start:end]  # (T_step, V)
+        delta = relative_change(cached - reference, reference)  # (T_step,)
+        delta = torch.where(torch.isnan(delta), torch.inf, delta)
+        worst = max(worst, float(delta.max()))
+        over = torch.nonzero(delta > RELATIVE_TOLERANCE)
+        if len(over):
+            index = int(over[0])
+            return worst, (start + index, float(delta[index]), label)
+    return worst, None
+
+
+def first_layer_only(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` with its first block only (embedding, block 0, final norm, head)."""
+    copied = copy.deepcopy(model)
+    copied.blocks = nn.ModuleList(list(copied.blocks)[:1])
+    return copied
+
+
+@property_check
+def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
+                    chunk: int = CHUNK) -> PropertyResult:
+    """Decoders: decoding with a KV cache gives the logits of the full forward (Megatron-LM
+    #453, llama2.c #286, HF transformers #25104, PyTorch #108108)."""
+    name = "cached_decoding"
+    if not getattr(model, "causal", False):
+        return PropertyResult(name, None, detail="encoder: no KV cache (every token attends "
+                              "to later ones)")
+    tokens = random_tokens(vocab_size, 1, max_len, seed=5)  # (1, L)
+    steps = (1, chunk)
+    ends = {end for step in steps for _, end, compared in decoding_spans(max_len, step)
+            if compared}
+    scope = ""
+    with evaluating(model):
+        # end -> logits (end, V) of the full forward over the first end tokens
+        full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+        longest = full[max_len]  # (L, V)
+        if not bool(torch.isfinite(longest).all()):
+            return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
+                                  f"non-finite logits in a forward of {max_len} tokens: "
+                                  "not compared (see finite_at_max_len)")
+        # a prefix's logits change when the sequence grows (RoPE scaling=dynamic)
+        if len(model.blocks) > 1 and any(
+                float(relative_change(logits - longest[:end], longest[:end]).max())
+                > RELATIVE_TOLERANCE for end, logits in full.items()):
+            model, scope = first_layer_only(model), FIRST_LAYER_NOTE
+            full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+        results = [_first_mismatch(model, tokens, step, full) for step in steps]
+    worst = max(w for w, _ in results)
+    mismatches = [m for _, m in results if m is not None]
+    if not mismatches:
+        return PropertyResult(name, True, worst, RELATIVE_TOLERANCE,
+                              f"one token and {chunk} tokens at a time up to {max_len} tokens "
+                              f"equal the full forward{scope}")
+    position, relative, steps_taken = min(mismatches, key=lambda m: m[0])
+    return PropertyResult(name, False, worst, RELATIVE_TOLERANCE,
+                          f"position {position} ({steps_taken}) differs from the full "
+                          f"forward by {relative:.2g} (relative){scope}; {ADVICE}")
+
+
 def model_properties(model: nn.Module, vocab_size: int, max_len: int | None = None,
                      precision: str = "fp32") -> list[PropertyResult]:
     """Every step-1 property of ``model``, in order (its weights, modes and torch's random state
     are left as they were). ``max_len``: how far positions are checked (default: the PE's own,
-    else :data:`~.positions.DEFAULT_MAX_LEN`; one given bounds every check); ``precision``: the
+    else :data:`DEFAULT_MAX_LEN`; one given bounds every check); ``precision``: the
     run's ``train.precision``."""
     given = max_len is not None
     max_len = max_len or position_max_len(model)
