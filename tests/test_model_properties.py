@@ -14,8 +14,8 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_lab.measures.device_audit import DeviceAudit
 from transformer_lab.measures.model_properties import (
+    DeviceAudit,
     causality,
     device_placement,
     model_properties,
