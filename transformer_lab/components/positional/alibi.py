@@ -9,8 +9,6 @@ from torch import nn
 
 from .base import query_offset
 
-ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
-
 
 def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
     """Per-head ALiBi slopes ``(n_heads,)`` as ``get_slopes`` of Press et al. 2021
@@ -70,7 +68,7 @@ class ALiBiPositionalBias(nn.Module):
     def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs",
                  slope_power: float = 8.0) -> None:
         super().__init__()
-        if symmetric not in ALIBI_SYMMETRIC:
+        if symmetric not in ("abs", "split"):
             raise ValueError(f"symmetric={symmetric!r} is not valid; choose 'abs' or 'split'")
         if not causal and symmetric == "split" and n_heads < 2:
             raise ValueError(

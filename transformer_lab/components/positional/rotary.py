@@ -7,11 +7,9 @@ from torch import nn
 
 from .rope_scaling import rope_inverse_frequencies
 
-ROTARY_STYLES: tuple[str, ...] = ("half", "interleaved")
-
 
 def _check_style(style: str) -> None:
-    if style not in ROTARY_STYLES:
+    if style not in ("half", "interleaved"):
         raise ValueError(f"style={style!r} is not valid; choose 'half' or 'interleaved'")
 
 
