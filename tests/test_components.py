@@ -16,7 +16,6 @@ from transformer_lab.components.block import DeepNormBlock, PostNormBlock, PreNo
 from transformer_lab.components.feedforward import (
     FeedForward,
     GatedFeedForward,
-    gated_hidden_size,
     make_activation,
 )
 from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
@@ -38,7 +37,7 @@ def test_seed_ffn_parameter_count():
 def test_gated_two_thirds_rule_matches_two_matrix_ffn():
     plain = FeedForward(d_model=96, d_ff=384, bias=False)
     gated = GatedFeedForward(d_model=96, d_ff=384, bias=False, match_params=True)
-    assert gated_hidden_size(384, True) == 256
+    assert GatedFeedForward.hidden_size(384, True) == 256
     assert sum(p.numel() for p in gated.parameters()) == sum(p.numel() for p in plain.parameters())
     assert gated.gate_proj.out_features == 384 * 2 // 3
 

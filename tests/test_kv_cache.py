@@ -18,14 +18,15 @@ import torch.nn.functional as F
 
 from transformer_lab.config.compose import compose
 from transformer_lab.errors import ConfigError
-from transformer_lab.measures.cached_decoding import (
+from transformer_lab.measures.model_properties import (
     ADVICE,
     RELATIVE_TOLERANCE,
+    amplified_copy,
     cached_decoding,
     decoding_spans,
     first_layer_only,
+    position_max_len,
 )
-from transformer_lab.measures.model_properties import amplified_copy, position_max_len
 from transformer_lab.measures.property_result import relative_change
 from transformer_lab.model import build_model, next_token
 from transformer_lab.mutants import BY_NAME, mutant_config

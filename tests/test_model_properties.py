@@ -14,13 +14,13 @@ import pytest
 import torch
 from torch import nn
 
-from transformer_lab.measures.device_audit import DeviceAudit
 from transformer_lab.measures.model_properties import (
+    DeviceAudit,
     causality,
+    device_placement,
     model_properties,
     position_injectivity,
 )
-from transformer_lab.measures.output_properties import device_placement
 from transformer_lab.model import build_model
 from transformer_lab.mutants import (
     BUILT_IN_BLOCKS,

@@ -18,18 +18,18 @@ from transformer_lab.components.moe import MoEFeedForward
 from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
 from transformer_lab.components.positional import RotaryPositionalEncoding, rotate_with_cos_sin
 from transformer_lab.config.compose import compose
-from transformer_lab.measures.attention_properties import attention_paths_agree, query_sees_a_key
-from transformer_lab.measures.bf16_behaviour import bf16_behaviour
-from transformer_lab.measures.component_properties import (
+from transformer_lab.measures.model_properties import (
+    ALIASING_RATIO,
     SCALE_EXPONENT_LIMIT,
+    attention_paths_agree,
+    bf16_behaviour,
+    device_placement,
+    eval_determinism,
     ffn_nonlinearity,
     norm_scale_control,
-)
-from transformer_lab.measures.output_properties import device_placement, eval_determinism
-from transformer_lab.measures.positions import (
-    ALIASING_RATIO,
     position_distinguishability,
     position_max_len,
+    query_sees_a_key,
 )
 from transformer_lab.model import build_model
 from transformer_lab.mutants import BY_NAME, mutant_config
@@ -470,7 +470,7 @@ class _SquaredSum(nn.Module):
 
 
 def test_the_mixed_difference_is_rounding_without_interaction_and_large_with_it():
-    from transformer_lab.measures.component_properties import (
+    from transformer_lab.measures.model_properties import (
         INTERACTION_TOLERANCE,
         mixed_differences,
     )
@@ -486,7 +486,7 @@ def test_the_mixed_difference_is_rounding_without_interaction_and_large_with_it(
 
 
 def test_ffn_interaction_fails_an_activation_before_the_up_projection():
-    from transformer_lab.measures.component_properties import ffn_interaction
+    from transformer_lab.measures.model_properties import ffn_interaction
 
     result = ffn_interaction(_mutant_model("activation_first_ffn"))
     assert result.passed is False
@@ -497,7 +497,7 @@ def test_ffn_interaction_fails_an_activation_before_the_up_projection():
 
 @pytest.mark.parametrize("name", list(NONLINEAR_FFNS))
 def test_every_ffn_with_mixing_passes_ffn_interaction(name):
-    from transformer_lab.measures.component_properties import ffn_interaction
+    from transformer_lab.measures.model_properties import ffn_interaction
 
     torch.manual_seed(0)
     result = ffn_interaction(_with_ffn(NONLINEAR_FFNS[name]()))
@@ -505,7 +505,7 @@ def test_every_ffn_with_mixing_passes_ffn_interaction(name):
 
 
 def test_unnormalised_attention_is_not_held_to_rows_summing_to_one():
-    from transformer_lab.measures.attention_properties import sums_to_one
+    from transformer_lab.measures.model_properties import sums_to_one
 
     sigmoid = _mutant_model("sigmoid_attention_block/decoder")
     result = query_sees_a_key(sigmoid, VOCAB, 64)

@@ -147,10 +147,18 @@ class MultiHeadAttention(nn.Module):
     def written_out(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                     inputs: AttentionInputs,
                     weigh: Callable[[torch.Tensor], torch.Tensor] = softmax) -> torch.Tensor:
-        """SDPA's computation written out, ``weigh`` (fp32 scores -> weights, both (B, H, T_q,
-        T_k)) in place of the softmax; keeps ``last_weights`` with ``need_weights``.
-        -> (B, H, T_q, Dh)."""
-        scores = attention_scores(q, k, inputs, self.scale).float()  # fp32, as autocast does
+        """SDPA's computation written out: q (B, H, T_q, Dh) . k (B, H, T_k, Dh) scaled (None:
+        1 / sqrt(Dh)), plus ``inputs.mask`` or the causal mask, ``weigh`` (fp32 scores ->
+        weights, (B, H, T_q, T_k)) in place of the softmax; keeps ``last_weights`` with
+        ``need_weights``. -> (B, H, T_q, Dh)."""
+        scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
+        scores = scores / math.sqrt(q.shape[-1]) if self.scale is None else scores * self.scale
+        if inputs.mask is not None:
+            scores = scores + inputs.mask
+        elif inputs.is_causal:  # T_q == T_k (the model passes a mask otherwise)
+            future = torch.ones(q.shape[-2], q.shape[-2], dtype=torch.bool, device=q.device)
+            scores = scores.masked_fill(future.triu(1), float("-inf"))
+        scores = scores.float()  # fp32, as autocast does
         weights = weigh(scores).to(v.dtype)  # (B, H, T_q, T_k)
         if inputs.need_weights:
             self.last_weights = weights.detach()
@@ -167,17 +175,3 @@ class MultiHeadAttention(nn.Module):
             )  # (B, H, T_q, Dh)
         return self.out_proj(out.transpose(1, 2).flatten(2))  # (B, T, H Dh) -> (B, T, D)
 
-
-def attention_scores(q: torch.Tensor, k: torch.Tensor, inputs: AttentionInputs,
-                     scale: float | None = None) -> torch.Tensor:
-    """The logits SDPA weighs: q (B, H, T_q, Dh) . k (B, H, T_k, Dh) scaled (None: 1 / sqrt(Dh)),
-    plus ``inputs.mask``, or -inf at future keys with ``is_causal``. -> (B, H, T_q, T_k)."""
-    scores = q @ k.transpose(-2, -1)  # (B, H, T_q, T_k)
-    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
-    if inputs.mask is not None:
-        return scores + inputs.mask
-    if inputs.is_causal:  # T_q == T_k (the model passes a mask otherwise)
-        seq = q.shape[-2]
-        future = torch.ones(seq, seq, dtype=torch.bool, device=q.device).triu(1)
-        return scores.masked_fill(future, float("-inf"))
-    return scores

@@ -60,11 +60,6 @@ class FeedForward(nn.Module):
         return self.down_proj(self.dropout(h))  # (B, T, d_model)
 
 
-def gated_hidden_size(d_ff: int, match_params: bool) -> int:
-    """``d_ff``, or ``round(2/3 d_ff)`` with ``match_params`` (as many weights as two matrices)."""
-    return max(1, int(round(2 * d_ff / 3))) if match_params else d_ff
-
-
 class GatedFeedForward(nn.Module):
     """GLU-family FFN (SwiGLU, GeGLU, ReGLU): ``down(dropout(act(gate(x)) * up(x)))``, named as in
     LLaMA."""
@@ -74,20 +69,21 @@ class GatedFeedForward(nn.Module):
 
     @classmethod
     def hidden_size(cls, d_ff: int, match_params: bool = False) -> int:
-        """Width of the hidden activation: ``gated_hidden_size(d_ff, match_params)``."""
-        return gated_hidden_size(d_ff, match_params)
+        """Width of the hidden activation: ``d_ff``, or ``round(2/3 d_ff)`` with ``match_params``
+        (as many weights as two matrices)."""
+        return max(1, int(round(2 * d_ff / 3))) if match_params else d_ff
 
     @classmethod
     def count_parameters(cls, d_model: int, d_ff: int, bias: bool = True,
                          match_params: bool = False) -> int:
         """``3 D H`` weights (+ ``2 H + D`` biases), ``H = hidden_size(d_ff, match_params)``."""
-        hidden = gated_hidden_size(d_ff, match_params)
+        hidden = cls.hidden_size(d_ff, match_params)
         return 3 * d_model * hidden + ((2 * hidden + d_model) if bias else 0)
 
     def __init__(self, d_model: int, d_ff: int, activation: str = "silu", bias: bool = True,
                  dropout: float = 0.0, init_std: float = 0.02, match_params: bool = False) -> None:
         super().__init__()
-        d_hidden = gated_hidden_size(d_ff, match_params)
+        d_hidden = self.hidden_size(d_ff, match_params)
         self.gate_proj = nn.Linear(d_model, d_hidden, bias=bias)
         self.up_proj = nn.Linear(d_model, d_hidden, bias=bias)
         self.act = make_activation(activation)

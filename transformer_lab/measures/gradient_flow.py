@@ -40,36 +40,28 @@ def idle_parameters(model: nn.Module) -> Iterator[set[str]]:
                 if called.get(module) is False for p, _ in module.named_parameters())
 
 
-def task_gradient_ratios(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                         loss_fn) -> dict[str, float]:
-    """Each trainable weight matrix's (2+ dims) gradient RMS over the median one's, for the task
-    loss ``loss_fn(logits, targets)`` summed over ``batches`` of (inputs, targets), on a
-    :func:`perturbed_copy` in train mode without dropout; idle experts left out."""
+@property_check
+def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
+                  loss_fn) -> PropertyResult:
+    """Every trainable weight matrix (2+ dims) gets a task-loss gradient: its gradient RMS over
+    the median one's, for ``loss_fn(logits, targets)`` summed over ``batches`` of (inputs,
+    targets), on a :func:`perturbed_copy` in train mode without dropout; idle experts left out."""
+    name = "task_gradient"
     copied = perturbed_copy(model)
     with (idle_parameters(copied) as idle, train_mode_without_dropout(copied),
           torch.random.fork_rng(devices=[])):
         for inputs, targets in batches:
             loss_fn(copied(inputs), targets).backward()
-    rms = {name: (float(p.grad.double().pow(2).mean().sqrt()) if p.grad is not None else 0.0)
-           for name, p in copied.named_parameters()
-           if p.requires_grad and p.dim() >= 2 and name not in idle}
+    rms = {key: (float(p.grad.double().pow(2).mean().sqrt()) if p.grad is not None else 0.0)
+           for key, p in copied.named_parameters()
+           if p.requires_grad and p.dim() >= 2 and key not in idle}
     if not rms:
-        return {}
-    median = float(torch.tensor(list(rms.values()), dtype=torch.float64).median())
-    return {name: value / median if median > 0 else math.nan for name, value in rms.items()}
-
-
-@property_check
-def task_gradient(model: nn.Module, batches: list[tuple[torch.Tensor, torch.Tensor]],
-                  loss_fn) -> PropertyResult:
-    """Every trainable weight matrix gets a task-loss gradient (:func:`task_gradient_ratios`)."""
-    name = "task_gradient"
-    ratios = task_gradient_ratios(model, batches, loss_fn)
-    if not ratios:
         return PropertyResult(name, None, detail="no trainable parameter")
-    if any(math.isnan(v) for v in ratios.values()):
+    median = float(torch.tensor(list(rms.values()), dtype=torch.float64).median())
+    if not median > 0 or any(math.isnan(v) for v in rms.values()):
         return PropertyResult(name, False, math.nan, GRADIENT_RATIO,
                               "no parameter gets a task-loss gradient (every gradient is 0)")
+    ratios = {key: value / median for key, value in rms.items()}
     weakest, ratio = min(ratios.items(), key=lambda item: item[1])
     starved = [n for n, v in ratios.items() if v < GRADIENT_RATIO]
     others = f" ({len(starved)} such: {', '.join(starved[:3])})" if len(starved) > 1 else ""

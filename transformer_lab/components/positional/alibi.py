@@ -9,8 +9,6 @@ from torch import nn
 
 from .base import query_offset
 
-ALIBI_SYMMETRIC: tuple[str, ...] = ("abs", "split")
-
 
 def alibi_slopes(n_heads: int, slope_power: float = 8.0) -> torch.Tensor:
     """Per-head ALiBi slopes ``(n_heads,)`` as ``get_slopes`` of Press et al. 2021
@@ -70,9 +68,7 @@ class ALiBiPositionalBias(nn.Module):
     def __init__(self, n_heads: int, causal: bool = True, symmetric: str = "abs",
                  slope_power: float = 8.0) -> None:
         super().__init__()
-        if n_heads < 1:
-            raise ValueError(f"n_heads={n_heads} is not valid for ALiBi; it must be >= 1")
-        if symmetric not in ALIBI_SYMMETRIC:
+        if symmetric not in ("abs", "split"):
             raise ValueError(f"symmetric={symmetric!r} is not valid; choose 'abs' or 'split'")
         if not causal and symmetric == "split" and n_heads < 2:
             raise ValueError(
@@ -80,7 +76,6 @@ class ALiBiPositionalBias(nn.Module):
                 f"one right-looking group); use n_heads >= 2 or symmetric='abs'"
             )
         self.n_heads, self.causal, self.symmetric = n_heads, causal, symmetric
-        self.slope_power = slope_power
         if not causal and symmetric == "split":
             n_left = n_heads // 2
             slopes = torch.cat([alibi_slopes(n_left, slope_power),

@@ -8,8 +8,6 @@ from torch import nn
 
 from .sinusoidal import sinusoidal_table
 
-LEARNED_INITS: tuple[str, ...] = ("normal", "sinusoidal")
-
 
 class LearnedPositionalEncoding(nn.Module):
     """A learned ``(max_len, d_model)`` table added to the token embeddings (``kind = "additive"``;
@@ -35,7 +33,7 @@ class LearnedPositionalEncoding(nn.Module):
     def __init__(self, d_model: int, max_len: int, init: str = "normal",
                  interpolate: bool = False) -> None:
         super().__init__()
-        if init not in LEARNED_INITS:
+        if init not in ("normal", "sinusoidal"):
             raise ValueError(f"init={init!r} is not valid; choose 'normal' or 'sinusoidal'")
         if max_len < 2 and interpolate:
             raise ValueError(f"max_len={max_len} is not valid with interpolate=True; use >= 2")

@@ -16,18 +16,6 @@ def _default_inv_freq(dim: int, base: float) -> torch.Tensor:
     return 1.0 / (base**exponents)
 
 
-def _yarn_correction_range(beta_fast: float, beta_slow: float, dim: int, base: float,
-                           max_len: int) -> tuple[int, int]:
-    """Dimension range ``[low, high]`` over which YaRN ramps from extrapolation to interpolation:
-    the pair indices whose wavelengths make ``beta_fast`` and ``beta_slow`` turns over ``max_len``
-    positions."""
-
-    def pair_index(num_rotations: float) -> float:
-        return (dim * math.log(max_len / (num_rotations * 2 * math.pi))) / (2 * math.log(base))
-
-    return max(math.floor(pair_index(beta_fast)), 0), min(math.ceil(pair_index(beta_slow)), dim - 1)
-
-
 def rope_inverse_frequencies(head_dim: int, base: float = 10000.0, *, scaling: str = "none",
                              factor: float = 1.0, original_max_len: int | None = None,
                              seq_len: int | None = None, beta_fast: float = 32.0,
@@ -86,7 +74,11 @@ def rope_inverse_frequencies(head_dim: int, base: float = 10000.0, *, scaling: s
         inv_freq = torch.where(medium, smoothed, scaled)
     elif scaling == "yarn":
         scale = 0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0
-        low, high = _yarn_correction_range(beta_fast, beta_slow, d, base, original_max_len)
+        # YaRN ramps from extrapolation to interpolation over the pair indices [low, high]
+        # whose wavelengths make beta_fast and beta_slow turns over original_max_len positions
+        low, high = (d * math.log(original_max_len / (turns * 2 * math.pi)) / (2 * math.log(base))
+                     for turns in (beta_fast, beta_slow))
+        low, high = max(math.floor(low), 0), min(math.ceil(high), d - 1)
         if low == high:
             high += 0.001  # avoid a division by zero, as HF does
         ramp = ((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low)).clamp(0.0, 1.0)

@@ -7,11 +7,9 @@ from torch import nn
 
 from .rope_scaling import rope_inverse_frequencies
 
-ROTARY_STYLES: tuple[str, ...] = ("half", "interleaved")
-
 
 def _check_style(style: str) -> None:
-    if style not in ROTARY_STYLES:
+    if style not in ("half", "interleaved"):
         raise ValueError(f"style={style!r} is not valid; choose 'half' or 'interleaved'")
 
 
@@ -53,7 +51,6 @@ def apply_rotary(x: torch.Tensor, positions: torch.Tensor, *, base: float = 1000
     """RoPE without scaling (Su et al. 2021, arXiv:2104.09864): pair ``i`` rotated by
     ``m base^(-2i/d)``.
     Shapes: x ``(..., T, d)`` (``d`` even), positions ``(T,)`` -> ``(..., T, d)``."""
-    _check_style(style)
     d = x.shape[-1]
     if d % 2 != 0:
         raise ValueError(f"head_dim={d} is not valid for RoPE; the rotated dimension must be even")
