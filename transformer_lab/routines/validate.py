@@ -39,7 +39,7 @@ from transformer_lab.routines.smoke import (
     smoke_setup,
     smoke_training,
 )
-from transformer_lab.routines.study import study
+from transformer_lab.routines.study import SeedRun, study
 from transformer_lab.routines.variants import merged
 
 # What to look at when a step fails (the rows' details say more).
@@ -126,19 +126,34 @@ def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], d
 
 def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
-    seeds until the sequential test decides, as ``tlab compare --seeds auto``), its
-    ``comparison.csv`` and ``loss_curves.png``; the rows share its wall time."""
+    seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
+    return comparison_rows(cfg, run, *train_comparison(cfg, run))
+
+
+def train_comparison(cfg: DictConfig, run: RunDirectory) -> tuple[list[SeedRun] | str, Any, float]:
+    """Step 4's training and ``loss_curves.png`` (in the second process when it runs beside):
+    its runs and sequential test, or the divergence's text; and its wall time."""
     clock = Stopwatch()
     try:
         runs, test = compare.train_variants(cfg, run)
     except Diverged as exc:
-        rows = [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {exc}")]
+        return str(exc), None, clock.lap()
+    compare.plot_loss_curves(runs, run.path / "loss_curves.png",
+                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
+                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
+    return runs, test, clock.lap()
+
+
+def comparison_rows(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun] | str, test: Any,
+                    wall_s: float) -> list[CheckRow]:
+    """Step 4's rows and ``comparison.csv`` from its training; in this process, whose step 3
+    has loaded what the verdicts need (in the second one it would lengthen step 4)."""
+    clock = Stopwatch()
+    if isinstance(runs, str):
+        rows = [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {runs}")]
     else:
-        compare.plot_loss_curves(runs, run.path / "loss_curves.png",
-                                 f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
-                                 f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
         rows = comparison_checks(compare.write_comparison(cfg, run, runs, test))
-    return share_wall(rows, clock.lap())
+    return share_wall(rows, wall_s + clock.lap())
 
 
 def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
@@ -264,10 +279,11 @@ def collect_comparison(cfg: DictConfig, beside: StepBeside,
                        f"{'at most ' if spec.design else ''}{seeds}: {steps} steps",
                        total=steps * count * len(activations))
     try:
-        return beside.collect(run, bar)
+        trained = beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
+    return comparison_rows(cfg, run, *trained)
 
 
 def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> None:
@@ -304,7 +320,7 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
             console.print(f"{steps} run {note}", markup=False)
     beside = None
     if comparison_beside(cfg, configs):
-        beside = StepBeside(partial(comparison_step, configs["compare"]), run)
+        beside = StepBeside(partial(train_comparison, configs["compare"]), run)
     try:
         rows, summary = run_steps(configs, run, beside)
     finally:
