@@ -19,6 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
+from benchmarks.common import TLAB
+
 COMMANDS = {  # name -> tlab arguments (``{corpus}``: a local copy of Tiny Shakespeare)
     "validate": ["validate"],
     "validate_sin": ["validate", "--pe", "sinusoidal", "--arch", "decoder"],
@@ -54,11 +56,10 @@ def run_all(checkout: Path, out: Path, corpus: Path) -> None:
     out.mkdir(parents=True)
     shutil.copy(corpus, out / "corpus.txt")
     env = {**os.environ, "PYTHONPATH": str(checkout.resolve()), "COLUMNS": "120"}
-    tlab = [sys.executable, "-m", "transformer_lab"]
     for name, args in [*COMMANDS.items(), *AFTER.items()]:
         args = [a.format(corpus="corpus.txt") for a in args]
         args += ["--out", name] if name in COMMANDS else []
-        done = subprocess.run(tlab + args, cwd=out, env=env, capture_output=True, text=True)
+        done = subprocess.run([TLAB, *args], cwd=out, env=env, capture_output=True, text=True)
         text = (done.stdout + done.stderr).replace(str(out), "RUN")
         text = text.replace(str(checkout.resolve()), "CHECKOUT")
         (out / f"{name}.out").write_text(f"exit {done.returncode}\n{text}")

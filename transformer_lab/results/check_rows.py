@@ -31,6 +31,14 @@ class CheckRow:
         return asdict(self)
 
 
+def share_wall(rows: list[CheckRow], wall_s: float | None) -> list[CheckRow]:
+    """``rows``, ``wall_s`` shared among them unless a row has its own."""
+    if wall_s is not None and rows and not any(row.wall_s for row in rows):
+        for row in rows:
+            row.wall_s = wall_s / len(rows)
+    return rows
+
+
 class Stopwatch:
     def __init__(self) -> None:
         self.start = time.perf_counter()

@@ -22,6 +22,7 @@ from transformer_lab.results.check_rows import (
     Stopwatch,
     check_counts,
     check_table,
+    share_wall,
     status,
 )
 from transformer_lab.results.console import print_table
@@ -78,14 +79,6 @@ def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
             if named.get(row.check):
                 row.detail = f"{row.detail}; {named[row.check]}"
     return share_wall(rows, clock.lap())
-
-
-def share_wall(rows: list[CheckRow], wall_s: float | None) -> list[CheckRow]:
-    """``rows``, ``wall_s`` shared among them unless a row has its own."""
-    if wall_s is not None and rows and not any(row.wall_s for row in rows):
-        for row in rows:
-            row.wall_s = wall_s / len(rows)
-    return rows
 
 
 def forward_backward_check(cfg: DictConfig, model: TransformerModel,

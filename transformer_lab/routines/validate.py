@@ -26,6 +26,7 @@ from transformer_lab.results.check_rows import (
     Stopwatch,
     check_counts,
     check_table,
+    share_wall,
 )
 from transformer_lab.results.console import console, print_table
 from transformer_lab.results.progress import progress_bar
@@ -35,7 +36,6 @@ from transformer_lab.routines.compare import comparison_checks
 from transformer_lab.routines.reverse_task import REVERSE_COLUMNS, reversal_summary, reverse_rows
 from transformer_lab.routines.smoke import (
     forward_backward_check,
-    share_wall,
     smoke_setup,
     smoke_training,
 )
