@@ -148,8 +148,8 @@ class Trainer:
         for optimizer, ratio in zip(self.optimizers, self.lr_ratios, strict=True):
             for group in optimizer.param_groups:
                 group["lr"] = lr * ratio
-        for parameter in self._params:  # zero_grad(set_to_none=True) without its per-call hooks
-            parameter.grad = None
+        for optimizer in self.optimizers:
+            optimizer.zero_grad()
         if not self.model.training:
             self.runnable.train()
         parts = self.micro_batches(batch)
