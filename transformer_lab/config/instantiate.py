@@ -87,13 +87,13 @@ def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs
         raise ConfigError(f"{group}={name}: {message}") from exc
 
 
-def build_task(cfg: DictConfig) -> Any:
-    """Instantiate ``cfg.task`` and copy its vocabulary size into ``cfg.model.vocab_size``."""
+def build_task(spec: Any) -> Any:
+    """The task of ``spec`` (a ``RunSpec``); its ``vocab_size`` is the model's
+    (``RunSpec.with_vocab``)."""
     from transformer_lab.tasks.language import LanguageModelTask
 
-    task = instantiate_component(cfg, "task")
-    if isinstance(task, LanguageModelTask) and not cfg.arch.causal:
-        raise ConfigError(f"task={cfg.task.name} is next-token prediction and needs "
+    task = spec.task.build()
+    if isinstance(task, LanguageModelTask) and not spec.model.causal:
+        raise ConfigError(f"task={spec.task.name} is next-token prediction and needs "
                           "arch=decoder (an encoder would see the token it must predict)")
-    cfg.model.vocab_size = task.vocab_size
     return task

@@ -13,6 +13,7 @@ from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT, Rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
 from transformer_lab.measures.parameters import (
@@ -346,7 +347,8 @@ def budget_table(rows: list[BudgetRow], title: str) -> Table:
     return table
 
 
-def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_budget(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     started = time.perf_counter()
     vocab, seq_len, batch, dtype = budget_settings(cfg)
     cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's

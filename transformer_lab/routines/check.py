@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
@@ -300,7 +301,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
     pes_to_check(cfg)
 
 
-def run_check(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_check(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     started = time.perf_counter()
     rows: list[ComponentCheck] = []
     log = run.log("checks", CHECK_TABLE_COLUMNS)

@@ -24,6 +24,7 @@ from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import group_choices, user_config_dirs
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.sequential import SequentialTest
@@ -451,9 +452,10 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     return save(figure, path)
 
 
-def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_compare(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     """Train every variant, write the tables and plot, print the verdicts; PASS when every
     variant trained to a finite, falling loss."""
+    cfg = spec.source  # (being converted to the typed spec)
     clock = Stopwatch()
     vary = study(cfg)
     runs, test = train_variants(cfg, run, keep_weights=True)

@@ -21,6 +21,7 @@ from rich.table import Table
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.config.schema import COUNT, POSITIVE_INT, Rule, int_rule, number_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import user_config_dirs
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.measures.statistics import (
@@ -273,7 +274,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
         build_model(training_config(cfg, plan, pe, train_task))  # errors name the pe group
 
 
-def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_extrapolate(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     started = time.perf_counter()
     plan = make_plan(cfg)
     device = torch.device(cfg.train.device)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig
 from rich.table import Table
 
 from transformer_lab.config.schema import Rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_config
 from transformer_lab.results.check_rows import CheckRow, Stopwatch
@@ -185,7 +186,8 @@ def mutation_table(verdicts: list[Verdict]) -> Table:
     return table
 
 
-def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_mutants(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     clock = Stopwatch()
     candidates = suite(cfg)
     log = run.log("mutants", MUTANT_COLUMNS)

@@ -13,6 +13,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.schema import COUNT, POSITIVE, Rule, int_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import plots
 from transformer_lab.results.console import console
@@ -135,7 +136,8 @@ def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
         checked_dims(cfg, int(pe.head_dim), "head_dim")
 
 
-def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_plot_pe(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     started = time.perf_counter()
     torch.manual_seed(int(cfg.seed))
     # --from-hf, --from-run: the checkpoint's PE, its weights loaded into the model in pre-flight

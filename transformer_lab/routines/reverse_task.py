@@ -12,6 +12,7 @@ from omegaconf import DictConfig, OmegaConf
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import (
     VERDICT_COLUMNS,
@@ -263,7 +264,8 @@ def reversal_summary(runs: list[SeedRun]) -> dict:
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
-def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_reverse_task(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     clock = Stopwatch()
     rows, runs = reversal_runs(cfg, run.metrics)
     table = reverse_rows(runs)

@@ -11,6 +11,7 @@ from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.measures.gradient_flow import idle_parameters, task_gradient
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
@@ -238,7 +239,8 @@ def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
     (by the pre-flight, with the same initialisation seed)."""
     init_seed, data_seed = seed_sources(cfg, int(cfg.seed))
     if inputs is None:
-        inputs = JobInputs(task=build_task(cfg), model=build_model(cfg, seed=init_seed))
+        task = build_task(cfg)
+        inputs = JobInputs(spec=RunSpec.of(cfg), task=task, model=build_model(cfg, seed=init_seed))
     return inputs.task, inputs.model, fixed_batches(cfg, inputs.task, data_seed)
 
 
@@ -249,7 +251,8 @@ def fixed_batches(cfg: DictConfig, task: Task, data_seed: int) -> list[Batch]:
             for _ in range(cfg.routine.n_batches)]
 
 
-def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_smoke(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     clock = Stopwatch()
     task, model, batches = smoke_setup(cfg, inputs)
     rows = forward_backward_check(cfg, model, batches[0])

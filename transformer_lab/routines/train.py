@@ -16,6 +16,7 @@ from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
@@ -282,9 +283,10 @@ def interrupted(stop: Interrupted, run: RunDirectory, seed: int, seeds: Sequence
                        f"continue with: tlab train --resume {run.path}", stop.signum, stop.step)
 
 
-def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_train(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     """Train every seed one after another (going on from a kept ``checkpoint.pt``), print the
     table; PASS when every held-out loss is finite."""
+    cfg = spec.source  # (being converted to the typed spec)
     clock = Stopwatch()
     task, seeds, steps = inputs.task, list(study(cfg).seeds), int(cfg.train.steps)
     language = isinstance(task, LanguageModelTask)

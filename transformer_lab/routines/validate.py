@@ -18,6 +18,7 @@ import torch
 from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
@@ -312,7 +313,8 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
     return rows + step_rows, summary
 
 
-def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_validate(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+    cfg = spec.source  # (being converted to the typed spec)
     total = Stopwatch()
     configs, notes = configs_and_notes(cfg)
     for steps, note in notes.items():
