@@ -122,6 +122,18 @@ def test_task_per_eval_length_generates_that_length() -> None:
     assert task_at(encoder, 12, "test").eval_batch().inputs.shape == (16, 12)
 
 
+def test_training_spec_keeps_the_runs_pe_overrides_and_sets_the_lengths() -> None:
+    spec = extrapolate_spec("pe.base=500000", "routine.pes=[rope,learned]", "routine.max_len=40")
+    plan = make_plan(spec)
+    train_task = task_at(spec, plan.train_len, "test")
+    rope = training_spec(plan, "rope", train_task)
+    assert rope.model.pe["base"] == 500000  # the command line's, not rope.yaml's 10000
+    assert (rope.task["seq_len"], rope.model.max_len) == (3, 40)
+    learned = training_spec(plan, "learned", train_task)  # from its choice file
+    assert learned.model.pe["max_len"] == learned.model.max_len == 40  # resolved in the variant
+    assert learned.model.vocab_size == train_task.vocab_size
+
+
 def _rope(d: int, base: float) -> list[float]:
     return [base ** (-2 * i / d) for i in range(d // 2)]
 
