@@ -66,8 +66,8 @@ def test_validate_stops_after_a_failing_step_1(tlab, tmp_path, monkeypatch):
 
     real = validate.forward_backward_check
 
-    def broken(cfg, model, batch):
-        rows = real(cfg, model, batch)
+    def broken(spec, model, batch):
+        rows = real(spec, model, batch)
         rows[1] = checks.CheckRow(1, "loss_finite", "FAIL", "loss", float("nan"), "finite")
         return rows
 
