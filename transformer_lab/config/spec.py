@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -134,7 +133,7 @@ class RoutineSettings(Mapping[str, Any]):
 
     def replace(self, **values: Any) -> RoutineSettings:
         """These settings with ``values`` changed."""
-        return RoutineSettings(self.name, MappingProxyType({**self.values, **values}))
+        return RoutineSettings(self.name, {**self.values, **values})
 
 
 @dataclass(frozen=True)
@@ -164,7 +163,7 @@ class RunSpec:
 
         model = node("model")
         dropout = Dropout(**model.pop("dropout", {}) or {})
-        components = {group: Component(group, MappingProxyType(node(group)))
+        components = {group: Component(group, node(group))
                       for group in COMPONENT_GROUPS}
         known = {f.name for f in fields(ModelSpec)}
         spec = ModelSpec(**{k: v for k, v in model.items() if k in known}, dropout=dropout,
@@ -174,10 +173,9 @@ class RunSpec:
         train = TrainSettings.from_mapping(node("train"), spec.d_model,
                                            optimizer_settings(optimizer) if optimizer else None)
         routine = node("routine")
-        return cls(model=spec, task=Component("task", MappingProxyType(node("task"))),
+        return cls(model=spec, task=Component("task", node("task")),
                    train=train,
-                   routine=RoutineSettings(str(routine.pop("name", "")),
-                                           MappingProxyType(routine)),
+                   routine=RoutineSettings(str(routine.pop("name", "")), routine),
                    seed=int(cfg.get("seed", 0)), seed_init=cfg.get("seed_init"),
                    seed_data=cfg.get("seed_data"), force=bool(cfg.get("force", False)),
                    source=cfg)

@@ -18,7 +18,7 @@ import torch
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.config.spec import RunSpec
-from transformer_lab.config.variants import merged
+from transformer_lab.config.variants import merged_block
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
@@ -73,10 +73,7 @@ def at_step_size(spec: RunSpec, step: str) -> tuple[RunSpec, str]:
     from transformer_lab.config.architecture import check_architecture
     from transformer_lab.model import build_model
 
-    # the block as the config writes it, so that its interpolations (smoke's lr per width)
-    # resolve at the step's size (``spec.routine`` holds them resolved at the run's)
-    patch = spec.source.routine[step]
-    small = merged(spec, patch)
+    small = merged_block(spec, f"routine.{step}")
     try:
         check_architecture(small.model)
         probe = small.with_vocab(small.model.vocab_size or 2)
@@ -84,7 +81,7 @@ def at_step_size(spec: RunSpec, step: str) -> tuple[RunSpec, str]:
             build_model(probe.model)  # (the vocabulary, unknown before the task is built: any)
         return small, ""
     except (ConfigError, ValueError) as exc:
-        own = merged(spec, {key: value for key, value in patch.items() if key != "model"})
+        own = merged_block(spec, f"routine.{step}", without=("model",))
         m = spec.model
         return own, (f"at the run's own size (d_model {m.d_model}, {m.n_heads} heads, "
                      f"{m.n_layers} layers): at d_model {small.model.d_model}, "
