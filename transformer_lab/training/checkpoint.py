@@ -32,13 +32,17 @@ STATE_FORMAT = 1  # the resumable state's ``format``
 def config_yaml(spec: RunSpec, seed: int | None = None) -> str:
     """The resolved config ``spec`` was read from (``hydra`` left out, the model's vocabulary the
     spec's) as YAML; with ``seed``, that of a model trained with that seed."""
+    return OmegaConf.to_yaml(OmegaConf.create(_resolved(spec, seed)))
+
+
+def _resolved(spec: RunSpec, seed: int | None) -> dict[str, Any]:
     cfg = spec.source  # the composed config: what a weights file rebuilds its model from
     container = OmegaConf.to_container(
         OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     container["model"]["vocab_size"] = spec.model.vocab_size  # the task's (``with_vocab``)
     if seed is not None:
         container["seed"] = int(seed)
-    return OmegaConf.to_yaml(OmegaConf.create(container))
+    return container
 
 
 def save_weights(model: nn.Module, path: Path, spec: RunSpec, seed: int, index: int = 0,
@@ -48,11 +52,13 @@ def save_weights(model: nn.Module, path: Path, spec: RunSpec, seed: int, index: 
     ``spec``), atomically."""
     from safetensors.torch import save_model
 
-    metadata = {"tlab_format": WEIGHTS_FORMAT, "config": config_yaml(spec, seed),
+    config = _resolved(spec, seed)
+    metadata = {"tlab_format": WEIGHTS_FORMAT,
+                "config": OmegaConf.to_yaml(OmegaConf.create(config)),
                 "seed": str(int(seed)), "index": str(int(index))}
     if variant is not None:
         metadata.update(variant=str(variant), varied=str(varied or ""))
-    if components := user_components(spec.source):  # what --trust-code may import when it loads
+    if components := user_components(config):  # what --trust-code may import when it loads
         metadata["components"] = json.dumps(components)
     if (described := tokenizer_spec(tokenizer)) is not None:
         metadata["tokenizer"] = described
