@@ -151,6 +151,8 @@ class RunSpec:
     seed_init: int | None = None
     seed_data: int | None = None
     force: bool = False  # run even where the pre-flight estimates the run cannot fit
+    from_hf: str | None = None  # start from a Hugging Face checkpoint's weights (--from-hf)
+    from_run: str | None = None  # start from a tlab run's trained weights (--from-run)
     source: DictConfig = field(default_factory=lambda: OmegaConf.create({}), repr=False,
                                compare=False)
 
@@ -178,6 +180,7 @@ class RunSpec:
                    routine=RoutineSettings(str(routine.pop("name", "")), routine),
                    seed=int(cfg.get("seed", 0)), seed_init=cfg.get("seed_init"),
                    seed_data=cfg.get("seed_data"), force=bool(cfg.get("force", False)),
+                   from_hf=_text(cfg.get("from_hf")), from_run=_text(cfg.get("from_run")),
                    source=cfg)
 
     def with_vocab(self, vocab_size: int) -> RunSpec:
@@ -190,6 +193,10 @@ class RunSpec:
         offset = seed - self.seed
         return (seed if self.seed_init is None else self.seed_init + offset,
                 seed if self.seed_data is None else self.seed_data + offset)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:

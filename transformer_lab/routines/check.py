@@ -80,7 +80,7 @@ def check_tokens(spec: RunSpec, seq_len: int) -> torch.Tensor:
 def build_for_check(spec: RunSpec) -> TransformerModel:
     """The run's model in eval mode; with ``--from-hf DIR`` or ``--from-run RUN`` its weights."""
     model = build_model(spec.model, seed=spec.seed)
-    load_pretrained(model, spec.source)  # (from_hf, from_run: not in the spec yet)
+    load_pretrained(model, spec)
     return model.eval()
 
 
@@ -278,7 +278,7 @@ def pes_to_check(spec: RunSpec) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice, own = str(spec.routine.pe), spec.model.pe.name
     # --from-hf, --from-run: the checkpoint's own PE only (from_hf, from_run: not in the spec yet)
-    if option := pretrained_option(spec.source):
+    if option := pretrained_option(spec):
         if choice not in ("all", own):
             raise ConfigError(f"--pe {choice}: {option} checks the checkpoint's own PE "
                               f"({own}); drop --pe")

@@ -22,17 +22,9 @@ CHOICE = re.compile(r"[\w-]+")  # a group choice read from a run: a file name, n
 KEY = re.compile(r"[A-Za-z_]\w*")  # a key read from a run, as an override names it
 
 
-def pretrained_sources(spec: RunSpec) -> tuple[str | None, str | None]:
-    """(``from_hf``, ``from_run``): the paths the run's weights come from (None: not given)."""
-    # (read from the composed config until RunSpec has them as fields)
-    return tuple(None if (value := spec.source.get(key)) is None else str(value)
-                 for key in ("from_hf", "from_run"))
-
-
 def pretrained_option(spec: RunSpec) -> str | None:
     """``--from-hf`` or ``--from-run`` when ``spec`` starts from weights (None otherwise)."""
-    from_hf, from_run = pretrained_sources(spec)
-    return "--from-hf" if from_hf else "--from-run" if from_run else None
+    return "--from-hf" if spec.from_hf else "--from-run" if spec.from_run else None
 
 
 def load_pretrained(model: nn.Module, spec: RunSpec) -> None:
@@ -43,7 +35,7 @@ def load_pretrained(model: nn.Module, spec: RunSpec) -> None:
 
     from transformer_lab.interop.hf import load_fitted, load_hf_weights
 
-    from_hf, from_run = pretrained_sources(spec)
+    from_hf, from_run = spec.from_hf, spec.from_run
     if from_hf:
         load_hf_weights(model, spec.model, from_hf)
     if not from_run:
