@@ -183,6 +183,18 @@ class RunSpec:
                    from_hf=_text(cfg.get("from_hf")), from_run=_text(cfg.get("from_run")),
                    source=cfg)
 
+    def resolved(self, seed: int | None = None) -> dict[str, Any]:
+        """The resolved config the spec was read from (``hydra`` left out, the model's
+        vocabulary the spec's): what a weights file's header keeps; with ``seed``, that of a
+        model trained with that seed."""
+        cfg = self.source
+        container = OmegaConf.to_container(
+            OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+        container["model"]["vocab_size"] = self.model.vocab_size
+        if seed is not None:
+            container["seed"] = int(seed)
+        return container
+
     def with_vocab(self, vocab_size: int) -> RunSpec:
         """This spec with the task's vocabulary size as the model's."""
         return replace(self, model=replace(self.model, vocab_size=int(vocab_size)))

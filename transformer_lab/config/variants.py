@@ -72,6 +72,12 @@ def _read(spec: RunSpec, variant: DictConfig) -> RunSpec:
     return read
 
 
+def choices(spec: RunSpec, group: str) -> list[str]:
+    """The choices of config group ``group`` for ``spec``'s run: tlab's and those in the user's
+    config trees (``--config-dir``)."""
+    return group_choices(group, user_config_dirs(spec.source))
+
+
 def is_group(spec: RunSpec, key: str) -> bool:
     """True when ``key`` names a config group, not a key."""
     return "." not in key and bool(group_choices(key, user_config_dirs(spec.source)))

@@ -32,17 +32,7 @@ STATE_FORMAT = 1  # the resumable state's ``format``
 def config_yaml(spec: RunSpec, seed: int | None = None) -> str:
     """The resolved config ``spec`` was read from (``hydra`` left out, the model's vocabulary the
     spec's) as YAML; with ``seed``, that of a model trained with that seed."""
-    return OmegaConf.to_yaml(OmegaConf.create(_resolved(spec, seed)))
-
-
-def _resolved(spec: RunSpec, seed: int | None) -> dict[str, Any]:
-    cfg = spec.source  # the composed config: what a weights file rebuilds its model from
-    container = OmegaConf.to_container(
-        OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
-    container["model"]["vocab_size"] = spec.model.vocab_size  # the task's (``with_vocab``)
-    if seed is not None:
-        container["seed"] = int(seed)
-    return container
+    return OmegaConf.to_yaml(OmegaConf.create(spec.resolved(seed)))
 
 
 def save_weights(model: nn.Module, path: Path, spec: RunSpec, seed: int, index: int = 0,
@@ -52,7 +42,7 @@ def save_weights(model: nn.Module, path: Path, spec: RunSpec, seed: int, index: 
     ``spec``), atomically."""
     from safetensors.torch import save_model
 
-    config = _resolved(spec, seed)
+    config = spec.resolved(seed)
     metadata = {"tlab_format": WEIGHTS_FORMAT,
                 "config": OmegaConf.to_yaml(OmegaConf.create(config)),
                 "seed": str(int(seed)), "index": str(int(index))}
