@@ -178,7 +178,7 @@ def make_plan(spec: RunSpec) -> Plan:
                           f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
     return Plan(pes, specs, train_len, eval_lens, scalings, list(study(spec).seeds),
                 r.get("finetune_steps", 0) or 0, float(r.get("finetune_lr") or spec.train.lr),
-                r.get("max_len"), pretrained_option(spec.source))  # (from_hf: no RunSpec field yet)
+                r.get("max_len"), pretrained_option(spec))
 
 
 # specs, tasks and (scaled) models at each length
@@ -317,7 +317,7 @@ def _study_one_model(spec: RunSpec, plan: Plan, tasks: Mapping[int, Task], pe: s
     model = build_model(spec_pe.model, seed=init_seed)
     steps = spec.train.steps
     if plan.pretrained:  # the checkpoint's weights, evaluated without training
-        load_pretrained(model, spec_pe.source)  # (from_hf, from_run: no RunSpec fields yet)
+        load_pretrained(model, spec_pe)
         steps = 0
     model = model.to(device)
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}

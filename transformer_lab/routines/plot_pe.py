@@ -25,7 +25,7 @@ def checked_dims(spec: RunSpec, width: int, what: str) -> list[int]:
     """``routine.dims`` if all are below ``width``; of a checkpoint's PE (whose width is not the
     default one) only those that are."""
     dims = list(spec.routine.dims)
-    if pretrained_option(spec.source) and any(0 <= d < width for d in dims):
+    if pretrained_option(spec) and any(0 <= d < width for d in dims):
         dims = [d for d in dims if 0 <= d < width]
     if bad := [d for d in dims if not 0 <= d < width]:
         raise ConfigError(f"routine.dims={bad} not valid for {what} {width}; use 0..{width - 1}")
@@ -140,7 +140,7 @@ def run_plot_pe(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineO
     started = time.perf_counter()
     torch.manual_seed(spec.seed)
     # --from-hf, --from-run: the checkpoint's PE, its weights loaded into the model in pre-flight
-    pe = inputs.model.positional if pretrained_option(spec.source) else spec.model.pe.build()
+    pe = inputs.model.positional if pretrained_option(spec) else spec.model.pe.build()
     files = PLOTTERS[pe.kind](spec, pe, run)
     for path in files:
         console.print(f"wrote {path}")
