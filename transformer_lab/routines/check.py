@@ -13,8 +13,7 @@ from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
 from transformer_lab.config.spec import RunSpec
-from transformer_lab.config.tree import group_choices, user_config_dirs
-from transformer_lab.config.variants import with_choice
+from transformer_lab.config.variants import choices, with_choice
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     Rotary,
@@ -80,7 +79,7 @@ def check_tokens(spec: RunSpec, seq_len: int) -> torch.Tensor:
 def build_for_check(spec: RunSpec) -> TransformerModel:
     """The run's model in eval mode; with ``--from-hf DIR`` or ``--from-run RUN`` its weights."""
     model = build_model(spec.model, seed=spec.seed)
-    load_pretrained(model, spec.source)  # (from_hf, from_run: not in the spec yet)
+    load_pretrained(model, spec)
     return model.eval()
 
 
@@ -248,15 +247,11 @@ def pe_spec(spec: RunSpec, name: str) -> RunSpec:
     return spec if spec.model.pe.name == name else with_choice(spec, "pe", name)
 
 
-def _pe_choices(spec: RunSpec) -> list[str]:
-    """The ``pe`` group's choices, in the user's config trees too (``--config-dir``)."""
-    return group_choices("pe", user_config_dirs(spec.source))  # (not in the spec yet)
-
 
 def checks_of(spec: RunSpec, name: str) -> tuple[str, ...]:
     """The ``property_checks`` the class of ``pe=name`` declares (() for none, or for a choice
     that does not exist); ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
-    if spec.model.pe.name != name and name not in _pe_choices(spec):
+    if spec.model.pe.name != name and name not in choices(spec, "pe"):
         return ()
     names = declared(pe_spec(spec, name).model.pe, "property_checks")
     names = (names,) if isinstance(names, str) else names
@@ -271,14 +266,14 @@ def checks_of(spec: RunSpec, name: str) -> tuple[str, ...]:
 
 def pes_with_checks(spec: RunSpec) -> list[str]:
     """Every choice of the ``pe`` group whose class declares checks, in name order."""
-    return [name for name in _pe_choices(spec) if checks_of(spec, name)]
+    return [name for name in choices(spec, "pe") if checks_of(spec, name)]
 
 
 def pes_to_check(spec: RunSpec) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice, own = str(spec.routine.pe), spec.model.pe.name
     # --from-hf, --from-run: the checkpoint's own PE only (from_hf, from_run: not in the spec yet)
-    if option := pretrained_option(spec.source):
+    if option := pretrained_option(spec):
         if choice not in ("all", own):
             raise ConfigError(f"--pe {choice}: {option} checks the checkpoint's own PE "
                               f"({own}); drop --pe")
