@@ -24,8 +24,7 @@ from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
 from transformer_lab.config.spec import RunSpec
-from transformer_lab.config.tree import group_choices, user_config_dirs
-from transformer_lab.config.variants import is_group, with_value
+from transformer_lab.config.variants import choices, is_group, with_value
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.measures.statistics import (
@@ -89,8 +88,8 @@ def check_variant(spec: RunSpec, vary: Study, name: str, value: Any) -> None:
     what = "activation" if vary.option == "--activations" else vary.key
     try:
         if is_group(spec, vary.key) and not isinstance(value, str):
-            choices = group_choices(vary.key, user_config_dirs(spec.source))
-            raise ConfigError(f"a {vary.key} choice is a name; valid: {', '.join(choices)}")
+            raise ConfigError(f"a {vary.key} choice is a name; valid: "
+                              f"{', '.join(choices(spec, vary.key))}")
         variant = with_value(spec, vary.key, value)
         check_schema(variant.source)  # the variant's composed config, as the pre-flight's
         check_architecture(variant.model)
@@ -178,20 +177,17 @@ def train_variants(spec: RunSpec, run: RunDirectory, keep_weights: bool = False
     ``models/<variant>/seed<k>.safetensors``: the runs, and the test with ``auto[:MAX]``."""
     vary, specs = study(spec), dict(variant_specs(spec))
 
-    @cache
-    def with_task(name: str) -> tuple[RunSpec, Task]:  # built as the variant first trains
-        task = build_task(specs[name])
-        return with_value(specs[name], "model.vocab_size", task.vocab_size), task
-
+    task_of = cache(lambda name: build_task(specs[name]))
     initial: dict[int, dict[str, torch.Tensor]] | None = \
         {} if spec.routine.get("shared_init", False) else None
     runs_log, steps, trained = run.log("compare_runs", RUN_COLUMNS), int(spec.routine.steps), []
 
     def train_one(name: str, seed: int) -> SeedRun:
-        variant, task = with_task(name)
+        task = task_of(name)
+        variant = specs[name].with_vocab(task.vocab_size)
         seed_run, model = train_seed(variant, task, seed, run.metrics, name, initial)
         if keep_weights:
-            save_weights(model, weights_path(run.path, seed, name), variant.source, seed,
+            save_weights(model, weights_path(run.path, seed, name), variant, seed,
                          index=len(trained), variant=name, varied=vary.key,
                          tokenizer=getattr(task, "tokenizer", None))
         trained.append(seed_run)

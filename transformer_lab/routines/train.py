@@ -119,7 +119,7 @@ class RunCheckpoints:
         self.enabled = bool(spec.source.train.get("checkpoint", True))
         self.periodic = self.enabled and spec.train.checkpoint_every > 0
         self.writes = world().leader  # under torchrun only rank 0 keeps files
-        self.config = config_yaml(spec.source) if self.enabled else ""  # once (the YAML costs more
+        self.config = config_yaml(spec) if self.enabled else ""  # once (the YAML costs more
         # than torch.save of a small model)
 
     def resume_point(self, steps: int) -> tuple[dict[int, dict[str, Any]], dict[int, SeedRun]]:
@@ -148,7 +148,7 @@ class RunCheckpoints:
         if not self.writes:
             return
         path = weights_path(self.run.path, seed, several=len(self.seeds) > 1)
-        save_weights(model, path, self.spec.source, seed, index=self.seeds.index(seed),
+        save_weights(model, path, self.spec, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
 
 
@@ -163,7 +163,7 @@ def train_seed(spec: RunSpec, task: Task, seed: int, log: CsvLog | None,
     settings = spec.train
     init_seed, data_seed = spec.seed_sources(seed)
     model = build_model(spec.model, seed=init_seed)
-    load_pretrained(model, spec.source)  # from_run= / from_hf=: fine-tune from those weights
+    load_pretrained(model, spec)  # from_run= / from_hf=: fine-tune from those weights
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), task)
     trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
