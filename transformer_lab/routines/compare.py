@@ -22,7 +22,7 @@ from torch import nn
 from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
-from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
+from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
 from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.variants import choices, is_group, with_value
 from transformer_lab.errors import ConfigError
@@ -91,7 +91,6 @@ def check_variant(spec: RunSpec, vary: Study, name: str, value: Any) -> None:
             raise ConfigError(f"a {vary.key} choice is a name; valid: "
                               f"{', '.join(choices(spec, vary.key))}")
         variant = with_value(spec, vary.key, value)
-        check_schema(variant.source)  # the variant's composed config, as the pre-flight's
         check_architecture(variant.model)
         task = build_task(variant)
         model = build_checked_model(variant.with_vocab(task.vocab_size).model,
