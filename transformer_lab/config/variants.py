@@ -11,6 +11,7 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from transformer_lab.config.schema import check_schema
 from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import (
     choice_file,
@@ -63,8 +64,10 @@ def merged_block(spec: RunSpec, key: str, without: Sequence[str] = ()) -> RunSpe
 
 
 def _read(spec: RunSpec, variant: DictConfig) -> RunSpec:
-    """The spec of ``variant``, a config composed from ``spec``'s: the vocabulary ``spec``
-    has from its task stays while the variant's task is the same."""
+    """The spec of ``variant``, a config composed from ``spec``'s, its keys checked as the
+    pre-flight's (``config.schema``): the vocabulary ``spec`` has from its task stays while the
+    variant's task is the same."""
+    check_schema(variant)
     read = RunSpec.of(variant)
     if read.model.vocab_size is None and spec.model.vocab_size is not None \
             and dict(read.task) == dict(spec.task):

@@ -1,5 +1,5 @@
 """A study: the variants of one run (``--vary``) times its seeds (``--seeds N|auto|auto:MAX``),
-tested against a baseline; its spec, parsed once from ``cfg.routine``."""
+tested against a baseline; its spec, parsed once from ``spec.routine``."""
 
 from __future__ import annotations
 

@@ -50,6 +50,7 @@ class TrainSettings:
     log_every: int = 10
     eval_every: int = 0
     threads: int | None = 1
+    checkpoint: bool = True  # tlab train keeps the resumable state (checkpoint.pt)
     checkpoint_every: int = 0  # resumable state every N steps (0: none); the caller saves it
     device: str = "cpu"  # auto | cpu | cuda | cuda:K (auto: cuda when torch sees one)
     precision: str = "fp32"
