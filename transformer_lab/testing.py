@@ -74,9 +74,9 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
     from omegaconf import OmegaConf
 
     from transformer_lab.config.compose import compose  # noqa: F401  (registers ${tlab.div:...})
+    from transformer_lab.config.variants import load_choice
     from transformer_lab.errors import ConfigError
     from transformer_lab.routines.check import rotary_relative_check
-    from transformer_lab.config.variants import load_choice
 
     label = _label(pe)
     components = api.OfferedComponents()
