@@ -16,7 +16,7 @@ from torch import nn
 from transformer_lab.components.attention import AttentionInputs, KVCache, MultiHeadAttention
 from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
-from transformer_lab.config.spec import ModelSpec
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 
 
@@ -221,9 +221,12 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
     return torch.multinomial(probabilities, 1, generator=generator)  # (B, 1)
 
 
-def build_model(spec: ModelSpec, seed: int | None = None) -> TransformerModel:
+def build_model(spec: ModelSpec | Any, seed: int | None = None) -> TransformerModel:
     """The model ``spec`` describes; with ``seed``, ``torch.manual_seed(seed)`` first. Weights
-    and embeddings N(0, model.init_std), zero biases, unit norm gains."""
+    and embeddings N(0, model.init_std), zero biases, unit norm gains. ``spec``: a
+    ``ModelSpec``, or (the Python API) a composed config with its ``model.vocab_size``."""
+    if not isinstance(spec, ModelSpec):
+        spec = RunSpec.of(spec).model
     if seed is not None:
         torch.manual_seed(int(seed))
 
