@@ -43,7 +43,7 @@ class Recorder:
         self.rows.append(dict(row))
 
 
-def test_the_bar_counts_the_steps_of_a_language_model_run(spec_for, tmp_path):
+def test_the_bar_counts_the_steps_of_a_language_model_run(tmp_path, spec_for):
     """The rows two seeds of a real ``task=lm`` training write (train rows, held-out rows with
     ``ppl``) drive the bar: after each row its count is the steps taken so far, at most the
     total, and at the end exactly the steps of both seeds."""
