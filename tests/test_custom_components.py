@@ -6,6 +6,7 @@ message that points at positions (PEs) or at the protocol (exit code 2 before an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,12 +74,14 @@ def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):
     assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))
 
 
-def test_correct_custom_rope_passes_the_relative_check(cfg_for):
+def test_correct_custom_rope_passes_the_relative_check(spec_for):
+    from transformer_lab.config.spec import Component
     from transformer_lab.routines.check import rotary_relative_check
 
-    cfg = cfg_for("experiment=reverse_task", "pe=rope")
-    cfg.pe = {"name": "my_rope", "_target_": "examples.my_components.MyRoPE", "head_dim": 8}
-    assert rotary_relative_check(cfg).status == "PASS"
+    spec, _ = spec_for("experiment=reverse_task", "pe=rope")
+    pe = Component("pe", {"name": "my_rope", "_target_": "examples.my_components.MyRoPE",
+                          "head_dim": 8})
+    assert rotary_relative_check(replace(spec, model=replace(spec.model, pe=pe))).status == "PASS"
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
