@@ -15,7 +15,6 @@ from transformer_lab.components.attention import AttentionInputs, MultiHeadAtten
 from transformer_lab.components.positional import RotaryPositionalEncoding
 from transformer_lab.components.positional.rope_scaling import rope_inverse_frequencies
 from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.measures.parameters import matmul_weight_params, parameter_breakdown
 from transformer_lab.model import build_model
 
@@ -197,17 +196,15 @@ def test_validate_runs_steps_1_2_at_a_size_the_preset_can_be_built_at():
     """gpt_neox's partial rotary (a quarter of each head) has no even rotary dimension at the
     article's minimal size (head size 4): steps 1-2 run at the preset's own size, and say so;
     where the minimal size works, it is used."""
+    from transformer_lab.config.spec import RunSpec
     from transformer_lab.routines.validate import at_step_size
 
-    cfg = compose(["experiment=validate", "preset=gpt_neox"])
-    build_task(cfg)
-    smoke_cfg, note = at_step_size(cfg, cfg.routine.smoke)
-    assert smoke_cfg.model.d_model == cfg.model.d_model == 64
+    spec = RunSpec.of(compose(["experiment=validate", "preset=gpt_neox"]))
+    smoke, note = at_step_size(spec, "smoke")
+    assert smoke.model.d_model == spec.model.d_model == 64
     assert "the run's own size (d_model 64" in note and "rotary" in note
-    assert smoke_cfg.train.lr == pytest.approx(0.4 / 64)  # smoke's lr at that width
-    compare_cfg, note = at_step_size(cfg, cfg.routine.compare)
-    assert (compare_cfg.model.d_model, note) == (16, "")  # head size 8: rotary dimension 2
-    plain = compose(["experiment=validate"])
-    build_task(plain)
-    small, note = at_step_size(plain, plain.routine.smoke)
+    assert smoke.train.lr == pytest.approx(0.4 / 64)  # smoke's lr at that width
+    compare, note = at_step_size(spec, "compare")
+    assert (compare.model.d_model, note) == (16, "")  # head size 8: rotary dimension 2
+    small, note = at_step_size(RunSpec.of(compose(["experiment=validate"])), "smoke")
     assert (small.model.d_model, small.train.lr, note) == (8, 0.05, "")
