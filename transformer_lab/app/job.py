@@ -60,7 +60,7 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
         if len(outcome.seeds) > 1:
             run.write_table("seeds", outcome.seeds)
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
-        run.info["objective"] = objective_value(cfg, run.path, numbers)  # for a search
+        run.info["objective"] = objective_value(inputs.spec, run.path, numbers)  # for a search
         error = None if outcome.passed else outcome.message or None
     except ConfigError as exc:
         error, code = str(exc), EXIT_USAGE

@@ -36,7 +36,7 @@ def preflight(cfg: DictConfig) -> JobInputs:
                        model=build_checked_model(spec.model, task.model_seq_len, init_seed))
     check_optimizer(spec.train.optimizer, inputs.model)  # the optimizer group
     # --from-hf DIR, --from-run RUN: its weights, checked to fit the model built here
-    load_pretrained(inputs.model, cfg)
+    load_pretrained(inputs.model, spec)
     with torch.random.fork_rng(devices=[]):
         check_routine(spec, inputs)  # the routine's own settings (e.g. extrapolate's lengths)
     return inputs

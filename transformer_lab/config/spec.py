@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields, replace
-from types import MappingProxyType
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -134,7 +133,7 @@ class RoutineSettings(Mapping[str, Any]):
 
     def replace(self, **values: Any) -> RoutineSettings:
         """These settings with ``values`` changed."""
-        return RoutineSettings(self.name, MappingProxyType({**self.values, **values}))
+        return RoutineSettings(self.name, {**self.values, **values})
 
 
 @dataclass(frozen=True)
@@ -152,6 +151,8 @@ class RunSpec:
     seed_init: int | None = None
     seed_data: int | None = None
     force: bool = False  # run even where the pre-flight estimates the run cannot fit
+    from_hf: str | None = None  # start from a Hugging Face checkpoint's weights (--from-hf)
+    from_run: str | None = None  # start from a tlab run's trained weights (--from-run)
     source: DictConfig = field(default_factory=lambda: OmegaConf.create({}), repr=False,
                                compare=False)
 
@@ -164,7 +165,7 @@ class RunSpec:
 
         model = node("model")
         dropout = Dropout(**model.pop("dropout", {}) or {})
-        components = {group: Component(group, MappingProxyType(node(group)))
+        components = {group: Component(group, node(group))
                       for group in COMPONENT_GROUPS}
         known = {f.name for f in fields(ModelSpec)}
         spec = ModelSpec(**{k: v for k, v in model.items() if k in known}, dropout=dropout,
@@ -174,13 +175,25 @@ class RunSpec:
         train = TrainSettings.from_mapping(node("train"), spec.d_model,
                                            optimizer_settings(optimizer) if optimizer else None)
         routine = node("routine")
-        return cls(model=spec, task=Component("task", MappingProxyType(node("task"))),
+        return cls(model=spec, task=Component("task", node("task")),
                    train=train,
-                   routine=RoutineSettings(str(routine.pop("name", "")),
-                                           MappingProxyType(routine)),
+                   routine=RoutineSettings(str(routine.pop("name", "")), routine),
                    seed=int(cfg.get("seed", 0)), seed_init=cfg.get("seed_init"),
                    seed_data=cfg.get("seed_data"), force=bool(cfg.get("force", False)),
+                   from_hf=_text(cfg.get("from_hf")), from_run=_text(cfg.get("from_run")),
                    source=cfg)
+
+    def resolved(self, seed: int | None = None) -> dict[str, Any]:
+        """The resolved config the spec was read from (``hydra`` left out, the model's
+        vocabulary the spec's): what a weights file's header keeps; with ``seed``, that of a
+        model trained with that seed."""
+        cfg = self.source
+        container = OmegaConf.to_container(
+            OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+        container["model"]["vocab_size"] = self.model.vocab_size
+        if seed is not None:
+            container["seed"] = int(seed)
+        return container
 
     def with_vocab(self, vocab_size: int) -> RunSpec:
         """This spec with the task's vocabulary size as the model's."""
@@ -192,6 +205,10 @@ class RunSpec:
         offset = seed - self.seed
         return (seed if self.seed_init is None else self.seed_init + offset,
                 seed if self.seed_data is None else self.seed_data + offset)
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:

@@ -54,6 +54,14 @@ def merged(spec: RunSpec, patch: Mapping[str, Any] | None) -> RunSpec:
     return _read(spec, _merged(spec.source, patch))
 
 
+def merged_block(spec: RunSpec, key: str, without: Sequence[str] = ()) -> RunSpec:
+    """``spec`` with the block at ``key`` of its own config (e.g. validate's ``routine.smoke``)
+    merged over it, less its keys ``without``; the block as written, so that its interpolations
+    resolve at the merged values (smoke's ``lr`` per width)."""
+    block = OmegaConf.to_container(OmegaConf.select(spec.source, key))  # (unresolved)
+    return merged(spec, {k: v for k, v in block.items() if k not in without})
+
+
 def _read(spec: RunSpec, variant: DictConfig) -> RunSpec:
     """The spec of ``variant``, a config composed from ``spec``'s: the vocabulary ``spec``
     has from its task stays while the variant's task is the same."""
@@ -62,6 +70,12 @@ def _read(spec: RunSpec, variant: DictConfig) -> RunSpec:
             and dict(read.task) == dict(spec.task):
         read = read.with_vocab(spec.model.vocab_size)
     return read
+
+
+def choices(spec: RunSpec, group: str) -> list[str]:
+    """The choices of config group ``group`` for ``spec``'s run: tlab's and those in the user's
+    config trees (``--config-dir``)."""
+    return group_choices(group, user_config_dirs(spec.source))
 
 
 def is_group(spec: RunSpec, key: str) -> bool:

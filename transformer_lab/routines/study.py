@@ -8,12 +8,12 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import as_list
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
-from transformer_lab.routines.variants import as_list
 from transformer_lab.training.trainer import TrainResult
 
 AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) two at a time
