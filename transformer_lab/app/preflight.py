@@ -17,6 +17,7 @@ from transformer_lab.routines import JobInputs, check_routine, check_settings, c
 from transformer_lab.training.distributed import resolve_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
+from transformer_lab.training.schedules import schedule
 
 
 def preflight(cfg: DictConfig) -> JobInputs:
@@ -47,7 +48,8 @@ def check_unbuilt(cfg: DictConfig) -> RunSpec:
     the config's typed spec."""
     check_schema(cfg)  # types, ranges, required keys (config/schema.py)
     check_settings(cfg)  # the routine's own keys (its module's SETTINGS)
-    spec = RunSpec.of(cfg)  # also the typed train.* settings' own checks (train.schedule...)
+    spec = RunSpec.of(cfg)  # also the typed train.* settings' own checks
+    schedule(spec.train.schedule)  # a known train.schedule
     check_values(spec)  # the routine's values a rule cannot say
     check_architecture(spec.model)  # heads / head size, parallel block, RoPE and MoE bounds
     resolve_device(spec.train.device)  # auto, cpu, cuda, cuda:K

@@ -89,15 +89,9 @@ def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs
 
 def build_task(spec: Any) -> Any:
     """The task of ``spec`` (a ``RunSpec``); its ``vocab_size`` is the model's
-    (``RunSpec.with_vocab``). Given a composed config (the Python API), the task, with the
-    config's ``model.vocab_size`` set to the task's."""
-    from transformer_lab.config.spec import RunSpec
+    (``RunSpec.with_vocab``)."""
     from transformer_lab.tasks.language import LanguageModelTask
 
-    if isinstance(spec, DictConfig):
-        task = build_task(RunSpec.of(spec))
-        spec.model.vocab_size = task.vocab_size
-        return task
     task = spec.task.build()
     if isinstance(task, LanguageModelTask) and not spec.model.causal:
         raise ConfigError(f"task={spec.task.name} is next-token prediction and needs "

@@ -5,15 +5,15 @@ checked config; below the app (``app/``) and config (``config/``) layers, code t
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from omegaconf import DictConfig, OmegaConf
-
-from transformer_lab.training.settings import OptimizerSettings, TrainSettings
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
 
 COMPONENT_GROUPS = ("pe", "block", "norm_layer", "ffn")
+TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")  # optimizer keys, not arguments
 
 
 @dataclass(frozen=True)
@@ -137,6 +137,74 @@ class RoutineSettings(Mapping[str, Any]):
 
 
 @dataclass(frozen=True)
+class OptimizerSettings:
+    """One optimiser of the ``optimizer`` group; ``rest`` is the optimiser of the other parameters
+    with ``params="hidden_matrices"``."""
+
+    name: str
+    target: str
+    arguments: Mapping[str, Any] = field(default_factory=dict)
+    params: str = "all"
+    lr_ratio: float = 1.0
+    rest: OptimizerSettings | None = None
+
+    @classmethod
+    def adamw(cls, betas: Sequence[float] = (0.9, 0.98),
+              weight_decay: float = 0.0) -> OptimizerSettings:
+        """tlab's default: ``torch.optim.AdamW``, fused where possible
+        (``configs/optimizer/adamw.yaml``)."""
+        return cls("adamw", "torch.optim.AdamW", {"betas": tuple(float(b) for b in betas),
+                                                   "weight_decay": float(weight_decay),
+                                                   "fused": True})
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """The ``train.*`` keys, typed (``configs/train/default.yaml`` says what each means), plus the
+    width the ``noam`` schedule scales by and the optimiser."""
+
+    d_model: int
+    steps: int = 200
+    batch_size: int = 64
+    lr: float = 3e-3
+    schedule: str = "constant"
+    warmup: int = 0
+    noam_factor: float = 1.0
+    min_lr_ratio: float = 0.1
+    grad_clip: float | None = 1.0
+    log_every: int = 10
+    eval_every: int = 0
+    threads: int | None = 1
+    checkpoint: bool = True  # tlab train keeps the resumable state (checkpoint.pt)
+    checkpoint_every: int = 0  # resumable state every N steps (0: none); the caller saves it
+    device: str = "cpu"  # auto | cpu | cuda | cuda:K (auto: cuda when torch sees one)
+    precision: str = "fp32"
+    compile: bool = False  # torch.compile the model's forward
+    grad_accum: int = 1  # forwards of batch_size per optimiser step
+    optimizer: OptimizerSettings = field(default_factory=OptimizerSettings.adamw)
+
+    def __post_init__(self) -> None:
+        """The keys ``SCHEMA`` types (the same lines as the pre-flight's; the schedule's name:
+        ``training.schedules.schedule``)."""
+        from transformer_lab.config.schema import SCHEMA
+
+        for name in ("precision", "grad_accum", "compile", "threads"):
+            SCHEMA[f"train.{name}"].check(f"train.{name}", getattr(self, name))
+
+    @classmethod
+    def from_mapping(cls, train: Mapping[str, object], d_model: int,
+                     optimizer: OptimizerSettings | None = None) -> TrainSettings:
+        """From the ``train`` node (unknown keys ignored); the optimiser defaults to AdamW with
+        ``train.betas`` and ``train.weight_decay``."""
+        known = {f.name for f in fields(cls)} - {"d_model", "optimizer"}
+        values = {key: value for key, value in train.items() if key in known}
+        if optimizer is None:
+            betas, decay = train.get("betas", (0.9, 0.98)), train.get("weight_decay", 0.0)
+            optimizer = OptimizerSettings.adamw(betas, decay)  # type: ignore[arg-type]
+        return cls(d_model=int(d_model), optimizer=optimizer, **values)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
 class RunSpec:
     """One run: the model, the task, the training (with the optimiser), the routine and the
     seeds. ``source``: the composed config it was read from, kept for what only composition can
@@ -153,12 +221,13 @@ class RunSpec:
     force: bool = False  # run even where the pre-flight estimates the run cannot fit
     from_hf: str | None = None  # start from a Hugging Face checkpoint's weights (--from-hf)
     from_run: str | None = None  # start from a tlab run's trained weights (--from-run)
-    source: DictConfig = field(default_factory=lambda: OmegaConf.create({}), repr=False,
-                               compare=False)
+    source: DictConfig | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def of(cls, cfg: DictConfig) -> RunSpec:
         """The spec of a composed config (its checks have run: ``app.preflight.check_unbuilt``)."""
+        from omegaconf import OmegaConf
+
         def node(key: str) -> dict[str, Any]:
             found = OmegaConf.select(cfg, key, default=None)
             return {} if found is None else OmegaConf.to_container(found, resolve=True)
@@ -187,6 +256,8 @@ class RunSpec:
         """The resolved config the spec was read from (``hydra`` left out, the model's
         vocabulary the spec's): what a weights file's header keeps; with ``seed``, that of a
         model trained with that seed."""
+        from omegaconf import OmegaConf
+
         cfg = self.source
         container = OmegaConf.to_container(
             OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
@@ -214,8 +285,6 @@ def _text(value: Any) -> str | None:
 def optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
     """An ``optimizer`` node's values: tlab's keys (``TLAB_KEYS``) read, the others the
     constructor's keywords (lists as tuples); ``rest`` in the same way."""
-    from transformer_lab.training.optimizers import TLAB_KEYS
-
     rest = values.get("rest")
     return OptimizerSettings(
         name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),

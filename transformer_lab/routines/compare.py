@@ -47,6 +47,7 @@ from transformer_lab.routines.train import mean_or_nan, perplexity
 from transformer_lab.tasks import Task
 from transformer_lab.training.checkpoint import save_weights
 from transformer_lab.training.optimizers import check_optimizer
+from transformer_lab.training.schedules import schedule
 from transformer_lab.training.trainer import Trainer, count_parameters
 
 # --- the variation and its checks -----------------------------------------------------------------
@@ -91,6 +92,7 @@ def check_variant(spec: RunSpec, vary: Study, name: str, value: Any) -> None:
             raise ConfigError(f"a {vary.key} choice is a name; valid: "
                               f"{', '.join(choices(spec, vary.key))}")
         variant = with_value(spec, vary.key, value)
+        schedule(variant.train.schedule)
         check_architecture(variant.model)
         task = build_task(variant)
         model = build_checked_model(variant.with_vocab(task.vocab_size).model,
