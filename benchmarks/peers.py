@@ -5,7 +5,7 @@ optimiser step (forward, cross-entropy over all positions, backward, grad-norm c
 AdamW with betas (0.9, 0.98)), the model (for parameter counts) and its non-embedding parameter
 count N (for the FLOP estimate 6N + 12 L T d per token, Kaplan et al. 2020, arXiv 2001.08361).
 
-* ``tlab``: ``build_model(cfg)`` and ``Trainer.train_step`` - exactly what ``tlab`` runs.
+* ``tlab``: ``build_model(spec.model)`` and ``Trainer.train_step`` - exactly what ``tlab`` runs.
 * ``torch``: ``nn.TransformerEncoder`` (norm_first, GELU, batch_first, dropout 0) behind a token
   embedding (scaled by sqrt(d)) plus a learned position table, a final LayerNorm and a linear
   head; the PyTorch-default ``torch.optim.AdamW`` and ``clip_grad_norm_``.
@@ -166,16 +166,16 @@ def build_tlab(size: BenchSize, device: torch.device, precision: str,
     the task (for the with-data row)."""
     from transformer_lab.config.compose import compose
     from transformer_lab.config.instantiate import build_task
+    from transformer_lab.config.spec import RunSpec
     from transformer_lab.model import build_model
-    from transformer_lab.routines.variants import train_settings
     from transformer_lab.tasks import Batch
     from transformer_lab.training.trainer import Trainer
 
-    cfg = compose(tlab_overrides(size, str(device), precision, compile_model))
-    task = build_task(cfg)
-    model = build_model(cfg).to(device)
+    spec = RunSpec.of(compose(tlab_overrides(size, str(device), precision, compile_model)))
+    task = build_task(spec)
+    model = build_model(spec.with_vocab(task.vocab_size).model).to(device)
     n = non_embedding_params(model)
-    trainer = Trainer(model, task, train_settings(cfg), seed=0)
+    trainer = Trainer(model, task, spec.train, seed=0)
 
     def step(inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         loss, _grad_norm, _lr = trainer.train_step(Batch(inputs, targets))

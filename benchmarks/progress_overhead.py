@@ -23,10 +23,10 @@ from rich.console import Console
 
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
 from transformer_lab.results.progress import REFRESH_PER_SECOND, RunProgress, progress_bar
 from transformer_lab.results.run_directory import METRIC_COLUMNS, CsvLog
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 
@@ -36,13 +36,13 @@ def drawn_progress() -> RunProgress:
     return RunProgress(enabled=True, console=console)
 
 
-def one_run(cfg, steps: int, with_bar: bool, folder: Path) -> float:
+def one_run(spec: RunSpec, steps: int, with_bar: bool, folder: Path) -> float:
     """Wall seconds of ``Trainer.fit(steps)``, with or without a drawn progress bar."""
     listeners = [drawn_progress().on_row] if with_bar else []
     log = CsvLog(folder / f"metrics-{time.perf_counter_ns()}.csv", METRIC_COLUMNS, listeners)
-    task = build_task(cfg)
-    model = build_model(cfg, seed=0)
-    trainer = Trainer(model, task, train_settings(cfg), 0, log)
+    task = build_task(spec)
+    model = build_model(spec.with_vocab(task.vocab_size).model, seed=0)
+    trainer = Trainer(model, task, spec.train, 0, log)
     started = time.perf_counter()
     with progress_bar(log, "benchmark", total=steps):
         trainer.fit(steps)
@@ -82,17 +82,18 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=600)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    cfg = compose(["experiment=reverse_task", "train.eval_every=0", "train.log_every=10"])
+    spec = RunSpec.of(compose(["experiment=reverse_task", "train.eval_every=0",
+                               "train.log_every=10"]))
     walls: dict[bool, list[float]] = {False: [], True: []}
     with tempfile.TemporaryDirectory() as tmp:
-        one_run(cfg, 50, True, Path(tmp))  # warm-up
+        one_run(spec, 50, True, Path(tmp))  # warm-up
         for _ in range(args.repeats):
             for with_bar in (False, True):
-                walls[with_bar].append(one_run(cfg, args.steps, with_bar, Path(tmp)))
+                walls[with_bar].append(one_run(spec, args.steps, with_bar, Path(tmp)))
     plain, bar = statistics.median(walls[False]), statistics.median(walls[True])
     print(f"{args.steps} steps, median of {args.repeats}: CSV only {plain:.3f} s, "
           f"CSV + progress bar {bar:.3f} s, difference {100 * (bar / plain - 1):+.2f}%")
-    per_row, log_every = row_cost(), int(cfg.train.log_every)
+    per_row, log_every = row_cost(), spec.train.log_every
     print(f"on_row: {1e6 * per_row:.1f} us per metrics row (one row every {log_every} steps) = "
           f"{100 * per_row / log_every / (plain / args.steps):.3f}% of a "
           f"{1e3 * plain / args.steps:.2f} ms step")

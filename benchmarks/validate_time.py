@@ -118,6 +118,7 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
     import torch
 
     from transformer_lab.config.compose import compose
+    from transformer_lab.config.spec import RunSpec
     from transformer_lab.routines.reverse_task import train_reversal
 
     torch.set_num_threads(1)
@@ -126,9 +127,9 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
         for pe in pes:
             solved, matches, walls = [], [], []
             for seed in range(seeds):
-                cfg = compose(["experiment=reverse_task", *PES[pe], f"arch={arch}",
-                               f"seed={seed}", *extra])
-                run = train_reversal(cfg, "chosen", seed, int(cfg.routine.max_steps), None,
+                spec = RunSpec.of(compose(["experiment=reverse_task", *PES[pe],
+                                           f"arch={arch}", f"seed={seed}", *extra]))
+                run = train_reversal(spec, "chosen", seed, int(spec.routine.max_steps), None,
                                      "reverse_task")
                 result = run.result
                 solved.append(result.solved_step)
@@ -140,7 +141,7 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
                    "steps_per_seed": " ".join("-" if s is None else str(s) for s in solved),
                    "best_exact_match": " ".join(f"{m:.3f}" for m in matches),
                    "median_wall_s": statistics.median(walls),
-                   "max_steps": int(cfg.routine.max_steps)}
+                   "max_steps": int(spec.routine.max_steps)}
             rows.append(row)
             print(f"  {arch:8s} {pe:20s} steps {row['steps_per_seed']:16s} "
                   f"exact match {row['best_exact_match']}", flush=True)

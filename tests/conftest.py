@@ -29,6 +29,21 @@ def cfg_for():
 
 
 @pytest.fixture
+def spec_for():
+    """``spec_for("pe=rope", ...)`` -> (the ``RunSpec`` of ``cfg_for``'s config with the task's
+    vocabulary, the task)."""
+    from transformer_lab.config.instantiate import build_task
+    from transformer_lab.config.spec import RunSpec
+
+    def make(*overrides: str):
+        spec = RunSpec.of(compose(["experiment=smoke", *overrides]))
+        task = build_task(spec)
+        return spec.with_vocab(task.vocab_size), task
+
+    return make
+
+
+@pytest.fixture
 def tlab(capsys):
     """Run ``transformer_lab.app.hydra_app.main(args)``
     in-process; returns (exit code, stdout, stderr)."""

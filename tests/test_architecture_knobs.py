@@ -15,7 +15,6 @@ from transformer_lab.components.attention import AttentionInputs, MultiHeadAtten
 from transformer_lab.components.positional import RotaryPositionalEncoding
 from transformer_lab.components.positional.rope_scaling import rope_inverse_frequencies
 from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.measures.parameters import matmul_weight_params, parameter_breakdown
 from transformer_lab.model import build_model
 
@@ -33,32 +32,32 @@ KNOBS = [
 ]
 
 
-def _built(overrides: list[str]):
+def _built(spec_for, overrides: list[str]):
     sizes = [] if any(o.startswith("preset=") for o in overrides) else [
         "model.d_model=16", "model.n_heads=4"]  # a preset keeps its own toy sizes
-    cfg = compose(["experiment=smoke", *sizes, *overrides])
-    build_task(cfg)
-    return cfg, build_model(cfg, seed=0)
+    spec, _ = spec_for(*sizes, *overrides)
+    return spec.model, build_model(spec.model, seed=0)
 
 
 @pytest.mark.parametrize("overrides", KNOBS, ids=lambda o: " ".join(o))
-def test_parameter_formula_equals_built_model(overrides):
-    cfg, model = _built(overrides)
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 6))
-    assert model(tokens).shape == (2, 6, cfg.model.vocab_size)
-    assert parameter_breakdown(cfg)["total"] == sum(p.numel() for p in model.parameters())
+def test_parameter_formula_equals_built_model(spec_for, overrides):
+    spec, model = _built(spec_for, overrides)
+    tokens = torch.randint(0, spec.vocab_size, (2, 6))
+    assert model(tokens).shape == (2, 6, spec.vocab_size)
+    assert parameter_breakdown(spec)["total"] == sum(p.numel() for p in model.parameters())
 
 
-def test_defaults_keep_the_original_model_exactly():
+def test_defaults_keep_the_original_model_exactly(spec_for):
     """Every knob at its default builds the same weights and outputs as before the knobs."""
-    cfg, model = _built([])
-    explicit, same = _built(["model.n_kv_heads=4", "model.head_dim=4", "model.qkv_bias=true",
-                             "model.out_bias=true", f"model.attn_scale={1 / math.sqrt(4)}"])
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 6))
+    spec, model = _built(spec_for, [])
+    explicit, same = _built(spec_for, ["model.n_kv_heads=4", "model.head_dim=4",
+                                       "model.qkv_bias=true", "model.out_bias=true",
+                                       f"model.attn_scale={1 / math.sqrt(4)}"])
+    tokens = torch.randint(0, spec.vocab_size, (2, 6))
     for (name, a), b in zip(model.state_dict().items(), same.state_dict().values(), strict=True):
         assert torch.equal(a, b), name
     torch.testing.assert_close(model(tokens), same(tokens), atol=1e-6, rtol=1e-6)
-    assert matmul_weight_params(cfg) == matmul_weight_params(explicit)
+    assert matmul_weight_params(spec) == matmul_weight_params(explicit)
 
 
 @pytest.mark.parametrize("n_kv_heads, head_dim", [(1, None), (2, None), (2, 6), (4, 10)])
@@ -100,8 +99,8 @@ def test_attention_scale_multiplies_the_logits():
     torch.testing.assert_close(plain.last_weights, expected, atol=1e-6, rtol=1e-6)
 
 
-def test_tied_embeddings_and_parallel_block_wiring():
-    _, model = _built(["model.tie_embeddings=true", "model.parallel_block=true"])
+def test_tied_embeddings_and_parallel_block_wiring(spec_for):
+    _, model = _built(spec_for, ["model.tie_embeddings=true", "model.parallel_block=true"])
     assert model.lm_head.weight is model.token_embedding.weight
     block = model.blocks[0]
     x = torch.randn(1, 3, 16)
@@ -197,17 +196,15 @@ def test_validate_runs_steps_1_2_at_a_size_the_preset_can_be_built_at():
     """gpt_neox's partial rotary (a quarter of each head) has no even rotary dimension at the
     article's minimal size (head size 4): steps 1-2 run at the preset's own size, and say so;
     where the minimal size works, it is used."""
+    from transformer_lab.config.spec import RunSpec
     from transformer_lab.routines.validate import at_step_size
 
-    cfg = compose(["experiment=validate", "preset=gpt_neox"])
-    build_task(cfg)
-    smoke_cfg, note = at_step_size(cfg, cfg.routine.smoke)
-    assert smoke_cfg.model.d_model == cfg.model.d_model == 64
+    spec = RunSpec.of(compose(["experiment=validate", "preset=gpt_neox"]))
+    smoke, note = at_step_size(spec, "smoke")
+    assert smoke.model.d_model == spec.model.d_model == 64
     assert "the run's own size (d_model 64" in note and "rotary" in note
-    assert smoke_cfg.train.lr == pytest.approx(0.4 / 64)  # smoke's lr at that width
-    compare_cfg, note = at_step_size(cfg, cfg.routine.compare)
-    assert (compare_cfg.model.d_model, note) == (16, "")  # head size 8: rotary dimension 2
-    plain = compose(["experiment=validate"])
-    build_task(plain)
-    small, note = at_step_size(plain, plain.routine.smoke)
+    assert smoke.train.lr == pytest.approx(0.4 / 64)  # smoke's lr at that width
+    compare, note = at_step_size(spec, "compare")
+    assert (compare.model.d_model, note) == (16, "")  # head size 8: rotary dimension 2
+    small, note = at_step_size(RunSpec.of(compose(["experiment=validate"])), "smoke")
     assert (small.model.d_model, small.train.lr, note) == (8, 0.05, "")

@@ -7,14 +7,14 @@ import pandas as pd
 import pytest
 import torch
 from helpers import assert_refused
-from omegaconf import OmegaConf
 from torch import nn
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
 from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
-from transformer_lab.config.tree import CONFIG_DIR, group_choices
+from transformer_lab.config.spec import ModelSpec, RunSpec
+from transformer_lab.config.tree import group_choices
+from transformer_lab.config.variants import merged, with_choice
 from transformer_lab.measures.memory import saved_activation_bytes
 from transformer_lab.measures.parameters import (
     attention_params,
@@ -26,11 +26,14 @@ from transformer_lab.model import build_model
 from transformer_lab.routines.budget import BUDGET_COLUMNS, measure_activations, parameter_rows
 
 
-def budget_cfg(*overrides: str):
-    cfg = compose(["experiment=budget", *overrides])
-    build_task(cfg)
-    cfg.model.vocab_size = cfg.routine.vocab_size
-    return cfg
+def budget_spec(*overrides: str) -> RunSpec:
+    """The spec of ``experiment=budget`` with the budget's vocabulary (``routine.vocab_size``)."""
+    spec = RunSpec.of(compose(["experiment=budget", *overrides]))
+    return spec.with_vocab(spec.routine.vocab_size)
+
+
+def budget_model(*overrides: str) -> ModelSpec:
+    return budget_spec(*overrides).model
 
 
 def row(table: pd.DataFrame, component: str, section: str = "parameters") -> pd.Series:
@@ -68,30 +71,30 @@ def test_budget_defaults_reproduce_the_seed(tlab, tmp_path):
 
 
 def test_formulas_match_every_component_choice():
-    """Each choice of each group once, on a small model: no FAIL, nothing unaccounted. The
-    group files are loaded directly (composing 44 configs would dominate the test's time)."""
-    base = budget_cfg("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_layers=2",
-                      "routine.seq_len=16", "routine.vocab_size=50",
-                      "model.gated_match_params=true")
+    """Each choice of each group once, on a small model: no FAIL, nothing unaccounted. Each
+    choice is set by ``with_choice`` (composing 44 configs would dominate the test's time)."""
+    base = budget_spec("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_layers=2",
+                       "routine.seq_len=16", "routine.vocab_size=50",
+                       "model.gated_match_params=true")
     for group in ("pe", "block", "norm_layer", "ffn"):
         for choice in group_choices(group):
+            variant = with_choice(base, group, choice)
             for bias in (True, False):
-                cfg = base.copy()
-                cfg[group] = OmegaConf.load(CONFIG_DIR / group / f"{choice}.yaml")
-                cfg.model.attn_bias = cfg.model.ffn_bias = bias
+                m = merged(variant, {"model": {"attn_bias": bias, "ffn_bias": bias}}).model
+                assert (m.component(group).name, m.attn_bias, m.vocab_size) == (choice, bias, 50)
                 torch.manual_seed(0)
-                rows = parameter_rows(cfg, build_model(cfg))
+                rows = parameter_rows(m, build_model(m))
                 bad = [(r.component, r.expected, r.measured) for r in rows if r.status == "FAIL"]
                 assert not bad, (group, choice, bias, bad)
                 assert not [r for r in rows if r.status == "SKIP"], (group, choice)
 
 
 def test_a_component_that_disagrees_with_its_formula_fails():
-    cfg = budget_cfg("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_layers=3",
+    m = budget_model("model.d_model=32", "model.n_heads=4", "model.d_ff=64", "model.n_layers=3",
                      "routine.vocab_size=50")
-    model = build_model(cfg)
+    model = build_model(m)
     model.blocks[1].feedforward.extra = nn.Parameter(torch.zeros(5))  # a stray parameter
-    rows = {(r.component, r.scope): r for r in parameter_rows(cfg, model)}
+    rows = {(r.component, r.scope): r for r in parameter_rows(m, model)}
     ffn = rows[("feedforward", "layer (x3)")]
     assert ffn.status == "FAIL" and "layers [1]" in ffn.detail
     assert rows[("total", "model")].status == "FAIL"
@@ -114,10 +117,10 @@ def test_budget_exits_1_on_a_formula_mismatch(tlab, tmp_path, monkeypatch):
 def test_measured_activations_extrapolate_exactly_in_batch():
     """Saved bytes are affine in the batch size: batch 1 and 2 predict batch 5 exactly
     (RoPE's cos/sin rows are the batch-independent part)."""
-    cfg = budget_cfg("pe=rope", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
+    m = budget_model("pe=rope", "model.d_model=32", "model.n_heads=4", "model.d_ff=64",
                      "model.n_layers=2", "routine.vocab_size=50")
     torch.manual_seed(0)
-    model = build_model(cfg)
+    model = build_model(m)
     predicted = measure_activations(model, batch=5, seq_len=12, vocab=50, measure_batch=1)
     tokens = torch.randint(0, 50, (5, 12), generator=torch.Generator().manual_seed(3))
     direct = saved_activation_bytes(model, tokens)
@@ -140,8 +143,8 @@ def test_dtype_halves_the_activation_bytes(tlab, tmp_path):
 def test_formula_helpers():
     assert attention_params(768, False) == 2_359_296
     assert feedforward_params(768, 3072, False) == 4_718_592
-    cfg = budget_cfg("model.n_layers=2", "routine.vocab_size=100")
-    flops = training_flops_per_token(cfg, 512)
+    flops = training_flops_per_token(budget_model("model.n_layers=2", "routine.vocab_size=100"),
+                                     512)
     n = 2 * (4 * 768**2 + 2 * 768 * 3072) + 768 * 100
     assert flops == {"weights": 6 * n, "attention": 12 * 2 * 512 * 768,
                      "total": 6 * n + 12 * 2 * 512 * 768}

@@ -36,7 +36,7 @@ STOP_SCRIPT = Path(__file__).with_name("stop_at_step.py")
 def held_out_loss(path: Path) -> float:
     """The held-out loss of the model a weights file rebuilds, on its own config's task."""
     trained = load_trained(path)
-    task = build_task(trained.cfg)
+    task = build_task(trained.spec)
     return evaluate_model(trained.model, task, task.eval_batch())["loss"]
 
 
@@ -63,7 +63,7 @@ def test_train_keeps_weights_that_rebuild_each_seeds_model(tlab, tmp_path):
     assert files == [two / "models" / "seed0.safetensors", two / "models" / "seed1.safetensors"]
     for row, path in zip(read_csv(two / "seeds.csv"), files, strict=True):
         header = read_header(path)
-        assert (header.seed, header.variant, header.cfg.seed) == (int(row["seed"]), None,
+        assert (header.seed, header.variant, header.spec.seed) == (int(row["seed"]), None,
                                                                   int(row["seed"]))
         assert held_out_loss(path) == pytest.approx(float(row["final_loss"]), rel=1e-5)
     # seed 0 of a two-seed run is the one-seed run's model, tensor for tensor
@@ -84,7 +84,7 @@ def test_compare_keeps_each_variant_and_seed_with_its_config(tlab, tmp_path):
     runs = {(r["variant"], r["seed"]): r for r in read_csv(out / "compare_runs.csv")}
     for header in headers:
         assert header.path == out / "models" / header.variant / f"seed{header.seed}.safetensors"
-        assert header.cfg.pe.name == header.variant and header.varied == "pe"
+        assert header.spec.model.pe.name == header.variant and header.varied == "pe"
         loss = float(runs[(header.variant, str(header.seed))]["final_loss"])  # full precision
         assert held_out_loss(header.path) == pytest.approx(loss, rel=1e-6)
 

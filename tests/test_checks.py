@@ -4,6 +4,7 @@ one; checks.csv and the exit codes."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pandas as pd
 import torch
@@ -19,6 +20,7 @@ from transformer_lab.components.positional import (
 )
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.measures.properties import rope_relative_violation
 from transformer_lab.model import build_model
 from transformer_lab.routines.check import (
@@ -36,16 +38,14 @@ from transformer_lab.routines.check import (
 HEAD_DIM = 16
 
 
-def check_cfg(*overrides: str):
-    cfg = compose(["experiment=check", *overrides])
-    build_task(cfg)
-    return cfg
+def check_spec(*overrides: str) -> RunSpec:
+    spec = RunSpec.of(compose(["experiment=check", *overrides]))
+    return spec.with_vocab(build_task(spec).vocab_size)
 
 
 def model_for(*overrides: str):
-    cfg = check_cfg(*overrides)
-    torch.manual_seed(0)
-    return cfg, build_model(cfg).eval()
+    spec = check_spec(*overrides)
+    return spec, build_model(spec.model, seed=0).eval()
 
 
 # --------------------------------------------------------------------------------------------
@@ -132,8 +132,8 @@ def test_sinusoidal_shift_passes_a_wide_correct_table():
 
 
 def test_nope_encoder_is_equivariant_and_a_causal_leak_fails():
-    cfg, model = model_for("pe=none")
-    tokens = check_tokens(cfg, 8)
+    spec, model = model_for("pe=none")
+    tokens = check_tokens(spec, 8)
     assert equivariance_row(model, tokens, "none", expect_equivariant=True).status == "PASS"
     assert swap_row(model, tokens, "none", expect_permuted=True).status == "PASS"
     model.causal = True  # broken: a hidden causal mask makes attention position-dependent
@@ -143,21 +143,21 @@ def test_nope_encoder_is_equivariant_and_a_causal_leak_fails():
 
 def test_each_pe_breaks_equivariance_and_a_silenced_pe_fails():
     for name in ("sinusoidal", "learned", "rope", "alibi", "t5"):
-        cfg, model = model_for(f"pe={name}")
-        tokens = check_tokens(cfg, 8)
+        spec, model = model_for(f"pe={name}")
+        tokens = check_tokens(spec, 8)
         assert equivariance_row(model, tokens, name, expect_equivariant=False).status == "PASS"
         assert swap_row(model, tokens, name, expect_permuted=False).status == "PASS", name
-    cfg, model = model_for("pe=sinusoidal", "model.pe_scale=0")  # broken: PE multiplied by 0
-    tokens = check_tokens(cfg, 8)
+    spec, model = model_for("pe=sinusoidal", "model.pe_scale=0")  # broken: PE multiplied by 0
+    tokens = check_tokens(spec, 8)
     assert equivariance_row(model, tokens, "x", expect_equivariant=False).status == "FAIL"
     assert swap_row(model, tokens, "x", expect_permuted=False).status == "FAIL"
 
 
 def test_swap_test_after_training_on_reversal():
     for name, expect_permuted in (("none", True), ("sinusoidal", False)):
-        cfg = check_cfg(f"pe={name}", "train.batch_size=32", "train.eval_every=20")
-        cfg.routine.train_steps = 40
-        row = trained_swap_row(cfg, check_tokens(cfg, 8), name)
+        spec = check_spec(f"pe={name}", "train.batch_size=32", "train.eval_every=20")
+        spec = replace(spec, routine=spec.routine.replace(train_steps=40))
+        row = trained_swap_row(spec, check_tokens(spec, 8), name)
         assert row.status == "PASS", row
         assert ("(trained)" in row.component) and "exact match" in row.detail
         assert (row.value <= 1e-5) == expect_permuted
@@ -199,7 +199,7 @@ def test_a_pe_without_checks_exits_2(tlab, tmp_path):
     assert_refused(tlab("experiment=check", "routine.pe=rotary2",
                         f"hydra.run.dir={tmp_path / 'y'}"), tmp_path / "y",
                    "--pe rotary2 has no checks; pes with checks: "
-                   + ", ".join(pes_with_checks(check_cfg())))
+                   + ", ".join(pes_with_checks(check_spec())))
 
 
 def test_check_refuses_a_decoder(tlab, tmp_path):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from helpers import assert_refused, read_csv
 
+from transformer_lab.config.variants import with_choice
+from transformer_lab.model import build_model
 from transformer_lab.routines.compare import (
     COMPARISON_COLUMNS,
     SeedRun,
@@ -17,7 +20,6 @@ from transformer_lab.routines.compare import (
     steps_to_target,
     train_seed,
 )
-from transformer_lab.routines.variants import with_choice
 from transformer_lab.training.trainer import TrainResult
 
 # A small model that trains in a fraction of a second per activation.
@@ -55,37 +57,29 @@ def test_compare_cli_writes_rows_for_each_activation(tlab, tmp_path):
     assert "relu" in stdout and "gelu" in stdout  # the rich table
 
 
-def test_every_activation_sees_the_same_init_and_batches(cfg_for):
-    cfg = cfg_for("experiment=compare_activations", *FAST, "routine.steps=3", "train.lr=0")
-    relu, gelu = (with_choice(cfg, "ffn", name) for name in ("relu", "gelu"))
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_model
-
-    weights = []
-    for variant in (relu, gelu):
-        torch.manual_seed(variant.seed)
-        build_task(variant)
-        weights.append(build_model(variant).state_dict())
+def test_every_activation_sees_the_same_init_and_batches(spec_for):
+    spec, task = spec_for("experiment=compare_activations", *FAST, "routine.steps=3")
+    relu, gelu = (with_choice(spec, "ffn", name) for name in ("relu", "gelu"))
+    weights = [build_model(variant.model, seed=variant.seed).state_dict()
+               for variant in (relu, gelu)]
     assert weights[0].keys() == weights[1].keys()
     for name in weights[0]:
         assert torch.equal(weights[0][name], weights[1][name]), name
-    # With lr=0 nothing moves: equal inits and equal batches give the same losses exactly
-    # for the same activation, different ones for a different activation.
-    first = train_seed(relu, 0, None)[0].result
-    again = train_seed(with_choice(cfg, "ffn", "relu"), 0, None)[0].result
+    # Equal inits and equal batches give the same losses exactly for the same activation,
+    # different ones for a different activation.
+    first = train_seed(relu, task, 0, None)[0].result
+    again = train_seed(with_choice(spec, "ffn", "relu"), task, 0, None)[0].result
     assert first.train_losses == again.train_losses
-    assert train_seed(gelu, 0, None)[0].result.train_losses != first.train_losses
+    assert train_seed(gelu, task, 0, None)[0].result.train_losses != first.train_losses
 
 
-def test_seeds_match_runs_of_their_own(cfg_for):
+def test_seeds_match_runs_of_their_own(spec_for):
     """compare-activations --seeds 3 gives each seed the numbers of a one-seed comparison."""
-    cfg = with_choice(cfg_for("experiment=compare_activations", *FAST, "routine.steps=8"),
-                      "ffn", "swish")
-    together = [train_seed(cfg, seed, None)[0] for seed in (4, 5, 6)]
+    spec, task = spec_for("experiment=compare_activations", *FAST, "routine.steps=8")
+    spec = with_choice(spec, "ffn", "swish")
+    together = [train_seed(spec, task, seed, None)[0] for seed in (4, 5, 6)]
     for run in together:
-        variant = cfg.copy()
-        variant.seed = run.seed
-        alone = train_seed(variant, run.seed, None)[0]
+        alone = train_seed(replace(spec, seed=run.seed), task, run.seed, None)[0]
         r, a = run.result, alone.result
         assert r.train_losses == a.train_losses  # the same run: the same numbers
         assert r.grad_norms == a.grad_norms

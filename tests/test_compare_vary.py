@@ -12,11 +12,9 @@ from helpers import read_csv
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
-from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.measures.statistics import VERDICT_COLUMNS
 from transformer_lab.model import build_model
-from transformer_lab.routines.compare import start_from, variant_configs
+from transformer_lab.routines.compare import start_from, variant_specs
 
 # The tiny model on the offline synthetic language: a fraction of a second per (variant, seed).
 FAST = ["task=lm", "model=tiny", "task.eval_size=32", "train.batch_size=8", "train.lr=1e-2"]
@@ -73,14 +71,13 @@ def test_vary_a_key_trains_the_same_model_on_the_same_data(tmp_path):
     assert [r["varied"] for r in read_csv(out / "comparison.csv")] == ["train.lr"] * 2
 
 
-def test_shape_compatible_parameters_start_equal_across_variants():
+def test_shape_compatible_parameters_start_equal_across_variants(spec_for):
     """A learned PE's table is drawn before the blocks, so seeding alone gives the blocks other
     weights than NoPE's; start_from copies every parameter whose name and shape match."""
-    cfg = compose(["experiment=compare", *FAST, "routine.vary.key=pe",
-                   "routine.vary.values=[none,learned]"])
-    (_, nope), (_, learned) = variant_configs(cfg)
-    build_task(nope), build_task(learned)
-    first, second = build_model(nope, seed=3), build_model(learned, seed=3)
+    spec, _ = spec_for("experiment=compare", *FAST, "routine.vary.key=pe",
+                       "routine.vary.values=[none,learned]")
+    (_, nope), (_, learned) = variant_specs(spec)
+    first, second = build_model(nope.model, seed=3), build_model(learned.model, seed=3)
     shared = dict(first.named_parameters())
     assert not torch.equal(second.blocks[0].attention.out_proj.weight,
                            shared["blocks.0.attention.out_proj.weight"])

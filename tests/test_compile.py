@@ -11,8 +11,8 @@ import torch
 
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 pytestmark = [
@@ -26,9 +26,10 @@ TINY = ["experiment=train", "task=lm", "model=tiny", "pe=learned", "task.eval_si
 
 
 def trainer(compiled: bool) -> Trainer:
-    cfg = compose([*TINY, f"train.compile={str(compiled).lower()}"])
-    task = build_task(cfg)  # fills in model.vocab_size
-    return Trainer(build_model(cfg, seed=0), task, train_settings(cfg), 0)
+    spec = RunSpec.of(compose([*TINY, f"train.compile={str(compiled).lower()}"]))
+    task = build_task(spec)
+    return Trainer(build_model(spec.with_vocab(task.vocab_size).model, seed=0), task,
+                   spec.train, 0)
 
 
 def test_compiled_training_follows_eager_and_saves_the_modules_state():

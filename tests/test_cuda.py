@@ -9,8 +9,8 @@ import torch
 
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
@@ -20,9 +20,10 @@ REVERSE = ["experiment=reverse_task", "model=small", "task.seq_len=8", "train.ba
 
 
 def trainer_on(device: str, *overrides: str, seed: int = 0) -> Trainer:
-    cfg = compose([*REVERSE, f"train.device={device}", *overrides])
-    task = build_task(cfg)
-    return Trainer(build_model(cfg, seed=seed), task, train_settings(cfg), seed)
+    spec = RunSpec.of(compose([*REVERSE, f"train.device={device}", *overrides]))
+    task = build_task(spec)
+    return Trainer(build_model(spec.with_vocab(task.vocab_size).model, seed=seed), task,
+                   spec.train, seed)
 
 
 @pytest.mark.parametrize("pe", ["rope", "alibi", "t5"])

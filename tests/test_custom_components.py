@@ -6,6 +6,7 @@ message that points at positions (PEs) or at the protocol (exit code 2 before an
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,12 +74,14 @@ def test_rope_with_mismatched_pairing_fails_at_step_3(tlab, tmp_path):
     assert all(r["status"] in ("PASS", "SKIP") for r in rows if r["step"] in ("1", "2"))
 
 
-def test_correct_custom_rope_passes_the_relative_check(cfg_for):
+def test_correct_custom_rope_passes_the_relative_check(spec_for):
+    from transformer_lab.config.spec import Component
     from transformer_lab.routines.check import rotary_relative_check
 
-    cfg = cfg_for("experiment=reverse_task", "pe=rope")
-    cfg.pe = {"name": "my_rope", "_target_": "examples.my_components.MyRoPE", "head_dim": 8}
-    assert rotary_relative_check(cfg).status == "PASS"
+    spec, _ = spec_for("experiment=reverse_task", "pe=rope")
+    pe = Component("pe", {"name": "my_rope", "_target_": "examples.my_components.MyRoPE",
+                          "head_dim": 8})
+    assert rotary_relative_check(replace(spec, model=replace(spec.model, pe=pe))).status == "PASS"
 
 
 @pytest.mark.parametrize(("overrides", "message"), [
@@ -111,20 +114,14 @@ def test_compare_activations_takes_an_ffn_from_the_users_config_dir(tlab, tmp_pa
     assert [r["activation"] for r in rows] == ["relu", "my_ffn"]
 
 
-def _model(cfg):
-    from transformer_lab.config.instantiate import build_task
-    from transformer_lab.model import build_model
-
-    task = build_task(cfg)
-    return build_model(cfg), task.model_seq_len
-
-
-def test_protocol_checks_name_the_component(cfg_for):
+def test_protocol_checks_name_the_component(spec_for):
     from torch import nn
 
-    cfg = cfg_for("experiment=reverse_task", "pe=sinusoidal")
-    model, seq_len = _model(cfg)
-    check_protocols(cfg, model, seq_len)  # the built-in components follow it
+    from transformer_lab.model import build_model
+
+    spec, task = spec_for("experiment=reverse_task", "pe=sinusoidal")
+    model, seq_len = build_model(spec.model), task.model_seq_len
+    check_protocols(spec.model, model, seq_len)  # the built-in components follow it
 
     class FlatAdditive(nn.Module):
         kind = "additive"
@@ -134,7 +131,7 @@ def test_protocol_checks_name_the_component(cfg_for):
 
     model.positional = FlatAdditive()
     with pytest.raises(ConfigError, match=r"FlatAdditive.*\(T, d_model\)"):
-        check_protocols(cfg, model, seq_len)
+        check_protocols(spec.model, model, seq_len)
 
     class OneTensorRotary(nn.Module):
         kind = "rotary"
@@ -144,7 +141,7 @@ def test_protocol_checks_name_the_component(cfg_for):
 
     model.positional = OneTensorRotary()
     with pytest.raises(ConfigError, match=r"OneTensorRotary.*\(q, k\)"):
-        check_protocols(cfg, model, seq_len)
+        check_protocols(spec.model, model, seq_len)
 
     class WrongBias(nn.Module):
         kind = "bias"
@@ -154,4 +151,4 @@ def test_protocol_checks_name_the_component(cfg_for):
 
     model.positional = WrongBias()
     with pytest.raises(ConfigError, match=r"WrongBias.*\(n_heads, T, T\)"):
-        check_protocols(cfg, model, seq_len)
+        check_protocols(spec.model, model, seq_len)

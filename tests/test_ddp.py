@@ -17,9 +17,9 @@ from helpers import read_csv
 
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
 from transformer_lab.results.run_directory import CHECKPOINT_FILE, WEIGHTS_FILE
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.checkpoint import load_state, load_trained
 from transformer_lab.training.trainer import Trainer
 
@@ -55,9 +55,10 @@ def test_grad_accum_at_a_quarter_batch_equals_the_whole_batch(task_overrides):
     """nanoGPT's convention: batch_size=2 grad_accum=4 trains on the same 8 sequences per step
     as batch_size=8 (reverse: a decoder scores only the target half of each sequence)."""
     def run(*overrides: str) -> tuple[list[float], list[float], Trainer]:
-        cfg = compose([*TINY, *task_overrides, *overrides])
-        task = build_task(cfg)  # fills in model.vocab_size
-        trainer = Trainer(build_model(cfg, seed=0), task, train_settings(cfg), 0)
+        spec = RunSpec.of(compose([*TINY, *task_overrides, *overrides]))
+        task = build_task(spec)
+        trainer = Trainer(build_model(spec.with_vocab(task.vocab_size).model, seed=0), task,
+                          spec.train, 0)
         result = trainer.fit(8)
         return result.train_losses, result.grad_norms, trainer
 

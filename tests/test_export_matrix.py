@@ -19,6 +19,7 @@ from typer.testing import CliRunner
 from transformer_lab.cli import app
 from transformer_lab.config.compose import compose
 from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
 from transformer_lab.training.checkpoint import save_weights
 
@@ -101,21 +102,21 @@ def exported(tmp_path_factory) -> dict[str, dict]:
     root = tmp_path_factory.mktemp("matrix")
     results, directories = {}, {}
     for index, (name, overrides) in enumerate(ARCHITECTURES.items()):
-        cfg = compose([*TINY, *overrides])
-        build_task(cfg)
-        model = build_model(cfg, seed=index)
+        spec = RunSpec.of(compose([*TINY, *overrides]))
+        spec = spec.with_vocab(build_task(spec).vocab_size)
+        model = build_model(spec.model, seed=index)
         generator = torch.Generator().manual_seed(index)
         with torch.no_grad():  # not the initial values (norm gains 1, biases 0, tiny weights)
             for parameter in model.parameters():
                 parameter.add_(0.3 * torch.randn(parameter.shape, generator=generator))
-        weights = save_weights(model, root / f"{index}.safetensors", cfg, seed=0)
+        weights = save_weights(model, root / f"{index}.safetensors", spec, seed=0)
         out = root / f"hf{index}"
         code, stdout, err = tlab("export", weights, "--to-hf", out)
         assert code == 0, (name, err)
         code, sampled, err = tlab("sample", weights, "--prompt", " ".join(map(str, PROMPT)),
                                   "--tokens", NEW_TOKENS, "--greedy")
         assert code == 0, (name, err)
-        tokens = torch.randint(0, cfg.model.vocab_size, PROBE, generator=generator)
+        tokens = torch.randint(0, spec.model.vocab_size, PROBE, generator=generator)
         with torch.no_grad():
             logits = model.eval()(tokens)  # (B, T, vocab)
         torch.save({"tokens": tokens, "logits": logits, "prompt": PROMPT, "new": NEW_TOKENS},

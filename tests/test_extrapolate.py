@@ -17,27 +17,28 @@ from helpers import read_csv
 
 from transformer_lab.cli.common import hydra_list
 from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
 from transformer_lab.routines.extrapolate import (
     EXTRAPOLATION_COLUMNS,
     Scaling,
-    config_for,
     make_plan,
     parse_eval_length,
     parse_scaling,
     scaled_model,
     task_at,
+    training_spec,
 )
+from transformer_lab.tasks import ReverseTask
 
 TINY = ["model=tiny", "train.steps=12", "train.lr=2e-2", "task.eval_size=16", "routine.train_len=3",
         "train.log_every=4"]
 
 
 
-def extrapolate_cfg(*overrides: str):
-    return compose(["experiment=extrapolate", *TINY, *overrides])
+def extrapolate_spec(*overrides: str) -> RunSpec:
+    return RunSpec.of(compose(["experiment=extrapolate", *TINY, *overrides]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -90,15 +91,17 @@ def test_hydra_list() -> None:
 
 
 def test_plan_reads_routine_settings() -> None:
-    cfg = extrapolate_cfg("routine.pes=[rope,alibi]", "routine.eval_lens=[4x,1x,2x,6]",
-                          "routine.scalings=[none,yarn]", "routine.seeds=2", "seed=5")
-    plan = make_plan(cfg)
+    spec = extrapolate_spec("routine.pes=[rope,alibi]", "routine.eval_lens=[4x,1x,2x,6]",
+                            "routine.scalings=[none,yarn]", "routine.seeds=2", "seed=5")
+    plan = make_plan(spec)
     assert plan.pes == ["rope", "alibi"] and plan.train_len == 3
     assert plan.eval_lens == [3, 6, 12]  # sorted, 2x and 6 are the same length
     assert plan.seeds == [5, 6]
     assert [s.label for s in plan.scalings_for("rope")] == ["none", "yarn"]
     assert [s.label for s in plan.scalings_for("alibi")] == ["none"]
-    assert make_plan(extrapolate_cfg()).pes == ["rope"]  # null: the pe group choice
+    assert plan.pe_specs["rope"] is spec  # the run's own PE: its spec, overrides kept
+    assert plan.pe_specs["alibi"].model.pe.name == "alibi" != spec.model.pe.name
+    assert make_plan(extrapolate_spec()).pes == ["rope"]  # null: the pe group choice
 
 
 # --------------------------------------------------------------------------------------------
@@ -106,17 +109,29 @@ def test_plan_reads_routine_settings() -> None:
 
 
 def test_task_per_eval_length_generates_that_length() -> None:
-    cfg = extrapolate_cfg()
+    spec = extrapolate_spec()
     for length in (3, 6, 12):
-        task = task_at(cfg, length, "test")
+        task = task_at(spec, length, "test")
         batch = task.eval_batch()
         assert task.model_seq_len == 2 * length  # decoder: source SEP target, shifted
         assert batch.inputs.shape == (16, 2 * length)
         assert (batch.targets[:, length:] != -100).all()
         assert (batch.targets[:, :length] == -100).all()
         assert torch.equal(batch.targets[:, length:], batch.inputs[:, :length].flip(1))
-    encoder = extrapolate_cfg("arch=encoder")
+    encoder = extrapolate_spec("arch=encoder")
     assert task_at(encoder, 12, "test").eval_batch().inputs.shape == (16, 12)
+
+
+def test_training_spec_keeps_the_runs_pe_overrides_and_sets_the_lengths() -> None:
+    spec = extrapolate_spec("pe.base=500000", "routine.pes=[rope,learned]", "routine.max_len=40")
+    plan = make_plan(spec)
+    train_task = task_at(spec, plan.train_len, "test")
+    rope = training_spec(plan, "rope", train_task)
+    assert rope.model.pe["base"] == 500000  # the command line's, not rope.yaml's 10000
+    assert (rope.task["seq_len"], rope.model.max_len) == (3, 40)
+    learned = training_spec(plan, "learned", train_task)  # from its choice file
+    assert learned.model.pe["max_len"] == learned.model.max_len == 40  # resolved in the variant
+    assert learned.model.vocab_size == train_task.vocab_size
 
 
 def _rope(d: int, base: float) -> list[float]:
@@ -144,16 +159,15 @@ def _yarn(d: int, base: float, s: float, orig: int, beta_fast=32.0, beta_slow=1.
 @pytest.mark.parametrize("scaling", ["linear", "ntk", "yarn", "dynamic", "base:500000"])
 def test_scaled_model_frequencies_follow_the_papers(scaling: str) -> None:
     """Model trained at L (decoder: 2 * train_len positions), RoPE rebuilt for L' = 4L."""
-    cfg = extrapolate_cfg("model=small", "model.d_model=32", "model.n_heads=2")  # head_dim 16
-    plan = make_plan(cfg)
-    node = plan.pe_nodes["rope"]
-    train_task = task_at(cfg, 3, "test")
+    spec = extrapolate_spec("model=small", "model.d_model=32", "model.n_heads=2")  # head_dim 16
+    plan = make_plan(spec)
+    train_task = task_at(spec, 3, "test")
     assert train_task.model_seq_len == 6
-    cfg_pe = config_for(cfg, node, 3, 6)
-    cfg_pe.model.vocab_size = train_task.vocab_size
-    model = build_model(cfg_pe)
-    spec = parse_scaling(scaling)
-    scaled = scaled_model(model, cfg_pe, spec.pe_settings(4.0, original_max_len=6))
+    spec_pe = training_spec(plan, "rope", train_task)
+    assert (spec_pe.model.max_len, spec_pe.model.vocab_size) == (6, train_task.vocab_size)
+    model = build_model(spec_pe.model)
+    parsed = parse_scaling(scaling)
+    scaled = scaled_model(model, spec_pe.model.pe, parsed.pe_settings(4.0, original_max_len=6))
     assert scaled.positional is not model.positional
     assert model.positional.scaling == "none"  # the trained model is untouched
     assert scaled.lm_head.weight is model.lm_head.weight  # weights shared, not retrained
@@ -303,20 +317,22 @@ def test_cli_options_map_to_the_routine(tmp_path: Path) -> None:
         text += result.stderr
     assert result.exit_code == 2
     assert "routine.scalings=['yarn:4'] applies to RoPE only" in " ".join(text.split())
-    cfg = compose(["experiment=extrapolate", "routine.pes=" + hydra_list("none, rope"),
-                   "routine.eval_lens=" + hydra_list("1x,24")])
-    assert make_plan(cfg).pes == ["none", "rope"]
-    assert make_plan(cfg).eval_lens == [4, 24]  # train_len null: task.seq_len (4)
-    assert make_plan(compose(["experiment=extrapolate", "task.seq_len=6"])).train_len == 6
+    spec = RunSpec.of(compose(["experiment=extrapolate", "routine.pes=" + hydra_list("none, rope"),
+                               "routine.eval_lens=" + hydra_list("1x,24")]))
+    assert make_plan(spec).pes == ["none", "rope"]
+    assert make_plan(spec).eval_lens == [4, 24]  # train_len null: task.seq_len (4)
+    six = RunSpec.of(compose(["experiment=extrapolate", "task.seq_len=6"]))
+    assert make_plan(six).train_len == 6
 
 
 def test_eval_task_matches_train_task_data_seed() -> None:
     """The same data_seed at another length: the held-out split stays disjoint from training."""
-    cfg = extrapolate_cfg("arch=encoder", "task.data_seed=7")
-    long_cfg = config_for(cfg, cfg.pe, 6, None)
-    assert long_cfg.task.data_seed == cfg.task.data_seed == 7
-    assert long_cfg.task.seq_len == 6 and cfg.task.seq_len != 6
-    task = build_task(long_cfg)
+    spec = extrapolate_spec("arch=encoder", "task.data_seed=7")
+    assert spec.task["seq_len"] != 6
+    task = task_at(spec, 6, "test")
+    assert task.seq_len == 6
+    same_seed = ReverseTask(seq_len=6, vocab_size=10, causal=False, eval_size=16, data_seed=7)
+    assert torch.equal(task.eval_batch().inputs, same_seed.eval_batch().inputs)
     held_out = task._is_held_out(task.eval_batch().inputs)
     assert held_out.all()
     train = task.train_batch(64, torch.Generator().manual_seed(0)).inputs

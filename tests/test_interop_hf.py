@@ -17,7 +17,7 @@ from transformer_lab.errors import ConfigError
 
 transformers = pytest.importorskip(
     "transformers", reason="transformers is not installed (pip install 'transformer_lab[hf]')")
-from transformer_lab.interop.hf import from_hf, to_hf  # noqa: E402
+from transformer_lab.interop.hf import from_hf, preset_of, to_hf  # noqa: E402
 
 SMALL = dict(vocab_size=50, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, head_dim=8,
@@ -59,8 +59,8 @@ def _max_diff(hf, model, length: int) -> float:
 def test_saved_checkpoint_imports_with_equal_logits(tmp_path, kind, rope):
     hf = _hf(kind, rope)
     hf.save_pretrained(tmp_path)
-    cfg, model = from_hf(str(tmp_path))
-    assert cfg.pe.scaling == {"default": "none"}.get(rope, rope)
+    spec, model = from_hf(str(tmp_path))
+    assert spec.pe["scaling"] == {"default": "none"}.get(rope, rope)
     for length in LENGTHS:
         assert _max_diff(hf, model, length) <= 1e-5, (kind, rope, length)
 
@@ -68,8 +68,8 @@ def test_saved_checkpoint_imports_with_equal_logits(tmp_path, kind, rope):
 @pytest.mark.parametrize("kind", ["llama", "mixtral"])
 def test_round_trip_is_exact(kind):
     hf = _hf(kind, "yarn")
-    cfg, model = from_hf(hf)
-    back = to_hf(model, cfg)
+    spec, model = from_hf(hf)
+    back = to_hf(model, spec)
     assert hf.state_dict().keys() == back.state_dict().keys()
     for name, tensor in hf.state_dict().items():
         assert torch.equal(tensor, back.state_dict()[name]), name
@@ -82,8 +82,8 @@ def test_qwen2_style_biases_are_expressed():
     torch.manual_seed(0)
     config = transformers.Qwen2Config(**SMALL)
     hf = transformers.Qwen2ForCausalLM(config).eval()
-    cfg, model = from_hf(hf)
-    assert cfg.model.qkv_bias is True and cfg.model.out_bias is False
+    spec, model = from_hf(hf)
+    assert spec.qkv_bias is True and spec.out_bias is False
     assert _max_diff(hf, model, 12) <= 1e-5
 
 
@@ -176,11 +176,11 @@ def test_other_families_import_with_equal_outputs(tmp_path, kind):
     """Logits (GPT-2, NeoX) or final hidden states (BERT, T5 encoder) equal to <= 1e-5."""
     hf = _other(kind)
     hf.save_pretrained(tmp_path)
-    cfg, model = from_hf(str(tmp_path))
-    assert cfg.preset_name == kind.removesuffix("_sequential")
+    spec, model = from_hf(str(tmp_path))
+    assert preset_of(spec) == kind.removesuffix("_sequential")
     if kind == "gpt_neox_sequential":
-        assert not cfg.model.parallel_block and cfg.pe.rotary_fraction == 0.5
-        assert cfg.pe.scaling == "linear"
+        assert not spec.parallel_block and spec.pe["rotary_fraction"] == 0.5
+        assert spec.pe["scaling"] == "linear"
     for length in OTHER_LENGTHS:
         assert _output_diff(hf, model, length) <= 1e-5, (kind, length)
 
@@ -190,8 +190,8 @@ def test_other_families_round_trip_exactly(kind):
     """tlab -> HF -> tlab is exact for every family; HF -> tlab -> HF too, except BERT's
     token-type table (folded into the position table on import, exported as zeros)."""
     hf = _other(kind)
-    cfg, model = from_hf(hf)
-    back = to_hf(model, cfg)
+    spec, model = from_hf(hf)
+    back = to_hf(model, spec)
     _, again = from_hf(back)
     for name, tensor in model.state_dict().items():
         assert torch.equal(tensor, again.state_dict()[name]), name

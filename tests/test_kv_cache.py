@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer_lab.config.compose import compose
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.model_properties import (
     ADVICE,
@@ -63,10 +64,13 @@ DECODERS = {
 }
 
 
+def _spec(cfg) -> ModelSpec:
+    """The model of the composed ``cfg`` with a vocabulary of ``VOCAB``."""
+    return RunSpec.of(cfg).with_vocab(VOCAB).model
+
+
 def _model(*overrides: str, arch: str = "decoder"):
-    cfg = compose(["experiment=smoke", f"arch={arch}", *overrides])
-    cfg.model.vocab_size = VOCAB
-    model = build_model(cfg, seed=0)
+    model = build_model(_spec(compose(["experiment=smoke", f"arch={arch}", *overrides])), seed=0)
     return amplified_copy(model).eval()
 
 
@@ -108,8 +112,7 @@ def test_a_length_dependent_pe_equals_the_full_forward_in_the_first_layer_only()
     assert _worst_gap(first_layer_only(model), tokens, 1) <= RELATIVE_TOLERANCE
     result = cached_decoding(model, VOCAB, 64)
     assert result.passed is True and "first layer only" in result.detail
-    stale = mutant_config(BY_NAME["stale_dynamic_rope"], ["model.n_layers=2"])
-    stale.model.vocab_size = VOCAB
+    stale = _spec(mutant_config(BY_NAME["stale_dynamic_rope"], ["model.n_layers=2"]))
     result = cached_decoding(amplified_copy(build_model(stale, seed=0)), VOCAB, 64)
     assert result.passed is False and "first layer only" in result.detail
     plain = cached_decoding(_model("pe=rope", "model.n_layers=2"), VOCAB, 64)
@@ -295,9 +298,7 @@ def test_decoding_spans_cover_the_sequence_once_and_straddle_the_powers_of_two()
 
 @pytest.mark.parametrize("name", ["offset_blind_rope", "stale_dynamic_rope", "top_left_alibi"])
 def test_each_cache_mutant_equals_its_built_in_in_a_full_forward_and_fails_cached_decoding(name):
-    cfg = mutant_config(BY_NAME[name])
-    cfg.model.vocab_size = VOCAB
-    mutant = amplified_copy(build_model(cfg, seed=0)).eval()
+    mutant = amplified_copy(build_model(_spec(mutant_config(BY_NAME[name])), seed=0)).eval()
     built_in = _model("pe=alibi" if "alibi" in name else "pe=rope",
                       *(["pe.scaling=dynamic", "pe.factor=2", "pe.original_max_len=16"]
                         if name == "stale_dynamic_rope" else []))

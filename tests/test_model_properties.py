@@ -14,6 +14,7 @@ import pytest
 import torch
 from torch import nn
 
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.measures.model_properties import (
     DeviceAudit,
     causality,
@@ -177,7 +178,7 @@ def test_protocol_mutants_are_refused_before_the_run(name):
 
     cfg = _mutant(name)
     with pytest.raises(ConfigError, match="must"):
-        check_protocols(cfg, _build(cfg), 4)
+        check_protocols(RunSpec.of(cfg).model, _build(cfg), 4)
 
 
 @pytest.mark.parametrize("name", ["mixed_pairing_rope", "flipped_sign_rope"])
@@ -186,8 +187,8 @@ def test_rope_mutants_pass_step1_and_fail_the_rotary_relative_check(name):
 
     cfg = _mutant(name)
     assert _failed(model_properties(_build(cfg), VOCAB)) == {}
-    assert rotary_relative_check(cfg).status == "FAIL"
-    assert rotary_relative_check(_compose("pe=rope")).status == "PASS"
+    assert rotary_relative_check(RunSpec.of(cfg)).status == "FAIL"
+    assert rotary_relative_check(RunSpec.of(_compose("pe=rope"))).status == "PASS"
 
 
 def test_injectivity_fails_exactly_from_the_clamp_index():

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import os
 import textwrap
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
 from omegaconf import OmegaConf
 
 from transformer_lab.config.compose import compose
+from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.mutants import BY_NAME, built_in_negatives, mutant_config
 from transformer_lab.routines.mutants import (
     Candidate,
@@ -33,11 +36,9 @@ _RUN = SimpleNamespace(metrics=None, path=None)  # examine's run: metrics are no
 
 
 def _suite(*names: str, negatives: bool = True, directory: str | None = None) -> list:
-    cfg = compose(["experiment=mutants"])
-    cfg.routine.only = list(names) or None
-    cfg.routine.negatives = negatives
-    cfg.routine.dir = directory
-    return suite(cfg)
+    spec = RunSpec.of(compose(["experiment=mutants"]))
+    return suite(replace(spec, routine=spec.routine.replace(
+        only=list(names) or None, negatives=negatives, dir=directory)))
 
 
 FEW = ["position_blind", "token_shift_ffn", "wrong_shape_pe", "float64_pe", "flipped_sign_rope",
@@ -149,7 +150,9 @@ def test_a_directory_without_mutants_is_bad_input(tmp_path):
 
 
 def _step1(cfg) -> dict:
-    smoke = step_configs(cfg)["smoke"]
+    """Step 1's rows of the composed ``cfg``, at validate's smoke step."""
+    spec = RunSpec.of(cfg)
+    smoke = step_configs(spec.with_vocab(build_task(spec).vocab_size))["smoke"]
     _, model, batches = smoke_setup(smoke)
     return {row.check: row for row in forward_backward_check(smoke, model, batches[0])}
 

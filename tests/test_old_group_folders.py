@@ -65,7 +65,7 @@ def test_a_sweep_over_an_old_folders_choice(tlab, tmp_path, old_tree):
 
 
 def test_a_routine_finds_an_old_folders_choice(tlab, tmp_path, old_tree):
-    """compare-activations looks its activations up itself (``routines.variants``)."""
+    """compare-activations looks its activations up itself (``config.variants``)."""
     out = tmp_path / "compare"
     code, _, err = tlab("--config-dir", old_tree, "experiment=compare_activations",
                         "routine.activations=[relu,my_ffn]", "routine.steps=3", "routine.seeds=1",

@@ -67,9 +67,9 @@ def test_the_routine_trains_the_model_the_preflight_built(monkeypatch, tmp_path,
 
     original_training = smoke.smoke_training
 
-    def spy(cfg, model, *args, **kwargs):
+    def spy(spec, model, *args, **kwargs):
         trained.append(model)
-        return original_training(cfg, model, *args, **kwargs)
+        return original_training(spec, model, *args, **kwargs)
 
     monkeypatch.setattr(preflight, "preflight", keep)
     monkeypatch.setattr(smoke, "smoke_training", spy)

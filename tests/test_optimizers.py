@@ -12,36 +12,32 @@ import torch
 import torch.nn.functional as F
 from helpers import assert_refused, read_csv
 
-from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.model import build_model
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.optimizers import OptimizerSettings
 from transformer_lab.training.trainer import Trainer
 
 STEPS = 6
 
 
-def trainer_for(*overrides: str, seed: int = 0) -> Trainer:
-    cfg = compose(["experiment=smoke", "train.batch_size=8", "train.log_every=1", *overrides])
-    task = build_task(cfg)
-    return Trainer(build_model(cfg, seed=seed), task, train_settings(cfg), seed)
+def trainer_for(spec_for, *overrides: str, seed: int = 0) -> Trainer:
+    spec, task = spec_for("train.batch_size=8", "train.log_every=1", *overrides)
+    return Trainer(build_model(spec.model, seed=seed), task, spec.train, seed)
 
 
-def hand_written_adamw_losses(overrides: list[str], seed: int, weight_decay: float,
+def hand_written_adamw_losses(spec_for, overrides: list[str], seed: int, weight_decay: float,
                               betas: tuple[float, float]) -> list[float]:
     """The training losses of ``STEPS`` steps of a plain torch loop: the same model, batches
     drawn from a generator seeded with ``seed``, fused ``torch.optim.AdamW`` with decay on
     matrices only, gradient clipping at 1, the smoke experiment's constant train.lr."""
-    cfg = compose(["experiment=smoke", "train.batch_size=8", *overrides])
-    task = build_task(cfg)
-    model = build_model(cfg, seed=seed)
+    spec, task = spec_for("train.batch_size=8", *overrides)
+    model = build_model(spec.model, seed=seed)
     matrices = [p for p in model.parameters() if p.dim() >= 2]
     others = [p for p in model.parameters() if p.dim() < 2]
     groups = ([{"params": matrices, "weight_decay": weight_decay},
                {"params": others, "weight_decay": 0.0}] if weight_decay
               else [{"params": list(model.parameters()), "weight_decay": 0.0}])
-    optimizer = torch.optim.AdamW(groups, lr=float(cfg.train.lr), betas=betas, fused=True)
+    optimizer = torch.optim.AdamW(groups, lr=spec.train.lr, betas=betas, fused=True)
     generator = torch.Generator().manual_seed(seed)
     losses = []
     for _ in range(STEPS):
@@ -60,24 +56,27 @@ def hand_written_adamw_losses(overrides: list[str], seed: int, weight_decay: flo
     ([], 0.0, (0.9, 0.98)),
     (["pe=learned", "train.weight_decay=0.1", "train.betas=[0.8,0.95]"], 0.1, (0.8, 0.95)),
 ])
-def test_default_adamw_gives_the_numbers_of_a_plain_torch_loop(overrides, weight_decay, betas):
+def test_default_adamw_gives_the_numbers_of_a_plain_torch_loop(spec_for, overrides, weight_decay,
+                                                                betas):
     """optimizer=adamw (the default) is torch's fused AdamW, decay on matrices only, with
     train.betas / train.weight_decay: bit for bit the losses of the hand-written loop."""
-    trainer = trainer_for(*overrides, seed=2)
+    trainer = trainer_for(spec_for, *overrides, seed=2)
     assert [type(o) for o in trainer.optimizers] == [torch.optim.AdamW]
     result = trainer.fit(STEPS)
-    assert result.train_losses == hand_written_adamw_losses(overrides, 2, weight_decay, betas)
+    assert result.train_losses == hand_written_adamw_losses(spec_for, overrides, 2,
+                                                            weight_decay, betas)
 
 
-def test_the_default_node_is_tlabs_default_adamw():
-    cfg = compose(["experiment=smoke", "train.weight_decay=0.05"])
+def test_the_default_node_is_tlabs_default_adamw(cfg_for):
+    cfg = cfg_for("train.weight_decay=0.05")
     assert cfg.optimizer.name == "adamw"
-    assert train_settings(cfg).optimizer == OptimizerSettings.adamw((0.9, 0.98), 0.05)
+    assert RunSpec.of(cfg).train.optimizer == OptimizerSettings.adamw((0.9, 0.98), 0.05)
 
 
-def test_muon_gets_exactly_the_hidden_matrices_and_adamw_the_rest():
-    trainer = trainer_for("optimizer=muon", "pe=learned", "ffn=swiglu", "model.n_layers=2",
-                          "train.schedule=warmup_cosine", "train.warmup=2", "train.lr=0.01")
+def test_muon_gets_exactly_the_hidden_matrices_and_adamw_the_rest(spec_for):
+    trainer = trainer_for(spec_for, "optimizer=muon", "pe=learned", "ffn=swiglu",
+                          "model.n_layers=2", "train.schedule=warmup_cosine", "train.warmup=2",
+                          "train.lr=0.01")
     muon, rest = trainer.optimizers
     assert isinstance(muon, torch.optim.Muon) and isinstance(rest, torch.optim.AdamW)
     model = trainer.model
@@ -101,16 +100,16 @@ def test_muon_gets_exactly_the_hidden_matrices_and_adamw_the_rest():
                if name in hidden)
 
 
-def test_muon_trains_the_model():
+def test_muon_trains_the_model(spec_for):
     """Muon on the matrices and AdamW on the rest bring the loss down on fixed batches."""
-    trainer = trainer_for("optimizer=muon", "train.lr=0.01")
+    trainer = trainer_for(spec_for, "optimizer=muon", "train.lr=0.01")
     batches = [trainer.task.train_batch(8, trainer.generator) for _ in range(2)]
     losses = trainer.fit(20, batches=batches).train_losses
     assert losses[-1] < 0.8 * losses[0], losses
 
 
-def test_sgd_steps_with_momentum_at_its_lr_ratio():
-    trainer = trainer_for("optimizer=sgd", "train.grad_clip=null", "train.lr=0.01")
+def test_sgd_steps_with_momentum_at_its_lr_ratio(spec_for):
+    trainer = trainer_for(spec_for, "optimizer=sgd", "train.grad_clip=null", "train.lr=0.01")
     (sgd,) = trainer.optimizers
     assert isinstance(sgd, torch.optim.SGD)
     assert sgd.param_groups[0]["momentum"] == 0.9

@@ -16,8 +16,6 @@ from pathlib import Path
 from helpers import read_csv
 from rich.console import Console
 
-from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.results.progress import RunProgress
 from transformer_lab.results.run_directory import METRIC_COLUMNS, CsvLog
 from transformer_lab.routines.train import train_seed
@@ -45,19 +43,18 @@ class Recorder:
         self.rows.append(dict(row))
 
 
-def test_the_bar_counts_the_steps_of_a_language_model_run(tmp_path):
+def test_the_bar_counts_the_steps_of_a_language_model_run(tmp_path, spec_for):
     """The rows two seeds of a real ``task=lm`` training write (train rows, held-out rows with
     ``ppl``) drive the bar: after each row its count is the steps taken so far, at most the
     total, and at the end exactly the steps of both seeds."""
-    cfg = compose(TINY_LM)
-    task = build_task(cfg)
+    spec, task = spec_for(*TINY_LM)
     console = Console(file=io.StringIO(), force_terminal=True, width=200, record=True)
     progress = RunProgress(enabled=True, console=console)
     recorder = Recorder(progress)
     log = CsvLog(tmp_path / "metrics.csv", METRIC_COLUMNS, [recorder])
     with progress.phase("train: seeds 0-1, 40 steps", total=80):
         for seed in (0, 1):
-            train_seed(cfg, task, seed, log)
+            train_seed(spec, task, seed, log)
     val = [row for row in recorder.rows if row["split"] == "val"]
     assert len(val) == 8 and all("ppl" in row for row in val)  # the rows that broke the count
     taken = 0

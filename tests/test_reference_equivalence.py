@@ -21,8 +21,6 @@ from torch import nn
 
 from transformer_lab.components.attention import AttentionInputs
 from transformer_lab.components.positional import alibi_slopes, apply_rotary, t5_relative_bucket
-from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.model import build_model
 
 NO_TRANSFORMERS = "transformers is not installed (pip install 'transformer_lab[reference]')"
@@ -142,15 +140,14 @@ def _copy_into_torch_layer(block: nn.Module, layer: nn.TransformerEncoderLayer) 
 
 @pytest.mark.parametrize("d_model, n_heads, d_ff", [(16, 2, 64), (64, 4, 256), (96, 12, 384)])
 @pytest.mark.parametrize("train_mode", [False, True])
-def test_pre_ln_gelu_block_matches_torch_encoder_layer(d_model: int, n_heads: int, d_ff: int,
-                                                       train_mode: bool) -> None:
-    cfg = compose(["experiment=smoke", "block=pre", "ffn=gelu", "pe=none",
-                   "norm_layer=layernorm", "arch=encoder", f"model.d_model={d_model}",
-                   f"model.n_heads={n_heads}", f"model.d_ff={d_ff}", "model.n_layers=1",
-                   "model.attn_bias=true", "model.ffn_bias=true"])
-    build_task(cfg)
+def test_pre_ln_gelu_block_matches_torch_encoder_layer(spec_for, d_model: int, n_heads: int,
+                                                       d_ff: int, train_mode: bool) -> None:
+    spec, _ = spec_for("block=pre", "ffn=gelu", "pe=none", "norm_layer=layernorm",
+                       "arch=encoder", f"model.d_model={d_model}", f"model.n_heads={n_heads}",
+                       f"model.d_ff={d_ff}", "model.n_layers=1", "model.attn_bias=true",
+                       "model.ffn_bias=true")
     torch.manual_seed(0)
-    block = build_model(cfg).blocks[0]
+    block = build_model(spec.model).blocks[0]
     with torch.no_grad():  # non-trivial norms and biases, so that every copy matters
         for name, p in block.named_parameters():
             if "norm" in name or p.dim() == 1:

@@ -65,19 +65,21 @@ SOLVERS = [  # sinusoidal-encoder: test_reverse_task_passes_with_sinusoidal_and_
 
 
 @pytest.mark.parametrize(("pe", "arch"), SOLVERS)
-def test_pe_that_can_reverse_does(cfg_for, pe, arch):
-    cfg = cfg_for("experiment=reverse_task", *pe.split(), f"arch={arch}", "routine.control=false",
-                  *FAST)
-    rows, runs = reversal_runs(cfg)
+def test_pe_that_can_reverse_does(spec_for, pe, arch):
+    spec, _ = spec_for("experiment=reverse_task", *pe.split(), f"arch={arch}",
+                       "routine.control=false", *FAST)
+    rows, runs = reversal_runs(spec)
     (chosen,) = runs
     assert chosen.result.solved_step is not None, (pe, arch, chosen.result)
     assert all(row.passed for row in rows)
-    assert expected_outcome(cfg).startswith("solves")
+    assert expected_outcome(spec).startswith("solves")
 
 
-def test_rotary_relative_check_catches_mismatched_pairing(cfg_for, monkeypatch):
-    cfg = cfg_for("experiment=reverse_task", "pe=rope")
-    row = rotary_relative_check(cfg)
+def test_rotary_relative_check_catches_mismatched_pairing(spec_for, monkeypatch):
+    from transformer_lab.config.variants import with_value
+
+    spec, _ = spec_for("experiment=reverse_task", "pe=rope")
+    row = rotary_relative_check(spec)
     assert row is not None and row.status == "PASS"
 
     from transformer_lab.components.positional import apply_rotary, rotary
@@ -88,28 +90,29 @@ def test_rotary_relative_check_catches_mismatched_pairing(cfg_for, monkeypatch):
                     apply_rotary(k, positions, style="interleaved"))
 
     monkeypatch.setattr(rotary, "RotaryPositionalEncoding", Mismatched)
-    cfg.pe._target_ = "transformer_lab.components.positional.rotary.RotaryPositionalEncoding"
-    row = rotary_relative_check(cfg)
+    spec = with_value(spec, "pe._target_",
+                      "transformer_lab.components.positional.rotary.RotaryPositionalEncoding")
+    row = rotary_relative_check(spec)
     assert row.status == "FAIL"
     assert "positions" in row.detail and "pairing" in row.detail
-    assert rotary_relative_check(cfg_for("experiment=reverse_task", "pe=sinusoidal")) is None
+    assert rotary_relative_check(spec_for("experiment=reverse_task", "pe=sinusoidal")[0]) is None
 
 
-def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
+def test_control_failing_to_be_blind_is_flagged(spec_for, monkeypatch):
     """A NoPE encoder that reverses means a component leaks position: the control fails."""
     from transformer_lab.routines import reverse_task
 
-    cfg = cfg_for("experiment=reverse_task", "pe=sinusoidal", "routine.max_steps=10", *FAST)
+    spec, _ = spec_for("experiment=reverse_task", "pe=sinusoidal", "routine.max_steps=10", *FAST)
     real = reverse_task.train_reversal
 
-    def leaky(cfg, role, *args):
-        run = real(cfg, role, *args)
+    def leaky(spec, role, *args):
+        run = real(spec, role, *args)
         if role == "nope_control":
             run.result.solved_step, run.result.best_exact_match = 10, 1.0
         return run
 
     monkeypatch.setattr(reverse_task, "train_reversal", leaky)
-    rows, _ = reversal_runs(cfg)
+    rows, _ = reversal_runs(spec)
     control = next(row for row in rows if row.check == "nope_control")
     assert control.status == "FAIL"
     assert "mixes positions" in control.detail
@@ -117,29 +120,29 @@ def test_control_failing_to_be_blind_is_flagged(cfg_for, monkeypatch):
 
 @pytest.mark.parametrize(("max_steps", "schedule"), [
     (20, "constant"), (300, "warmup_cosine")], ids=["chosen-runs-out", "chosen-solves-cosine"])
-def test_the_control_takes_the_chosen_pes_steps_on_its_schedule(cfg_for, max_steps, schedule):
+def test_the_control_takes_the_chosen_pes_steps_on_its_schedule(spec_for, max_steps, schedule):
     """The NoPE control trains for as many steps as the chosen PE took, with the chosen PE's
     schedule planned for routine.max_steps: its numbers are a run of its own with that budget
     and that horizon."""
     common = ["experiment=reverse_task", f"train.schedule={schedule}", "train.warmup=10", *FAST]
-    chosen, control = reversal_runs(cfg_for(*common, "pe=sinusoidal",
-                                            f"routine.max_steps={max_steps}"))[1]
+    chosen, control = reversal_runs(spec_for(*common, "pe=sinusoidal",
+                                             f"routine.max_steps={max_steps}")[0])[1]
     assert (chosen.result.solved_step is None) == (max_steps == 20)
     assert control.result.steps == (chosen.result.solved_step or max_steps)
     from transformer_lab.routines.reverse_task import train_reversal
 
-    alone = train_reversal(cfg_for(*common, "pe=none", f"routine.max_steps={max_steps}"),
+    alone = train_reversal(spec_for(*common, "pe=none", f"routine.max_steps={max_steps}")[0],
                            "nope_control", 0, control.result.steps, None, "x")
     assert alone.result.train_losses == control.result.train_losses
     assert alone.result.best_exact_match == control.result.best_exact_match
 
 
-def test_seeds_match_runs_of_their_own(cfg_for):
+def test_seeds_match_runs_of_their_own(spec_for):
     """reverse-task --seeds 3: each seed's chosen PE and NoPE control get the numbers of a
     one-seed run; each control trains for as many steps as its own seed's chosen PE."""
     common = ["experiment=reverse_task", "pe=learned", "routine.max_steps=40", *FAST]
     started = time.perf_counter()
-    rows, runs = reversal_runs(cfg_for(*common, "routine.seeds=3", "seed=3"))
+    rows, runs = reversal_runs(spec_for(*common, "routine.seeds=3", "seed=3")[0])
     elapsed = time.perf_counter() - started
     assert sum(r.result.wall_s for r in runs) <= elapsed  # each run's wall time is its own
     assert sorted((r.seed, r.variant) for r in runs) == [(seed, role) for seed in (3, 4, 5)
@@ -154,8 +157,8 @@ def test_seeds_match_runs_of_their_own(cfg_for):
             chosen = next(r for r in runs if r.variant == "chosen" and r.seed == together.seed)
             assert together.result.steps == (chosen.result.solved_step or chosen.result.steps)
             overrides = ["pe=none", f"routine.max_steps={together.result.steps}"]
-        _, (alone,) = reversal_runs(cfg_for(*common, f"seed={together.seed}", *overrides,
-                                            "routine.control=false"))
+        _, (alone,) = reversal_runs(spec_for(*common, f"seed={together.seed}", *overrides,
+                                             "routine.control=false")[0])
         assert together.result.steps == alone.result.steps
         assert together.result.train_losses == alone.result.train_losses  # (a constant lr)
         assert together.result.best_exact_match == alone.result.best_exact_match
@@ -186,10 +189,10 @@ def test_cli_options_are_checked(tmp_path, option, value):
     assert not (tmp_path / "x").exists()
 
 
-def test_reverse_is_deterministic(cfg_for):
-    cfg = cfg_for("experiment=reverse_task", "pe=learned", "routine.max_steps=20",
-                  "routine.control=false", *FAST)
-    first = reversal_runs(cfg)[1][0].result
-    second = reversal_runs(cfg)[1][0].result
+def test_reverse_is_deterministic(spec_for):
+    spec, _ = spec_for("experiment=reverse_task", "pe=learned", "routine.max_steps=20",
+                       "routine.control=false", *FAST)
+    first = reversal_runs(spec)[1][0].result
+    second = reversal_runs(spec)[1][0].result
     assert first.train_losses == second.train_losses
     assert first.best_exact_match == second.best_exact_match

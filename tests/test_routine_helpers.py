@@ -1,13 +1,13 @@
-"""Helpers shared by several routines: ``variants.as_list``, ``train.mean_or_nan`` and the
+"""Helpers shared by several routines: ``config.variants.as_list``, ``train.mean_or_nan`` and the
 result tables' ``console.cell``."""
 
 import math
 
 from omegaconf import OmegaConf
 
+from transformer_lab.config.variants import as_list
 from transformer_lab.results.console import cell
 from transformer_lab.routines.train import mean_or_nan
-from transformer_lab.routines.variants import as_list
 
 
 def test_as_list_reads_a_comma_separated_string_and_a_hydra_list_alike():

@@ -30,6 +30,7 @@ from transformer_lab.app.hydra_app import main
 from transformer_lab.cli import app
 from transformer_lab.config.instantiate import components_given
 from transformer_lab.config.registry import check_saved_config, trusting_code, user_components
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
 from transformer_lab.results.run_directory import WEIGHTS_FILE
@@ -243,7 +244,7 @@ def greedy_reference(weights: Path, prompt: list[int], tokens: int) -> list[int]
     forward for each token (no KV cache, no tlab loading code)."""
     with safe_open(str(weights), framework="pt") as file:
         cfg = OmegaConf.create(file.metadata()["config"])
-    model = build_model(cfg, seed=0).eval()
+    model = build_model(RunSpec.of(cfg).model, seed=0).eval()
     load_model(model, str(weights), strict=True)
     ids = list(prompt)
     with torch.no_grad():

@@ -16,8 +16,6 @@ from typer.testing import CliRunner
 
 from transformer_lab.app.hydra_app import main
 from transformer_lab.cli import app
-from transformer_lab.config.compose import compose
-from transformer_lab.config.instantiate import build_task
 from transformer_lab.data.tokenizer import ByteTokenizer, CharTokenizer, train_bpe
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_model
@@ -231,15 +229,14 @@ def test_export_round_trip_with_transformers(llama_run, tmp_path):
 
 
 @pytest.mark.parametrize("preset", ["llama", "mixtral", "gpt2", "gpt_neox"])
-def test_every_causal_family_exports_with_the_same_logits(tmp_path, preset):
-    cfg = compose(["experiment=train", f"preset={preset}", "task=lm", "model.n_layers=1"])
-    task = build_task(cfg)
-    model = build_model(cfg, seed=0)
+def test_every_causal_family_exports_with_the_same_logits(tmp_path, spec_for, preset):
+    spec, task = spec_for("experiment=train", f"preset={preset}", "task=lm", "model.n_layers=1")
+    model = build_model(spec.model, seed=0)
     with torch.no_grad():  # weights away from their initial values (e.g. norm gains at 1)
         for parameter in model.parameters():
             parameter.add_(0.1 * torch.randn(parameter.shape, generator=torch.Generator()
                                              .manual_seed(parameter.numel())))
-    weights = save_weights(model, tmp_path / "model.safetensors", cfg, seed=0)
+    weights = save_weights(model, tmp_path / "model.safetensors", spec, seed=0)
     code, stdout, err = tlab("export", weights, "--to-hf", tmp_path / "hf")
     assert code == 0, err
     assert "no tokenizer" in stdout
@@ -268,14 +265,13 @@ def test_every_causal_family_exports_with_the_same_logits(tmp_path, preset):
                                                       "run's ffn=swish (GPT-2 and GPT-NeoX have"),
     (["pe=t5"], "TlabForCausalLM", "no transformers causal LM has this run's components (pe=t5"),
 ])
-def test_export_says_which_route_and_why(tmp_path, overrides, route, why):
+def test_export_says_which_route_and_why(tmp_path, spec_for, overrides, route, why):
     """Every decoder exports: as its family where one computes it (a scale folded into an
     untied table), else with its own code; the console names the class and why."""
-    cfg = compose(["experiment=train", "task=lm", "model=small", "model.d_model=32",
-                   *overrides])
-    build_task(cfg)
-    model = build_model(cfg, seed=0)
-    weights = save_weights(model, tmp_path / "model.safetensors", cfg, 0)
+    spec, _ = spec_for("experiment=train", "task=lm", "model=small", "model.d_model=32",
+                       *overrides)
+    model = build_model(spec.model, seed=0)
+    weights = save_weights(model, tmp_path / "model.safetensors", spec, 0)
     code, out, err = tlab("export", weights, "--to-hf", tmp_path / "hf")
     flat = " ".join(out.split())
     assert code == 0, err
@@ -285,7 +281,7 @@ def test_export_says_which_route_and_why(tmp_path, overrides, route, why):
     assert ("trust_remote_code=True" in flat) == remote
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf",
                                                            trust_remote_code=remote).eval()
-    tokens = torch.randint(0, cfg.model.vocab_size, (2, 12),
+    tokens = torch.randint(0, spec.model.vocab_size, (2, 12),
                            generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, theirs = model.eval()(tokens), hf(tokens).logits
@@ -303,8 +299,8 @@ def test_a_bloom_checkpoint_imports_with_the_same_logits(n_head):
     with torch.no_grad():  # away from the initial values (norm gains 1, biases 0)
         for parameter in hf.parameters():
             parameter.add_(0.2 * torch.randn(parameter.shape))
-    cfg, model = from_hf(hf)
-    assert cfg.pe.name == "alibi" and cfg.model.embed_norm and cfg.ffn.name == "gelu_tanh"
+    spec, model = from_hf(hf)
+    assert spec.pe.name == "alibi" and spec.embed_norm and spec.ffn.name == "gelu_tanh"
     tokens = torch.randint(0, 80, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         ours, theirs = model(tokens), hf(tokens).logits
@@ -312,10 +308,10 @@ def test_a_bloom_checkpoint_imports_with_the_same_logits(n_head):
     assert (ours - theirs).abs().max() <= 1e-4 * (1 + ours.abs().max())
 
 
-def test_export_refuses_an_encoder(tmp_path):
-    cfg = compose(["experiment=train", "task=reverse", "arch=encoder", "model=tiny"])
-    build_task(cfg)
-    weights = save_weights(build_model(cfg, seed=0), tmp_path / "model.safetensors", cfg, 0)
+def test_export_refuses_an_encoder(tmp_path, spec_for):
+    spec, _ = spec_for("experiment=train", "task=reverse", "arch=encoder", "model=tiny")
+    weights = save_weights(build_model(spec.model, seed=0), tmp_path / "model.safetensors",
+                           spec, 0)
     code, out, err = tlab("export", weights, "--to-hf", tmp_path / "hf")
     flat = " ".join(err.split())
     assert code == 2 and "this run's model is an encoder" in flat, err
@@ -335,16 +331,15 @@ class ShiftedSinusoidal(torch.nn.Module):
         return self.table[positions]
 
 
-def test_export_refuses_a_component_of_your_own(tmp_path):
+def test_export_refuses_a_component_of_your_own(tmp_path, spec_for):
     from transformer_lab.interop.hf_export import export_model
 
     target = f"{__name__}.ShiftedSinusoidal"
-    cfg = compose(["experiment=train", "task=lm", "model=tiny", "pe=sinusoidal",
-                   f"pe._target_={target}", "~pe.base"])
-    build_task(cfg)
+    spec, _ = spec_for("experiment=train", "task=lm", "model=tiny", "pe=sinusoidal",
+                       f"pe._target_={target}", "~pe.base")
     with pytest.raises(ConfigError, match=f"pe=sinusoidal is your own component "
                                           f"\\(_target_={target}\\)"):
-        export_model(build_model(cfg, seed=0).eval(), cfg, tmp_path)
+        export_model(build_model(spec.model, seed=0).eval(), spec.model, tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -402,7 +397,7 @@ def test_plot_pe_from_a_run_draws_its_trained_table(tmp_path):
     rows = read_csv(out / "pe_values.csv")
     drawn = np.array([[float(r["dim 0"]), float(r["dim 5"])] for r in rows])
     np.testing.assert_allclose(drawn, table[:, [0, 5]], rtol=1e-5, atol=1e-7)  # CSV: 6 digits
-    initial = build_model(load_trained(run / WEIGHTS_FILE).cfg, seed=0).positional.weight
+    initial = build_model(load_trained(run / WEIGHTS_FILE).spec.model, seed=0).positional.weight
     assert not np.allclose(drawn, initial.detach().numpy()[:, [0, 5]])  # trained, not initial
 
 

@@ -11,8 +11,8 @@ import pytest
 from helpers import read_csv
 
 from transformer_lab.config.compose import compose
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.results.report import make_report
-from transformer_lab.routines.variants import seed_sources
 
 TRAIN = ["experiment=train", "task=lm", "model=tiny", "task.eval_size=32", "train.steps=6",
          "train.batch_size=8", "train.eval_every=0", "logger.progress=false"]
@@ -29,12 +29,12 @@ def tlab_main(*args: str | Path) -> int:
 
 
 def test_seed_sources_move_together_and_apart():
-    cfg = compose(["experiment=train", "seed=2"])
-    assert seed_sources(cfg, 2) == (2, 2) and seed_sources(cfg, 4) == (4, 4)
-    cfg = compose(["experiment=train", "seed=2", "seed_init=7"])
-    assert seed_sources(cfg, 2) == (7, 2) and seed_sources(cfg, 3) == (8, 3)
-    cfg = compose(["experiment=train", "seed_data=5"])
-    assert seed_sources(cfg, 0) == (0, 5)
+    spec = RunSpec.of(compose(["experiment=train", "seed=2"]))
+    assert spec.seed_sources(2) == (2, 2) and spec.seed_sources(4) == (4, 4)
+    spec = RunSpec.of(compose(["experiment=train", "seed=2", "seed_init=7"]))
+    assert spec.seed_sources(2) == (7, 2) and spec.seed_sources(3) == (8, 3)
+    spec = RunSpec.of(compose(["experiment=train", "seed_data=5"]))
+    assert spec.seed_sources(0) == (0, 5)
 
 
 @pytest.fixture(scope="module")

@@ -7,13 +7,14 @@ the seeds trained."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from helpers import read_csv
-from omegaconf import OmegaConf
 from typer.testing import CliRunner
 
 from transformer_lab.cli import app
+from transformer_lab.config.spec import RoutineSettings
 from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.routines.study import SeedRun, Study, run_study, study
@@ -125,13 +126,13 @@ def test_validate_step_4_takes_seeds_auto(tlab, tmp_path):
 
 @pytest.mark.parametrize(("value", "count", "design"), [
     (3, 3, None), ("auto", 32, "anytime"), ("auto:16", 16, "group"), ("anytime:4", 4, "anytime")])
-def test_the_study_spec_reads_the_seed_plan(value, count, design):
-    cfg = OmegaConf.create({"seed": 5, "routine": {"seeds": value, "baseline": 0.01,
-                                                   "vary": {"key": "train.lr",
-                                                            "values": [0.003, 0.01]}}})
-    spec = study(cfg)
-    assert spec.seeds == tuple(range(5, 5 + count)) and spec.design == design
-    assert (spec.names, spec.baseline) == (["0.003", "0.01"], "0.01")
+def test_the_study_spec_reads_the_seed_plan(spec_for, value, count, design):
+    spec, _ = spec_for("seed=5")
+    routine = RoutineSettings("compare", {"seeds": value, "baseline": 0.01,
+                                          "vary": {"key": "train.lr", "values": [0.003, 0.01]}})
+    planned = study(replace(spec, routine=routine))
+    assert planned.seeds == tuple(range(5, 5 + count)) and planned.design == design
+    assert (planned.names, planned.baseline) == (["0.003", "0.01"], "0.01")
 
 
 def test_run_study_trains_every_seed_or_stops_at_the_verdict():

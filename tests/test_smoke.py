@@ -61,7 +61,7 @@ def test_smoke_passes_for_every_pair_of_pe_norm_activation_arch(tmp_path, monkey
         for group, choice in zip(GRID, combo, strict=True):
             cfg[group] = nodes[group][choice]
         inputs = preflight(cfg)
-        outcome = run_smoke(cfg, RunDirectory.create(tmp_path / str(i), cfg), inputs)
+        outcome = run_smoke(inputs.spec, RunDirectory.create(tmp_path / str(i), cfg), inputs)
         if not outcome.passed:
             failures.append((combo, outcome.message))
     assert not failures

@@ -18,6 +18,7 @@ from transformer_lab.components.moe import MoEFeedForward
 from transformer_lab.components.norms import LayerNorm, RMSNorm, SequenceBatchNorm
 from transformer_lab.components.positional import RotaryPositionalEncoding, rotate_with_cos_sin
 from transformer_lab.config.compose import compose
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.measures.model_properties import (
     ALIASING_RATIO,
     SCALE_EXPONENT_LIMIT,
@@ -331,10 +332,13 @@ def test_a_raising_forward_is_reported_with_the_users_line():
 
 
 def _step1_rows(cfg) -> dict:
+    """Step 1's rows of the composed ``cfg``, at validate's smoke step."""
+    from transformer_lab.config.instantiate import build_task
     from transformer_lab.routines.smoke import forward_backward_check, smoke_setup
     from transformer_lab.routines.validate import step_configs
 
-    smoke = step_configs(cfg)["smoke"]
+    spec = RunSpec.of(cfg)
+    smoke = step_configs(spec.with_vocab(build_task(spec).vocab_size))["smoke"]
     _, model, batches = smoke_setup(smoke)
     before = torch.random.get_rng_state()
     rows = forward_backward_check(smoke, model, batches[0])
@@ -354,10 +358,10 @@ def test_the_defaults_swapped_in_are_the_primary_configs():
 def test_only_groups_off_their_default_are_swapped():
     from transformer_lab.routines.attribution import swaps
 
-    cfg = compose(["experiment=smoke", "ffn=relu", "pe=rope"])
-    assert [group for group, _, _ in swaps(cfg)] == ["ffn"]
-    cfg = compose(["experiment=smoke", "pe.base=500000"])
-    assert [group for group, _, _ in swaps(cfg)] == ["pe"]
+    spec = RunSpec.of(compose(["experiment=smoke", "ffn=relu", "pe=rope"]))
+    assert [group for group, _, _ in swaps(spec)] == ["ffn"]
+    spec = RunSpec.of(compose(["experiment=smoke", "pe.base=500000"]))
+    assert [group for group, _, _ in swaps(spec)] == ["pe"]
 
 
 def test_a_failing_row_names_the_component_whose_swap_makes_it_hold():
@@ -369,17 +373,16 @@ def test_a_failing_row_names_the_component_whose_swap_makes_it_hold():
     assert rows["norm_scale_control"].status == "FAIL"
 
 
-def test_a_failure_no_swap_repairs_says_so():
+def test_a_failure_no_swap_repairs_says_so(spec_for):
     from transformer_lab.measures.property_result import PropertyResult
     from transformer_lab.routines.attribution import culprits
 
-    cfg = compose(["experiment=smoke", "ffn=relu", "norm_layer=rmsnorm"])
-    cfg.model.vocab_size = VOCAB
-    model = build_model(cfg, seed=0)
-    found = culprits(cfg, model, {"x"}, lambda _: [PropertyResult("x", False)])
+    spec, _ = spec_for("ffn=relu", "norm_layer=rmsnorm")
+    model = build_model(spec.model, seed=0)
+    found = culprits(spec, model, {"x"}, lambda _: [PropertyResult("x", False)])
     assert found == {"x": "no single swap to a default (ffn=gelu, norm_layer=layernorm) "
                           "makes it hold"}
-    default = compose(["experiment=smoke"])
+    default, _ = spec_for()
     assert culprits(default, model, {"x"}, lambda _: []) == {"x": ""}  # nothing to swap
 
 

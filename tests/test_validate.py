@@ -66,8 +66,8 @@ def test_validate_stops_after_a_failing_step_1(tlab, tmp_path, monkeypatch):
 
     real = validate.forward_backward_check
 
-    def broken(cfg, model, batch):
-        rows = real(cfg, model, batch)
+    def broken(spec, model, batch):
+        rows = real(spec, model, batch)
         rows[1] = checks.CheckRow(1, "loss_finite", "FAIL", "loss", float("nan"), "finite")
         return rows
 
@@ -121,3 +121,25 @@ def test_cli_maps_options(tmp_path):
     assert result.exit_code == 2
     result = CliRunner().invoke(app, ["validate", "--seeds", "0", "--out", str(tmp_path / "y")])
     assert result.exit_code == 2 and "--seeds" in result.output
+
+
+def test_step_specs_and_steps_1_2_without_the_runs_vocabulary():
+    """The step specs merge each step's block at its own size (smoke's lr per width resolves at
+    d_model 8); steps 1-2 take their task's vocabulary where the spec has none yet."""
+    from types import SimpleNamespace
+
+    from transformer_lab.config.compose import compose
+    from transformer_lab.config.spec import RunSpec
+    from transformer_lab.routines.validate import smoke_steps, step_configs
+
+    spec = RunSpec.of(compose(["experiment=validate"]))
+    specs = step_configs(spec)
+    assert specs["reverse_task"] is spec
+    smoke, step4 = specs["smoke"], specs["compare"]
+    assert (smoke.routine.name, smoke.model.d_model, smoke.train.lr) == ("smoke", 8, 0.4 / 8)
+    assert (step4.routine.name, step4.model.d_model) == ("compare_activations", 16)
+    assert smoke.model.vocab_size is None
+    rows = smoke_steps(smoke, SimpleNamespace(metrics=None))
+    shape = next(row for row in rows if row.check == "output_shape")
+    assert shape.status == "PASS", shape.detail
+    assert {row.step for row in rows} == {1, 2} and "FAIL" not in {row.status for row in rows}

@@ -17,6 +17,7 @@ import pytest
 from helpers import TLAB, assert_refused, default_ctrl_c, read_csv
 
 from transformer_lab.config.compose import compose
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.routines import validate
 from transformer_lab.training.threads import available_cores, torch_threads
 
@@ -91,8 +92,8 @@ def test_failing_step_1_stops_the_child_and_leaves_no_step_4_file(tlab, tmp_path
 
     real = validate.forward_backward_check
 
-    def broken(cfg, model, batch):
-        rows = real(cfg, model, batch)
+    def broken(spec, model, batch):
+        rows = real(spec, model, batch)
         rows[0] = CheckRow(1, "loss_finite", "FAIL", "loss", float("nan"), "finite")
         return rows
 
@@ -154,18 +155,19 @@ def test_a_killed_child_is_a_fail_row_naming_the_signal(tlab, tmp_path, monkeypa
 
 
 def test_parallel_setting(tmp_path, tlab, monkeypatch):
-    cfg = compose(["experiment=validate"])
+    def spec(*overrides: str) -> RunSpec:
+        return RunSpec.of(compose(["experiment=validate", *overrides]))
+
     with torch_threads(1):  # as the runner sets it from train.threads (1 by default)
-        assert validate.comparison_beside(cfg)
+        assert validate.comparison_beside(spec())
+        assert not validate.comparison_beside(spec("routine.parallel=false"))
+        for override in ("train.threads=2", "train.threads=null", "train.device=cuda"):
+            assert not validate.comparison_beside(spec(override)), override
     with torch_threads(2):
-        assert not validate.comparison_beside(cfg)
-    assert not validate.comparison_beside(compose(["experiment=validate",
-                                                   "routine.parallel=false"]))
-    for override in ("train.threads=2", "train.threads=null", "train.device=cuda"):
-        assert not validate.comparison_beside(compose(["experiment=validate", override]))
+        assert not validate.comparison_beside(spec())
     monkeypatch.setattr(sys, "platform", "darwin")
     with torch_threads(1):
-        assert not validate.comparison_beside(cfg)
+        assert not validate.comparison_beside(spec())
     monkeypatch.undo()
     out = tmp_path / "bad"
     assert_refused(tlab("experiment=validate", "routine.parallel=sometimes",

@@ -11,13 +11,12 @@ from dataclasses import replace
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
 from transformer_lab.components.attention import AttentionInputs, KVCache, MultiHeadAttention
 from transformer_lab.components.block import TransformerBlock
 from transformer_lab.components.positional import check_positional_module
-from transformer_lab.config.instantiate import instantiate_component, resolve_component
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 
 
@@ -222,28 +221,30 @@ def next_token(logits: torch.Tensor, temperature: float = 0.0, top_k: int | None
     return torch.multinomial(probabilities, 1, generator=generator)  # (B, 1)
 
 
-def build_model(cfg: DictConfig, seed: int | None = None) -> TransformerModel:
-    """The model ``cfg`` describes; with ``seed``, ``torch.manual_seed(seed)`` first. Weights and
-    embeddings N(0, model.init_std), zero biases, unit norm gains."""
+def build_model(spec: ModelSpec | Any, seed: int | None = None) -> TransformerModel:
+    """The model ``spec`` describes; with ``seed``, ``torch.manual_seed(seed)`` first. Weights
+    and embeddings N(0, model.init_std), zero biases, unit norm gains. ``spec``: a
+    ``ModelSpec``, or (the Python API) a composed config with its ``model.vocab_size``."""
+    if not isinstance(spec, ModelSpec):
+        spec = RunSpec.of(spec).model
     if seed is not None:
         torch.manual_seed(int(seed))
-    specs = {group: resolve_component(cfg, group) for group in ("pe", "norm_layer", "ffn", "block")}
 
     def component(group: str, **kwargs: Any) -> Any:
-        return instantiate_component(specs[group], group, **kwargs)
+        return spec.component(group).build(**kwargs)
 
-    model = assemble_model(cfg.model, component, causal=cfg.arch.causal)
+    model = assemble_model(spec.settings(), component, causal=spec.causal)
     try:
         check_positional_module(model.positional)
     except TypeError as exc:
-        raise ConfigError(f"pe={cfg.pe.get('name')}: {exc}") from exc
+        raise ConfigError(f"pe={spec.pe.name}: {exc}") from exc
     return model
 
 
 def assemble_model(m: Mapping[str, Any], component: Callable[..., Any],
                    causal: bool) -> TransformerModel:
-    """The model of the settings ``m`` (``cfg.model``), ``component(group, **kwargs)`` building
-    the ``pe``, ``norm_layer``, ``ffn`` and ``block`` components (an exported
+    """The model of the settings ``m`` (``ModelSpec.settings``), ``component(group, **kwargs)``
+    building the ``pe``, ``norm_layer``, ``ffn`` and ``block`` components (an exported
     ``modeling_tlab.py`` runs this too)."""
     positional = component("pe")
     make_norm = component("norm_layer")  # a partial: d_model -> norm module
@@ -267,22 +268,21 @@ def assemble_model(m: Mapping[str, Any], component: Callable[..., Any],
 
 
 def attention_knobs(m: Mapping[str, Any]) -> dict:
-    """The attention keywords of ``cfg.model`` beyond the original Transformer's
+    """The attention keywords of the model settings ``m`` beyond the original Transformer's
     (GQA, head size...)."""
     return {"n_kv_heads": m.get("n_kv_heads"), "head_dim": m.get("head_dim"),
             "scale": m.get("attn_scale"), "qkv_bias": m.get("qkv_bias"),
             "out_bias": m.get("out_bias")}
 
 
-def build_checked_model(cfg: DictConfig, seq_len: int, seed: int | None = None
-                        ) -> TransformerModel:
-    """``build_model(cfg, seed)`` (default ``cfg.seed``) with each component run at ``seq_len``
-    against its protocol (``config.protocols``), leaving the model and torch's generator as
-    ``build_model`` leaves them."""
+def build_checked_model(spec: ModelSpec, seq_len: int, seed: int) -> TransformerModel:
+    """``build_model(spec, seed)`` with each component run at ``seq_len`` against its protocol
+    (``config.protocols``), leaving the model and torch's generator as ``build_model`` leaves
+    them."""
     from transformer_lab.config.protocols import check_protocols
 
-    model = build_model(cfg, seed=cfg.seed if seed is None else seed)
+    model = build_model(spec, seed=seed)
     model.eval()  # e.g. BatchNorm's running statistics stay untouched
     with torch.random.fork_rng(devices=[]):
-        check_protocols(cfg, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
+        check_protocols(spec, model, seq_len)  # a user's own pe / FFN / norm plugs in (shapes)
     return model.train()

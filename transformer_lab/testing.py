@@ -74,20 +74,22 @@ def assert_rope_relative(pe: Component, *, d_model: int = 64, n_heads: int = 4,
     from omegaconf import OmegaConf
 
     from transformer_lab.config.compose import compose  # noqa: F401  (registers ${tlab.div:...})
+    from transformer_lab.config.spec import RunSpec
+    from transformer_lab.config.variants import load_choice
     from transformer_lab.errors import ConfigError
     from transformer_lab.routines.check import rotary_relative_check
-    from transformer_lab.routines.variants import load_choice
 
     label = _label(pe)
     components = api.OfferedComponents()
     choice = components.choice("pe", pe)  # a name as it is; a class or an instance offered
     node = (OmegaConf.to_container(load_choice("pe", pe)) if isinstance(pe, str)
             else components.nodes["pe"][choice])
-    model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512}
-    cfg = OmegaConf.create({"model": model, "pe": node})
+    model = {"d_model": d_model, "n_heads": n_heads, "d_ff": 4 * d_model, "max_len": 512,
+             "n_layers": 1}
     try:
         with components.offered():
-            row = rotary_relative_check(cfg, n_positions)
+            spec = RunSpec.of(OmegaConf.create({"model": model, "pe": node}))
+            row = rotary_relative_check(spec, n_positions)
     except ConfigError as exc:
         raise AssertionError(f"pe={label}: could not be built: {exc}") from None
     if row is None:

@@ -27,7 +27,7 @@ from transformer_lab.app.isolation import LAUNCHER_ENV, save_hydra_files
 from transformer_lab.app.job import execute
 from transformer_lab.config.tree import CONFIG_DIR, config_store_kept
 from transformer_lab.errors import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_USAGE, ConfigError
-from transformer_lab.results.console import print_error
+from transformer_lab.results.console import console, print_error
 from transformer_lab.results.run_directory import claim_directory, reclaim_directory
 from transformer_lab.routines.objective import require_objective
 from transformer_lab.training import distributed
@@ -117,7 +117,9 @@ def run_single(cfg: DictConfig, resumed: Path | None = None) -> int:
         with read_write(cfg.hydra.run), open_dict(cfg.hydra.run):
             cfg.hydra.run.dir = str(run_dir)
         if not distributed.world().leader:  # a rank > 0 of torchrun: a throwaway directory
-            distributed.follower_config(cfg)
+            with read_write(cfg), open_dict(cfg):  # no progress bars or trackers
+                cfg.logger = {"name": "csv", "progress": False}
+            console.quiet = True  # its console prints only errors
             with distributed.follower_directory(resumed) as follower_dir, \
                     distributed.process_group(str(cfg.train.device)):
                 return execute(cfg, follower_dir, inputs)

@@ -55,12 +55,12 @@ def execute(cfg: DictConfig, run_dir: Path, inputs: JobInputs | None = None) -> 
             inputs = preflight(cfg)  # also fills in model.vocab_size from the task
         with torch_threads(cfg.train.get("threads")):
             run.info["threads"] = cfg.train.get("threads") or run.info["threads"]
-            outcome = get_routine(cfg.routine.name)(cfg, run, inputs)
+            outcome = get_routine(cfg.routine.name)(inputs.spec, run, inputs)
         numbers, result = outcome.summary, outcome.result
         if len(outcome.seeds) > 1:
             run.write_table("seeds", outcome.seeds)
         status, code = ("passed", EXIT_OK) if outcome.passed else ("failed", EXIT_FAILED)
-        run.info["objective"] = objective_value(cfg, run.path, numbers)  # for a search
+        run.info["objective"] = objective_value(inputs.spec, run.path, numbers)  # for a search
         error = None if outcome.passed else outcome.message or None
     except ConfigError as exc:
         error, code = str(exc), EXIT_USAGE

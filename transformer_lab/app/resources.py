@@ -8,8 +8,8 @@ import os
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.parameters import layer_activation_terms, parameter_breakdown
 from transformer_lab.routines import workload
@@ -35,41 +35,36 @@ def available_memory_bytes() -> int | None:
         return None
 
 
-def _get(cfg: DictConfig, key: str, default: Any = None) -> Any:
-    value = OmegaConf.select(cfg, key, default=default)
-    return default if value is None else value
-
-
-def _parameters(cfg: DictConfig) -> int:
+def _parameters(m: ModelSpec) -> int:
     """The model's parameters by formula; a rough count where a component declares none."""
     try:
-        return int(parameter_breakdown(cfg)["total"])
+        return int(parameter_breakdown(m)["total"])
     except Exception:  # a user's own component that declares nothing usable
-        m = cfg.model
         return int(m.n_layers * (4 * m.d_model**2 + 3 * m.d_model * m.d_ff)
                    + 2 * m.vocab_size * m.d_model)
 
 
-def _layer_bytes(cfg: DictConfig, batch: int, seq_len: int) -> int:
+def _layer_bytes(m: ModelSpec, batch: int, seq_len: int) -> int:
     try:
-        return int(sum(layer_activation_terms(cfg, batch, seq_len, 4).values()))
+        return int(sum(layer_activation_terms(m, batch, seq_len, 4).values()))
     except Exception:  # none declared (None), or not computable
-        return batch * seq_len * 4 * (9 * cfg.model.d_model + 3 * cfg.model.d_ff)
+        return batch * seq_len * 4 * (9 * m.d_model + 3 * m.d_ff)
 
 
-def estimate(cfg: DictConfig, task: Any) -> dict[str, int]:
-    """Bytes the run needs, by part (``total`` included); ``cfg.model.vocab_size`` filled in."""
-    load = workload(cfg, task)  # the routine's: models held at once, batch, lengths
+def estimate(spec: RunSpec, task: Any) -> dict[str, int]:
+    """Bytes the run needs, by part (``total`` included); ``model.vocab_size`` filled in."""
+    load = workload(spec, task)  # the routine's: models held at once, batch, lengths
     models, batch, train_len, eval_len = load.models, load.batch, load.train_len, load.eval_len
-    params = _parameters(cfg)
-    vocab, n_layers = int(cfg.model.vocab_size), int(cfg.model.n_layers)
-    eval_size = int(_get(cfg, "task.eval_size", batch))
+    m = spec.model
+    params = _parameters(m)
+    vocab, n_layers = int(m.vocab_size), m.n_layers
+    eval_size = int(spec.task.get("eval_size") or batch)
     parts = {
         "parameters": params,
         "model_state": models * params * BYTES_PER_PARAMETER,
-        "activations": n_layers * _layer_bytes(cfg, batch, train_len)
+        "activations": n_layers * _layer_bytes(m, batch, train_len)
         + 3 * batch * train_len * vocab * 4,  # one training step at a time
-        "evaluation": _layer_bytes(cfg, eval_size, eval_len) + eval_size * eval_len * vocab * 4,
+        "evaluation": _layer_bytes(m, eval_size, eval_len) + eval_size * eval_len * vocab * 4,
         "python_objects": models * OBJECT_BYTES_PER_MODEL,
     }
     parts["total"] = sum(v for k, v in parts.items() if k != "parameters")
@@ -88,15 +83,15 @@ CHECK_ROUTINES = ("reverse_task", "validate")
 CPU_CHECK_ATTENTION_PAIRS = 2**25
 
 
-def check_resources(cfg: DictConfig, task: Any) -> None:
+def check_resources(spec: RunSpec, task: Any) -> None:
     """``ConfigError`` with the numbers when the run cannot fit in memory or (a reversal check
     on a CPU) finish in minutes; unless ``force`` is true."""
-    if _get(cfg, "force", False) is True:
+    if spec.force:
         return
-    device = str(resolve_device(_get(cfg, "train.device", "cpu")))  # auto: cuda or cpu
-    if device == "cpu" and _get(cfg, "routine.name") in CHECK_ROUTINES:
-        check_attention_work(cfg, task)
-    parts = estimate(cfg, task)
+    device = str(resolve_device(spec.train.device))  # auto: cuda or cpu
+    if device == "cpu" and spec.routine.name in CHECK_ROUTINES:
+        check_attention_work(spec, task)
+    parts = estimate(spec, task)
     if device.startswith("cuda"):
         free, _ = torch.cuda.mem_get_info(torch.device(device))
         where, available = f"free on {device}", int(free)
@@ -105,13 +100,13 @@ def check_resources(cfg: DictConfig, task: Any) -> None:
     if available is None or parts["total"] <= 0.9 * available:
         return
     raise ConfigError(f"this run needs about {_gb(parts['total'])} of memory, "
-                      f"{_gb(available)} {where}; most for {dominant(cfg, task, parts)}: "
+                      f"{_gb(available)} {where}; most for {dominant(spec, task, parts)}: "
                       "shrink it or use --force")
 
 
-def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
+def dominant(spec: RunSpec, task: Any, parts: dict[str, int]) -> str:
     """The largest part of the estimate, naming the settings behind it."""
-    load, m = workload(cfg, task), cfg.model
+    load, m = workload(spec, task), spec.model
     part = max(("model_state", "activations", "evaluation", "python_objects"),
                key=parts.__getitem__)
     held = f"{load.models} models held at once, each " if load.models > 1 else ""
@@ -121,27 +116,27 @@ def dominant(cfg: DictConfig, task: Any, parts: dict[str, int]) -> str:
         return (f"{held}{parts['parameters']:.3g} parameters (model.d_model={m.d_model}, "
                 f"model.n_layers={m.n_layers})")
     if part == "activations":
-        batch_key = "routine.batch_size" if _get(cfg, "routine.batch_size") == load.batch \
-            and _get(cfg, "train.batch_size") != load.batch else "train.batch_size"
+        batch_key = "routine.batch_size" if spec.routine.get("batch_size") == load.batch \
+            and spec.train.batch_size != load.batch else "train.batch_size"
         return (f"training at {load.batch}x{load.train_len} tokens ({batch_key}={load.batch}, "
-                f"task.seq_len={_get(cfg, 'task.seq_len', '?')})")
-    lens = _get(cfg, "routine.eval_lens")
+                f"task.seq_len={spec.task.get('seq_len') or '?'})")
+    lens = spec.routine.get("eval_lens")
     setting = f"routine.eval_lens={list(lens)}" if lens else "task.eval_size"
-    return (f"evaluation at {_get(cfg, 'task.eval_size', load.batch)}x{load.eval_len} tokens "
+    return (f"evaluation at {spec.task.get('eval_size') or load.batch}x{load.eval_len} tokens "
             f"({setting})")
 
 
-def check_attention_work(cfg: DictConfig, task: Any) -> None:
+def check_attention_work(spec: RunSpec, task: Any) -> None:
     """``ConfigError`` naming the largest ``--seq-len`` when a step or the held-out evaluation
     attends over more than ``CPU_CHECK_ATTENTION_PAIRS`` query-key pairs."""
-    load = workload(cfg, task)
-    eval_size = int(_get(cfg, "task.eval_size", load.batch))
+    load = workload(spec, task)
+    eval_size = int(spec.task.get("eval_size") or load.batch)
     key, sequences = max((("train.batch_size", load.batch), ("task.eval_size", eval_size)),
                          key=lambda item: item[1])
     pairs = sequences * load.train_len**2
     if pairs <= CPU_CHECK_ATTENTION_PAIRS:
         return
-    seq_len = int(_get(cfg, "task.seq_len", load.train_len))
+    seq_len = int(spec.task.get("seq_len") or load.train_len)
     per_token = load.train_len / seq_len  # a decoder reads source SEP target: 2x the tokens
     longest = int(math.isqrt(CPU_CHECK_ATTENTION_PAIRS // sequences) / per_token)
     raise ConfigError(

@@ -210,10 +210,10 @@ def _kept_steps(state: dict[str, Any]) -> int:
 def check_resumable(run_dir: Path, cfg: DictConfig) -> None:
     """``ConfigError`` naming the first key of ``cfg`` that differs from the config of
     ``run_dir``'s checkpoint."""
-    from transformer_lab.training.checkpoint import config_yaml
+    from transformer_lab.config.spec import RunSpec
 
     then = flatten(OmegaConf.to_container(OmegaConf.create(_checkpoint(run_dir)["config"])))
-    now = flatten(OmegaConf.to_container(OmegaConf.create(config_yaml(cfg))))
+    now = flatten(RunSpec.of(cfg).resolved())
     for key in sorted(set(then) | set(now)):
         if key.startswith(HARMLESS_ON_RESUME) or then.get(key) == now.get(key) or \
                 key == "train.steps":  # a new length: run_arguments checked it

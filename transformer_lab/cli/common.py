@@ -163,7 +163,7 @@ def refuse_unknown_options(context: typer.Context, overrides: list[str]) -> None
     refuse(f"unknown option '{unknown[0]}' for tlab {context.info_name}; {hint}")
 
 
-# --- The training settings as options: one per field of training.trainer.TrainSettings ------
+# --- The training settings as options: one per field of config.spec.TrainSettings ------
 
 TRAINING_PANEL = "Training settings (train.*)"
 _NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer group (--optimizer)
@@ -173,7 +173,7 @@ def train_settings_fields() -> list[tuple[str, str]]:
     """``(name, annotation)`` of each ``TrainSettings`` field a user sets (imports no torch)."""
     from dataclasses import fields
 
-    from transformer_lab.training.settings import TrainSettings
+    from transformer_lab.config.spec import TrainSettings
 
     return [(f.name, str(f.type)) for f in fields(TrainSettings) if f.name not in _NOT_OPTIONS]
 

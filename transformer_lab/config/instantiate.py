@@ -11,8 +11,6 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from transformer_lab.errors import ConfigError
 
 HYDRA_KEYS = ("_args_", "_recursive_", "_convert_")  # instantiate() options, not arguments
@@ -55,16 +53,11 @@ def locate(path: str) -> Any:
         hydra_log.setLevel(level)
 
 
-def resolve_component(cfg: DictConfig, group: str) -> dict[str, Any]:
-    """The node of config group ``group`` as a plain dict with interpolations resolved."""
-    return OmegaConf.to_container(cfg[group], resolve=True)
-
-
-def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs: Any) -> Any:
-    """Build the ``_target_`` of config group ``group`` (or of the plain node ``cfg``): flat and
+def instantiate_component(node: Mapping[str, Any], group: str, **kwargs: Any) -> Any:
+    """Build the ``_target_`` of ``node``, a resolved node of config group ``group``: flat and
     given specs directly, nested ones through ``hydra.utils.instantiate``. ``ConfigError``
     naming group, choice and cause for any failure."""
-    spec = dict(cfg) if isinstance(cfg, dict) else resolve_component(cfg, group)
+    spec = dict(node)
     given = given_component(spec)
     name = spec.pop("name", spec.get("_target_"))
     try:
@@ -87,13 +80,13 @@ def instantiate_component(cfg: DictConfig | dict[str, Any], group: str, **kwargs
         raise ConfigError(f"{group}={name}: {message}") from exc
 
 
-def build_task(cfg: DictConfig) -> Any:
-    """Instantiate ``cfg.task`` and copy its vocabulary size into ``cfg.model.vocab_size``."""
+def build_task(spec: Any) -> Any:
+    """The task of ``spec`` (a ``RunSpec``); its ``vocab_size`` is the model's
+    (``RunSpec.with_vocab``)."""
     from transformer_lab.tasks.language import LanguageModelTask
 
-    task = instantiate_component(cfg, "task")
-    if isinstance(task, LanguageModelTask) and not cfg.arch.causal:
-        raise ConfigError(f"task={cfg.task.name} is next-token prediction and needs "
+    task = spec.task.build()
+    if isinstance(task, LanguageModelTask) and not spec.model.causal:
+        raise ConfigError(f"task={spec.task.name} is next-token prediction and needs "
                           "arch=decoder (an encoder would see the token it must predict)")
-    cfg.model.vocab_size = task.vocab_size
     return task

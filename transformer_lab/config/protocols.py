@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from torch import nn
 
+from transformer_lab.config.spec import ModelSpec
 from transformer_lab.errors import ConfigError
 
 
@@ -59,16 +59,14 @@ def _check_shape_kept(label: str, name: str, module: object, d_model: int, seq_l
         raise ConfigError(f"{label}: {wrong_shape}; {tuple(x.shape)} came out as {_shape(out)}")
 
 
-def check_protocols(cfg: DictConfig, model: nn.Module, seq_len: int) -> None:
+def check_protocols(m: ModelSpec, model: nn.Module, seq_len: int) -> None:
     """``ConfigError`` naming the group and class of the first component of ``model`` that does
     not follow its protocol: pe (additive ``(T,) -> (T, d_model)``, rotary ``(q, k, positions)
     -> (q, k)``, bias ``(T, T) -> (n_heads or 1, T, T)``), ffn and norm ``(B, T, d_model)`` kept."""
-    m = cfg.model
-
     def label(group: str, module: object) -> str:
-        return f"{group}={cfg[group].get('name')} ({type(module).__name__})"
+        return f"{group}={m.component(group).name} ({type(module).__name__})"
 
-    head_dim = m.get("head_dim") or m.d_model // m.n_heads  # model.head_dim (T5 d_kv, ...)
+    head_dim = m.head_dim or m.d_model // m.n_heads  # model.head_dim (T5 d_kv, ...)
     _check_positional(label("pe", model.positional), model.positional, m.d_model, m.n_heads,
                       head_dim, seq_len)
     if not len(model.blocks):

@@ -1,17 +1,18 @@
 """Hugging Face ``transformers`` models in and out of tlab (extra ``hf``): ``from_hf`` ->
-(cfg, TransformerModel), ``to_hf`` back. Local directories only (``local_files_only``); a setting
-tlab cannot express is a ``ConfigError`` naming it. Families: ``hf_families.FAMILIES``."""
+(ModelSpec, TransformerModel), ``to_hf`` back. Local directories only (``local_files_only``); a
+setting tlab cannot express is a ``ConfigError`` naming it. Families: ``hf_families.FAMILIES``."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, open_dict
 from torch import nn
 
 from transformer_lab.config.compose import compose
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf_families import FAMILIES, Family, Unsupported
 from transformer_lab.model import TransformerModel, build_model
@@ -83,12 +84,12 @@ def hf_overrides(model_or_dir: Any) -> list[str]:
         raise ConfigError(f"this checkpoint uses {exc}, which tlab cannot express") from None
 
 
-def load_hf_weights(model: TransformerModel, cfg: DictConfig, model_or_dir: Any) -> None:
-    """Copy a checkpoint's weights into ``model`` (built with ``hf_overrides``), the vocabulary cut
-    to the task's."""
+def load_hf_weights(model: TransformerModel, spec: ModelSpec, model_or_dir: Any) -> None:
+    """Copy a checkpoint's weights into ``model`` (``spec``'s, built with ``hf_overrides``), the
+    vocabulary cut to the task's."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
-    headless = cfg.model.tie_embeddings or not family.output_head  # lm_head: tied, or none
+    headless = spec.tie_embeddings or not family.output_head  # lm_head: tied, or none
     load_fitted(model, family.to_tlab(hf.config, hf.state_dict()), "the checkpoint",
                 may_miss=("lm_head.weight",) if headless else ())
 
@@ -119,42 +120,44 @@ def load_fitted(model: nn.Module, state: dict[str, Any], source: str,
                           f"unexpected {unexpected[:3]}")
 
 
+def composed_model(overrides: list[str]) -> ModelSpec:
+    """The model tlab's config tree composes with ``overrides``."""
+    return RunSpec.of(compose(overrides)).model
+
+
 def from_hf(model_or_dir: Any, overrides: list[str] | tuple[str, ...] = ()
-            ) -> tuple[DictConfig, TransformerModel]:
-    """(cfg, model): the tlab config of a ``transformers`` model (or local directory) and a tlab
-    model with its weights: tokens (B, T) -> logits (B, T, vocab), or hidden states (B, T, D)
+            ) -> tuple[ModelSpec, TransformerModel]:
+    """(spec, model): the tlab model spec of a ``transformers`` model (or local directory) and a
+    tlab model with its weights: tokens (B, T) -> logits (B, T, vocab), or hidden states (B, T, D)
     without an output head."""
     hf = load_hf(model_or_dir)
     family = _family(hf.config.model_type)
-    cfg = compose([*hf_overrides(hf), *overrides])
-    cfg.model.vocab_size = hf.config.vocab_size
-    with open_dict(cfg):
-        cfg.preset_name = family.preset  # to_hf's family
-    model = build_model(cfg, seed=0)
+    spec = replace(composed_model([*hf_overrides(hf), *overrides]),
+                   vocab_size=hf.config.vocab_size)
+    model = build_model(spec, seed=0)
     model.output_head = family.output_head
-    load_hf_weights(model, cfg, hf)
-    return cfg, model.eval()
+    load_hf_weights(model, spec, hf)
+    return spec, model.eval()
 
 
-def to_hf(model: TransformerModel, cfg: DictConfig) -> Any:
-    """A ``transformers`` model with ``model``'s weights, for a config of a preset family."""
+def to_hf(model: TransformerModel, spec: ModelSpec) -> Any:
+    """A ``transformers`` model with ``model``'s weights, for a model of a preset family."""
     transformers = _transformers()
-    preset = cfg.get("preset_name") or preset_of(cfg)
+    preset = preset_of(spec)
     family = next((f for f in FAMILIES.values() if f.preset == preset), None)
     if family is None:
         known = sorted({f.preset for f in FAMILIES.values()})
         raise ConfigError(f"to_hf knows the families {known}; this config is not one of them")
-    config = family.hf_config(cfg)
+    config = family.hf_config(spec)
     hf = getattr(transformers, family.hf_class)(config, **dict(family.hf_init)).eval()
-    load_fitted(hf, family.to_hf(cfg, model.state_dict()), f"tlab's {family.hf_class} weights",
-                may_miss=("lm_head.weight",) if cfg.model.tie_embeddings else ())
+    load_fitted(hf, family.to_hf(spec, model.state_dict()), f"tlab's {family.hf_class} weights",
+                may_miss=("lm_head.weight",) if spec.tie_embeddings else ())
     return hf
 
 
-def preset_of(cfg: DictConfig) -> str:
-    """Which family a config's components belong to (a config that did not come from
-    ``from_hf``)."""
-    ffn, norm, pe = (cfg[group].get("name") for group in ("ffn", "norm_layer", "pe"))
+def preset_of(spec: ModelSpec) -> str:
+    """Which family a model's components belong to."""
+    ffn, norm, pe = (spec.component(group).name for group in ("ffn", "norm_layer", "pe"))
     if pe == "alibi":
         return "bloom"
     if ffn == "moe":
@@ -164,7 +167,7 @@ def preset_of(cfg: DictConfig) -> str:
     if pe == "t5":
         return "t5_encoder"
     if pe == "learned":
-        return "bert" if cfg.model.get("embed_norm") else "gpt2"
+        return "bert" if spec.embed_norm else "gpt2"
     if pe == "rope" and norm == "layernorm":
         return "gpt_neox"
     return "unknown"

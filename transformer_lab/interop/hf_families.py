@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from omegaconf import OmegaConf
+
+from transformer_lab.config.spec import ModelSpec
 
 State = dict[str, torch.Tensor]
 COMPONENTS = ("pe", "ffn", "block", "norm_layer")  # the groups a run chooses components in
@@ -51,12 +52,12 @@ class Family:
     hf_class: str  # the transformers class ``to_hf`` builds and ``from_hf`` loads
     same: dict[str, str]  # HF config key -> the tlab setting of the same value (beyond SIZES)
     knobs: Callable[[Any], list[str]]  # HF config -> the other overrides beyond the preset
-    config_knobs: Callable[[Any], dict[str, Any]]  # tlab cfg -> the other HF config keywords
+    config_knobs: Callable[[ModelSpec], dict[str, Any]]  # -> the other HF config keywords
     names: dict[str, str]
     qkv: tuple[str, ...] = ()
     conv1d: tuple[str, ...] = ()  # HF modules with (in, out) weights
     extra_to_tlab: Callable[[Any, State], State] | None = None
-    extra_to_hf: Callable[[Any, State], State] | None = None
+    extra_to_hf: Callable[[ModelSpec, State], State] | None = None
     output_head: bool = True  # False: the HF model returns hidden states (BertModel, T5 encoder)
     hf_init: tuple[tuple[str, Any], ...] = ()  # keywords of ``hf_class(config, ...)`` in to_hf
 
@@ -66,13 +67,13 @@ class Family:
                 f"{tl}={getattr(hc, hf)}" for hf, tl in (SIZES | self.same).items()]
         return [f"preset={self.preset}", *same, *self.knobs(hc)]
 
-    def hf_config(self, cfg: Any) -> Any:
-        """The HF config of a tlab config."""
+    def hf_config(self, spec: ModelSpec) -> Any:
+        """The HF config of a tlab model."""
         import transformers
 
         config_class = getattr(transformers, self.hf_class).config_class
-        same = {hf: OmegaConf.select(cfg, tl) for hf, tl in (SIZES | self.same).items()}
-        return config_class(vocab_size=cfg.model.vocab_size, **same | self.config_knobs(cfg))
+        same = {hf: setting(spec, tl) for hf, tl in (SIZES | self.same).items()}
+        return config_class(vocab_size=spec.vocab_size, **same | self.config_knobs(spec))
 
     def _renamed(self, state: State, to_hf: bool) -> State:
         out = {}
@@ -94,19 +95,18 @@ class Family:
                 out[fused] = _regroup(hf[key], hc.num_attention_heads, 3)
         return out | (self.extra_to_tlab(hc, hf) if self.extra_to_tlab else {})
 
-    def to_hf(self, cfg: Any, tl: State) -> State:
+    def to_hf(self, spec: ModelSpec, tl: State) -> State:
         """A tlab state dict with the family's names and layouts."""
         out = self._renamed(tl, to_hf=True)
-        m = cfg.model
-        head_dim = m.get("head_dim") or m.d_model // m.n_heads
-        sizes = [m.n_heads * head_dim] + [(m.get("n_kv_heads") or m.n_heads) * head_dim] * 2
+        head_dim = spec.head_dim or spec.d_model // spec.n_heads
+        sizes = [spec.n_heads * head_dim] + [(spec.n_kv_heads or spec.n_heads) * head_dim] * 2
         for key, i, leaf in _matches("blocks.{i}.attention.qkv_proj", tl) if self.qkv else ():
             if len(self.qkv) == 3:
                 out.update({f"{p.format(i=i)}.{leaf}": t
                             for p, t in zip(self.qkv, tl[key].split(sizes), strict=True)})
             else:
-                out[f"{self.qkv[0].format(i=i)}.{leaf}"] = _regroup(tl[key], 3, m.n_heads)
-        return out | (self.extra_to_hf(cfg, tl) if self.extra_to_hf else {})
+                out[f"{self.qkv[0].format(i=i)}.{leaf}"] = _regroup(tl[key], 3, spec.n_heads)
+        return out | (self.extra_to_hf(spec, tl) if self.extra_to_hf else {})
 
 
 def _regroup(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
@@ -117,6 +117,13 @@ def _regroup(t: torch.Tensor, first: int, second: int) -> torch.Tensor:
 def _names(top: dict[str, str], layer: str, blocks: dict[str, str]) -> dict[str, str]:
     """``top`` and the modules of each layer ``{layer}.{i}.`` (tlab: ``blocks.{i}.``)."""
     return top | {f"{layer}.{{i}}.{hf}": f"blocks.{{i}}.{tl}" for hf, tl in blocks.items()}
+
+
+def setting(spec: ModelSpec, key: str) -> Any:
+    """The value of a tlab key (``model.d_model``, ``norm_layer.eps``) in ``spec`` (None for a
+    component's key it does not have)."""
+    group, name = key.split(".", 1)
+    return getattr(spec, name) if group == "model" else spec.component(group).get(name)
 
 
 def require(hc: Any, key: str, allowed: tuple, default: Any = None) -> None:
@@ -132,12 +139,12 @@ def ffn_choice(hc: Any, key: str) -> str:
     return f"ffn={GELU_NAMES[getattr(hc, key)]}"
 
 
-def hf_activation(cfg: Any) -> str:
+def hf_activation(spec: ModelSpec) -> str:
     """The HF activation name of tlab's ``ffn`` choice; ``Unsupported`` for another FFN."""
-    if cfg.ffn.name not in HF_ACTIVATIONS:
-        raise Unsupported(f"ffn={cfg.ffn.name} (GPT-2 and GPT-NeoX have "
+    if spec.ffn.name not in HF_ACTIVATIONS:
+        raise Unsupported(f"ffn={spec.ffn.name} (GPT-2 and GPT-NeoX have "
                           f"{', '.join(HF_ACTIVATIONS)})")
-    return HF_ACTIVATIONS[cfg.ffn.name]
+    return HF_ACTIVATIONS[spec.ffn.name]
 
 
 def flag(name: str, value: Any) -> str:
@@ -173,23 +180,23 @@ def rope_overrides(hc: Any) -> list[str]:
     return out
 
 
-def rope_config(cfg: Any) -> dict[str, Any]:
-    """tlab's RoPE settings (``cfg.pe``) as HF ``rope_parameters``, and the
+def rope_config(spec: ModelSpec) -> dict[str, Any]:
+    """tlab's RoPE settings (``spec.pe``) as HF ``rope_parameters``, and the
     ``max_position_embeddings`` (``pe.original_max_len`` under dynamic NTK: transformers' starts
     past it)."""
-    pe = cfg.pe
-    kind = {"none": "default"}.get(pe.scaling, pe.scaling)
-    params = {"rope_type": kind, "rope_theta": float(pe.base),
+    pe = spec.pe
+    kind = {"none": "default"}.get(pe["scaling"], pe["scaling"])
+    params = {"rope_type": kind, "rope_theta": float(pe["base"]),
               "partial_rotary_factor": float(pe.get("rotary_fraction", 1.0))}
     if kind != "default":
-        params["factor"] = float(pe.factor)
-    if kind in ("yarn", "llama3") and pe.original_max_len is not None:
-        params["original_max_position_embeddings"] = int(pe.original_max_len)
+        params["factor"] = float(pe["factor"])
+    if kind in ("yarn", "llama3") and pe["original_max_len"] is not None:
+        params["original_max_position_embeddings"] = int(pe["original_max_len"])
     keys = {"yarn": ("beta_fast", "beta_slow", "attention_factor"),
             "llama3": ("low_freq_factor", "high_freq_factor")}.get(kind, ())
     params.update({key: float(pe[key]) for key in keys if pe[key] is not None})
     return {"rope_parameters": params, "max_position_embeddings":
-            pe.original_max_len if kind == "dynamic" else cfg.model.max_len}
+            pe["original_max_len"] if kind == "dynamic" else spec.max_len}
 
 
 # --------------------------------------------------------------------------------------------
@@ -216,17 +223,17 @@ def _llama_knobs(hc: Any) -> list[str]:
     return out
 
 
-def _llama_config(cfg: Any) -> dict[str, Any]:
-    m = cfg.model
-    common = dict(num_key_value_heads=m.n_kv_heads or m.n_heads, attention_bias=m.attn_bias,
-                  head_dim=m.head_dim or m.d_model // m.n_heads, **rope_config(cfg))
-    if cfg.ffn.get("n_experts") is None:
-        return common | {"mlp_bias": m.ffn_bias}
-    if int(cfg.ffn.top_k) == 1:
+def _llama_config(spec: ModelSpec) -> dict[str, Any]:
+    ffn = spec.ffn
+    common = dict(num_key_value_heads=spec.n_kv_heads or spec.n_heads,
+                  attention_bias=spec.attn_bias,
+                  head_dim=spec.head_dim or spec.d_model // spec.n_heads, **rope_config(spec))
+    if ffn.get("n_experts") is None:
+        return common | {"mlp_bias": spec.ffn_bias}
+    if int(ffn["top_k"]) == 1:
         raise Unsupported(TOP1_MOE)
-    return common | {"num_local_experts": cfg.ffn.n_experts,
-                     "num_experts_per_tok": cfg.ffn.top_k,
-                     "router_aux_loss_coef": cfg.ffn.load_balance_coef}
+    return common | {"num_local_experts": ffn["n_experts"], "num_experts_per_tok": ffn["top_k"],
+                     "router_aux_loss_coef": ffn["load_balance_coef"]}
 
 
 def _experts_to_tlab(hc: Any, hf: State) -> State:
@@ -242,10 +249,10 @@ def _experts_to_tlab(hc: Any, hf: State) -> State:
     return out
 
 
-def _experts_to_hf(cfg: Any, tl: State) -> State:
+def _experts_to_hf(spec: ModelSpec, tl: State) -> State:
     out = {}
-    for i in range(cfg.model.n_layers):
-        experts = [f"blocks.{i}.feedforward.experts.{e}." for e in range(cfg.ffn.n_experts)]
+    for i in range(spec.n_layers):
+        experts = [f"blocks.{i}.feedforward.experts.{e}." for e in range(spec.ffn["n_experts"])]
         out[f"model.layers.{i}.mlp.experts.gate_up_proj"] = torch.stack(
             [torch.cat([tl[e + "gate_proj.weight"], tl[e + "up_proj.weight"]]) for e in experts])
         out[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack(
@@ -281,8 +288,8 @@ def _gpt2_knobs(hc: Any) -> list[str]:
     return [ffn_choice(hc, "activation_function"), f"model.d_ff={hc.n_inner or 4 * hc.n_embd}"]
 
 
-def _gpt2_config(cfg: Any) -> dict[str, Any]:
-    return dict(n_inner=cfg.model.d_ff, activation_function=hf_activation(cfg), resid_pdrop=0.0,
+def _gpt2_config(spec: ModelSpec) -> dict[str, Any]:
+    return dict(n_inner=spec.d_ff, activation_function=hf_activation(spec), resid_pdrop=0.0,
                 embd_pdrop=0.0, attn_pdrop=0.0, bos_token_id=None, eos_token_id=None)
 
 
@@ -298,9 +305,9 @@ def _neox_knobs(hc: Any) -> list[str]:
             flag("model.attn_bias", getattr(hc, "attention_bias", True))]
 
 
-def _neox_config(cfg: Any) -> dict[str, Any]:
-    return dict(hidden_act=hf_activation(cfg), attention_bias=cfg.model.attn_bias,
-                bos_token_id=None, eos_token_id=None, **rope_config(cfg))
+def _neox_config(spec: ModelSpec) -> dict[str, Any]:
+    return dict(hidden_act=hf_activation(spec), attention_bias=spec.attn_bias,
+                bos_token_id=None, eos_token_id=None, **rope_config(spec))
 
 
 # the modules of a NeoX-like block (NeoX, BLOOM), but its attention's output
@@ -317,7 +324,7 @@ def _bloom_knobs(hc: Any) -> list[str]:
     return [f"model.d_ff={4 * hc.hidden_size}"]
 
 
-def _bloom_config(cfg: Any) -> dict[str, Any]:
+def _bloom_config(spec: ModelSpec) -> dict[str, Any]:
     return dict(bos_token_id=None, eos_token_id=None)
 
 
@@ -337,8 +344,8 @@ def _bert_knobs(hc: Any) -> list[str]:
     return [ffn_choice(hc, "hidden_act"), "model.tie_embeddings=false"]
 
 
-def _bert_config(cfg: Any) -> dict[str, Any]:
-    return dict(hidden_act=hf_activation(cfg), hidden_dropout_prob=0.0,
+def _bert_config(spec: ModelSpec) -> dict[str, Any]:
+    return dict(hidden_act=hf_activation(spec), hidden_dropout_prob=0.0,
                 attention_probs_dropout_prob=0.0, type_vocab_size=2)
 
 
@@ -348,9 +355,9 @@ def _bert_positions_to_tlab(hc: Any, hf: State) -> State:
             + hf["embeddings.token_type_embeddings.weight"][0]}  # (P, D)
 
 
-def _bert_positions_to_hf(cfg: Any, tl: State) -> State:
+def _bert_positions_to_hf(spec: ModelSpec, tl: State) -> State:
     return {"embeddings.position_embeddings.weight": tl["positional.weight"],
-            "embeddings.token_type_embeddings.weight": torch.zeros(2, cfg.model.d_model)}
+            "embeddings.token_type_embeddings.weight": torch.zeros(2, spec.d_model)}
 
 
 BERT_NAMES = _names({"embeddings.word_embeddings": "token_embedding",
@@ -369,10 +376,9 @@ def _t5_knobs(hc: Any) -> list[str]:
     return [ffn_choice(hc, "dense_act_fn"), f"model.head_dim={hc.d_kv}", "model.attn_scale=1.0"]
 
 
-def _t5_config(cfg: Any) -> dict[str, Any]:
-    m = cfg.model
-    return dict(d_kv=m.head_dim or m.d_model // m.n_heads, dropout_rate=0.0,
-                feed_forward_proj=hf_activation(cfg), use_cache=False)
+def _t5_config(spec: ModelSpec) -> dict[str, Any]:
+    return dict(d_kv=spec.head_dim or spec.d_model // spec.n_heads, dropout_rate=0.0,
+                feed_forward_proj=hf_activation(spec), use_cache=False)
 
 
 T5_NAMES = _names({"shared": "token_embedding", "encoder.embed_tokens": "token_embedding",

@@ -12,8 +12,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 from transformer_lab.components import attention, block, feedforward, moe, norms
 from transformer_lab.components.positional import (
     alibi,
@@ -25,6 +23,7 @@ from transformer_lab.components.positional import (
     sinusoidal,
     t5_bias,
 )
+from transformer_lab.config.spec import ModelSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.interop.hf_families import COMPONENTS
 from transformer_lab.model import TransformerModel
@@ -184,7 +183,7 @@ def _module_parts(module: ModuleType, names: tuple[str, ...] | None = None
         if isinstance(node, ast.Import | ast.ImportFrom):
             package = node.names[0].name if isinstance(node, ast.Import) else node.module
             if getattr(node, "level", 0) == 0 and package.split(".")[0] not in (
-                    "transformer_lab", "omegaconf", "__future__"):  # from outside tlab
+                    "transformer_lab", "__future__"):  # from outside tlab
                 imports.append(ast.unparse(node))
             continue
         node_names = _defined_names(node)
@@ -225,7 +224,7 @@ def modeling_source() -> str:
             + "\n".join(unique) + "\n\n\n" + "\n\n\n".join(bodies) + WRAPPER)
 
 
-def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path) -> None:
+def write_remote_code(model: TransformerModel, spec: ModelSpec, directory: Path) -> None:
     """Write ``modeling_tlab.py``, ``config.json`` (the settings ``assemble_model`` rebuilds the
     model from), ``generation_config.json`` and ``model.safetensors`` into ``directory``;
     ``ConfigError`` for a component of the user's own (its code is not tlab's to bundle)."""
@@ -234,15 +233,15 @@ def write_remote_code(model: TransformerModel, cfg: DictConfig, directory: Path)
 
     settings: dict[str, Any] = {}
     for group in COMPONENTS:
-        node = OmegaConf.to_container(cfg[group], resolve=True)
+        node = dict(spec.component(group))
         target = str(node.get("_target_", ""))
         if not target.startswith(COMPONENTS_PACKAGE):
             raise ConfigError(f"{group}={node.get('name')} is your own component (_target_="
                               f"{target}); tlab export bundles tlab's built-in components only: "
                               f"train with a built-in {group} to export")
         settings[group] = node
-    model_node = OmegaConf.to_container(cfg.model, resolve=True)
-    m = settings["model"] = {key: model_node[key] for key in REMOTE_MODEL_KEYS} | {
+    model_settings = spec.settings()
+    m = settings["model"] = {key: model_settings[key] for key in REMOTE_MODEL_KEYS} | {
         "embed_scale": model.embed_scale, "pe_scale": float(model.pe_scale),
         "dropout": {"attention": 0.0, "embedding": 0.0}}  # an export for inference
     (directory / MODELING_FILE).write_text(modeling_source(), encoding="utf-8")

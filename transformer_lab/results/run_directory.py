@@ -257,6 +257,14 @@ def package_versions() -> dict[str, str | None]:
     return versions
 
 
+def plain_config(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` as plain dicts and lists, resolved (unresolved if an interpolation cannot be)."""
+    try:
+        return OmegaConf.to_container(cfg, resolve=True)  # type: ignore[return-value]
+    except Exception:
+        return OmegaConf.to_container(cfg)  # type: ignore[return-value]
+
+
 class RunDirectory:
     """One run's folder. ``create`` refuses a folder that already holds a run."""
 
@@ -303,7 +311,7 @@ class RunDirectory:
         logger = cfg.get("logger")
         run.progress = RunProgress.for_terminal(quiet=logger is not None
                                                 and not logger.get("progress", True))
-        run.trackers = build_trackers(cfg, path)
+        run.trackers = build_trackers(plain_config(cfg), path)
         return run
 
     def write_config(self) -> None:

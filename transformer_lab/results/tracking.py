@@ -9,8 +9,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
-
 METRIC_KEYS = ("loss", "accuracy", "exact_match", "lr", "grad_norm", "tokens_per_s")
 ARTIFACT_PATTERNS = ("*.csv", "*.png", "config.yaml", "run.json")
 # Row columns that describe how a row was made, not which curve it belongs to (tlab 0.2 runs
@@ -26,14 +24,9 @@ def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
             for name, value in flatten(child, f"{prefix}.{key}" if prefix else str(key)).items()}
 
 
-def config_params(cfg: DictConfig) -> dict[str, Any]:
-    """The flattened config (resolved where it resolves), without Hydra's own node."""
-    try:
-        tree = OmegaConf.to_container(cfg, resolve=True)
-    except Exception:
-        tree = OmegaConf.to_container(cfg, resolve=False)
-    tree.pop("hydra", None)
-    return flatten(tree)
+def config_params(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened config, without Hydra's own node."""
+    return flatten({key: value for key, value in config.items() if key != "hydra"})
 
 
 def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
@@ -51,11 +44,11 @@ def row_metrics(row: Mapping[str, Any]) -> dict[str, float]:
 class TensorBoardTracker:
     """Event files in the run directory; the config as a text summary."""
 
-    def __init__(self, run_dir: Path, cfg: DictConfig) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any]) -> None:
         from torch.utils.tensorboard import SummaryWriter
 
         self.writer = SummaryWriter(log_dir=str(run_dir))
-        text = "\n".join(f"    {k}: {v}" for k, v in config_params(cfg).items())
+        text = "\n".join(f"    {k}: {v}" for k, v in config_params(config).items())
         self.writer.add_text("config", text)
 
     def log_row(self, row: Mapping[str, Any]) -> None:
@@ -82,21 +75,23 @@ def tracking_store(value: str) -> tuple[str, str | None]:
 class MlflowTracker:
     """One MLflow run per run directory, through ``MlflowClient`` (no global active run)."""
 
-    def __init__(self, run_dir: Path, cfg: DictConfig, logger: DictConfig) -> None:
+    def __init__(self, run_dir: Path, config: Mapping[str, Any],
+                 logger: Mapping[str, Any]) -> None:
         from mlflow.entities import Param
         from mlflow.tracking import MlflowClient
 
-        uri, self.artifact_root = tracking_store(str(logger.tracking_uri))
+        uri, self.artifact_root = tracking_store(str(logger["tracking_uri"]))
         self.client = MlflowClient(tracking_uri=uri)
-        experiment, name = str(logger.get("experiment") or cfg.routine.name), run_dir.name
-        tags = {"tlab.run_dir": str(run_dir.resolve()), "tlab.routine": str(cfg.routine.name)}
+        routine = config["routine"]["name"]
+        experiment, name = str(logger.get("experiment") or routine), run_dir.name
+        tags = {"tlab.run_dir": str(run_dir.resolve()), "tlab.routine": str(routine)}
         sweep = run_dir.parent
         if (sweep / "multirun.yaml").exists():  # a job of a sweep: its jobs side by side
             experiment, name = f"{experiment}/{sweep.name}", f"{sweep.name}/{run_dir.name}"
             tags.update({"tlab.sweep_dir": str(sweep.resolve()), "tlab.job": run_dir.name})
         self.run_id = self.client.create_run(self._experiment_id(experiment), run_name=name,
                                              tags=tags).info.run_id
-        params = [Param(k, str(v)[:500]) for k, v in config_params(cfg).items()]
+        params = [Param(k, str(v)[:500]) for k, v in config_params(config).items()]
         for i in range(0, len(params), 100):  # MLflow takes at most 100 params a batch
             self.client.log_batch(self.run_id, params=params[i:i + 100])
 
@@ -156,12 +151,13 @@ class SafeTracker:
             self.tracker = None
 
 
-def build_trackers(cfg: DictConfig, run_dir: Path) -> list[SafeTracker]:
-    """The trackers ``cfg.logger`` asks for (none for ``csv`` or a config without a logger)."""
-    logger = cfg.get("logger")
+def build_trackers(config: Mapping[str, Any], run_dir: Path) -> list[SafeTracker]:
+    """The trackers ``config["logger"]`` asks for (none for ``csv`` or a config without a
+    logger); ``config``: the composed config as plain containers."""
+    logger = config.get("logger")
     name = "csv" if logger is None else logger.get("name") or "csv"
-    makers = {"csv": None, "tensorboard": lambda: TensorBoardTracker(run_dir, cfg),
-              "mlflow": lambda: MlflowTracker(run_dir, cfg, logger)}
+    makers = {"csv": None, "tensorboard": lambda: TensorBoardTracker(run_dir, config),
+              "mlflow": lambda: MlflowTracker(run_dir, config, logger)}
     if name not in makers:
         from transformer_lab.errors import ConfigError
 

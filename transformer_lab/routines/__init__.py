@@ -1,6 +1,6 @@
 """Routines: what a run does once its config is composed; ``routine.name`` picks one.
 
-The protocol (``fn(cfg, run, inputs) -> RoutineOutcome``, a module's ``SETTINGS`` and
+The protocol (``fn(spec, run, inputs) -> RoutineOutcome``, a module's ``SETTINGS`` and
 ``check_config``) is in docs/routines.md.
 """
 from __future__ import annotations
@@ -29,9 +29,10 @@ ROUTINES: dict[str, str] = {
 
 @dataclass
 class JobInputs:
-    """The task and the model (``build_model(cfg, seed=cfg.seed)``, checked) the pre-flight
-    built once for the routine."""
+    """The run's typed spec (the model's vocabulary filled in from the task), and the task and
+    model (checked) the pre-flight built once for the routine."""
 
+    spec: Any  # config.spec.RunSpec
     task: Any
     model: Any
 
@@ -67,39 +68,41 @@ def routine_module(name: str) -> Any:
     return import_module(ROUTINES[name].split(":")[0])
 
 
-def own(cfg: Any, attribute: str) -> Any:
-    """``attribute`` of ``cfg.routine.name``'s module; None where it has none or the routine is
+def own(name: Any, attribute: str) -> Any:
+    """``attribute`` of routine ``name``'s module; None where it has none or the routine is
     unknown (``get_routine`` reports that)."""
-    from omegaconf import OmegaConf
-
-    name = OmegaConf.select(cfg, "routine.name", throw_on_missing=False)
     return getattr(routine_module(name), attribute, None) if name in ROUTINES else None
 
 
 def check_settings(cfg: Any) -> None:
-    """``ConfigError`` for the first ``routine.*`` key that breaks or is not in the routine
-    module's ``SETTINGS``; then its ``check_values`` (values a rule cannot say, before any
-    data)."""
+    """``ConfigError`` for the first ``routine.*`` key of the composed ``cfg`` that breaks or is
+    not in the routine module's ``SETTINGS``."""
+    from omegaconf import OmegaConf
+
     from transformer_lab.config.schema import check_keys, check_known
 
-    rules = own(cfg, "SETTINGS")
+    rules = own(OmegaConf.select(cfg, "routine.name", throw_on_missing=False), "SETTINGS")
     if rules is None:
         return
     check_keys(cfg, {f"routine.{key}": rule for key, rule in rules.items()})
     check_known(cfg, "routine", {"name", *(key.split(".")[0] for key in rules)})
-    if (check_values := own(cfg, "check_values")) is not None:
-        check_values(cfg)
 
 
-def workload(cfg: Any, task: Any) -> Workload:
+def check_values(spec: Any) -> None:
+    """The routine module's ``check_values(spec)``: values a rule cannot say, before any data."""
+    if (check := own(spec.routine.name, "check_values")) is not None:
+        check(spec)
+
+
+def workload(spec: Any, task: Any) -> Workload:
     """The routine module's ``workload``, else one model at ``train.batch_size``."""
     length = int(task.model_seq_len)
-    default = Workload(1, int(cfg.train.batch_size), length, length)
-    estimate = own(cfg, "workload")
-    return default if estimate is None else estimate(cfg, task, default)
+    default = Workload(1, spec.train.batch_size, length, length)
+    estimate = own(spec.routine.name, "workload")
+    return default if estimate is None else estimate(spec, task, default)
 
 
-def check_routine(cfg: Any, inputs: JobInputs) -> None:
-    """The routine module's ``check_config(cfg, inputs)``, where it defines one."""
-    if (check := own(cfg, "check_config")) is not None:
-        check(cfg, inputs)
+def check_routine(spec: Any, inputs: JobInputs) -> None:
+    """The routine module's ``check_config(spec, inputs)``, where it defines one."""
+    if (check := own(spec.routine.name, "check_config")) is not None:
+        check(spec, inputs)

@@ -6,12 +6,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+import yaml
 
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import CONFIG_DIR
+from transformer_lab.config.variants import with_choice
 from transformer_lab.measures.property_result import PropertyResult, component
 from transformer_lab.model import TransformerModel, build_model
-from transformer_lab.routines.variants import with_choice
 
 # The swapped groups, as a failing row names them.
 GROUP_LABELS = {"pe": "the positional encoding", "ffn": "the FFN", "norm_layer": "the norm layer",
@@ -21,22 +22,21 @@ Measure = Callable[[TransformerModel], list[PropertyResult]]
 
 def default_choices() -> dict[str, str]:
     """The default choice of each swapped group, from the primary config's defaults list."""
-    defaults = OmegaConf.load(CONFIG_DIR / "config.yaml").defaults
-    found = {group: str(choice) for entry in defaults if isinstance(entry, DictConfig)
+    defaults = yaml.safe_load((CONFIG_DIR / "config.yaml").read_text(encoding="utf-8"))["defaults"]
+    found = {group: str(choice) for entry in defaults if isinstance(entry, dict)
              for group, choice in entry.items()}
     return {group: found[group] for group in GROUP_LABELS if group in found}
 
 
-def swaps(cfg: DictConfig) -> list[tuple[str, str, DictConfig]]:
-    """``(group, default choice, config)`` for each group whose node is not the default's."""
-    variants = [(group, choice, with_choice(cfg, group, choice))
-                for group, choice in default_choices().items() if group in cfg]
+def swaps(spec: RunSpec) -> list[tuple[str, str, RunSpec]]:
+    """``(group, default choice, spec)`` for each group whose node is not the default's."""
+    variants = [(group, choice, with_choice(spec, group, choice))
+                for group, choice in default_choices().items()]
     return [(group, choice, variant) for group, choice, variant in variants
-            if OmegaConf.to_container(variant[group], resolve=True)
-            != OmegaConf.to_container(cfg[group], resolve=True)]
+            if dict(variant.model.component(group)) != dict(spec.model.component(group))]
 
 
-def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
+def culprits(spec: RunSpec, model: TransformerModel, failing: set[str],
              measure: Measure) -> dict[str, str]:
     """Failing property name -> what the swaps found, for its row's detail (``""`` when no
     group was swapped); ``measure``: the properties of a model."""
@@ -44,10 +44,10 @@ def culprits(cfg: DictConfig, model: TransformerModel, failing: set[str],
     block = model.blocks[0] if len(model.blocks) else None  # the run's module of each group:
     modules = {"pe": model.positional, "ffn": getattr(block, "feedforward", None),
                "norm_layer": getattr(block, "norm1", None), "block": block}  # of block 0
-    for group, choice, variant in swaps(cfg):
+    for group, choice, variant in swaps(spec):
         try:
             with torch.random.fork_rng(devices=[]):  # build_model seeds torch's generator
-                results = measure(build_model(variant, seed=cfg.seed))
+                results = measure(build_model(variant.model, seed=spec.seed))
         except Exception:  # noqa: BLE001 - the default does not fit this config: no verdict
             continue
         tried.append(f"{group}={choice}")

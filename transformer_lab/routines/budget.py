@@ -8,11 +8,11 @@ import time
 from dataclasses import asdict, dataclass, fields
 
 import torch
-from omegaconf import DictConfig
 from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT, Rule
+from transformer_lab.config.spec import ModelSpec, RoutineSettings, RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.memory import extrapolate_batch, matmul_flops, saved_activation_bytes
 from transformer_lab.measures.parameters import (
@@ -46,17 +46,16 @@ SETTINGS = {"vocab_size": POSITIVE_INT, "seq_len": POSITIVE_INT, "batch_size": P
             "measure_batch": POSITIVE_INT, "measure": Rule("bool"), "dtype": Rule("str")}
 
 
-def budget_settings(cfg: DictConfig) -> tuple[int, int, int, str]:
-    """(vocab, seq_len, batch, dtype) from ``cfg.routine``; ConfigError for an unknown dtype."""
-    r = cfg.routine
+def budget_settings(r: RoutineSettings) -> tuple[int, int, int, str]:
+    """(vocab, seq_len, batch, dtype) from ``routine.*``; ConfigError for an unknown dtype."""
     if r.dtype not in DTYPE_BYTES:
         raise ConfigError(f"--dtype {r.dtype} is not known; valid: {', '.join(DTYPE_BYTES)}")
     return int(r.vocab_size), int(r.seq_len), int(r.batch_size), str(r.dtype)
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): the routine's sizes and dtype."""
-    budget_settings(cfg)
+    budget_settings(spec.routine)
 
 
 # a row of budget.csv
@@ -111,14 +110,13 @@ def qkv_slices(attention: nn.Module) -> dict[str, int]:
     return {**counts, "o": numel(attention.out_proj)}
 
 
-def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
+def parameter_rows(m: ModelSpec, model: TransformerModel) -> list[BudgetRow]:
     """Formula vs ``sum(p.numel())`` per component, per layer (every layer compared) and total."""
-    m = cfg.model
-    formulas = parameter_breakdown(cfg)
+    formulas = parameter_breakdown(m)
     d, layers = m.d_model, m.n_layers
     rows = [params_row("token_embedding", "model", "V*D", formulas["token_embedding"],
                        numel(model.token_embedding)),
-            params_row("positional", "model", f"pe={cfg.pe.get('name')}",
+            params_row("positional", "model", f"pe={m.pe.name}",
                        formulas["positional"], numel(model.positional))]
 
     def per_layer(component: str, formula: str, expected: int | None, measure) -> BudgetRow:
@@ -145,16 +143,16 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     rows.append(per_layer("attention", f"4*D*D{' + 4*D' if m.attn_bias else ''}" if default
                           else "Q + K + V + O", attention, lambda block: numel(block.attention)))
     ffn = None if formulas["feedforward"] is None else formulas["feedforward"] // max(layers, 1)
-    hidden = ffn_hidden_size(cfg)
-    gated = ffn_weight_matrices(cfg) == 3  # gate, up, down (as the FFN class declares)
+    hidden = ffn_hidden_size(m)
+    gated = ffn_weight_matrices(m) == 3  # gate, up, down (as the FFN class declares)
     ffn_formula = (f"3*D*H{' + 2*H + D' if m.ffn_bias else ''}, H={hidden}" if gated
                    else f"2*D*F{' + F + D' if m.ffn_bias else ''}")
-    if ffn is not None and active_ffn_params(cfg) != ffn:  # Mixture of Experts
-        ffn_formula = f"D*E + E*expert, E={cfg.ffn.get('n_experts')}"
+    if ffn is not None and active_ffn_params(m) != ffn:  # Mixture of Experts
+        ffn_formula = f"D*E + E*expert, E={m.ffn.get('n_experts')}"
     rows.append(per_layer("feedforward", ffn_formula, ffn, lambda block: numel(block.feedforward)))
-    block_norms, final_norm = norm_params_per_layer(cfg)
-    rows.append(per_layer("norms", f"block={cfg.block.get('name')}, "
-                          f"{cfg.norm_layer.get('name')}", block_norms,
+    block_norms, final_norm = norm_params_per_layer(m)
+    rows.append(per_layer("norms", f"block={m.block.name}, "
+                          f"{m.norm_layer.name}", block_norms,
                           lambda block: numel(block) - numel(block.attention)
                           - numel(block.feedforward)))
     layer = None if None in (ffn, block_norms) else attention + ffn + block_norms
@@ -162,14 +160,14 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     final = model.final_norm if not isinstance(model.final_norm, nn.Identity) else None
     rows.append(params_row("final_norm", "model", "pre/sandwich only", final_norm, numel(final)))
     embed_norm = getattr(model, "embed_norm", None)
-    if m.get("embed_norm"):
+    if m.embed_norm:
         rows.append(params_row("embed_norm", "model", "model.embed_norm",
-                               embedding_norm_params(cfg), numel(embed_norm)))
+                               embedding_norm_params(m), numel(embed_norm)))
     tied = model.lm_head.weight is model.token_embedding.weight
     rows.append(params_row("output_head", "model", "0 (tied to the embedding)"
-                           if m.get("tie_embeddings") else "D*V (no bias)",
+                           if m.tie_embeddings else "D*V (no bias)",
                            formulas["output_head"], 0 if tied else numel(model.lm_head)))
-    rows += moe_rows(cfg, model, formulas)
+    rows += moe_rows(m, model, formulas)
     total = numel(model)
     rows.append(params_row("total", "model", "sum of the above", formulas["total"], total))
     parts = (model.token_embedding, model.positional, *model.blocks, final, model.lm_head,
@@ -190,11 +188,11 @@ def parameter_rows(cfg: DictConfig, model: TransformerModel) -> list[BudgetRow]:
     return rows
 
 
-def moe_rows(cfg: DictConfig, model: TransformerModel,
+def moe_rows(m: ModelSpec, model: TransformerModel,
              formulas: dict[str, int | None]) -> list[BudgetRow]:
     """An MoE FFN: the parameters a token uses (router + top_k experts), formula vs built."""
-    active = active_ffn_params(cfg)
-    layers = cfg.model.n_layers
+    active = active_ffn_params(m)
+    layers = m.n_layers
     if not model.blocks or active is None or active == formulas["feedforward"] // max(layers, 1):
         return []
     ffn = model.blocks[0].feedforward
@@ -227,11 +225,10 @@ def measure_activations(model: TransformerModel, batch: int, seq_len: int, vocab
     return extrapolate_batch(small, large, measure_batch, batch)
 
 
-def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int, seq_len: int,
+def activation_rows(m: ModelSpec, measured: dict[str, int] | None, batch: int, seq_len: int,
                     dtype: str, measure_batch: int) -> list[BudgetRow]:
-    m = cfg.model
     size = DTYPE_BYTES[dtype]
-    hidden = ffn_hidden_size(cfg)
+    hidden = ffn_hidden_size(m)
     how = (f"saved-tensor hooks, measured at batch {measure_batch} and {measure_batch + 1}, "
            f"extrapolated to {batch}" if measure_batch != batch else "saved-tensor hooks")
 
@@ -251,7 +248,7 @@ def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int
                       attention_scores_bytes(batch, seq_len, m.n_heads, size), core, "bytes",
                       "INFO", "measured: what attention itself keeps (fused SDPA: q, k, v, "
                       "output and the log-sum-exp, no T x T matrix)")]
-    terms = layer_activation_terms(cfg, batch, seq_len, size)
+    terms = layer_activation_terms(m, batch, seq_len, size)
     formula = None if terms is None else sum(terms.values())
     for i in range(m.n_layers):
         value = saved(f"blocks.{i}")
@@ -272,10 +269,9 @@ def activation_rows(cfg: DictConfig, measured: dict[str, int] | None, batch: int
     return rows
 
 
-def flop_rows(cfg: DictConfig, model: TransformerModel, seq_len: int,
+def flop_rows(m: ModelSpec, model: TransformerModel, seq_len: int,
               measure: bool) -> list[BudgetRow]:
-    flops = training_flops_per_token(cfg, seq_len)
-    m = cfg.model
+    flops = training_flops_per_token(m, seq_len)
     counted = None
     if measure:
         short = min(seq_len, 32)
@@ -346,20 +342,20 @@ def budget_table(rows: list[BudgetRow], title: str) -> Table:
     return table
 
 
-def run_budget(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_budget(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
-    vocab, seq_len, batch, dtype = budget_settings(cfg)
-    cfg.model.vocab_size = vocab  # the budget's vocabulary, not the task's
-    model = build_model(cfg, seed=cfg.seed)
-    rows = parameter_rows(cfg, model)
-    measure, measure_batch = bool(cfg.routine.measure), int(cfg.routine.measure_batch)
+    vocab, seq_len, batch, dtype = budget_settings(spec.routine)
+    m = spec.with_vocab(vocab).model  # the budget's vocabulary, not the task's
+    model = build_model(m, seed=spec.seed)
+    rows = parameter_rows(m, model)
+    measure, measure_batch = bool(spec.routine.measure), int(spec.routine.measure_batch)
     measured = None
     if measure:
         model = model.to(TORCH_DTYPES[dtype])
         with console.status(f"measuring activations ({dtype}, T={seq_len})"):
             measured = measure_activations(model, batch, seq_len, vocab, measure_batch)
-    rows += activation_rows(cfg, measured, batch, seq_len, dtype, measure_batch)
-    rows += flop_rows(cfg, model, seq_len, measure)
+    rows += activation_rows(m, measured, batch, seq_len, dtype, measure_batch)
+    rows += flop_rows(m, model, seq_len, measure)
     rows += article_rows()
     run.write_table("budget", [asdict(r) for r in rows], BUDGET_COLUMNS)
     print_table(budget_table(rows, f"tlab budget - {run.path}"))

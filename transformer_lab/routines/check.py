@@ -8,12 +8,12 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
-from transformer_lab.config.tree import group_choices, user_config_dirs
+from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import choices, with_choice
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     Rotary,
@@ -28,7 +28,6 @@ from transformer_lab.results.check_rows import CheckRow, Stopwatch, check_counts
 from transformer_lab.results.console import console, print_table, result_table
 from transformer_lab.results.run_directory import RunDirectory
 from transformer_lab.routines import JobInputs, RoutineOutcome
-from transformer_lab.routines.variants import with_choice
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 
 # the tolerances and a row of checks.csv
@@ -68,19 +67,19 @@ def judged(check: str, component: str, value: float, limit: float, detail: str =
                           f"{'<=' if holds else '>'} {limit:g}", detail)
 
 
-def check_tokens(cfg: DictConfig, seq_len: int) -> torch.Tensor:
+def check_tokens(spec: RunSpec, seq_len: int) -> torch.Tensor:
     """Distinct tokens (1, T) so that a swap changes the input."""
-    vocab = int(cfg.model.vocab_size)
-    generator = torch.Generator().manual_seed(int(cfg.seed))
+    vocab = int(spec.model.vocab_size)
+    generator = torch.Generator().manual_seed(spec.seed)
     if vocab - 1 < seq_len:
         return torch.randint(1, vocab, (1, seq_len), generator=generator)
     return torch.randperm(vocab - 1, generator=generator)[:seq_len][None] + 1
 
 
-def build_for_check(cfg: DictConfig) -> TransformerModel:
+def build_for_check(spec: RunSpec) -> TransformerModel:
     """The run's model in eval mode; with ``--from-hf DIR`` or ``--from-run RUN`` its weights."""
-    model = build_model(cfg, seed=int(cfg.seed))
-    load_pretrained(model, cfg)
+    model = build_model(spec.model, seed=spec.seed)
+    load_pretrained(model, spec)
     return model.eval()
 
 
@@ -114,26 +113,27 @@ def pairing_mismatch_row(make_rotary: RotaryFactory, head_dim: int, base: float,
                   holds=False)
 
 
-def rope_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+def rope_checks(spec: RunSpec, model: TransformerModel, tokens: torch.Tensor,
                 component: str) -> list[ComponentCheck]:
+    pe = spec.model.pe
+
     def make(base: float, style: str) -> torch.nn.Module:
-        spec = OmegaConf.to_container(cfg.pe, resolve=True)
-        return instantiate_component({**spec, "base": float(base), "style": style}, "pe")
+        return instantiate_component({**pe, "base": float(base), "style": style}, "pe")
 
-    head_dim = int(cfg.pe.get("head_dim") or int(cfg.model.d_model) // int(cfg.model.n_heads))
-    bases = sorted({float(cfg.pe.base), *map(float, cfg.routine.rope_bases)})
+    head_dim = int(pe.get("head_dim") or spec.model.d_model // spec.model.n_heads)
+    bases = sorted({float(pe["base"]), *map(float, spec.routine.rope_bases)})
     return [*rope_relative_rows(make, head_dim, bases, component),
-            pairing_mismatch_row(make, head_dim, float(cfg.pe.base), component)]
+            pairing_mismatch_row(make, head_dim, float(pe["base"]), component)]
 
 
-def rotary_relative_check(cfg: DictConfig, n_positions: int = 16) -> CheckRow | None:
+def rotary_relative_check(spec: RunSpec, n_positions: int = 16) -> CheckRow | None:
     """Step 3's row: for a rotary PE, ``q_m . k_n`` must equal ``q_{m+1} . k_{n+1}`` at every
     position pair below ``n_positions - 1`` (None for other kinds of PE)."""
     clock = Stopwatch()
-    pe = instantiate_component(cfg, "pe")
+    pe = spec.model.pe.build()
     if getattr(pe, "kind", None) != "rotary":
         return None
-    head_dim = cfg.model.d_model // cfg.model.n_heads
+    head_dim = spec.model.d_model // spec.model.n_heads
     pairs = [(m, n) for m in range(n_positions - 1) for n in range(n_positions - 1)]
     violation = rope_relative_violation(pe, head_dim, pairs, shifts=(0, 1), n_vectors=1)
     ok = violation.value <= ROPE_TOLERANCE
@@ -163,12 +163,12 @@ def sinusoidal_shift_row(table: Callable[[torch.Tensor], torch.Tensor],
                   "positions 0..max(255, 4d-1), residual on the other half (k = 1, 3, 10)")
 
 
-def sinusoidal_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+def sinusoidal_checks(spec: RunSpec, model: TransformerModel, tokens: torch.Tensor,
                       component: str) -> list[ComponentCheck]:
-    spec = OmegaConf.to_container(cfg.pe, resolve=True)
-    if "max_len" in spec:  # a learned table of enough positions
-        spec["max_len"] = max(int(spec["max_len"]), 4 * int(cfg.model.d_model) + 512)
-    pe = instantiate_component(spec, "pe")
+    node = dict(spec.model.pe)
+    if "max_len" in node:  # a learned table of enough positions
+        node["max_len"] = max(int(node["max_len"]), 4 * spec.model.d_model + 512)
+    pe = instantiate_component(node, "pe")
     # a learned table (sinusoidal_learned) is checked as initialised, before any training
     suffix = " (at init)" if any(True for _ in pe.parameters()) else ""
     with torch.no_grad():
@@ -204,27 +204,26 @@ def swap_row(model: TransformerModel, tokens: torch.Tensor, component: str,
                   detail + " (a PE: attention is not just permuted)", holds=False)
 
 
-def equivariance_checks(cfg: DictConfig, model: TransformerModel, tokens: torch.Tensor,
+def equivariance_checks(spec: RunSpec, model: TransformerModel, tokens: torch.Tensor,
                         component: str) -> list[ComponentCheck]:
     nope = model.pe_kind == "none"
     return [equivariance_row(model, tokens, component, expect_equivariant=nope),
             swap_row(model, tokens, component, expect_permuted=nope)]
 
 
-def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> ComponentCheck:
+def trained_swap_row(spec: RunSpec, tokens: torch.Tensor, component: str) -> ComponentCheck:
     """``--trained``: train on the run's task (reversal) for ``routine.train_steps`` steps, then
     the swap test."""
     from transformer_lab.config.instantiate import build_task
-    from transformer_lab.routines.variants import train_settings
     from transformer_lab.training.trainer import Trainer
 
-    model = build_for_check(cfg).train()
-    trainer = Trainer(model, build_task(cfg), train_settings(cfg), int(cfg.seed))
-    with console.status(f"{component}: training on {cfg.task.get('name')}"):
-        result = trainer.fit(int(cfg.routine.train_steps), target_exact_match=SOLVED)
+    model = build_for_check(spec).train()
+    trainer = Trainer(model, build_task(spec), spec.train, spec.seed)
+    with console.status(f"{component}: training on {spec.task.name}"):
+        result = trainer.fit(int(spec.routine.train_steps), target_exact_match=SOLVED)
     row = swap_row(model, tokens, f"{component} (trained)", expect_permuted=model.pe_kind == "none")
     match = result.best_exact_match
-    row.detail += (f"; trained {result.steps} steps on {cfg.task.get('name')}: final loss "
+    row.detail += (f"; trained {result.steps} steps on {spec.task.name}: final loss "
                    f"{result.final_loss:.3f}, held-out exact match "
                    f"{'n/a' if match is None else f'{match:.3f}'}")
     return row
@@ -232,7 +231,7 @@ def trained_swap_row(cfg: DictConfig, tokens: torch.Tensor, component: str) -> C
 
 # which checks a PE gets
 
-Check = Callable[[DictConfig, TransformerModel, torch.Tensor, str], list[ComponentCheck]]
+Check = Callable[[RunSpec, TransformerModel, torch.Tensor, str], list[ComponentCheck]]
 # The property checks by name. A PE class lists the names that apply to it in its
 # ``property_checks`` (a tuple, or a classmethod of its config arguments returning one).
 PROPERTY_CHECKS: dict[str, Check] = {
@@ -243,17 +242,18 @@ PROPERTY_CHECKS: dict[str, Check] = {
 }
 
 
-def pe_config(cfg: DictConfig, name: str) -> DictConfig:
-    """``cfg`` with ``pe=name`` (the run's own pe node, overrides included, when it is that)."""
-    return cfg if cfg.pe.get("name") == name else with_choice(cfg, "pe", name)
+def pe_spec(spec: RunSpec, name: str) -> RunSpec:
+    """``spec`` with ``pe=name`` (the run's own pe node, overrides included, when it is that)."""
+    return spec if spec.model.pe.name == name else with_choice(spec, "pe", name)
 
 
-def checks_of(cfg: DictConfig, name: str) -> tuple[str, ...]:
+
+def checks_of(spec: RunSpec, name: str) -> tuple[str, ...]:
     """The ``property_checks`` the class of ``pe=name`` declares (() for none, or for a choice
     that does not exist); ConfigError for a name ``PROPERTY_CHECKS`` does not have."""
-    if cfg.pe.get("name") != name and name not in group_choices("pe", user_config_dirs(cfg)):
+    if spec.model.pe.name != name and name not in choices(spec, "pe"):
         return ()
-    names = declared(pe_config(cfg, name).pe, "property_checks")
+    names = declared(pe_spec(spec, name).model.pe, "property_checks")
     names = (names,) if isinstance(names, str) else names
     if not isinstance(names, tuple | list):
         return ()
@@ -264,24 +264,25 @@ def checks_of(cfg: DictConfig, name: str) -> tuple[str, ...]:
     return tuple(names)
 
 
-def pes_with_checks(cfg: DictConfig) -> list[str]:
+def pes_with_checks(spec: RunSpec) -> list[str]:
     """Every choice of the ``pe`` group whose class declares checks, in name order."""
-    return [name for name in group_choices("pe", user_config_dirs(cfg)) if checks_of(cfg, name)]
+    return [name for name in choices(spec, "pe") if checks_of(spec, name)]
 
 
-def pes_to_check(cfg: DictConfig) -> list[str]:
+def pes_to_check(spec: RunSpec) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
-    choice = str(cfg.routine.pe)
-    if option := pretrained_option(cfg):  # --from-hf, --from-run: the checkpoint's own PE only
-        if choice not in ("all", cfg.pe.get("name")):
+    choice, own = str(spec.routine.pe), spec.model.pe.name
+    # --from-hf, --from-run: the checkpoint's own PE only (from_hf, from_run: not in the spec yet)
+    if option := pretrained_option(spec):
+        if choice not in ("all", own):
             raise ConfigError(f"--pe {choice}: {option} checks the checkpoint's own PE "
-                              f"({cfg.pe.get('name')}); drop --pe")
-        choice = str(cfg.pe.get("name"))
+                              f"({own}); drop --pe")
+        choice = str(own)
     if choice == "all":
-        return pes_with_checks(cfg)
-    if not checks_of(cfg, choice):
+        return pes_with_checks(spec)
+    if not checks_of(spec, choice):
         raise ConfigError(f"--pe {choice} has no checks; pes with checks: "
-                          f"{', '.join(pes_with_checks(cfg))}")
+                          f"{', '.join(pes_with_checks(spec))}")
     return [choice]
 
 
@@ -292,28 +293,28 @@ SETTINGS = {"pe": Rule("str"), "seq_len": POSITIVE_INT, "rope_bases": Rule("list
             "trained": Rule("bool"), "train_steps": POSITIVE_INT}
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight (``routines.check_routine``): an encoder, and a PE that has checks."""
-    if cfg.arch.causal:
+    if spec.model.causal:
         raise ConfigError("tlab check needs arch=encoder: a causal mask breaks permutation "
                           "equivariance by design")
-    pes_to_check(cfg)
+    pes_to_check(spec)
 
 
-def run_check(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_check(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
     rows: list[ComponentCheck] = []
     log = run.log("checks", CHECK_TABLE_COLUMNS)
-    for name in pes_to_check(cfg):
-        pe_cfg = pe_config(cfg, name)
-        model = build_for_check(pe_cfg)
-        tokens = check_tokens(pe_cfg, int(cfg.routine.seq_len))
-        checks = [PROPERTY_CHECKS[check] for check in checks_of(pe_cfg, name)]
-        if cfg.routine.trained:
-            checks.append(lambda c, m, t, component: [trained_swap_row(c, t, component)])
+    for name in pes_to_check(spec):
+        with_pe = pe_spec(spec, name)
+        model = build_for_check(with_pe)
+        tokens = check_tokens(with_pe, int(spec.routine.seq_len))
+        checks = [PROPERTY_CHECKS[check] for check in checks_of(with_pe, name)]
+        if spec.routine.trained:
+            checks.append(lambda s, m, t, component: [trained_swap_row(s, t, component)])
         for check in checks:
             clock = time.perf_counter()
-            new = check(pe_cfg, model, tokens, f"pe={name}")
+            new = check(with_pe, model, tokens, f"pe={name}")
             for row in new:
                 row.wall_s = (time.perf_counter() - clock) / len(new)
                 log.write(asdict(row))

@@ -16,15 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.architecture import check_architecture
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
-from transformer_lab.config.schema import POSITIVE_INT, Rule, check_schema, number_rule
-from transformer_lab.config.tree import group_choices, user_config_dirs
+from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
+from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import choices, is_group, with_value
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.measures.statistics import (
@@ -44,24 +44,19 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, chosen_variant_loss
 from transformer_lab.routines.study import SeedRun, Study, run_study, study
 from transformer_lab.routines.train import mean_or_nan, perplexity
-from transformer_lab.routines.variants import (
-    is_group,
-    seed_sources,
-    train_settings,
-    with_value,
-)
 from transformer_lab.tasks import Task
 from transformer_lab.training.checkpoint import save_weights
 from transformer_lab.training.optimizers import check_optimizer
+from transformer_lab.training.schedules import schedule
 from transformer_lab.training.trainer import Trainer, count_parameters
 
 # --- the variation and its checks -----------------------------------------------------------------
 
-def variant_configs(cfg: DictConfig) -> list[tuple[str, DictConfig]]:
-    """(name, config) of every variant, in the order given."""
-    spec = study(cfg)
-    return [(name, with_value(cfg, spec.key, value))
-            for name, value in zip(spec.names, spec.values, strict=True)]
+def variant_specs(spec: RunSpec) -> list[tuple[str, RunSpec]]:
+    """(name, spec) of every variant, in the order given."""
+    vary = study(spec)
+    return [(name, with_value(spec, vary.key, value))
+            for name, value in zip(vary.names, vary.values, strict=True)]
 
 
 # The routine's own keys (``routines.check_settings``); ``loss_target`` null: the loss every
@@ -78,30 +73,31 @@ SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
 check_values = study  # before the task is built: the study (seeds, variants, baseline) holds
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight: a variation with values, and every variant's config passing the run's own
     checks."""
-    spec = study(cfg)
-    if not spec.values:  # (an empty routine.activations breaks its SETTINGS rule)
+    vary = study(spec)
+    if not vary.values:  # (an empty routine.activations breaks its SETTINGS rule)
         raise ConfigError("tlab compare needs --vary KEY=V1,V2,... (a config group or key and "
                           "its values), e.g. --vary pe=rope,alibi,t5 or --vary train.lr=1e-3,3e-3")
-    for name, value in zip(spec.names, spec.values, strict=True):
-        check_variant(cfg, spec, name, value)
+    for name, value in zip(vary.names, vary.values, strict=True):
+        check_variant(spec, vary, name, value)
 
 
-def check_variant(cfg: DictConfig, vary: Study, name: str, value: Any) -> None:
+def check_variant(spec: RunSpec, vary: Study, name: str, value: Any) -> None:
     """The pre-flight of one variant: ``ConfigError`` prefixed with ``KEY=VALUE``."""
     what = "activation" if vary.option == "--activations" else vary.key
     try:
-        if is_group(cfg, vary.key) and not isinstance(value, str):
+        if is_group(spec, vary.key) and not isinstance(value, str):
             raise ConfigError(f"a {vary.key} choice is a name; valid: "
-                              f"{', '.join(group_choices(vary.key, user_config_dirs(cfg)))}")
-        variant = with_value(cfg, vary.key, value)
-        check_schema(variant)
-        check_architecture(variant)
+                              f"{', '.join(choices(spec, vary.key))}")
+        variant = with_value(spec, vary.key, value)
+        schedule(variant.train.schedule)
+        check_architecture(variant.model)
         task = build_task(variant)
-        model = build_checked_model(variant, task.model_seq_len)
-        check_optimizer(train_settings(variant).optimizer, model)
+        model = build_checked_model(variant.with_vocab(task.vocab_size).model,
+                                    task.model_seq_len, variant.seed)
+        check_optimizer(variant.train.optimizer, model)
     except ConfigError as exc:
         message = str(exc)
         if message.startswith(f"unknown {vary.key} "):  # an unknown choice: say where it was
@@ -113,17 +109,18 @@ def check_variant(cfg: DictConfig, vary: Study, name: str, value: Any) -> None:
 
 # --- the training ---------------------------------------------------------------------------------
 
-def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, variant: str | None = None,
-               initial: dict[int, dict[str, torch.Tensor]] | None = None,
-               task: Task | None = None) -> tuple[SeedRun, nn.Module]:
-    """Train one variant of ``cfg`` (``variant``; default its ffn) with ``seed`` for
-    ``routine.steps`` on ``task`` (default: built from ``cfg``); the run and its model.
-    ``initial`` (seed -> parameter values) shares initial weights between variants."""
-    activation = str(cfg.ffn.get("name"))
+def train_seed(spec: RunSpec, task: Task, seed: int, log: CsvLog | None,
+               variant: str | None = None,
+               initial: dict[int, dict[str, torch.Tensor]] | None = None
+               ) -> tuple[SeedRun, nn.Module]:
+    """Train one variant (``spec``, with ``task``'s vocabulary; ``variant``: its name, default
+    its ffn) with ``seed`` for ``routine.steps``; the run and its model. ``initial`` (seed ->
+    parameter values) shares initial weights between variants."""
+    activation = str(spec.model.ffn.name)
     variant = variant or activation
-    task, settings = task or build_task(cfg), train_settings(cfg)
-    init_seed, data_seed = seed_sources(cfg, seed)
-    model = build_model(cfg, seed=init_seed)
+    settings = spec.train
+    init_seed, data_seed = spec.seed_sources(seed)
+    model = build_model(spec.model, seed=init_seed)
     if initial is not None:
         if seed in initial:
             start_from(model, initial[seed])
@@ -133,14 +130,15 @@ def train_seed(cfg: DictConfig, seed: int, log: CsvLog | None, variant: str | No
     logged: list[tuple[int, float]] = []  # (step, perf_counter) at each logged step
     trainer = Trainer(model, task, settings, data_seed,
                       TaggedLog(log, stage="compare", variant=variant, seed=seed))
-    result = trainer.fit(int(cfg.routine.steps), on_step=lambda step, loss:
+    result = trainer.fit(int(spec.routine.steps), on_step=lambda step, loss:
                          logged.append((step, time.perf_counter())))
     tokens_per_step = settings.batch_size * task.model_seq_len
     speeds = [tokens_per_step * (s1 - s0) / (t1 - t0)
               for (s0, t0), (s1, t1) in zip(logged, logged[1:], strict=False) if t1 > t0]
     if speeds:  # the median over log intervals
         result = replace(result, tokens_per_s=statistics.median(speeds))
-    tags = {"activation": activation, "gated_ffn": declared(cfg.ffn, "weight_matrices") == 3}
+    tags = {"activation": activation,
+            "gated_ffn": declared(spec.model.ffn, "weight_matrices") == 3}
     return SeedRun(variant, seed, result, count_parameters(model), tags,
                    [step for step, _ in logged], parts), model
 
@@ -173,42 +171,44 @@ def parameter_parts(model: nn.Module) -> dict[str, int]:
     return dict(parts)
 
 
-def train_variants(cfg: DictConfig, run: RunDirectory, keep_weights: bool = False
+def train_variants(spec: RunSpec, run: RunDirectory, keep_weights: bool = False
                    ) -> tuple[list[SeedRun], SequentialTest | None]:
     """Every variant's seeds trained (``study.run_study``), each appended to
     ``compare_runs.csv`` as it finishes and (``keep_weights``) its final weights kept in
     ``models/<variant>/seed<k>.safetensors``: the runs, and the test with ``auto[:MAX]``."""
-    spec, configs = study(cfg), dict(variant_configs(cfg))
-    task_of = cache(lambda name: build_task(configs[name]))
+    vary, specs = study(spec), dict(variant_specs(spec))
+
+    task_of = cache(lambda name: build_task(specs[name]))
     initial: dict[int, dict[str, torch.Tensor]] | None = \
-        {} if cfg.routine.get("shared_init", False) else None
-    runs_log, steps, trained = run.log("compare_runs", RUN_COLUMNS), int(cfg.routine.steps), []
+        {} if spec.routine.get("shared_init", False) else None
+    runs_log, steps, trained = run.log("compare_runs", RUN_COLUMNS), int(spec.routine.steps), []
 
     def train_one(name: str, seed: int) -> SeedRun:
-        variant, task = configs[name], task_of(name)
-        seed_run, model = train_seed(variant, seed, run.metrics, name, initial, task)
+        task = task_of(name)
+        variant = specs[name].with_vocab(task.vocab_size)
+        seed_run, model = train_seed(variant, task, seed, run.metrics, name, initial)
         if keep_weights:
             save_weights(model, weights_path(run.path, seed, name), variant, seed,
-                         index=len(trained), variant=name, varied=spec.key,
+                         index=len(trained), variant=name, varied=vary.key,
                          tokenizer=getattr(task, "tokenizer", None))
         trained.append(seed_run)
         runs_log.write(seed_row(seed_run))
         return seed_run
 
     def bar(name: str, seeds: list[int]) -> tuple[str, int]:
-        label = name if spec.key == "ffn" else f"{spec.key}={name}"
-        which = (f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}" if seeds[0] == cfg.seed
+        label = name if vary.key == "ffn" else f"{vary.key}={name}"
+        which = (f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}" if seeds[0] == spec.seed
                  else f"seed {seeds[0]}" if len(seeds) == 1 else f"seeds {seeds[0]}-{seeds[-1]}")
         return f"{label}, {which}: {steps} steps", steps * len(seeds)
 
-    return run_study(spec, train_one, run.metrics, bar)
+    return run_study(vary, train_one, run.metrics, bar)
 
 
-def write_comparison(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun],
+def write_comparison(spec: RunSpec, run: RunDirectory, runs: list[SeedRun],
                      test: SequentialTest | None) -> list[dict]:
     """The rows and verdicts of trained variants, written as ``comparison.csv``."""
-    spec = study(cfg)
-    rows = comparison_rows(runs, cfg.routine.get("loss_target"), spec.baseline, spec.key, test)
+    vary = study(spec)
+    rows = comparison_rows(runs, spec.routine.get("loss_target"), vary.baseline, vary.key, test)
     run.write_table("comparison", rows, COMPARISON_COLUMNS)
     return rows
 
@@ -451,16 +451,16 @@ def plot_loss_curves(runs: list[SeedRun], path: Path, title: str) -> Path:
     return save(figure, path)
 
 
-def run_compare(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_compare(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     """Train every variant, write the tables and plot, print the verdicts; PASS when every
     variant trained to a finite, falling loss."""
     clock = Stopwatch()
-    vary = study(cfg)
-    runs, test = train_variants(cfg, run, keep_weights=True)
-    rows = write_comparison(cfg, run, runs, test)
-    arch = "decoder" if cfg.arch.causal else "encoder"
+    vary = study(spec)
+    runs, test = train_variants(spec, run, keep_weights=True)
+    rows = write_comparison(spec, run, runs, test)
+    arch = "decoder" if spec.model.causal else "encoder"
     plot_loss_curves(runs, run.path / "loss_curves.png",
-                     f"{cfg.task.get('name')}, {arch}, {vary.key}: {cfg.routine.steps} steps")
+                     f"{spec.task.name}, {arch}, {vary.key}: {spec.routine.steps} steps")
     command = "compare-activations" if vary.option == "--activations" else \
         f"compare --vary {vary.key}"
     print_table(comparison_table(rows, f"tlab {command} - {run.path}"))

@@ -51,7 +51,7 @@ def export_run(path: Path, out_dir: Path, variant: str | None = None,
 
     hf_logging.disable_progress_bar()  # a one-file write needs no "Writing model shards" bar
     try:
-        route = export_model(trained.model, trained.cfg, staging)
+        route = export_model(trained.model, trained.spec.model, staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         check_new_directory(out_dir)  # still new: nobody wrote there meanwhile

@@ -15,13 +15,13 @@ from typing import Any
 
 import pandas as pd
 import torch
-from omegaconf import DictConfig, OmegaConf, open_dict
 from rich.table import Table
 
 from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.config.schema import COUNT, POSITIVE_INT, Rule, int_rule, number_rule
-from transformer_lab.config.tree import user_config_dirs
+from transformer_lab.config.spec import Component, RunSpec
+from transformer_lab.config.variants import as_list, merged, with_choice, with_value
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.measures.statistics import (
     VERDICT_COLUMNS,
@@ -35,7 +35,6 @@ from transformer_lab.results.progress import progress_bar
 from transformer_lab.results.run_directory import CsvLog, RunDirectory, TaggedLog
 from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.study import study
-from transformer_lab.routines.variants import as_list, load_choice, seed_sources, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.training.pretrained import load_pretrained, pretrained_option
 from transformer_lab.training.trainer import (
@@ -61,7 +60,7 @@ RATIO_SCALINGS = ("linear", "ntk", "yarn")
 _MULTIPLE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$")
 
 
-# the plan: what to train and evaluate, read and checked from ``cfg.routine``
+# the plan: what to train and evaluate, read and checked from ``spec.routine``
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,7 +128,7 @@ def parse_eval_length(entry: Any, train_len: int) -> int:
     return length
 
 
-def supports_scaling(pe_node: DictConfig) -> bool:
+def supports_scaling(pe_node: Mapping[str, Any]) -> bool:
     """A PE takes ``routine.scalings`` when its config has a ``scaling`` setting (RoPE)."""
     return "scaling" in pe_node
 
@@ -137,7 +136,7 @@ def supports_scaling(pe_node: DictConfig) -> bool:
 @dataclasses.dataclass(frozen=True)
 class Plan:
     pes: list[str]
-    pe_nodes: dict[str, DictConfig]  # pe name -> its config node (unresolved interpolations)
+    pe_specs: dict[str, RunSpec]  # pe name -> the run's spec with that PE
     train_len: int
     eval_lens: list[int]  # sorted, unique
     scalings: list[Scaling]
@@ -145,83 +144,73 @@ class Plan:
     finetune_steps: int
     finetune_lr: float
     max_len: int | None  # learned table size; None = training model length
+    pretrained: str | None  # --from-hf, --from-run: the checkpoint evaluated, not trained
 
     def scalings_for(self, pe: str) -> list[Scaling]:
         """The scalings a PE is evaluated with: all of them for RoPE, ``none`` otherwise."""
-        return self.scalings if supports_scaling(self.pe_nodes[pe]) else [Scaling("none")]
+        return self.scalings if supports_scaling(self.pe_specs[pe].model.pe) else [Scaling("none")]
 
 
-def make_plan(cfg: DictConfig) -> Plan:
-    """Read ``cfg.routine`` and check what ties its keys to each other and to the task."""
-    r = cfg.routine
-    if "seq_len" not in cfg.task:
-        raise ConfigError(f"task={cfg.task.get('name')} has no seq_len; extrapolate needs a task "
+def make_plan(spec: RunSpec) -> Plan:
+    """Read ``spec.routine`` and check what ties its keys to each other and to the task."""
+    r = spec.routine
+    if "seq_len" not in spec.task:
+        raise ConfigError(f"task={spec.task.name} has no seq_len; extrapolate needs a task "
                           "whose length can be set (reverse, copy, lm, text)")
-    pes = as_list(r.get("pes")) or [str(cfg.pe.get("name"))]
+    pes = as_list(r.get("pes")) or [str(spec.model.pe.name)]
     if len(set(pes)) != len(pes):
         raise ConfigError(f"routine.pes={pes} names a pe twice; list each once")
-    nodes = {}
-    for pe in pes:  # ``cfg.pe`` when it is that PE, else its choice file
+    specs = {}
+    for pe in pes:  # ``spec`` when it has that PE, else with its choice file
         try:
-            nodes[pe] = (cfg.pe if cfg.pe.get("name") == pe
-                         else load_choice("pe", pe, user_config_dirs(cfg)))
+            specs[pe] = spec if spec.model.pe.name == pe else with_choice(spec, "pe", pe)
         except ConfigError as exc:
             raise ConfigError(f"routine.pes: {exc}") from None
-    train_len = r.get("train_len") or cfg.task.seq_len
+    train_len = r.get("train_len") or spec.task["seq_len"]
     entries = as_list(r.get("eval_lens")) or ["1x"]
     eval_lens = sorted({parse_eval_length(e, train_len) for e in entries})
     scalings = [parse_scaling(s) for s in as_list(r.get("scalings"))] or [Scaling("none")]
     if len({s.label for s in scalings}) != len(scalings):
         raise ConfigError(f"routine.scalings={[s.label for s in scalings]} lists one twice")
     scaled = [s.label for s in scalings if s.name != "none"]
-    if scaled and not any(supports_scaling(node) for node in nodes.values()):
+    if scaled and not any(supports_scaling(s.model.pe) for s in specs.values()):
         raise ConfigError(f"routine.scalings={scaled} applies to RoPE only, and none of "
                           f"routine.pes={pes} is RoPE; add --pe rope or use --scaling none")
-    return Plan(pes, nodes, train_len, eval_lens, scalings, list(study(cfg).seeds),
-                r.get("finetune_steps", 0) or 0, float(r.get("finetune_lr") or cfg.train.lr),
-                r.get("max_len"))
+    return Plan(pes, specs, train_len, eval_lens, scalings, list(study(spec).seeds),
+                r.get("finetune_steps", 0) or 0, float(r.get("finetune_lr") or spec.train.lr),
+                r.get("max_len"), pretrained_option(spec))
 
 
-# configs, tasks and (scaled) models at each length
+# specs, tasks and (scaled) models at each length
 
 
-def config_for(cfg: DictConfig, node: DictConfig, seq_len: int, max_len: int | None) -> DictConfig:
-    """A copy of ``cfg`` with PE ``node``, ``task.seq_len`` and (when given) ``model.max_len``."""
-    out = copy.deepcopy(cfg)
-    with open_dict(out):
-        out.pe = copy.deepcopy(node)
-        out.task.seq_len = seq_len
-        if max_len is not None:
-            out.model.max_len = max_len
-    return out
-
-
-def task_at(cfg: DictConfig, seq_len: int, what: str) -> Task:
+def task_at(spec: RunSpec, seq_len: int, what: str) -> Task:
     """The task at ``seq_len`` (same ``data_seed``); ``ConfigError`` naming ``what`` if it
     cannot be made."""
     try:
-        return build_task(config_for(cfg, cfg.pe, seq_len, None))
+        return build_task(with_value(spec, "task.seq_len", seq_len))
     except ConfigError as exc:
         raise ConfigError(f"{what} ({seq_len} tokens) cannot be generated: {exc}") from None
 
 
-def tasks_by_length(cfg: DictConfig, plan: Plan) -> dict[int, Task]:
+def tasks_by_length(spec: RunSpec, plan: Plan) -> dict[int, Task]:
     """The training task and one task per evaluation length, all with the same ``data_seed``."""
-    tasks = {plan.train_len: task_at(cfg, plan.train_len, "the training length")}
+    tasks = {plan.train_len: task_at(spec, plan.train_len, "the training length")}
     for length in plan.eval_lens:
         if length not in tasks:
-            tasks[length] = task_at(cfg, length, f"evaluation length {length}")
+            tasks[length] = task_at(spec, length, f"evaluation length {length}")
     return tasks
 
 
-def training_config(cfg: DictConfig, plan: Plan, pe: str, train_task: Task) -> DictConfig:
-    """The config of ``pe``'s model at the training length; ``model.max_len`` is
+def training_spec(plan: Plan, pe: str, train_task: Task) -> RunSpec:
+    """The spec of ``pe``'s model at the training length; ``model.max_len`` is
     ``routine.max_len`` or the training model length (the checkpoint's with ``--from-hf`` or
     ``--from-run``)."""
-    max_len = None if pretrained_option(cfg) else plan.max_len or train_task.model_seq_len
-    cfg_pe = config_for(cfg, plan.pe_nodes[pe], plan.train_len, max_len)
-    cfg_pe.model.vocab_size = train_task.vocab_size
-    return cfg_pe
+    max_len = None if plan.pretrained else plan.max_len or train_task.model_seq_len
+    patch = {"task": {"seq_len": plan.train_len}}
+    if max_len is not None:
+        patch["model"] = {"max_len": max_len}
+    return merged(plan.pe_specs[pe], patch).with_vocab(train_task.vocab_size)
 
 
 def positions_reachable(model: TransformerModel, length: int) -> str | None:
@@ -235,60 +224,58 @@ def positions_reachable(model: TransformerModel, length: int) -> str | None:
     return None
 
 
-def scaled_model(model: TransformerModel, cfg_pe: DictConfig, settings: Mapping[str, Any]
+def scaled_model(model: TransformerModel, pe: Component, settings: Mapping[str, Any]
                  ) -> TransformerModel:
-    """``model`` with its RoPE rebuilt from ``cfg_pe.pe`` plus ``settings``, sharing the
+    """``model`` with its RoPE rebuilt from its node ``pe`` plus ``settings``, sharing the
     trained weights (``model`` itself when ``settings`` is empty)."""
     if not settings:
         return model
-    spec = {**OmegaConf.to_container(cfg_pe.pe, resolve=True), **settings}
     scaled = copy.copy(model)  # shallow: shares the trained weights
     scaled._modules = dict(model._modules)
-    scaled._modules["positional"] = instantiate_component(spec, "pe")
+    scaled._modules["positional"] = instantiate_component({**pe, **settings}, "pe")
     return scaled
 
 
 # the routine
 
 
-def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
+def workload(spec: RunSpec, task: Task, default: Workload) -> Workload:
     """Evaluated up to the longest of ``routine.eval_lens`` (a decoder sees source SEP target:
     its model length is a multiple of the task's)."""
-    base = int(cfg.routine.get("train_len") or cfg.task.seq_len)
-    longest = max((parse_eval_length(e, base) for e in cfg.routine.get("eval_lens") or []),
+    base = int(spec.routine.get("train_len") or spec.task["seq_len"])
+    longest = max((parse_eval_length(e, base) for e in spec.routine.get("eval_lens") or []),
                   default=base)
     factor = max(1, default.train_len // max(base, 1))
     return dataclasses.replace(default, eval_len=max(default.train_len, longest * factor))
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight: the plan parses, every evaluation length can be made, every PE builds."""
-    plan = make_plan(cfg)
-    train_task = tasks_by_length(cfg, plan)[plan.train_len]
-    option = pretrained_option(cfg)
-    if option and plan.pes != [cfg.pe.get("name")]:
-        raise ConfigError(f"--pe {','.join(plan.pes)}: {option} evaluates the checkpoint's own "
-                          f"PE ({cfg.pe.get('name')}); drop --pe")
+    plan = make_plan(spec)
+    train_task = tasks_by_length(spec, plan)[plan.train_len]
+    if plan.pretrained and plan.pes != [spec.model.pe.name]:
+        raise ConfigError(f"--pe {','.join(plan.pes)}: {plan.pretrained} evaluates the "
+                          f"checkpoint's own PE ({spec.model.pe.name}); drop --pe")
     for pe in plan.pes:
-        build_model(training_config(cfg, plan, pe, train_task))  # errors name the pe group
+        build_model(training_spec(plan, pe, train_task).model)  # errors name the pe group
 
 
-def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_extrapolate(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
-    plan = make_plan(cfg)
-    device = torch.device(cfg.train.device)
+    plan = make_plan(spec)
+    device = torch.device(spec.train.device)
     rows: list[dict[str, Any]] = []
     params: dict[str, int] = {}
     table = run.log("extrapolation", EXTRAPOLATION_COLUMNS)
-    tasks = tasks_by_length(cfg, plan)
+    tasks = tasks_by_length(spec, plan)
     scaled = [s.label for s in plan.scalings if s.name != "none"]
-    unscalable = [pe for pe in plan.pes if not supports_scaling(plan.pe_nodes[pe])]
+    unscalable = [pe for pe in plan.pes if not supports_scaling(plan.pe_specs[pe].model.pe)]
     if scaled and unscalable:
         print_warning(f"{', '.join(unscalable)}: no RoPE scaling, evaluated as trained only "
                       f"(not with {', '.join(scaled)})")
     for pe in plan.pes:
         for seed in plan.seeds:
-            new_rows, params[pe] = _study_one_model(cfg, plan, tasks, pe, seed, device, run,
+            new_rows, params[pe] = _study_one_model(spec, plan, tasks, pe, seed, device, run,
                                                     table)
             rows.extend(new_rows)
     rows = with_verdicts(rows)
@@ -308,7 +295,7 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
         summary={
             "pe": ",".join(plan.pes), "seq_len": plan.train_len,
             "params": max(params.values(), default=None),
-            "steps": 0 if pretrained_option(cfg) else int(cfg.train.steps),
+            "steps": 0 if plan.pretrained else spec.train.steps,
             "final_loss": sum(train_losses) / len(train_losses) if train_losses else None,
             "best_exact_match": max((row["exact_match"] for row in ok_rows
                                      if not math.isnan(row["exact_match"])), default=None),
@@ -318,25 +305,25 @@ def run_extrapolate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Ro
     )
 
 
-def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
+def _study_one_model(spec: RunSpec, plan: Plan, tasks: Mapping[int, Task], pe: str, seed: int,
                      device: torch.device, run: RunDirectory, table: CsvLog
                      ) -> tuple[list[dict[str, Any]], int]:
     """Train one model at ``plan.train_len``; evaluate it at every length and scaling, each
     row written to ``table`` as soon as it exists."""
-    node = plan.pe_nodes[pe]
+    node = plan.pe_specs[pe].model.pe
     train_task = tasks[plan.train_len]
-    cfg_pe = training_config(cfg, plan, pe, train_task)
-    init_seed, data_seed = seed_sources(cfg, seed)
-    model = build_model(cfg_pe, seed=init_seed)
-    steps = int(cfg.train.steps)
-    if pretrained_option(cfg):  # the checkpoint's weights, evaluated without training
-        load_pretrained(model, cfg_pe)
+    spec_pe = training_spec(plan, pe, train_task)
+    init_seed, data_seed = spec.seed_sources(seed)
+    model = build_model(spec_pe.model, seed=init_seed)
+    steps = spec.train.steps
+    if plan.pretrained:  # the checkpoint's weights, evaluated without training
+        load_pretrained(model, spec_pe)
         steps = 0
     model = model.to(device)
     base_row = {"pe": pe, "train_len": plan.train_len, "seed": seed, "train_steps": steps}
     log = TaggedLog(run.metrics, pe=pe, scaling="none", seed=seed, phase="train",
                     seq_len=plan.train_len)
-    diverged = _fit(model, train_task, train_settings(cfg), data_seed, log, steps,
+    diverged = _fit(model, train_task, spec.train, data_seed, log, steps,
                     f"extrapolate: training pe={pe} seed={seed} at length {plan.train_len}")
     if diverged is not None:
         rows = [{**base_row, "scaling": scaling.label, "eval_len": length, "finetune_steps": 0,
@@ -370,14 +357,13 @@ def _study_one_model(cfg: DictConfig, plan: Plan, tasks: Mapping[int, Task], pe:
                    "factor": settings.get("factor"),
                    "base": settings.get("base", node.get("base")) if supports_scaling(node)
                    else None}
-            scaled = scaled_model(model, cfg_pe, settings)
+            scaled = scaled_model(model, spec_pe.model.pe, settings)
             emit(row, scaled, finetune_steps=0)
             if plan.finetune_steps and length > plan.train_len:
                 tuned = copy.deepcopy(scaled)
                 reason = positions_reachable(tuned, eval_task.model_seq_len)
                 if reason is None:
-                    settings = dataclasses.replace(train_settings(cfg), lr=plan.finetune_lr,
-                                                   warmup=0)
+                    settings = dataclasses.replace(spec.train, lr=plan.finetune_lr, warmup=0)
                     log = TaggedLog(run.metrics, pe=pe, scaling=scaling.label, seed=seed,
                                     phase="finetune", seq_len=length)
                     diverged = _fit(tuned, eval_task, settings, data_seed, log,

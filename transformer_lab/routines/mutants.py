@@ -5,15 +5,16 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from omegaconf import DictConfig
 from rich.table import Table
 
 from transformer_lab.config.schema import Rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_config
 from transformer_lab.results.check_rows import CheckRow, Stopwatch
@@ -28,14 +29,15 @@ OUTCOMES = ("correct-passed", "correct-failed", "caught-expected", "caught-elsew
 
 @dataclass
 class Candidate:
-    """One component of the suite: its config and where it should be caught (``none``)."""
+    """One component of the suite: how to compose its config and where it should be caught
+    (``none``)."""
 
     name: str
     kind: str  # correct | broken
     group: str
     arch: str
     expected: str
-    cfg: Any
+    compose: Callable[[], Any]  # -> its composed config, read by ``preflight``
 
 
 @dataclass
@@ -82,22 +84,22 @@ def load_mutants(directory: Path) -> list[Mutant]:
     return found
 
 
-def suite(cfg: DictConfig) -> list[Candidate]:
+def suite(spec: RunSpec) -> list[Candidate]:
     """The mutants, then the built-in correct components; ``routine.only`` keeps those named."""
-    directory = cfg.routine.get("dir")
+    directory = spec.routine.get("dir")
     mutants = load_mutants(Path(directory).expanduser().resolve()) if directory else MUTANTS
-    extra = list(cfg.routine.get("overrides") or [])
+    extra = list(spec.routine.get("overrides") or [])
     candidates = [Candidate(m.name, "correct" if m.expected == "harmless" else "broken",
                             m.group, m.arch, "none" if m.expected == "harmless" else m.expected,
                             lambda m=m: mutant_config(m, extra, experiment="validate"))
                   for m in mutants]
-    if cfg.routine.get("negatives", True):
+    if spec.routine.get("negatives", True):
         from transformer_lab.config.compose import compose
 
         candidates += [Candidate(name, "correct", group, arch, "none",
                                  lambda o=overrides: compose(["experiment=validate", *o, *extra]))
                        for name, group, arch, overrides in built_in_negatives()]
-    only = cfg.routine.get("only")
+    only = spec.routine.get("only")
     if only:
         names = set(str(only).split(",")) if isinstance(only, str) else set(only)
         unknown = names - {c.name for c in candidates}
@@ -112,13 +114,17 @@ def first_failure(rows: list[CheckRow]) -> CheckRow | None:
     return next((row for row in rows if not row.passed), None)
 
 
-def preflight(cfg: DictConfig) -> None:
-    """The app's pre-flight of the components: each run against its protocol (``ConfigError``)."""
+def preflight(composed: Any) -> RunSpec:
+    """The app's pre-flight of the components of a composed config: each run against its
+    protocol (``ConfigError``); its spec, with the task's vocabulary."""
     from transformer_lab.config.instantiate import build_task
     from transformer_lab.model import build_checked_model
 
-    task = build_task(cfg)  # (also sets model.vocab_size)
-    build_checked_model(cfg, task.model_seq_len)
+    spec = RunSpec.of(composed)
+    task = build_task(spec)
+    spec = spec.with_vocab(task.vocab_size)
+    build_checked_model(spec.model, task.model_seq_len, spec.seed)
+    return spec
 
 
 def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
@@ -127,12 +133,11 @@ def examine(candidate: Candidate, run: RunDirectory, reversal: bool) -> Verdict:
     from transformer_lab.routines import check, validate
 
     clock = Stopwatch()
-    cfg = candidate.cfg()
     try:
-        preflight(cfg)
+        spec = preflight(candidate.compose())
     except ConfigError as exc:
         return Verdict(candidate, "preflight", str(exc).splitlines()[0], clock.lap())
-    configs = validate.step_configs(cfg)
+    configs = validate.step_configs(spec)
     # what validate's steps write to: metrics tagged with the candidate, no table of their own
     target = SimpleNamespace(metrics=TaggedLog(run.metrics, component=candidate.name),
                              path=run.path, write_table=lambda *args, **kwargs: None)
@@ -185,14 +190,14 @@ def mutation_table(verdicts: list[Verdict]) -> Table:
     return table
 
 
-def run_mutants(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_mutants(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
-    candidates = suite(cfg)
+    candidates = suite(spec)
     log = run.log("mutants", MUTANT_COLUMNS)
     verdicts = []
     for index, candidate in enumerate(candidates, 1):
         with console.status(f"[{index}/{len(candidates)}] {candidate.name}"):
-            verdict = examine(candidate, run, bool(cfg.routine.get("reversal", False)))
+            verdict = examine(candidate, run, bool(spec.routine.get("reversal", False)))
         log.write(verdict.as_row())
         verdicts.append(verdict)
     counts = confusion(verdicts)
@@ -215,6 +220,6 @@ SETTINGS = {"dir": Rule("str", nullable=True), "negatives": Rule("bool"),
             **validate.SETTINGS}  # the steps' settings, composed from experiment=validate
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """``routine.dir`` must hold mutants and ``routine.only`` name components of the suite."""
-    suite(cfg)
+    suite(spec)

@@ -11,8 +11,7 @@ from importlib import import_module
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig
-
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 
 UNSOLVED_PENALTY = 2.0  # x routine.max_steps: an unsolved reversal ranks after every solved one
@@ -22,7 +21,7 @@ UNSOLVED_PENALTY = 2.0  # x routine.max_steps: an unsolved reversal ranks after 
 class Objective:
     name: str
     direction: str  # "minimize" | "maximize"
-    value: Callable[[DictConfig, Path, Mapping[str, Any]], float]
+    value: Callable[[RunSpec, Path, Mapping[str, Any]], float]
 
 
 def _float(value: Any) -> float:
@@ -32,25 +31,25 @@ def _float(value: Any) -> float:
         return math.nan
 
 
-def final_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
+def final_loss(spec: RunSpec, run_dir: Path, summary: Mapping[str, Any]) -> float:
     """The run's held-out (smoke: training) loss at its last step."""
     return _float(summary.get("final_loss"))
 
 
-def steps_to_solve(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
+def steps_to_solve(spec: RunSpec, run_dir: Path, summary: Mapping[str, Any]) -> float:
     """Steps until held-out exact match reached the target; unsolved: a penalty."""
     solved = _float(summary.get("solved_step"))
-    return UNSOLVED_PENALTY * float(cfg.routine.max_steps) if math.isnan(solved) else solved
+    return UNSOLVED_PENALTY * float(spec.routine.max_steps) if math.isnan(solved) else solved
 
 
-def chosen_variant_loss(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> float:
-    """``final_loss`` in ``comparison.csv`` of the config's ``ffn`` (else the first row)."""
+def chosen_variant_loss(spec: RunSpec, run_dir: Path, summary: Mapping[str, Any]) -> float:
+    """``final_loss`` in ``comparison.csv`` of the run's ``ffn`` (else the first row)."""
     try:
         with (run_dir / "comparison.csv").open(newline="", encoding="utf-8") as f:
             rows = list(csv.DictReader(f))
     except OSError:
-        return final_loss(cfg, run_dir, summary)
-    chosen = str(cfg.ffn.get("name"))
+        return final_loss(spec, run_dir, summary)
+    chosen = str(spec.model.ffn.name)
     row = next((r for r in rows if r.get("activation") == chosen), rows[0] if rows else {})
     return _float(row.get("final_loss"))
 
@@ -75,9 +74,9 @@ def require_objective(routine: str) -> Objective:
     return objective
 
 
-def objective_value(cfg: DictConfig, run_dir: Path, summary: Mapping[str, Any]) -> dict | None:
+def objective_value(spec: RunSpec, run_dir: Path, summary: Mapping[str, Any]) -> dict | None:
     """``{"name", "direction", "value"}`` for ``run.json``, or None without an objective."""
-    objective = objective_for(str(cfg.routine.name))
+    objective = objective_for(spec.routine.name)
     return None if objective is None else {"name": objective.name,
                                            "direction": objective.direction,
-                                           "value": objective.value(cfg, run_dir, summary)}
+                                           "value": objective.value(spec, run_dir, summary)}

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.schema import COUNT, POSITIVE, Rule, int_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.results import plots
 from transformer_lab.results.console import console
@@ -21,11 +21,11 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.training.pretrained import pretrained_option
 
 
-def checked_dims(cfg: DictConfig, width: int, what: str) -> list[int]:
+def checked_dims(spec: RunSpec, width: int, what: str) -> list[int]:
     """``routine.dims`` if all are below ``width``; of a checkpoint's PE (whose width is not the
     default one) only those that are."""
-    dims = list(cfg.routine.dims)
-    if pretrained_option(cfg) and any(0 <= d < width for d in dims):
+    dims = list(spec.routine.dims)
+    if pretrained_option(spec) and any(0 <= d < width for d in dims):
         dims = [d for d in dims if 0 <= d < width]
     if bad := [d for d in dims if not 0 <= d < width]:
         raise ConfigError(f"routine.dims={bad} not valid for {what} {width}; use 0..{width - 1}")
@@ -39,11 +39,11 @@ def write_values(run: RunDirectory, positions: np.ndarray,
     run.write_table("pe_values", rows, ["position", *columns])
 
 
-def plot_additive(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
-    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+def plot_additive(spec: RunSpec, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(spec.routine.max_len), spec.model.pe.name
     with torch.no_grad():
         table = pe(torch.arange(length)).float().numpy()  # (L, D)
-    dims = checked_dims(cfg, table.shape[1], "d_model")
+    dims = checked_dims(spec, table.shape[1], "d_model")
     positions = np.arange(length)
     curves = {f"dim {d}": table[:, d] for d in dims}
     write_values(run, positions, curves)
@@ -64,17 +64,18 @@ def rope_scores(pe: torch.nn.Module, head_dim: int, length: int) -> np.ndarray:
     return ((q[..., :1, :] * k).sum(-1) / head_dim).flatten().numpy()  # (T,)
 
 
-def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
-    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+def plot_rotary(spec: RunSpec, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(spec.routine.max_len), spec.model.pe.name
     head_dim = int(pe.head_dim)
     cos = pe.cos_sin(torch.arange(length))[0].numpy()  # (L, rot/2)
-    dims = checked_dims(cfg, head_dim, "head_dim")
+    dims = checked_dims(spec, head_dim, "head_dim")
     positions = np.arange(length)
     curves = {f"dim {d} (pair {d // 2})": cos[:, d // 2] for d in dims if d // 2 < cos.shape[1]}
-    scores = {f"base {float(cfg.pe.base):g} (configured)": rope_scores(pe, head_dim, length)}
-    for base in map(float, cfg.routine.rope_bases):
-        if base != float(cfg.pe.base):
-            other = {**OmegaConf.to_container(cfg.pe, resolve=True), "base": base}
+    configured = float(spec.model.pe["base"])
+    scores = {f"base {configured:g} (configured)": rope_scores(pe, head_dim, length)}
+    for base in map(float, spec.routine.rope_bases):
+        if base != configured:
+            other = {**spec.model.pe, "base": base}
             scores[f"base {base:g}"] = rope_scores(instantiate_component(other, "pe"), head_dim,
                                                    length)
     write_values(run, positions, {**{f"cos {k}": v for k, v in curves.items()},
@@ -92,8 +93,8 @@ def plot_rotary(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list
     ]
 
 
-def plot_bias(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
-    length, name = int(cfg.routine.max_len), cfg.pe.get("name")
+def plot_bias(spec: RunSpec, pe: torch.nn.Module, run: RunDirectory) -> list[Path]:
+    length, name = int(spec.routine.max_len), spec.model.pe.name
     with torch.no_grad():
         bias = pe(length, length).float().numpy()  # (H, T, T)
     last = bias[:, -1, ::-1]  # (H, T): last query, keys at distance 0 .. T-1
@@ -113,7 +114,7 @@ def plot_bias(cfg: DictConfig, pe: torch.nn.Module, run: RunDirectory) -> list[P
     ]
 
 
-PLOTTERS: dict[str, Callable[[DictConfig, torch.nn.Module, RunDirectory], list[Path]]] = {
+PLOTTERS: dict[str, Callable[[RunSpec, torch.nn.Module, RunDirectory], list[Path]]] = {
     "additive": plot_additive, "rotary": plot_rotary, "bias": plot_bias}
 
 
@@ -122,25 +123,25 @@ SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1
             "rope_bases": Rule("list", item=POSITIVE)}
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight: a PE kind that has a plot, and dimensions that the PE has."""
-    pe = instantiate_component(cfg, "pe")
+    pe = spec.model.pe.build()
     kind = getattr(pe, "kind", None)
     if kind not in PLOTTERS:
-        raise ConfigError(f"pe={cfg.pe.get('name')} (kind {kind!r}) has nothing to plot; "
+        raise ConfigError(f"pe={spec.model.pe.name} (kind {kind!r}) has nothing to plot; "
                           f"plotted kinds: {', '.join(PLOTTERS)}")
     if kind == "additive":
-        checked_dims(cfg, int(cfg.model.d_model), "d_model")
+        checked_dims(spec, spec.model.d_model, "d_model")
     elif kind == "rotary":
-        checked_dims(cfg, int(pe.head_dim), "head_dim")
+        checked_dims(spec, int(pe.head_dim), "head_dim")
 
 
-def run_plot_pe(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_plot_pe(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     started = time.perf_counter()
-    torch.manual_seed(int(cfg.seed))
+    torch.manual_seed(spec.seed)
     # --from-hf, --from-run: the checkpoint's PE, its weights loaded into the model in pre-flight
-    pe = inputs.model.positional if pretrained_option(cfg) else instantiate_component(cfg, "pe")
-    files = PLOTTERS[pe.kind](cfg, pe, run)
+    pe = inputs.model.positional if pretrained_option(spec) else spec.model.pe.build()
+    files = PLOTTERS[pe.kind](spec, pe, run)
     for path in files:
         console.print(f"wrote {path}")
     return RoutineOutcome(passed=True, summary={"wall_s": time.perf_counter() - started})

@@ -3,15 +3,14 @@ control (why, and what ``reverse.csv`` holds: docs/routines.md)."""
 
 from __future__ import annotations
 
-import copy
 import statistics
 from collections.abc import Mapping
-
-from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE_INT, Rule, number_rule
+from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import with_choice, with_value
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.statistics import (
     VERDICT_COLUMNS,
@@ -33,11 +32,6 @@ from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.check import rotary_relative_check
 from transformer_lab.routines.objective import Objective, steps_to_solve
 from transformer_lab.routines.study import SeedRun, run_study, study
-from transformer_lab.routines.variants import (
-    seed_sources,
-    train_settings,
-    with_choice,
-)
 from transformer_lab.tasks.sequence import SequenceTransformTask
 from transformer_lab.training.trainer import Trainer, count_parameters
 
@@ -56,25 +50,25 @@ REVERSE_COLUMNS = ["role", "pe", "arch", "seed", "solved", "solved_step", "best_
 
 # --- what the PE is and what it should do --------------------------------------------------
 
-def arch_name(cfg: DictConfig) -> str:
-    return "decoder" if cfg.arch.causal else "encoder"
+def arch_name(spec: RunSpec) -> str:
+    return "decoder" if spec.model.causal else "encoder"
 
 
-def pe_label(cfg: DictConfig) -> str:
+def pe_label(spec: RunSpec) -> str:
     """The PE as a table shows it: its group name (a user's own class: the class name), or the
     class's ``variant_label`` (ALiBi in an encoder: ``alibi(abs|split)``)."""
-    target = str(cfg.pe.get("_target_", ""))
-    name = str(cfg.pe.get("name"))
+    pe = spec.model.pe
+    target, name = str(pe.get("_target_", "")), str(pe.name)
     if not target.startswith("transformer_lab."):
         name = target.rsplit(".", 1)[-1] or name
-    label = declared(cfg.pe, "variant_label", name=name, arch=arch_name(cfg))
+    label = declared(pe, "variant_label", name=name, arch=arch_name(spec))
     return label if isinstance(label, str) else name
 
 
-def expected_outcome(cfg: DictConfig) -> str:
+def expected_outcome(spec: RunSpec) -> str:
     """The PE class's ``expected_reversal`` in this arch (else ``UNKNOWN_EXPECTATION``)."""
-    arch = arch_name(cfg)
-    expected = declared(cfg.pe, "expected_reversal", arch=arch)
+    arch = arch_name(spec)
+    expected = declared(spec.model.pe, "expected_reversal", arch=arch)
     if isinstance(expected, Mapping):
         expected = expected.get(arch)
     return expected if isinstance(expected, str) else UNKNOWN_EXPECTATION
@@ -85,30 +79,31 @@ SETTINGS = {"target": number_rule(0, 1, open_low=True), "max_steps": POSITIVE_IN
             "seeds": POSITIVE_INT, "control": Rule("bool"), "declared_settings": Rule("bool")}
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight: the task must have an exact match to reach."""
     if not isinstance(inputs.task, SequenceTransformTask):
-        raise ConfigError(f"task={cfg.task.get('name')} has no exact match to reach; "
+        raise ConfigError(f"task={spec.task.name} has no exact match to reach; "
                           "reverse-task needs task=reverse (or task=copy)")
 
 
-def with_declared_settings(cfg: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with the ``reversal_settings`` its components' classes declare (unless
+def with_declared_settings(spec: RunSpec) -> tuple[RunSpec, str]:
+    """``spec`` with the ``reversal_settings`` its components' classes declare (unless
     ``routine.declared_settings=false``), and a note naming them ("" without)."""
     settings, owners = {}, []
     for group in DECLARING_GROUPS:
-        found = declared(cfg.get(group), "reversal_settings", arch=arch_name(cfg))
+        component = spec.model.component(group)
+        found = declared(component, "reversal_settings", arch=arch_name(spec))
         if isinstance(found, Mapping) and found:
             settings.update(found)
-            owners.append(f"{group}={cfg[group].get('name')}")
-    if not settings or not cfg.routine.get("declared_settings", True):
-        return cfg, ""
-    variant = copy.deepcopy(cfg)
+            owners.append(f"{group}={component.name}")
+    if not settings or not spec.routine.get("declared_settings", True):
+        return spec, ""
+    variant = spec
     for key, value in settings.items():
         if not (key.startswith("train.") or key == "routine.max_steps"):
             raise ConfigError(f"{', '.join(owners)} declares reversal setting {key}; only "
                               "train.* and routine.max_steps may be declared")
-        OmegaConf.update(variant, key, value, force_add=True)
+        variant = with_value(variant, key, value)
     named = ", ".join(f"{key}={value}" for key, value in settings.items())
     return variant, (f"with the settings {', '.join(owners)} declares for reversal: {named} "
                      "(routine.declared_settings=false: without)")
@@ -124,53 +119,53 @@ def exact_match(run: SeedRun) -> float:
     return run.result.best_exact_match or 0.0
 
 
-def train_reversal(cfg: DictConfig, role: str, seed: int, budget: int, log: CsvLog | None,
+def train_reversal(spec: RunSpec, role: str, seed: int, budget: int, log: CsvLog | None,
                    stage: str) -> SeedRun:
-    """``cfg`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
+    """``spec`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
     ``routine.max_steps``)."""
-    target, task = float(cfg.routine.target), build_task(cfg)  # (sets model.vocab_size)
-    init_seed, data_seed = seed_sources(cfg, seed)
-    model = build_model(cfg, seed=init_seed)
-    trainer = Trainer(model, task, train_settings(cfg), data_seed,
-                      TaggedLog(log, stage=stage, variant=pe_label(cfg), seed=seed))
-    result = trainer.fit(budget, target_exact_match=target, horizon=int(cfg.routine.max_steps))
-    tags = {"pe": pe_label(cfg), "arch": arch_name(cfg), "target": target,
-            "expected": expected_outcome(cfg)}
+    target, task = float(spec.routine.target), build_task(spec)
+    init_seed, data_seed = spec.seed_sources(seed)
+    model = build_model(spec.with_vocab(task.vocab_size).model, seed=init_seed)
+    trainer = Trainer(model, task, spec.train, data_seed,
+                      TaggedLog(log, stage=stage, variant=pe_label(spec), seed=seed))
+    result = trainer.fit(budget, target_exact_match=target, horizon=int(spec.routine.max_steps))
+    tags = {"pe": pe_label(spec), "arch": arch_name(spec), "target": target,
+            "expected": expected_outcome(spec)}
     return SeedRun(role, seed, result, count_parameters(model), tags)
 
 
-def reversal_runs(cfg: DictConfig, log: CsvLog | None = None
+def reversal_runs(spec: RunSpec, log: CsvLog | None = None
                   ) -> tuple[list[CheckRow], list[SeedRun]]:
     """Step 3: the rotary check, the chosen PE's training (every seed), then the NoPE controls,
     each for as many steps as the chosen PE took with its seed."""
-    cfg, note = with_declared_settings(cfg)
-    rows = [row for row in [rotary_relative_check(cfg)] if row is not None]
-    spec, arch = study(cfg), arch_name(cfg)
-    configs = {"chosen": cfg}
-    if cfg.routine.get("control", True) and pe_label(cfg) != NOPE:
-        configs["nope_control"] = with_choice(cfg, "pe", NOPE)
+    spec, note = with_declared_settings(spec)
+    rows = [row for row in [rotary_relative_check(spec)] if row is not None]
+    plan, arch = study(spec), arch_name(spec)
+    specs = {"chosen": spec}
+    if spec.routine.get("control", True) and pe_label(spec) != NOPE:
+        specs["nope_control"] = with_choice(spec, "pe", NOPE)
     chosen: dict[int, SeedRun] = {}
 
     def budget(role: str, seed: int) -> int:
         if role == "chosen":
-            return int(cfg.routine.max_steps)
+            return int(spec.routine.max_steps)
         return chosen[seed].result.solved_step or chosen[seed].result.steps
 
     def train_one(role: str, seed: int) -> SeedRun:
-        run = train_reversal(configs[role], role, seed, budget(role, seed), log, STAGE)
+        run = train_reversal(specs[role], role, seed, budget(role, seed), log, STAGE)
         if role == "chosen":
             chosen[seed] = run
         return run
 
     def bar(role: str, seeds: list[int]) -> tuple[str, int]:
         which = f"seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"seed {seeds[0]}"
-        title = f"reversal: pe={pe_label(cfg)}, arch={arch}, {which}" if role == "chosen" \
+        title = f"reversal: pe={pe_label(spec)}, arch={arch}, {which}" if role == "chosen" \
             else f"reversal: NoPE control, arch={arch}, {which}"
         return title, sum(budget(role, seed) for seed in seeds)
 
-    trained, _ = run_study(spec, train_one, log, bar, variants=list(configs))
+    trained, _ = run_study(plan, train_one, log, bar, variants=list(specs))
     controls = {run.seed: run for run in trained if run.variant == "nope_control"}
-    several, runs = len(spec.seeds) > 1, []
+    several, runs = len(plan.seeds) > 1, []
     for seed, run in chosen.items():
         rows.append(chosen_row(run, controls.get(seed), with_seed=several))
         rows[-1].detail += f"; {note}" if note else ""
@@ -263,9 +258,9 @@ def reversal_summary(runs: list[SeedRun]) -> dict:
             "tokens_per_s": statistics.fmean(run.result.tokens_per_s for run in chosen)}
 
 
-def run_reverse_task(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_reverse_task(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
-    rows, runs = reversal_runs(cfg, run.metrics)
+    rows, runs = reversal_runs(spec, run.metrics)
     table = reverse_rows(runs)
     run.write_table("reverse", table, REVERSE_COLUMNS)
     print_table(check_table(rows, f"tlab reverse-task - {run.path}"))

@@ -120,7 +120,7 @@ def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
         first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(";")[0]
         raise ConfigError(f"the model cannot continue the prompt ({ids.shape[1]} tokens) by "
                           f"--tokens {sampling.tokens} (model.max_len="
-                          f"{trained.cfg.model.max_len}, pe={trained.cfg.pe.get('name')}): "
+                          f"{trained.spec.model.max_len}, pe={trained.spec.model.pe.name}): "
                           f"{first}; give a shorter --prompt or fewer --tokens") from None
     return new.tolist()
 
@@ -131,7 +131,7 @@ def sample(path: Path, prompt: str | None, sampling: Sampling, variant: str | No
     its weights files) chosen by ``variant`` and ``model_seed``."""
     header, models = choose_model(path, variant, model_seed, option="tlab sample")
     trained = load_trained(header.path)
-    if not trained.cfg.arch.causal:  # an encoder's tokens see the later ones
+    if not trained.spec.model.causal:  # an encoder's tokens see the later ones
         raise ConfigError(f"{trained.header.path}: the model is an encoder (arch=encoder); its "
                           "tokens see the later ones, so it cannot continue a prompt: sample a "
                           "decoder's run (arch=decoder)")

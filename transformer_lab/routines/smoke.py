@@ -7,10 +7,10 @@ from contextlib import nullcontext
 from dataclasses import replace
 
 import torch
-from omegaconf import DictConfig
 
 from transformer_lab.config.instantiate import build_task
 from transformer_lab.config.schema import POSITIVE_INT, int_rule, number_rule
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.measures.gradient_flow import idle_parameters, task_gradient
 from transformer_lab.measures.model_properties import model_properties
 from transformer_lab.measures.parameters import parameter_breakdown
@@ -31,7 +31,6 @@ from transformer_lab.routines import JobInputs, RoutineOutcome, Workload
 from transformer_lab.routines.attribution import culprits
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.study import run_study, study
-from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Batch, Task
 from transformer_lab.training.trainer import Trainer, count_parameters, sequence_loss
 
@@ -58,40 +57,39 @@ def _property_row(result: PropertyResult, pe_kind: str) -> CheckRow:
                     detail=result.detail)
 
 
-def property_rows(cfg: DictConfig, model: TransformerModel) -> list[CheckRow]:
+def property_rows(spec: RunSpec, model: TransformerModel) -> list[CheckRow]:
     """Step 1's forward-pass properties (``measures.model_properties``), one row each; a
     failing row's detail ends with its culprit (``routines.attribution``)."""
     clock = Stopwatch()
     # how far positions are checked: routine.max_len, else pe.max_len, else None (the PE's own
     # max_len attribute, else 256)
-    given = cfg.routine.get("max_len") or ("pe" in cfg and cfg.pe.get("max_len"))
+    given = spec.routine.get("max_len") or spec.model.pe.get("max_len")
     max_len = int(given) if isinstance(given, int) and not isinstance(given, bool) else None
 
     def measure(built: TransformerModel) -> list[PropertyResult]:
-        return model_properties(built, cfg.model.vocab_size, max_len,
-                                str(cfg.train.get("precision", "fp32")))
+        return model_properties(built, spec.model.vocab_size, max_len, spec.train.precision)
 
     rows = [_property_row(r, model.pe_kind) for r in measure(model)]
     failing = {row.check for row in rows if row.status == "FAIL"}
     if failing:
-        named = culprits(cfg, model, failing, measure)
+        named = culprits(spec, model, failing, measure)
         for row in rows:
             if named.get(row.check):
                 row.detail = f"{row.detail}; {named[row.check]}"
     return share_wall(rows, clock.lap())
 
 
-def forward_backward_check(cfg: DictConfig, model: TransformerModel,
+def forward_backward_check(spec: RunSpec, model: TransformerModel,
                            batch: Batch) -> list[CheckRow]:
     """Step 1 checks on one batch, after the forward-pass properties (a failing dtype check
     stops here: the forward below would raise)."""
-    rows: list[CheckRow] = property_rows(cfg, model)
+    rows: list[CheckRow] = property_rows(spec, model)
     if any(r.status == "FAIL" for r in rows if r.check == "output_dtype"):
         return rows
     clock = Stopwatch()
     start = len(rows)
     logits = model(batch.inputs)
-    expected = (*batch.inputs.shape, cfg.model.vocab_size)
+    expected = (*batch.inputs.shape, spec.model.vocab_size)
     rows.append(CheckRow(1, "output_shape", status(tuple(logits.shape) == expected),
                          detail=f"{tuple(logits.shape)} (expected {expected})"))
     loss = sequence_loss(logits, batch.targets)
@@ -108,7 +106,7 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     rows.append(_property_row(task_gradient(model, [(batch.inputs, batch.targets)],
                                             sequence_loss), model.pe_kind))
     params = count_parameters(model)
-    formula = parameter_breakdown(cfg)["total"]
+    formula = parameter_breakdown(spec.model)["total"]
     rows.append(CheckRow(1, "param_count", "SKIP" if formula is None else status(formula == params),
                          "params", float(params), formula,
                          detail=f"no formula (a custom component declares no count): the model "
@@ -117,28 +115,28 @@ def forward_backward_check(cfg: DictConfig, model: TransformerModel,
     return rows[:start] + share_wall(rows[start:], clock.lap())
 
 
-def swamp_hint(cfg: DictConfig, ratio: float) -> str:
+def swamp_hint(spec: RunSpec, ratio: float) -> str:
     """What to change when the PE swamps the token embeddings (ratio at initialisation)."""
     remedy = ("lower model.pe_scale or raise model.init_std"
-              if str(cfg.model.get("embed_scale")) == "sqrt"
+              if str(spec.model.embed_scale) == "sqrt"
               else "set model.embed_scale=sqrt or lower model.pe_scale")
     return f"PE norm is {ratio:.1f}x the token-embedding norm at init (PE swamps the tokens): " \
         + remedy
 
 
-def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float,
+def diagnose(spec: RunSpec, model: TransformerModel, batch: Batch, drop: float,
              init_ratio: float | None = None) -> str:
     """The source article's suspects when the smoke loss does not fall (``init_ratio``: the
     PE-to-embedding norm ratio before training, the one the article's pitfall is about)."""
     hints = []
-    lr = float(cfg.train.lr)
+    lr = float(spec.train.lr)
     if drop < 0:
         hints.append(f"loss rose: train.lr={lr:g} may be too high")
     elif lr < 1e-3:
-        hints.append(f"train.lr={lr:g} may be too low for {cfg.routine.steps} steps")
+        hints.append(f"train.lr={lr:g} may be too low for {spec.routine.steps} steps")
     ratio = init_ratio if init_ratio is not None else pe_to_embedding_ratio(model, batch)
     if ratio is not None and ratio > PE_SWAMP_RATIO:
-        hints.append(swamp_hint(cfg, ratio))
+        hints.append(swamp_hint(spec, ratio))
     model.zero_grad(set_to_none=True)
     sequence_loss(model(batch.inputs), batch.targets).backward()
     dead = [n for n, p in model.named_parameters() if p.grad is not None and not p.grad.any()]
@@ -147,26 +145,26 @@ def diagnose(cfg: DictConfig, model: TransformerModel, batch: Batch, drop: float
     return "; ".join(hints) or "no obvious cause: check the component's forward pass"
 
 
-def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
+def smoke_training(spec: RunSpec, model: TransformerModel, task, metrics: CsvLog | TaggedLog,
                    batches: list[Batch]) -> tuple[list[CheckRow], dict[int, float]]:
     """Step 2: train each seed on its fixed batches (``model`` and ``batches``: the first
     seed's, whose ``parameters_move`` row is measured too) and check that the loss falls; the
     rows and seed -> loss after training."""
-    spec = study(cfg)
-    seeds, settings, steps = spec.seeds, train_settings(cfg), int(cfg.routine.steps)
-    several, min_drop = len(seeds) > 1, cfg.routine.min_drop
+    plan = study(spec)
+    seeds, steps = plan.seeds, int(spec.routine.steps)
+    several, min_drop = len(seeds) > 1, spec.routine.min_drop
     label = f"{len(seeds)} seeds x {steps} steps" if several else f"{steps} steps"
     afters, moved = {}, []
 
     def train_one(_: str, seed: int) -> CheckRow:
         seed_model, fixed, watch = model, batches, seed == seeds[0]
-        init_seed, data_seed = seed_sources(cfg, seed)
+        init_seed, data_seed = spec.seed_sources(seed)
         if not watch:  # one model in memory at a time (the pre-flight's estimate)
-            seed_model = build_model(cfg, seed=init_seed)
-            fixed = fixed_batches(cfg, task, data_seed)
+            seed_model = build_model(spec.model, seed=init_seed)
+            fixed = fixed_batches(spec, task, data_seed)
         clock = Stopwatch()
         log = TaggedLog(metrics, seed=seed) if several else metrics
-        trainer = Trainer(seed_model, task, settings, data_seed, log)
+        trainer = Trainer(seed_model, task, spec.train, data_seed, log)
         before = _fixed_loss(trainer, fixed)
         # at init: a few optimiser steps grow the embeddings (11x in 10 steps at lr 5e-2), so
         # the ratio after training hides a PE that swamped the tokens when training began
@@ -185,15 +183,15 @@ def smoke_training(cfg: DictConfig, model: TransformerModel, task, metrics: CsvL
         detail = (f"seed {seed}: loss {before:.4f} -> {after:.4f}" if several
                   else f"loss {before:.4f} -> {after:.4f} in {steps} steps")
         if not ok:
-            detail += f"; {diagnose(cfg, seed_model, fixed[0], drop, ratio)}"
+            detail += f"; {diagnose(spec, seed_model, fixed[0], drop, ratio)}"
         elif ratio is not None and ratio > PE_SWAMP_RATIO:
-            detail += f"; but {swamp_hint(cfg, ratio)}"
+            detail += f"; but {swamp_hint(spec, ratio)}"
         elif ratio is not None:
             detail += f"; PE/embedding norm ratio at init {ratio:.2g}"
         return CheckRow(2, f"smoke_loss_falls[seed={seed}]" if several else "smoke_loss_falls",
                         status(ok), "relative_drop", drop, min_drop, wall, detail)
 
-    rows, _ = run_study(spec, train_one, metrics, lambda *_: (f"smoke training: {label}",
+    rows, _ = run_study(plan, train_one, metrics, lambda *_: (f"smoke training: {label}",
                                                               steps * len(seeds)))
     return rows + moved, afters
 
@@ -221,9 +219,9 @@ SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSI
             "min_drop": number_rule(), "seeds": POSITIVE_INT, "max_len": int_rule(1, nullable=True)}
 
 
-def workload(cfg: DictConfig, task: Task, default: Workload) -> Workload:
+def workload(spec: RunSpec, task: Task, default: Workload) -> Workload:
     """One model at a time (seeds train one after another) at ``routine.batch_size``."""
-    return replace(default, batch=int(cfg.routine.batch_size))
+    return replace(default, batch=int(spec.routine.batch_size))
 
 
 def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
@@ -231,40 +229,42 @@ def _fixed_loss(trainer: Trainer, batches: list[Batch]) -> float:
     return sum(losses) / len(losses)
 
 
-def smoke_setup(cfg: DictConfig, inputs: JobInputs | None = None
+def smoke_setup(spec: RunSpec, inputs: JobInputs | None = None
                 ) -> tuple[Task, TransformerModel, list[Batch]]:
-    """The task, the model (initialised and batches drawn with ``seed_sources`` of ``cfg.seed``)
-    and the fixed batches of steps 1-2; ``inputs``: the task and model already built for ``cfg``
-    (by the pre-flight, with the same initialisation seed)."""
-    init_seed, data_seed = seed_sources(cfg, int(cfg.seed))
+    """The task, the model (initialised and batches drawn with ``seed_sources`` of ``spec.seed``)
+    and the fixed batches of steps 1-2; ``inputs``: the task and model already built for
+    ``spec`` (by the pre-flight, with the same initialisation seed)."""
+    init_seed, data_seed = spec.seed_sources(spec.seed)
     if inputs is None:
-        inputs = JobInputs(task=build_task(cfg), model=build_model(cfg, seed=init_seed))
-    return inputs.task, inputs.model, fixed_batches(cfg, inputs.task, data_seed)
+        task = build_task(spec)
+        model = build_model(spec.with_vocab(task.vocab_size).model, seed=init_seed)
+        inputs = JobInputs(spec=spec, task=task, model=model)
+    return inputs.task, inputs.model, fixed_batches(spec, inputs.task, data_seed)
 
 
-def fixed_batches(cfg: DictConfig, task: Task, data_seed: int) -> list[Batch]:
+def fixed_batches(spec: RunSpec, task: Task, data_seed: int) -> list[Batch]:
     """The ``routine.n_batches`` training batches a seed trains on in step 2."""
     generator = torch.Generator().manual_seed(data_seed)
-    return [task.train_batch(cfg.routine.batch_size, generator)
-            for _ in range(cfg.routine.n_batches)]
+    return [task.train_batch(spec.routine.batch_size, generator)
+            for _ in range(spec.routine.n_batches)]
 
 
-def run_smoke(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_smoke(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     clock = Stopwatch()
-    task, model, batches = smoke_setup(cfg, inputs)
-    rows = forward_backward_check(cfg, model, batches[0])
-    smoke_rows, losses = smoke_training(cfg, model, task, run.metrics, batches)
+    task, model, batches = smoke_setup(spec, inputs)
+    rows = forward_backward_check(spec, model, batches[0])
+    smoke_rows, losses = smoke_training(spec, model, task, run.metrics, batches)
     rows += smoke_rows
     run.write_table("smoke", [r.as_row() for r in rows], CHECK_COLUMNS)
     print_table(check_table(rows, f"tlab smoke - {run.path}"))
     failed = [r.check for r in rows if not r.passed]
     return RoutineOutcome(
         passed=not failed,
-        summary={"params": count_parameters(model), "steps": int(cfg.routine.steps),
+        summary={"params": count_parameters(model), "steps": int(spec.routine.steps),
                  "final_loss": sum(losses.values()) / len(losses), "wall_s": clock.lap()},
         message="" if not failed else f"failed: {', '.join(failed)}",
         result=check_counts([r.status for r in rows]),
-        seeds=[{"seed": seed, "steps": int(cfg.routine.steps), "final_loss": loss}
+        seeds=[{"seed": seed, "steps": int(spec.routine.steps), "final_loss": loss}
                for seed, loss in losses.items()],
     )
 

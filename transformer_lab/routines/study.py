@@ -1,5 +1,5 @@
 """A study: the variants of one run (``--vary``) times its seeds (``--seeds N|auto|auto:MAX``),
-tested against a baseline; its spec, parsed once from ``cfg.routine``."""
+tested against a baseline; its spec, parsed once from ``spec.routine``."""
 
 from __future__ import annotations
 
@@ -7,14 +7,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
+from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import as_list
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.group_sequential import GroupSequentialTest
 from transformer_lab.measures.sequential import SequentialTest
 from transformer_lab.results.console import console
 from transformer_lab.results.progress import progress_bar
-from transformer_lab.routines.variants import as_list
 from transformer_lab.training.trainer import TrainResult
 
 AUTO_GROUP = 2        # --seeds auto: seeds are trained (and the test updated) two at a time
@@ -55,35 +54,35 @@ class Study:
         return [value_name(value) for value in self.values]
 
 
-def study(cfg: DictConfig) -> Study:
-    """The study of ``cfg.routine``: ``vary`` (else ``activations`` as ``ffn``; no values
+def study(spec: RunSpec) -> Study:
+    """The study of ``spec.routine``: ``vary`` (else ``activations`` as ``ffn``; no values
     without either), ``seeds`` and ``baseline``, checked (``ConfigError``)."""
-    routine = cfg.routine
+    routine = spec.routine
     vary = routine.get("vary")
     if vary is not None and vary.get("key") is not None:
-        values = vary.get("values")  # (not vary.values: a DictConfig's method)
-        listed = OmegaConf.to_container(values, resolve=True) \
-            if isinstance(values, ListConfig) else []
-        key, option = str(vary.key), f"--vary {vary.key}"
+        values = vary.get("values")
+        listed = list(values) if isinstance(values, list) else []
+        key, option = str(vary["key"]), f"--vary {vary['key']}"
     elif "activations" in routine:
         key, listed, option = "ffn", as_list(routine.get("activations")), "--activations"
     else:
         key, listed, option = "", [], "--vary"
     count, design = seed_plan(routine.get("seeds", 1))
     baseline = routine.get("baseline")
-    spec = Study(key, tuple(listed), option, None if baseline is None else value_name(baseline),
-                 tuple(range(int(cfg.seed), int(cfg.seed) + count)), design)
-    names = spec.names
+    planned = Study(key, tuple(listed), option,
+                    None if baseline is None else value_name(baseline),
+                    tuple(range(spec.seed, spec.seed + count)), design)
+    names = planned.names
     if names and key.split(".")[0] in UNVARIED:
         raise ConfigError(f"{option} cannot vary: '{key}' is not a setting of the "
                           "model or its training (seeds: --seeds N)")
     if len(set(names)) != len(names):
         twice = next(name for name in names if names.count(name) > 1)
         raise ConfigError(f"{option} lists {twice} twice: {','.join(names)}")
-    if names and spec.baseline is not None and spec.baseline not in names:
-        raise ConfigError(f"--baseline {spec.baseline} is not among the compared values of "
+    if names and planned.baseline is not None and planned.baseline not in names:
+        raise ConfigError(f"--baseline {planned.baseline} is not among the compared values of "
                           f"{key}; valid: {', '.join(names)}")
-    return spec
+    return planned
 
 
 def seed_plan(value: Any) -> tuple[int, str | None]:

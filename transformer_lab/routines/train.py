@@ -11,11 +11,11 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 from rich.table import Table
 from torch import nn
 
 from transformer_lab.config.schema import POSITIVE_INT
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import Interrupted
 from transformer_lab.measures.parameters import training_flops_per_token
 from transformer_lab.model import build_model
@@ -31,7 +31,6 @@ from transformer_lab.results.run_directory import (
 from transformer_lab.routines import JobInputs, RoutineOutcome
 from transformer_lab.routines.objective import Objective, final_loss
 from transformer_lab.routines.study import SeedRun, run_study, study
-from transformer_lab.routines.variants import seed_sources, train_settings
 from transformer_lab.tasks import Task
 from transformer_lab.tasks.language import LanguageModelTask
 from transformer_lab.training.checkpoint import config_yaml, load_state, save_state, save_weights
@@ -100,11 +99,11 @@ def seed_numbers(run: SeedRun, language: bool) -> dict[str, Any]:
             "step_ms": r.step_ms, "steady_tokens_per_s": r.steady_tokens_per_s}
 
 
-def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
+def apart(spec: RunSpec, seed: int) -> dict[str, int]:
     """``seed_init`` and ``seed_data`` of a row when the run sets either apart, else nothing."""
-    if cfg.get("seed_init") is None and cfg.get("seed_data") is None:
+    if spec.seed_init is None and spec.seed_data is None:
         return {}
-    return dict(zip(("seed_init", "seed_data"), seed_sources(cfg, seed), strict=True))
+    return dict(zip(("seed_init", "seed_data"), spec.seed_sources(seed), strict=True))
 
 
 # --- the kept models and state ---------------------------------------------------------------
@@ -112,14 +111,15 @@ def apart(cfg: DictConfig, seed: int) -> dict[str, int]:
 class RunCheckpoints:
     """Each seed's final weights and the run's resumable state (``checkpoint.pt``)."""
 
-    def __init__(self, cfg: DictConfig, run: RunDirectory, task: Task, seeds: Sequence[int]
+    def __init__(self, spec: RunSpec, run: RunDirectory, task: Task, seeds: Sequence[int]
                  ) -> None:
-        self.cfg, self.run, self.task, self.seeds = cfg, run, task, list(seeds)
+        self.spec, self.run, self.task, self.seeds = spec, run, task, list(seeds)
         self.path = run.path / CHECKPOINT_FILE
-        self.enabled = bool(cfg.train.get("checkpoint", True))
-        self.periodic = self.enabled and int(cfg.train.get("checkpoint_every") or 0) > 0
+        # train.checkpoint: no TrainSettings field yet, read from the composed config
+        self.enabled = spec.train.checkpoint
+        self.periodic = self.enabled and spec.train.checkpoint_every > 0
         self.writes = world().leader  # under torchrun only rank 0 keeps files
-        self.config = config_yaml(cfg) if self.enabled else ""  # once (the YAML costs more
+        self.config = config_yaml(spec) if self.enabled else ""  # once (the YAML costs more
         # than torch.save of a small model)
 
     def resume_point(self, steps: int) -> tuple[dict[int, dict[str, Any]], dict[int, SeedRun]]:
@@ -148,21 +148,22 @@ class RunCheckpoints:
         if not self.writes:
             return
         path = weights_path(self.run.path, seed, several=len(self.seeds) > 1)
-        save_weights(model, path, self.cfg, seed, index=self.seeds.index(seed),
+        save_weights(model, path, self.spec, seed, index=self.seeds.index(seed),
                      tokenizer=getattr(self.task, "tokenizer", None))
 
 
 # --- one seed ------------------------------------------------------------------------------
 
-def train_seed(cfg: DictConfig, task: Task, seed: int, log: CsvLog | None,
+def train_seed(spec: RunSpec, task: Task, seed: int, log: CsvLog | None,
                checkpoint: Callable[[dict[str, Any]], None] | None = None,
                resume: Mapping[str, Any] | None = None) -> tuple[SeedRun, nn.Module]:
-    """Build the model of ``cfg`` with ``seed`` and train it for ``train.steps`` steps (from
-    ``resume``, a state ``checkpoint`` got); its numbers and its trained model."""
-    settings = train_settings(cfg)
-    init_seed, data_seed = seed_sources(cfg, seed)
-    model = build_model(cfg, seed=init_seed)
-    load_pretrained(model, cfg)  # from_run= / from_hf=: fine-tune from those weights
+    """Build the model of ``spec`` (with ``task``'s vocabulary) with ``seed`` and train it for
+    ``train.steps`` steps (from ``resume``, a state ``checkpoint`` got); its numbers and its
+    trained model."""
+    settings = spec.train
+    init_seed, data_seed = spec.seed_sources(seed)
+    model = build_model(spec.model, seed=init_seed)
+    load_pretrained(model, spec)  # from_run= / from_hf=: fine-tune from those weights
     held_out = HeldOutLog(TaggedLog(log, stage=STAGE, seed=seed), task)
     trainer = Trainer(model, task, settings, data_seed, held_out)
     result = None
@@ -227,13 +228,12 @@ def train_table(rows: list[dict[str, Any]], title: str, caption: str) -> Table:
     return table
 
 
-def describe_run(cfg: DictConfig, params: int) -> str:
+def describe_run(spec: RunSpec, params: int) -> str:
     """The configuration in one line: task, arch, components, optimiser, size."""
-    arch = "decoder" if cfg.arch.causal else "encoder"
-    optimizer = cfg.get("optimizer", {}).get("name", "adamw")
-    return (f"task={cfg.task.get('name')} {arch} pe={cfg.pe.get('name')} "
-            f"block={cfg.block.get('name')} norm_layer={cfg.norm_layer.get('name')} "
-            f"ffn={cfg.ffn.get('name')} optimizer={optimizer}: {params:,} parameters")
+    m = spec.model
+    return (f"task={spec.task.name} {'decoder' if m.causal else 'encoder'} pe={m.pe.name} "
+            f"block={m.block.name} norm_layer={m.norm_layer.name} ffn={m.ffn.name} "
+            f"optimizer={spec.train.optimizer.name}: {params:,} parameters")
 
 
 @dataclass
@@ -247,11 +247,11 @@ class Utilisation:
     source: str
 
     @classmethod
-    def of(cls, cfg: DictConfig, task: Task) -> Utilisation:
-        device = resolve_device(cfg.train.device)
-        peak, source = peak_flops(device, str(cfg.train.precision), torch.get_num_threads())
+    def of(cls, spec: RunSpec, task: Task) -> Utilisation:
+        device = resolve_device(spec.train.device)
+        peak, source = peak_flops(device, spec.train.precision, torch.get_num_threads())
         ranks = torch.distributed.get_world_size() if joined() else 1
-        flops = training_flops_per_token(cfg, task.model_seq_len)["total"]
+        flops = training_flops_per_token(spec.model, task.model_seq_len)["total"]
         return cls(device, ranks, flops, peak, source)
 
     def numbers(self, numbers: dict[str, Any]) -> dict[str, Any]:
@@ -282,13 +282,13 @@ def interrupted(stop: Interrupted, run: RunDirectory, seed: int, seeds: Sequence
                        f"continue with: tlab train --resume {run.path}", stop.signum, stop.step)
 
 
-def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_train(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     """Train every seed one after another (going on from a kept ``checkpoint.pt``), print the
     table; PASS when every held-out loss is finite."""
     clock = Stopwatch()
-    task, seeds, steps = inputs.task, list(study(cfg).seeds), int(cfg.train.steps)
+    task, seeds, steps = inputs.task, list(study(spec).seeds), spec.train.steps
     language = isinstance(task, LanguageModelTask)
-    kept = RunCheckpoints(cfg, run, task, seeds)
+    kept = RunCheckpoints(spec, run, task, seeds)
     states, latest = kept.resume_point(steps)  # seed -> state to go on from, seed -> last run
     if kept.periodic and not (states or latest):
         kept.save_progress([], None)  # resumable from the start
@@ -300,7 +300,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         done = [s for other, s in latest.items() if other != seed]
         try:
             trained, model = train_seed(
-                cfg, task, seed, run.metrics,
+                spec, task, seed, run.metrics,
                 checkpoint=lambda state: kept.save_progress(done, state),
                 resume=states.get(seed))
         except Interrupted as exc:
@@ -312,12 +312,12 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
         return trained
 
     with stop_between_steps():
-        run_study(replace(study(cfg), seeds=tuple(training)), train_one, run.metrics,
+        run_study(replace(study(spec), seeds=tuple(training)), train_one, run.metrics,
                   lambda *_: (f"train: {which}, {steps} steps", steps * len(training)))
     trained = [latest[seed] for seed in seeds]
     kept.save_progress(trained, None)  # the final state: --resume RUN train.steps=N goes on
-    utilisation = Utilisation.of(cfg, task)
-    per_seed = [{"seed": s.seed, **apart(cfg, s.seed),
+    utilisation = Utilisation.of(spec, task)
+    per_seed = [{"seed": s.seed, **apart(spec, s.seed),
                  **utilisation.numbers(seed_numbers(s, language))} for s in trained]
     summary = utilisation.numbers(run_summary(trained, language))
     summary.update(world_size=utilisation.ranks, device=str(utilisation.device),
@@ -325,7 +325,7 @@ def run_train(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineO
     run.info.update(device=str(utilisation.device), world_size=utilisation.ranks)
     rows = per_seed + ([{"seed": "mean", **summary}] if len(per_seed) > 1 else [])
     print_table(train_table(rows, f"tlab train - {run.path}",
-                            f"{describe_run(cfg, trained[0].params)}\n{utilisation.caption()}"))
+                            f"{describe_run(spec, trained[0].params)}\n{utilisation.caption()}"))
     finite = all(math.isfinite(s.result.final_loss) for s in trained)
     summary["wall_s"] = clock.lap()
     return RoutineOutcome(passed=finite, summary=summary, seeds=per_seed,

@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig
 
 from transformer_lab.config.schema import Rule
+from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import merged_block
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.processes import die_with_parent, flush_output, signal_name
 from transformer_lab.results.check_rows import (
@@ -40,7 +41,6 @@ from transformer_lab.routines.smoke import (
     smoke_training,
 )
 from transformer_lab.routines.study import SeedRun, study
-from transformer_lab.routines.variants import merged
 
 # What to look at when a step fails (the rows' details say more).
 STEP_HINTS = {
@@ -53,35 +53,36 @@ STEP_HINTS = {
 }
 
 
-def step_configs(cfg: DictConfig) -> dict[str, DictConfig]:
-    """The configs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
-    return configs_and_notes(cfg)[0]
+def step_configs(spec: RunSpec) -> dict[str, RunSpec]:
+    """The specs of steps 1-2 (``smoke``), 3 (``reverse_task``) and 4 (``compare``)."""
+    return configs_and_notes(spec)[0]
 
 
-def configs_and_notes(cfg: DictConfig) -> tuple[dict[str, DictConfig], dict[str, str]]:
+def configs_and_notes(spec: RunSpec) -> tuple[dict[str, RunSpec], dict[str, str]]:
     """:func:`step_configs` and, for steps 1-2 and 4, :func:`at_step_size`'s note."""
-    smoke_cfg, smoke_note = at_step_size(cfg, cfg.routine.smoke)
-    compare_cfg, compare_note = at_step_size(cfg, cfg.routine.compare)
-    return ({"smoke": smoke_cfg, "reverse_task": cfg, "compare": compare_cfg},
+    smoke_spec, smoke_note = at_step_size(spec, "smoke")
+    compare_spec, compare_note = at_step_size(spec, "compare")
+    return ({"smoke": smoke_spec, "reverse_task": spec, "compare": compare_spec},
             {"steps 1-2": smoke_note, "step 4": compare_note})
 
 
-def at_step_size(cfg: DictConfig, patch: DictConfig) -> tuple[DictConfig, str]:
-    """``cfg`` with a step's block merged over it; where the run's components cannot be built
-    at that size, the block without its ``model`` sizes and a note saying so ("" otherwise)."""
+def at_step_size(spec: RunSpec, step: str) -> tuple[RunSpec, str]:
+    """``spec`` with the block ``routine.<step>`` merged over it; where the run's components
+    cannot be built at that size, the block without its ``model`` sizes and a note saying so
+    ("" otherwise)."""
     from transformer_lab.config.architecture import check_architecture
     from transformer_lab.model import build_model
 
-    small = merged(cfg, patch)
+    small = merged_block(spec, f"routine.{step}")
     try:
-        check_architecture(small)
-        probe = merged(small, {"model": {"vocab_size": small.model.vocab_size or 2}})
+        check_architecture(small.model)
+        probe = small.with_vocab(small.model.vocab_size or 2)
         with torch.random.fork_rng(devices=[]):
-            build_model(probe)  # (the vocabulary, unknown before the task is built: any)
+            build_model(probe.model)  # (the vocabulary, unknown before the task is built: any)
         return small, ""
     except (ConfigError, ValueError) as exc:
-        own = merged(cfg, {key: value for key, value in patch.items() if key != "model"})
-        m = cfg.model
+        own = merged_block(spec, f"routine.{step}", without=("model",))
+        m = spec.model
         return own, (f"at the run's own size (d_model {m.d_model}, {m.n_heads} heads, "
                      f"{m.n_layers} layers): at d_model {small.model.d_model}, "
                      f"{small.model.n_heads} heads, {exc}")
@@ -94,57 +95,58 @@ SETTINGS = {"parallel": Rule("bool"), **reverse_task.SETTINGS,
             **{f"compare.routine.{key}": rule for key, rule in compare.SETTINGS.items()}}
 
 
-def check_config(cfg: DictConfig, inputs: JobInputs) -> None:
+def check_config(spec: RunSpec, inputs: JobInputs) -> None:
     """Pre-flight checks of steps 3 and 4 (what ties their settings to the task)."""
-    reverse_task.check_config(cfg, inputs)
+    reverse_task.check_config(spec, inputs)
     # (the compare patch leaves the task as it is)
-    compare.check_config(step_configs(cfg)["compare"], inputs)
+    compare.check_config(step_configs(spec)["compare"], inputs)
 
 
-def smoke_steps(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
-    """Steps 1 and 2 with the smoke routine's functions, on the merged smoke config."""
-    task, model, batches = smoke_setup(cfg)
-    rows = forward_backward_check(cfg, model, batches[0])
+def smoke_steps(spec: RunSpec, run: RunDirectory) -> list[CheckRow]:
+    """Steps 1 and 2 with the smoke routine's functions, on the merged smoke spec."""
+    task, model, batches = smoke_setup(spec)
+    spec = spec.with_vocab(task.vocab_size)
+    rows = forward_backward_check(spec, model, batches[0])
     if any(not row.passed for row in rows):
         return rows
     try:
         log = TaggedLog(run.metrics, stage="smoke", variant="")  # several seeds: each row's own
-        smoke_rows, _ = smoke_training(cfg, model, task, log, batches)
+        smoke_rows, _ = smoke_training(spec, model, task, log, batches)
     except Diverged as exc:
         smoke_rows = [CheckRow(2, "smoke_loss_falls", "FAIL", detail=f"diverged: {exc}")]
     return [*rows, *smoke_rows]
 
 
-def reversal_step(cfg: DictConfig, run: RunDirectory) -> tuple[list[CheckRow], dict]:
+def reversal_step(spec: RunSpec, run: RunDirectory) -> tuple[list[CheckRow], dict]:
     try:
-        rows, runs = reverse_task.reversal_runs(cfg, run.metrics)
+        rows, runs = reverse_task.reversal_runs(spec, run.metrics)
     except Diverged as exc:
         return [CheckRow(3, "reverse_exact_match", "FAIL", detail=f"diverged: {exc}")], {}
     run.write_table("reverse", reverse_rows(runs), REVERSE_COLUMNS)
     return rows, reversal_summary(runs)
 
 
-def comparison_step(cfg: DictConfig, run: RunDirectory) -> list[CheckRow]:
+def comparison_step(spec: RunSpec, run: RunDirectory) -> list[CheckRow]:
     """Step 4: compare's training, rows, verdicts (``routine.compare.routine.seeds=auto[:MAX]``:
     seeds until the sequential test decides, as ``tlab compare --seeds auto``) and plot."""
-    return comparison_rows(cfg, run, *train_comparison(cfg, run))
+    return comparison_rows(spec, run, *train_comparison(spec, run))
 
 
-def train_comparison(cfg: DictConfig, run: RunDirectory) -> tuple[list[SeedRun] | str, Any, float]:
+def train_comparison(spec: RunSpec, run: RunDirectory) -> tuple[list[SeedRun] | str, Any, float]:
     """Step 4's training and ``loss_curves.png`` (in the second process when it runs beside):
     its runs and sequential test, or the divergence's text; and its wall time."""
     clock = Stopwatch()
     try:
-        runs, test = compare.train_variants(cfg, run)
+        runs, test = compare.train_variants(spec, run)
     except Diverged as exc:
         return str(exc), None, clock.lap()
     compare.plot_loss_curves(runs, run.path / "loss_curves.png",
-                             f"tlab validate step 4: pe={reverse_task.pe_label(cfg)}, "
-                             f"{reverse_task.arch_name(cfg)}, {cfg.routine.steps} steps")
+                             f"tlab validate step 4: pe={reverse_task.pe_label(spec)}, "
+                             f"{reverse_task.arch_name(spec)}, {spec.routine.steps} steps")
     return runs, test, clock.lap()
 
 
-def comparison_rows(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun] | str, test: Any,
+def comparison_rows(spec: RunSpec, run: RunDirectory, runs: list[SeedRun] | str, test: Any,
                     wall_s: float) -> list[CheckRow]:
     """Step 4's rows and ``comparison.csv`` from its training; in this process, whose step 3
     has loaded what the verdicts need (in the second one it would lengthen step 4)."""
@@ -152,24 +154,24 @@ def comparison_rows(cfg: DictConfig, run: RunDirectory, runs: list[SeedRun] | st
     if isinstance(runs, str):
         rows = [CheckRow(4, "activations_train", "FAIL", detail=f"diverged: {runs}")]
     else:
-        rows = comparison_checks(compare.write_comparison(cfg, run, runs, test))
+        rows = comparison_checks(compare.write_comparison(spec, run, runs, test))
     return share_wall(rows, wall_s + clock.lap())
 
 
-def comparison_beside(cfg: DictConfig, configs: dict[str, DictConfig] | None = None) -> bool:
+def comparison_beside(spec: RunSpec, specs: dict[str, RunSpec] | None = None) -> bool:
     """Step 4 runs in a second process beside steps 1-3 (``routine.parallel``, default true)
     where that is safe and pays: Linux (``fork``), the CPU, one torch thread (``train.threads=1``,
     the default: a forked child hangs in OpenMP's thread pool once the parent has used it), two
     cores or more, and not a sweep job (its launcher shares the cores out)."""
-    if not cfg.routine.get("parallel", True) or not sys.platform.startswith("linux"):
+    if not spec.routine.get("parallel", True) or not sys.platform.startswith("linux"):
         return False
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     from transformer_lab.training.threads import available_cores
 
-    for config in (configs or step_configs(cfg)).values():
-        if not str(config.train.device).startswith("cpu") or config.train.get("threads") != 1:
+    for step in (specs or step_configs(spec)).values():
+        if not step.train.device.startswith("cpu") or step.train.threads != 1:
             return False
     in_multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     return not in_multirun and torch.get_num_threads() == 1 and available_cores() >= 2
@@ -268,34 +270,34 @@ def _run_step(step: Callable[[RunDirectory], Any], staged: StagedRun, results: A
     results.send((outcome, value, list(staged.held)))
 
 
-def collect_comparison(cfg: DictConfig, beside: StepBeside,
+def collect_comparison(spec: RunSpec, beside: StepBeside,
                        run: RunDirectory) -> list[CheckRow]:
     """Step 4's rows from the second process (its files and metrics rows moved into ``run``),
     with a progress bar while it finishes; a step that raised or died is a FAIL of step 4."""
-    spec, steps = study(cfg), int(cfg.routine.steps)
-    count, activations = len(spec.seeds), spec.names
+    plan, steps = study(spec), int(spec.routine.steps)
+    count, activations = len(plan.seeds), plan.names
     seeds = f"{count} seed{'s' if count > 1 else ''}"
     bar = progress_bar(run.metrics, f"step 4 in a second process: {', '.join(activations)}, "
-                       f"{'at most ' if spec.design else ''}{seeds}: {steps} steps",
+                       f"{'at most ' if plan.design else ''}{seeds}: {steps} steps",
                        total=steps * count * len(activations))
     try:
         trained = beside.collect(run, bar)
     except StepFailed as exc:
         return [CheckRow(4, "activations_train", "FAIL",
                          detail=f"step 4 did not finish: {exc}")]
-    return comparison_rows(cfg, run, *trained)
+    return comparison_rows(spec, run, *trained)
 
 
 def _record(log: CsvLog, rows: list[CheckRow], wall_s: float | None = None) -> None:
     log.write_all(row.as_row() for row in share_wall(rows, wall_s))
 
 
-def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
+def run_steps(specs: dict[str, RunSpec], run: RunDirectory,
               beside: StepBeside | None) -> tuple[list[CheckRow], dict]:
     """Steps 1-4 in order, each step's rows recorded in ``validation.csv`` as it ends; step 4
     from ``beside`` when it runs there. A failing step 1 skips the others."""
     clock, log = Stopwatch(), run.log("validation", CHECK_COLUMNS)
-    step_rows = smoke_steps(configs["smoke"], run)  # a progress bar while it trains
+    step_rows = smoke_steps(specs["smoke"], run)  # a progress bar while it trains
     _record(log, step_rows, clock.lap())
     rows, summary = list(step_rows), {}
     if any(not row.passed for row in step_rows if row.step == 1):
@@ -303,26 +305,26 @@ def run_steps(configs: dict[str, DictConfig], run: RunDirectory,
                  if not any(row.step == step for row in step_rows)]
         _record(log, later)
         return rows + later, summary
-    step_rows, summary = reversal_step(configs["reverse_task"], run)
+    step_rows, summary = reversal_step(specs["reverse_task"], run)
     _record(log, step_rows, clock.lap())
     rows += step_rows
-    step_rows = comparison_step(configs["compare"], run) if beside is None else \
-        collect_comparison(configs["compare"], beside, run)
+    step_rows = comparison_step(specs["compare"], run) if beside is None else \
+        collect_comparison(specs["compare"], beside, run)
     _record(log, step_rows)  # (its rows carry their own wall time)
     return rows + step_rows, summary
 
 
-def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
+def run_validate(spec: RunSpec, run: RunDirectory, inputs: JobInputs) -> RoutineOutcome:
     total = Stopwatch()
-    configs, notes = configs_and_notes(cfg)
+    specs, notes = configs_and_notes(spec)
     for steps, note in notes.items():
         if note:
             console.print(f"{steps} run {note}", markup=False)
     beside = None
-    if comparison_beside(cfg, configs):
-        beside = StepBeside(partial(train_comparison, configs["compare"]), run)
+    if comparison_beside(spec, specs):
+        beside = StepBeside(partial(train_comparison, specs["compare"]), run)
     try:
-        rows, summary = run_steps(configs, run, beside)
+        rows, summary = run_steps(specs, run, beside)
     finally:
         if beside is not None:
             beside.cancel()  # not collected (step 1 failed, Ctrl-C, an error): stop it
@@ -330,7 +332,7 @@ def run_validate(cfg: DictConfig, run: RunDirectory, inputs: JobInputs) -> Routi
     print_table(check_table(rows, f"tlab validate - {run.path}"))
     failed_steps = sorted({row.step for row in rows if not row.passed})
     for step in failed_steps:
-        if step == 3 and reverse_task.pe_label(cfg) == "none":
+        if step == 3 and reverse_task.pe_label(spec) == "none":
             console.print("[yellow]step 3 failed as expected[/]: pe=none is the control (an "
                           "encoder cannot reverse without a PE; a decoder may learn it from its "
                           "mask); run a PE to validate it")

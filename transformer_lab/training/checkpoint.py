@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
 from transformer_lab.config.registry import check_saved_config, user_components
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.data.tokenizer import (
     Tokenizer,
     atomic_write,
@@ -28,30 +29,29 @@ WEIGHTS_FORMAT = "1"  # the header's ``tlab_format``
 STATE_FORMAT = 1  # the resumable state's ``format``
 
 
-def config_yaml(cfg: DictConfig, seed: int | None = None) -> str:
-    """The resolved config (``hydra`` left out) as YAML; with ``seed``, that of a model trained with
-    that seed."""
-    kept = OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"])
-    container = OmegaConf.to_container(kept, resolve=True)
-    if seed is not None:
-        container["seed"] = int(seed)
-    return OmegaConf.to_yaml(OmegaConf.create(container))
+def config_yaml(spec: RunSpec, seed: int | None = None) -> str:
+    """The resolved config ``spec`` was read from (``hydra`` left out, the model's vocabulary the
+    spec's) as YAML; with ``seed``, that of a model trained with that seed."""
+    return OmegaConf.to_yaml(OmegaConf.create(spec.resolved(seed)))
 
 
-def save_weights(model: nn.Module, path: Path, cfg: DictConfig, seed: int, index: int = 0,
+def save_weights(model: nn.Module, path: Path, spec: RunSpec, seed: int, index: int = 0,
                  variant: str | None = None, varied: str | None = None,
                  tokenizer: Tokenizer | None = None) -> Path:
-    """Write ``model``'s whole ``state_dict`` (tied tensors once) with its header, atomically."""
+    """Write ``model``'s whole ``state_dict`` (tied tensors once) with its header (the config of
+    ``spec``), atomically."""
     from safetensors.torch import save_model
 
-    metadata = {"tlab_format": WEIGHTS_FORMAT, "config": config_yaml(cfg, seed),
+    config = spec.resolved(seed)
+    metadata = {"tlab_format": WEIGHTS_FORMAT,
+                "config": OmegaConf.to_yaml(OmegaConf.create(config)),
                 "seed": str(int(seed)), "index": str(int(index))}
     if variant is not None:
         metadata.update(variant=str(variant), varied=str(varied or ""))
-    if components := user_components(cfg):  # what --trust-code may import when it loads
+    if components := user_components(config):  # what --trust-code may import when it loads
         metadata["components"] = json.dumps(components)
-    if (spec := tokenizer_spec(tokenizer)) is not None:
-        metadata["tokenizer"] = spec
+    if (described := tokenizer_spec(tokenizer)) is not None:
+        metadata["tokenizer"] = described
     return atomic_write(path, lambda temporary: save_model(model, temporary, metadata,
                                                            force_contiguous=True))
 
@@ -61,7 +61,7 @@ class WeightsHeader:
     """What a weights file says about its model (``save_weights``)."""
 
     path: Path
-    cfg: DictConfig
+    spec: RunSpec  # the run's, with the model's vocabulary
     seed: int
     index: int
     variant: str | None
@@ -98,7 +98,12 @@ def read_header(path: Path) -> WeightsHeader:
     if not isinstance(cfg, DictConfig) or not isinstance(recorded, list):
         raise ConfigError(f"{path}: its header's config is not a tlab config")
     check_saved_config(cfg, f"{path} (its header's config)", [str(r) for r in recorded])
-    return WeightsHeader(path, cfg, seed, index, metadata.get("variant"),
+    try:
+        spec = RunSpec.of(cfg)
+    except (TypeError, AttributeError, KeyError) as exc:  # a key missing or misshapen
+        raise ConfigError(f"{path}: its header's config is not a tlab config "
+                          f"({type(exc).__name__})") from None
+    return WeightsHeader(path, spec, seed, index, metadata.get("variant"),
                          metadata.get("varied"), metadata.get("tokenizer"))
 
 
@@ -111,8 +116,8 @@ class TrainedModel:
     tokenizer: Tokenizer | None
 
     @property
-    def cfg(self) -> DictConfig:
-        return self.header.cfg
+    def spec(self) -> RunSpec:
+        return self.header.spec
 
 
 def load_trained(path: Path) -> TrainedModel:
@@ -122,7 +127,7 @@ def load_trained(path: Path) -> TrainedModel:
 
     header = read_header(path)
     with torch.random.fork_rng(devices=[]):  # the caller's random state is left as it was
-        model = build_model(header.cfg, seed=header.seed)
+        model = build_model(header.spec.model, seed=header.seed)
     try:
         load_model(model, str(path), strict=True, device="cpu")
     except RuntimeError as exc:

@@ -122,18 +122,6 @@ def follower_directory(resumed: Path | None) -> Iterator[Path]:
         yield path
 
 
-def follower_config(cfg: object) -> None:
-    """A rank > 0's config in place: no progress bars or trackers; its console prints only
-    errors."""
-    from omegaconf import open_dict, read_write
-
-    from transformer_lab.results.console import console
-
-    with read_write(cfg), open_dict(cfg):  # type: ignore[arg-type]
-        cfg.logger = {"name": "csv", "progress": False}  # type: ignore[attr-defined]
-    console.quiet = True
-
-
 def all_reduce_sum(value: torch.Tensor) -> torch.Tensor:
     """``value`` summed over the ranks (itself for one process)."""
     import torch.distributed as dist

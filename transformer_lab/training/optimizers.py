@@ -9,11 +9,10 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from transformer_lab.config.spec import OptimizerSettings
 from transformer_lab.errors import ConfigError
-from transformer_lab.training.settings import OptimizerSettings
 
 # Keys of an optimizer node that tlab reads itself (not constructor keywords).
-TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")
 # Constructor parameters tlab fills in itself.
 _FILLED_IN = ("self", "params", "lr")
 

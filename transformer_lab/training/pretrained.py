@@ -8,9 +8,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
 from torch import nn
 
+from transformer_lab.config.spec import ModelSpec, RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.results.tracking import flatten
 from transformer_lab.training.checkpoint import choose_model, read_header
@@ -22,24 +22,25 @@ CHOICE = re.compile(r"[\w-]+")  # a group choice read from a run: a file name, n
 KEY = re.compile(r"[A-Za-z_]\w*")  # a key read from a run, as an override names it
 
 
-def pretrained_option(cfg: DictConfig) -> str | None:
-    """``--from-hf`` or ``--from-run`` when ``cfg`` starts from weights (None otherwise)."""
-    return "--from-hf" if cfg.get("from_hf") else "--from-run" if cfg.get("from_run") else None
+def pretrained_option(spec: RunSpec) -> str | None:
+    """``--from-hf`` or ``--from-run`` when ``spec`` starts from weights (None otherwise)."""
+    return "--from-hf" if spec.from_hf else "--from-run" if spec.from_run else None
 
 
-def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
-    """Load the weights ``cfg`` names into ``model``: ``from_hf``'s, or ``from_run``'s tensors
+def load_pretrained(model: nn.Module, spec: RunSpec) -> None:
+    """Load the weights ``spec`` names into ``model``: ``from_hf``'s, or ``from_run``'s tensors
     (vocabulary cut to the task's; tied names filled), read as data. ``ConfigError`` if they do
     not fit, naming the first architecture key that differs from the run's."""
     from safetensors.torch import load_file
 
     from transformer_lab.interop.hf import load_fitted, load_hf_weights
 
-    if cfg.get("from_hf"):
-        load_hf_weights(model, cfg, str(cfg.from_hf))
-    if not cfg.get("from_run"):
+    from_hf, from_run = spec.from_hf, spec.from_run
+    if from_hf:
+        load_hf_weights(model, spec.model, from_hf)
+    if not from_run:
         return
-    path = Path(str(cfg.from_run))
+    path = Path(from_run)
     # its header was checked when from_run= was expanded (run_overrides); a job of a sweep may
     # run in another process, without --trust-code's context: only the tensors are read here
     try:
@@ -58,18 +59,24 @@ def load_pretrained(model: nn.Module, cfg: DictConfig) -> None:
         load_fitted(model, state, f"--from-run {path}")
     except ConfigError as exc:
         try:
-            differing = architecture_difference(cfg, read_header(path).cfg)
+            differing = architecture_difference(spec.model, read_header(path).spec.model)
         except ConfigError:  # a header this process may not read (see above)
             differing = ""
         raise ConfigError(f"{exc}{differing}") from None
 
 
-def architecture_difference(cfg: DictConfig, run_cfg: DictConfig) -> str:
+def architecture(model: ModelSpec) -> dict[str, dict[str, Any]]:
+    """``model`` and each of its architecture groups -> its keys, flattened (``model.d_model``,
+    ``pe.base``) -> value."""
+    return {group: flatten(model.settings() if group == "model" else dict(model.component(group)),
+                           group) for group in ("model", *ARCHITECTURE_GROUPS)}
+
+
+def architecture_difference(model: ModelSpec, run_model: ModelSpec) -> str:
     """``"; model.d_model is 64 here, 32 in the run"`` for the first architecture key that differs;
     ``""`` if none."""
-    for group in ("model", *ARCHITECTURE_GROUPS):
-        ours = flatten(OmegaConf.to_container(cfg[group], resolve=True), group)
-        theirs = flatten(OmegaConf.to_container(run_cfg[group], resolve=True), group)
+    for ours, theirs in zip(architecture(model).values(), architecture(run_model).values(),
+                            strict=True):
         for key in sorted(set(ours) | set(theirs)):
             if key not in NOT_COPIED and ours.get(key) != theirs.get(key):
                 return (f"; {key} is {ours.get(key, 'absent')} here, "
@@ -91,16 +98,15 @@ def run_weights_file(path: Path) -> Path:
 def run_overrides(path: Path) -> list[str]:
     """The overrides that build a weights file's architecture: ``arch`` and the component choices,
     then every key of ``model`` and those groups (``++``)."""
-    cfg = read_header(path).cfg  # checked: tlab's components only (or --trust-code's)
-    out = [f"arch={'decoder' if cfg.arch.causal else 'encoder'}"]
+    model = read_header(path).spec.model  # checked: tlab's components only (or --trust-code's)
+    out = [f"arch={'decoder' if model.causal else 'encoder'}"]
     for group in ARCHITECTURE_GROUPS:
-        choice = str(cfg[group].get("name"))
+        choice = str(model.component(group).name)
         if not CHOICE.fullmatch(choice):  # a file of a config tree's group folder, no path
             raise ConfigError(f"{path}: {group}.name={choice!r} names no choice of {group}")
         out.append(f"{group}={choice}")
-    for group in ("model", *ARCHITECTURE_GROUPS):
-        for key, value in flatten(OmegaConf.to_container(cfg[group], resolve=True),
-                                  group).items():
+    for settings in architecture(model).values():
+        for key, value in settings.items():
             if not all(KEY.fullmatch(part) for part in key.split(".")):
                 raise ConfigError(f"{path}: {key!r} is not a config key")
             if key not in NOT_COPIED:

@@ -7,8 +7,10 @@ import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # settings.py imports this module
-    from transformer_lab.training.settings import TrainSettings
+from transformer_lab.errors import ConfigError
+
+if TYPE_CHECKING:
+    from transformer_lab.config.spec import TrainSettings
 
 
 def constant(step: int, train: TrainSettings, total_steps: int) -> float:
@@ -35,3 +37,10 @@ SCHEDULES: dict[str, Callable[[int, TrainSettings, int], float]] = {
     "noam": noam,
     "warmup_cosine": warmup_cosine,
 }
+
+
+def schedule(name: str) -> Callable[[int, TrainSettings, int], float]:
+    """The schedule ``train.schedule`` names (``ConfigError`` naming the valid ones)."""
+    if name not in SCHEDULES:
+        raise ConfigError(f"train.schedule='{name}' is not known; valid: {', '.join(SCHEDULES)}")
+    return SCHEDULES[name]

@@ -18,13 +18,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from transformer_lab.config.spec import TrainSettings
 from transformer_lab.errors import ConfigError, Diverged, Interrupted
 from transformer_lab.results.run_directory import CsvLog
 from transformer_lab.tasks import IGNORE_INDEX, Batch, Task
 from transformer_lab.training import distributed
 from transformer_lab.training.optimizers import build_optimizers
-from transformer_lab.training.schedules import SCHEDULES
-from transformer_lab.training.settings import TrainSettings
+from transformer_lab.training.schedules import schedule
 
 
 def sequence_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -123,7 +123,7 @@ class Trainer:
                               f"the {self.ranks} processes; raise train.batch_size")
         self.parallel, self.runnable = runnable_model(model, self.device, settings.compile)
         self.generator = torch.Generator().manual_seed(int(seed))
-        self.schedule = SCHEDULES[settings.schedule]
+        self.schedule = schedule(settings.schedule)
         self._params = [p for p in model.parameters() if p.requires_grad]
         self._horizon = settings.steps  # the schedule's total steps; each fit sets it
         self.optimizers, self.lr_ratios = build_optimizers(

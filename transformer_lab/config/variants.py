@@ -1,5 +1,6 @@
-"""Variants of one run's config (another group choice or key value, a merged block), their
-typed training settings, seeds, and metrics rows tagged with the variant."""
+"""Variants of a run (another group choice or key value, a merged block), composed from the
+config its ``RunSpec`` was read from as Hydra composes a command line, and read back as a
+``RunSpec``."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ from typing import Any
 
 from omegaconf import DictConfig, ListConfig, OmegaConf, open_dict
 
+from transformer_lab.config.schema import check_schema
+from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.tree import (
     choice_file,
     choice_node,
@@ -17,38 +20,6 @@ from transformer_lab.config.tree import (
     user_config_dirs,
 )
 from transformer_lab.errors import ConfigError
-from transformer_lab.training.optimizers import TLAB_KEYS, OptimizerSettings
-from transformer_lab.training.trainer import TrainSettings
-
-
-def train_settings(cfg: DictConfig) -> TrainSettings:
-    """The typed training settings of ``cfg`` (without an ``optimizer`` node, as an older
-    run's: AdamW)."""
-    node = cfg.get("optimizer")
-    return TrainSettings.from_mapping(
-        OmegaConf.to_container(cfg.train, resolve=True), int(cfg.model.d_model),
-        None if node is None else optimizer_settings(OmegaConf.to_container(node, resolve=True)))
-
-
-def optimizer_settings(values: Mapping[str, Any]) -> OptimizerSettings:
-    """An ``optimizer`` node's values: tlab's keys (``TLAB_KEYS``) read, the others the
-    constructor's keywords (lists as tuples); ``rest`` in the same way."""
-    rest = values.get("rest")
-    return OptimizerSettings(
-        name=str(values.get("name", values.get("_target_"))), target=str(values.get("_target_")),
-        arguments={key: tuple(value) if isinstance(value, list) else value
-                   for key, value in values.items() if key not in TLAB_KEYS},
-        params=str(values.get("params", "all")), lr_ratio=float(values.get("lr_ratio", 1.0)),
-        rest=None if rest is None else optimizer_settings(rest))
-
-
-def seed_sources(cfg: DictConfig, seed: int) -> tuple[int, int]:
-    """(initialisation seed, data-order seed) of the run's seed ``seed``: both ``seed`` unless
-    ``seed_init`` / ``seed_data`` set one apart, which then moves by the same offset."""
-    offset = seed - int(cfg.seed)
-    init, data = cfg.get("seed_init"), cfg.get("seed_data")
-    return (seed if init is None else int(init) + offset,
-            seed if data is None else int(data) + offset)
 
 
 def as_list(value: Any) -> list[str]:
@@ -67,27 +38,67 @@ def load_choice(group: str, choice: str, user_dirs: Sequence[Path] = ()) -> Dict
     return node
 
 
-def with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
-    """A copy of ``cfg`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
+def with_choice(spec: RunSpec, group: str, choice: str) -> RunSpec:
+    """``spec`` with config group ``group`` set to ``choice`` (like ``group=choice``)."""
+    return _read(spec, _with_choice(spec.source, group, choice))
+
+
+def with_value(spec: RunSpec, key: str, value: Any) -> RunSpec:
+    """``spec`` as ``KEY=VALUE`` on its command line would make it: a group's choice (a
+    ``_global_`` one such as a preset) or an existing key's value."""
+    return _read(spec, _with_value(spec.source, key, value))
+
+
+def merged(spec: RunSpec, patch: Mapping[str, Any] | None) -> RunSpec:
+    """``spec`` with ``patch`` (nested keys) merged over its config (interpolations live);
+    ``patch["routine"]`` replaces the routine."""
+    return _read(spec, _merged(spec.source, patch))
+
+
+def merged_block(spec: RunSpec, key: str, without: Sequence[str] = ()) -> RunSpec:
+    """``spec`` with the block at ``key`` of its own config (e.g. validate's ``routine.smoke``)
+    merged over it, less its keys ``without``; the block as written, so that its interpolations
+    resolve at the merged values (smoke's ``lr`` per width)."""
+    block = OmegaConf.to_container(OmegaConf.select(spec.source, key))  # (unresolved)
+    return merged(spec, {k: v for k, v in block.items() if k not in without})
+
+
+def _read(spec: RunSpec, variant: DictConfig) -> RunSpec:
+    """The spec of ``variant``, a config composed from ``spec``'s, its keys checked as the
+    pre-flight's (``config.schema``): the vocabulary ``spec`` has from its task stays while the
+    variant's task is the same."""
+    check_schema(variant)
+    read = RunSpec.of(variant)
+    if read.model.vocab_size is None and spec.model.vocab_size is not None \
+            and dict(read.task) == dict(spec.task):
+        read = read.with_vocab(spec.model.vocab_size)
+    return read
+
+
+def choices(spec: RunSpec, group: str) -> list[str]:
+    """The choices of config group ``group`` for ``spec``'s run: tlab's and those in the user's
+    config trees (``--config-dir``)."""
+    return group_choices(group, user_config_dirs(spec.source))
+
+
+def is_group(spec: RunSpec, key: str) -> bool:
+    """True when ``key`` names a config group, not a key."""
+    return "." not in key and bool(group_choices(key, user_config_dirs(spec.source)))
+
+
+def _with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
     variant = copy.deepcopy(cfg)
     with open_dict(variant):
         variant[group] = load_choice(group, choice, user_config_dirs(cfg))
     return variant
 
 
-def is_group(cfg: DictConfig, key: str) -> bool:
-    """True when ``key`` names a config group, not a key."""
-    return "." not in key and bool(group_choices(key, user_config_dirs(cfg)))
-
-
-def with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
-    """A copy of ``cfg`` as ``KEY=VALUE`` on its command line would make it: a group's choice
-    (a ``_global_`` one such as a preset: ``with_global_choice``) or an existing key's value."""
-    if is_group(cfg, key):
+def _with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
+    if "." not in key and group_choices(key, user_config_dirs(cfg)):
         path = choice_file(key, str(value), user_config_dirs(cfg))
         if path is not None and _package(path) == "_global_":
-            return with_global_choice(cfg, key, str(value))
-        return with_choice(cfg, key, str(value))
+            return _with_global_choice(cfg, key, str(value))
+        return _with_choice(cfg, key, str(value))
     parent, _, leaf = key.rpartition(".")
     node = OmegaConf.select(cfg, parent) if parent else cfg
     if not isinstance(node, DictConfig) or leaf not in node:
@@ -110,7 +121,7 @@ def _package(path: Path) -> str | None:
     return None
 
 
-def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
+def _with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
     """``cfg`` with a ``_global_`` choice (a preset) applied as Hydra applies it after the
     experiment: its ``override /group: choice`` entries, then its keys."""
     node = load_choice(group, choice, user_config_dirs(cfg))
@@ -121,7 +132,7 @@ def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
             if not str(name).startswith("override /") or picked is None:
                 raise ConfigError(f"{group}={choice} cannot be varied: its defaults list has "
                                   f"'{name}' (only 'override /group: choice' entries)")
-            variant = with_choice(variant, str(name).removeprefix("override /"), str(picked))
+            variant = _with_choice(variant, str(name).removeprefix("override /"), str(picked))
     body = OmegaConf.masked_copy(node, [k for k in node if k != "defaults"])
     variant = copy.deepcopy(variant) if variant is cfg else variant
     with open_dict(variant):
@@ -129,9 +140,7 @@ def with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
     return variant
 
 
-def merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
-    """A copy of ``cfg`` with ``patch`` merged over it (interpolations live); ``patch.routine``
-    replaces the routine."""
+def _merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
     variant = copy.deepcopy(cfg)
     if patch is None:
         return variant
