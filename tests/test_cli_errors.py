@@ -91,3 +91,30 @@ def test_an_old_group_name_with_a_bad_choice_names_the_new_group(tlab, tmp_path)
     out = tmp_path / "run"
     assert_refused(tlab("experiment=smoke", "activation=mish", f"hydra.run.dir={out}"), out,
                    "unknown ffn 'mish'")
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["experiment=smoke", "train.steps=50"],
+         "train.steps=50 is not used by tlab smoke: its training length is routine.steps"),
+        (["experiment=reverse_task", "train.steps=50"],
+         "train.steps=50 is not used by tlab reverse-task: its training length is "
+         "routine.max_steps"),
+        (["experiment=budget", "train.steps=50"],
+         "train.steps=50 is not used by tlab budget: it trains no model"),
+        (["experiment=smoke", "train.checkpoint_every=5"],
+         "train.checkpoint_every=5 is not used by tlab smoke: only tlab train keeps checkpoints"),
+        (["experiment=compare_activations", "train.checkpoint=false"],
+         "train.checkpoint=false is not used by tlab compare-activations: only tlab train"),
+    ],
+)
+def test_a_key_the_command_would_not_read_is_refused(tlab, tmp_path, args, expected):
+    """Never silently ignored: the key the command reads instead is named."""
+    out = tmp_path / "run"
+    assert_refused(tlab(*args, f"hydra.run.dir={out}"), out, expected)
+
+
+def test_the_keys_a_command_reads_are_accepted(tlab, tmp_path):
+    code, _, err = tlab("experiment=smoke", "routine.steps=3", f"hydra.run.dir={tmp_path / 'r'}")
+    assert code != 2 and (tmp_path / "r" / "smoke.csv").exists(), err  # ran, not refused

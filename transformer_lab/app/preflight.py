@@ -4,7 +4,7 @@ model it builds are handed to the routine. Not the validation routine (``tlab va
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from transformer_lab.app.resources import check_resources
 from transformer_lab.config.architecture import check_architecture
@@ -13,7 +13,13 @@ from transformer_lab.config.schema import check_schema
 from transformer_lab.config.spec import RunSpec
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import build_checked_model
-from transformer_lab.routines import JobInputs, check_routine, check_settings, check_values
+from transformer_lab.routines import (
+    JobInputs,
+    check_routine,
+    check_settings,
+    check_unread,
+    check_values,
+)
 from transformer_lab.training.distributed import resolve_device
 from transformer_lab.training.optimizers import check_optimizer
 from transformer_lab.training.pretrained import load_pretrained
@@ -51,6 +57,7 @@ def check_unbuilt(cfg: DictConfig) -> RunSpec:
     spec = RunSpec.of(cfg)  # also the typed train.* settings' own checks
     schedule(spec.train.schedule)  # a known train.schedule
     check_values(spec)  # the routine's values a rule cannot say
+    check_unread(spec, OmegaConf.select(cfg, "hydra.overrides.task", default=None) or [])
     check_architecture(spec.model)  # heads / head size, parallel block, RoPE and MoE bounds
     resolve_device(spec.train.device)  # auto, cpu, cuda, cuda:K
     return spec

@@ -44,6 +44,7 @@ TORCH_DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.flo
 # The routine's own keys (``routines.check_settings``; --dtype's choices: ``budget_settings``).
 SETTINGS = {"vocab_size": POSITIVE_INT, "seq_len": POSITIVE_INT, "batch_size": POSITIVE_INT,
             "measure_batch": POSITIVE_INT, "measure": Rule("bool"), "dtype": Rule("str")}
+STEPS = None  # it trains no model (``routines.check_unread``)
 
 
 def budget_settings(r: RoutineSettings) -> tuple[int, int, int, str]:

@@ -291,6 +291,7 @@ def pes_to_check(spec: RunSpec) -> list[str]:
 # The routine's own keys (``routines.check_settings``; ``routine.pe``'s choices: ``pes_to_check``).
 SETTINGS = {"pe": Rule("str"), "seq_len": POSITIVE_INT, "rope_bases": Rule("list", item=POSITIVE),
             "trained": Rule("bool"), "train_steps": POSITIVE_INT}
+STEPS = "routine.train_steps (with --trained)"  # (``routines.check_unread``)
 
 
 def check_config(spec: RunSpec, inputs: JobInputs) -> None:

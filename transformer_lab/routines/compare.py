@@ -68,6 +68,7 @@ SETTINGS = {"activations": Rule("list", item=Rule("str"), min_items=1),
             "steps": POSITIVE_INT, "seeds": Rule("any"),  # N or auto[:MAX]: study
             "shared_init": Rule("bool"),
             "loss_target": number_rule(0, open_low=True, nullable=True)}
+STEPS = "routine.steps"  # its training length (``routines.check_unread``)
 
 
 check_values = study  # before the task is built: the study (seeds, variants, baseline) holds

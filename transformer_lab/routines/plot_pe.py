@@ -121,6 +121,7 @@ PLOTTERS: dict[str, Callable[[RunSpec, torch.nn.Module, RunDirectory], list[Path
 # The routine's own keys (``routines.check_settings``).
 SETTINGS = {"max_len": int_rule(2), "dims": Rule("list", item=COUNT, min_items=1),
             "rope_bases": Rule("list", item=POSITIVE)}
+STEPS = None  # it trains no model (``routines.check_unread``)
 
 
 def check_config(spec: RunSpec, inputs: JobInputs) -> None:

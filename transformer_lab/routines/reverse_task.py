@@ -77,6 +77,7 @@ def expected_outcome(spec: RunSpec) -> str:
 # The routine's own keys (``routines.check_settings``): ``target``, a held-out exact match.
 SETTINGS = {"target": number_rule(0, 1, open_low=True), "max_steps": POSITIVE_INT,
             "seeds": POSITIVE_INT, "control": Rule("bool"), "declared_settings": Rule("bool")}
+STEPS = "routine.max_steps"  # its training length (``routines.check_unread``)
 
 
 def check_config(spec: RunSpec, inputs: JobInputs) -> None:

@@ -217,6 +217,7 @@ def parameters_move(model: TransformerModel, initial: dict[str, torch.Tensor],
 # The routine's own keys (``routines.check_settings``).
 SETTINGS = {"steps": POSITIVE_INT, "n_batches": POSITIVE_INT, "batch_size": POSITIVE_INT,
             "min_drop": number_rule(), "seeds": POSITIVE_INT, "max_len": int_rule(1, nullable=True)}
+STEPS = "routine.steps"  # its training length (``routines.check_unread``)
 
 
 def workload(spec: RunSpec, task: Task, default: Workload) -> Workload:

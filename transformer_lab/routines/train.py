@@ -48,6 +48,7 @@ STAGE = "train"  # the ``stage`` of its rows in metrics.csv
 
 # The routine's own keys (``routines.check_settings``); its length is ``train.steps``.
 SETTINGS = {"seeds": POSITIVE_INT}
+KEEPS_CHECKPOINTS = True  # train.checkpoint, train.checkpoint_every (``check_unread``)
 
 
 # --- one seed ------------------------------------------------------------------------------

@@ -93,6 +93,8 @@ def at_step_size(spec: RunSpec, step: str) -> tuple[RunSpec, str]:
 SETTINGS = {"parallel": Rule("bool"), **reverse_task.SETTINGS,
             **{f"smoke.routine.{key}": rule for key, rule in smoke.SETTINGS.items()},
             **{f"compare.routine.{key}": rule for key, rule in compare.SETTINGS.items()}}
+STEPS = ("routine.smoke.routine.steps (steps 1-2), routine.max_steps (step 3) and "
+         "routine.compare.routine.steps (step 4)")  # (``routines.check_unread``)
 
 
 def check_config(spec: RunSpec, inputs: JobInputs) -> None:
