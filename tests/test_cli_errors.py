@@ -103,6 +103,10 @@ def test_an_old_group_name_with_a_bad_choice_names_the_new_group(tlab, tmp_path)
          "routine.max_steps"),
         (["experiment=budget", "train.steps=50"],
          "train.steps=50 is not used by tlab budget: it trains no model"),
+        (["experiment=plot_pe", "train.lr=0.1"],
+         "train.lr=0.1 is not used by tlab plot-pe: it trains no model"),
+        (["experiment=budget", "optimizer=sgd"],
+         "optimizer=sgd is not used by tlab budget: it trains no model"),
         (["experiment=smoke", "train.checkpoint_every=5"],
          "train.checkpoint_every=5 is not used by tlab smoke: only tlab train keeps checkpoints"),
         (["experiment=compare_activations", "train.checkpoint=false"],
@@ -118,3 +122,5 @@ def test_a_key_the_command_would_not_read_is_refused(tlab, tmp_path, args, expec
 def test_the_keys_a_command_reads_are_accepted(tlab, tmp_path):
     code, _, err = tlab("experiment=smoke", "routine.steps=3", f"hydra.run.dir={tmp_path / 'r'}")
     assert code != 2 and (tmp_path / "r" / "smoke.csv").exists(), err  # ran, not refused
+    code, _, err = tlab("experiment=budget", "train.threads=1", f"hydra.run.dir={tmp_path / 'b'}")
+    assert code == 0 and (tmp_path / "b" / "budget.csv").exists(), err  # every job's threads

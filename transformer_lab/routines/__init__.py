@@ -95,17 +95,22 @@ def check_values(spec: Any) -> None:
 
 
 def check_unread(spec: Any, overrides: list[str]) -> None:
-    """``ConfigError`` for a key on the command line the routine would not read: ``train.steps``
-    where its module's ``STEPS`` names its training length (``None``: it trains no model), and
+    """``ConfigError`` for a key on the command line the routine would not read: where its
+    module's ``STEPS`` is ``None`` (it trains no model) any ``train.*`` or ``optimizer`` key but
+    ``train.threads``; ``train.steps`` where ``STEPS`` names another training length; and
     ``train.checkpoint`` / ``train.checkpoint_every`` outside ``tlab train`` (the only routine
     that keeps checkpoints: ``KEEPS_CHECKPOINTS``)."""
     given = {text.lstrip("+~").split("=", 1)[0]: text.lstrip("+~") for text in overrides}
     name, module = spec.routine.name, routine_module(spec.routine.name)
     command = f"tlab {name.replace('_', '-')}"
     steps = getattr(module, "STEPS", "train.steps")
+    for key, text in given.items():
+        training = key.startswith(("train.", "optimizer.")) or key == "optimizer"
+        if steps is None and training and key != "train.threads":
+            raise ConfigError(f"{text} is not used by {command}: it trains no model")
     if "train.steps" in given and steps != "train.steps":
-        why = f"its training length is {steps}" if steps else "it trains no model"
-        raise ConfigError(f"{given['train.steps']} is not used by {command}: {why}")
+        raise ConfigError(f"{given['train.steps']} is not used by {command}: its training "
+                          f"length is {steps}")
     for key in ("train.checkpoint", "train.checkpoint_every"):
         if key in given and not getattr(module, "KEEPS_CHECKPOINTS", False):
             raise ConfigError(f"{given[key]} is not used by {command}: only tlab train keeps "
