@@ -76,7 +76,8 @@ def test_compare_keeps_each_variant_and_seed_with_its_config(tlab, tmp_path):
     out = tmp_path / "cmp"
     code, _, err = tlab("experiment=compare", "routine.vary.key=pe",
                         "routine.vary.values=[rope,alibi]", "routine.seeds=2",
-                        "routine.steps=6", *TINY_LM[1:], f"hydra.run.dir={out}")
+                        "routine.steps=6", *(a for a in TINY_LM[1:] if a != "train.steps=40"),
+                        f"hydra.run.dir={out}")  # (compare's length is routine.steps)
     assert code == 0, err
     headers = run_weights(out)
     assert [(h.variant, h.seed) for h in headers] == [("rope", 0), ("rope", 1), ("alibi", 0),
