@@ -16,12 +16,10 @@ COMPONENT_GROUPS = ("pe", "block", "norm_layer", "ffn")
 TLAB_KEYS = ("name", "_target_", "params", "rest", "lr_ratio")  # optimizer keys, not arguments
 
 
-@dataclass(frozen=True)
-class Component(Mapping[str, Any]):
-    """A config group's choice as a read-only mapping of its node (``_target_``, ``name`` and
-    the constructor's arguments, interpolations resolved); ``build`` instantiates it."""
+class ConfigNode(Mapping[str, Any]):
+    """Read-only mapping access to a frozen dataclass's ``node``: a config node's keys and
+    values, interpolations resolved."""
 
-    group: str
     node: Mapping[str, Any]
 
     def __getitem__(self, key: str) -> Any:
@@ -32,6 +30,15 @@ class Component(Mapping[str, Any]):
 
     def __len__(self) -> int:
         return len(self.node)
+
+
+@dataclass(frozen=True)
+class Component(ConfigNode):
+    """A config group's choice as a read-only mapping of its node (``_target_``, ``name`` and
+    the constructor's arguments); ``build`` instantiates it."""
+
+    group: str
+    node: Mapping[str, Any]
 
     @property
     def name(self) -> str | None:
@@ -108,32 +115,23 @@ class ModelSpec:
 
 
 @dataclass(frozen=True)
-class RoutineSettings(Mapping[str, Any]):
-    """``routine.*``: which routine runs (``name``) and its own keys, checked against its
-    module's ``SETTINGS`` before the spec is built; read-only."""
+class RoutineSettings(ConfigNode):
+    """``routine.*``: which routine runs (``name``) and its own keys (``node``), checked against
+    its module's ``SETTINGS`` before the spec is built; read-only."""
 
     name: str
-    values: Mapping[str, Any] = field(default_factory=dict)
-
-    def __getitem__(self, key: str) -> Any:
-        return self.values[key]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self.values)
-
-    def __len__(self) -> int:
-        return len(self.values)
+    node: Mapping[str, Any] = field(default_factory=dict)
 
     def __getattr__(self, key: str) -> Any:  # spec.routine.steps, as the YAML names it
         try:
-            return self.__dict__["values"][key]
+            return self.__dict__["node"][key]
         except KeyError:
             raise AttributeError(f"routine.{key} is not a setting of routine "
                                  f"'{self.__dict__.get('name')}'") from None
 
     def replace(self, **values: Any) -> RoutineSettings:
         """These settings with ``values`` changed."""
-        return RoutineSettings(self.name, {**self.values, **values})
+        return RoutineSettings(self.name, {**self.node, **values})
 
 
 @dataclass(frozen=True)
