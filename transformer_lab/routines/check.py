@@ -272,7 +272,7 @@ def pes_with_checks(spec: RunSpec) -> list[str]:
 def pes_to_check(spec: RunSpec) -> list[str]:
     """``routine.pe``: ``all`` -> every PE with checks, else that one (ConfigError if none)."""
     choice, own = str(spec.routine.pe), spec.model.pe.name
-    # --from-hf, --from-run: the checkpoint's own PE only (from_hf, from_run: not in the spec yet)
+    # --from-hf, --from-run: the checkpoint's own PE only
     if option := pretrained_option(spec):
         if choice not in ("all", own):
             raise ConfigError(f"--pe {choice}: {option} checks the checkpoint's own PE "

@@ -116,7 +116,6 @@ class RunCheckpoints:
                  ) -> None:
         self.spec, self.run, self.task, self.seeds = spec, run, task, list(seeds)
         self.path = run.path / CHECKPOINT_FILE
-        # train.checkpoint: no TrainSettings field yet, read from the composed config
         self.enabled = spec.train.checkpoint
         self.periodic = self.enabled and spec.train.checkpoint_every > 0
         self.writes = world().leader  # under torchrun only rank 0 keeps files
