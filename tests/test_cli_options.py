@@ -64,9 +64,13 @@ def test_train_help_lists_the_settings_with_the_experiments_defaults():
                         ("--warmup", "warmup"), ("--schedule", "schedule")):
         line = next(line for line in result.output.splitlines() if f" {option} " in line)
         assert f"train.{key}, default {experiment[key]}" in line, line
-    for option in ("--device", "--precision", "--checkpoint-every", "--grad-clip",
-                   "--eval-every", "--log-every", "--steps"):
+    for option in ("--device", "--precision", "--checkpoint", "--checkpoint-every",
+                   "--grad-clip", "--eval-every", "--log-every", "--steps"):
         assert f" {option} " in result.output
+    # compare trains no checkpoints and its length is --steps (routine.steps): none offered
+    compare = CliRunner().invoke(app, ["compare", "--help"], env={"COLUMNS": "200"}).output
+    assert " --lr " in compare and " --checkpoint " not in compare
+    assert " --checkpoint-every " not in compare
 
 
 @pytest.mark.parametrize("name, candidates, expected", [

@@ -172,7 +172,8 @@ def check() -> None:
            "seed (default the first of --vary)."),
     option("steps", "routine.steps", "Training steps per variant and seed (default 200).", int,
            min=1),
-    SEEDS_OR_AUTO, CONFIG_DIR, *RUN, *training_options("compare", leave_out=("steps",))])
+    SEEDS_OR_AUTO, CONFIG_DIR, *RUN,
+    *training_options("compare", leave_out=("steps", "checkpoint", "checkpoint_every"))])
 def compare() -> None:
     """Train the same run once per value of --vary KEY=V1,V2,... (same model, seeds, data order
     and, where shapes allow, initial weights; default setup: tlab train's small decoder on Tiny
