@@ -271,3 +271,29 @@ def test_the_preflight_refuses_as_in_the_cli(tlab, tmp_path):
         tl.smoke(overrides=["train.lr=-1"], out=tmp_path / "api")
     assert str(refused.value) in " ".join(err.split())
     assert not (tmp_path / "api").exists()
+
+
+TINY_LM = ["model=tiny", "task.eval_size=32"]
+
+
+def test_train_and_compare_take_the_clis_settings(tlab, tmp_path):
+    """``tl.train(lr=...)`` writes what ``tlab train --lr`` writes; ``tl.compare`` varies a key
+    as ``--vary``; a training setting's name is checked like an option's."""
+    settings = ["train.steps=6", "train.batch_size=4", "train.lr=0.01", "train.eval_every=3"]
+    assert tlab("experiment=train", "task=lm", *TINY_LM, *settings,
+                f"hydra.run.dir={tmp_path / 'cli'}")[0] == 0
+    result = tl.train(task="lm", steps=6, batch_size=4, lr=0.01, eval_every=3,
+                      overrides=TINY_LM, out=tmp_path / "api")
+    assert result.passed and result.table_name == "summary"
+    cli = pd.read_csv(tmp_path / "cli" / "metrics.csv")
+    numbers = [c for c in cli.columns if c not in TIMING | {"step_ms", "mfu"}]
+    pd.testing.assert_frame_equal(result.read("metrics")[numbers], cli[numbers])
+    compared = tl.compare("train.lr", [0.01, 0.003], steps=4, seeds=2, batch_size=4,
+                          overrides=["task=lm", *TINY_LM], out=tmp_path / "cmp")
+    table = compared.table
+    assert compared.passed and list(table.variant) == [0.01, 0.003]
+    assert list(table.varied) == ["train.lr"] * 2 and list(table.seeds) == [2, 2]
+    with pytest.raises(ConfigError, match="'lrr' is not a training setting; did you mean lr"):
+        tl.train(lrr=0.01, out=tmp_path / "bad")
+    with pytest.raises(ConfigError, match="'checkpoint' is not a training setting"):
+        tl.compare("pe", ["rope", "alibi"], checkpoint=False, out=tmp_path / "bad2")

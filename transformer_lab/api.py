@@ -21,7 +21,8 @@ SIZE_ARGUMENTS = {  # constructor arguments the model fills in
     "max_len": "${model.max_len}",
 }
 MAIN_TABLES = {"validate": "validation", "smoke": "smoke", "reverse_task": "reverse",
-               "compare_activations": "comparison", "check": "checks"}
+               "compare_activations": "comparison", "check": "checks", "train": "summary",
+               "compare": "comparison"}
 Component = str | type | object | None
 
 
@@ -194,6 +195,70 @@ def _launch(experiment: str, groups: dict[str, Component],
             cfg = compose_first_job(arguments)
         code = run_single(cfg)
     return Result(experiment, code, Path(str(cfg.hydra.run.dir)), MAIN_TABLES[experiment])
+
+
+def _training(settings: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict[str, str]:
+    """Training settings by name (``lr=1e-3``: a ``TrainSettings`` field, as the CLI's
+    ``--lr``) as their overrides; ``ConfigError`` naming an unknown one and the nearest."""
+    from dataclasses import fields
+
+    from transformer_lab.app.arguments import nearest
+    from transformer_lab.config.spec import TrainSettings
+
+    names = [f.name for f in fields(TrainSettings)
+             if f.name not in ("d_model", "optimizer", *leave_out)]
+    for name in settings:
+        if name not in names:
+            guess = nearest(name, names)
+            raise ConfigError(f"'{name}' is not a training setting"
+                              f"{f'; did you mean {guess}?' if guess else ''}; valid: "
+                              f"{', '.join(names)}")
+    return {f"train.{name}": _as_override(value) for name, value in settings.items()}
+
+
+def _as_override(value: Any) -> str:
+    """A value as a command line writes it (``true``, ``null``, ``1e-3``, ``[a,b]``)."""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(_as_override(v) for v in value) + "]"
+    return str(value)
+
+
+def train(pe: Component = None, *, ffn: Component = None, norm_layer: Component = None,
+          block: str | None = None, arch: str | None = None, preset: str | None = None,
+          task: str | None = None, seeds: int | None = None, from_run: str | Path | None = None,
+          from_hf: str | Path | None = None, overrides: Sequence[str] = (),
+          out: str | Path | None = None, config_dir: str | Path | None = None,
+          **settings: Any) -> Result:
+    """Train one configuration on its task (``tlab train``); ``settings``: the training settings
+    by name, as the CLI's options (``steps=300, lr=1e-3, batch_size=32, device="cuda"``: any
+    ``TrainSettings`` field); ``from_run`` / ``from_hf``: fine-tune from those weights;
+    ``.table``: summary.csv (``.read("metrics")``: the training and held-out rows)."""
+    return _launch("train", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
+                   {"block": block, "arch": arch, "preset": preset, "task": task,
+                    "routine.seeds": seeds, "from_run": from_run, "from_hf": from_hf,
+                    **_training(settings)}, overrides, out, config_dir)
+
+
+def compare(vary: str, values: Sequence[Any], *, baseline: Any = None, steps: int | None = None,
+            seeds: int | str | None = None, pe: Component = None, ffn: Component = None,
+            norm_layer: Component = None, block: str | None = None, arch: str | None = None,
+            overrides: Sequence[str] = (), out: str | Path | None = None,
+            config_dir: str | Path | None = None, **settings: Any) -> Result:
+    """Train the same run once per value of ``vary`` (``tlab compare --vary KEY=V1,V2``: a
+    config group such as ``"pe"`` or a key such as ``"train.lr"``), tested against
+    ``baseline`` (default the first value), paired by seed; ``settings``: training settings by
+    name, as ``train``'s; ``.table``: comparison.csv."""
+    return _launch("compare", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
+                   {"block": block, "arch": arch, "routine.vary.key": vary,
+                    "routine.vary.values": _as_override(list(values)),
+                    "routine.baseline": None if baseline is None else _as_override(baseline),
+                    "routine.steps": steps, "routine.seeds": seeds,
+                    **_training(settings, leave_out=("steps", "checkpoint", "checkpoint_every"))},
+                   overrides, out, config_dir)
 
 
 def validate(pe: Component = None, *, ffn: Component = None, norm_layer: Component = None,
