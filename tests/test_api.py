@@ -3,6 +3,7 @@ runs and files as the CLI, components defined anywhere, the CLI's messages."""
 
 from __future__ import annotations
 
+import importlib.util
 import subprocess
 import sys
 
@@ -288,6 +289,17 @@ def test_train_and_compare_take_the_clis_settings(tlab, tmp_path):
     cli = pd.read_csv(tmp_path / "cli" / "metrics.csv")
     numbers = [c for c in cli.columns if c not in TIMING | {"step_ms", "mfu"}]
     pd.testing.assert_frame_equal(result.read("metrics")[numbers], cli[numbers])
+    from typer.testing import CliRunner
+
+    from transformer_lab.cli import app
+    printed = CliRunner().invoke(app, ["sample", str(result.run_dir), "--prompt", "1 2 3",
+                                       "--tokens", "5", "--greedy", "--no-echo"])
+    texts = tl.sample(result.run_dir, "1 2 3", tokens=5, greedy=True)
+    assert printed.exit_code == 0 and texts == [printed.stdout.strip()]
+    assert len(texts[0].split()) == 5  # five token ids
+    if importlib.util.find_spec("transformers") is not None:
+        exported = tl.export(result.run_dir, tmp_path / "hf")
+        assert exported == tmp_path / "hf" and (exported / "config.json").is_file()
     compared = tl.compare("train.lr", [0.01, 0.003], steps=4, seeds=2, batch_size=4,
                           overrides=["task=lm", *TINY_LM], out=tmp_path / "cmp")
     table = compared.table

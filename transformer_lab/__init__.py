@@ -5,8 +5,8 @@ from typing import Any
 
 __version__ = "0.2.0"
 
-_API = ("train", "compare", "validate", "smoke", "reverse_task", "compare_activations", "check",
-        "Result")
+_API = ("train", "compare", "sample", "export", "validate", "smoke", "reverse_task",
+        "compare_activations", "check", "Result")
 __all__ = [*_API, "testing"]
 
 

@@ -261,6 +261,44 @@ def compare(vary: str, values: Sequence[Any], *, baseline: Any = None, steps: in
                    overrides, out, config_dir)
 
 
+@contextmanager
+def _trusted(trust_code: bool) -> Iterator[None]:
+    """``trust_code`` as the CLI's ``--trust-code``: the run's recorded components may be
+    imported, from the working directory too."""
+    from transformer_lab.app.hydra_app import working_directory_importable
+    from transformer_lab.config.registry import trusting_code
+
+    with trusting_code(trust_code), working_directory_importable():
+        yield
+
+
+def sample(run_dir: str | Path, prompt: str | None = None, *, tokens: int = 100,
+           greedy: bool = False, temperature: float | None = None, top_k: int | None = None,
+           top_p: float | None = None, num_samples: int = 1, seed: int | None = None,
+           variant: str | None = None, model_seed: int | None = None,
+           trust_code: bool = False) -> list[str]:
+    """Continuations of ``prompt`` by the model a run kept (``tlab sample RUN_DIR``): one
+    string per sample, the prompt left out; the same ``seed``, the same continuations (None:
+    a fresh one)."""
+    from transformer_lab.routines.sample import Sampling
+    from transformer_lab.routines.sample import sample as sample_run
+
+    sampling = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
+                                     num_samples)
+    with _trusted(trust_code):
+        return sample_run(Path(run_dir), prompt, sampling, variant, model_seed).texts
+
+
+def export(run_dir: str | Path, to_hf: str | Path, *, variant: str | None = None,
+           model_seed: int | None = None, trust_code: bool = False) -> Path:
+    """Write the model a run kept as a Hugging Face causal LM with its tokenizer into the new
+    folder ``to_hf`` (``tlab export RUN_DIR --to-hf DIR``); the folder."""
+    from transformer_lab.routines.export import export_run
+
+    with _trusted(trust_code):
+        return export_run(Path(run_dir), Path(to_hf), variant, model_seed).out_dir
+
+
 def validate(pe: Component = None, *, ffn: Component = None, norm_layer: Component = None,
              block: str | None = None, arch: str | None = None, overrides: Sequence[str] = (),
              out: str | Path | None = None, config_dir: str | Path | None = None) -> Result:
