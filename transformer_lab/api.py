@@ -204,6 +204,7 @@ def _training(settings: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict
 
     from transformer_lab.app.arguments import nearest
     from transformer_lab.config.spec import TrainSettings
+    from transformer_lab.routines.study import value_name
 
     names = [f.name for f in fields(TrainSettings)
              if f.name not in ("d_model", "optimizer", *leave_out)]
@@ -213,18 +214,8 @@ def _training(settings: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict
             raise ConfigError(f"'{name}' is not a training setting"
                               f"{f'; did you mean {guess}?' if guess else ''}; valid: "
                               f"{', '.join(names)}")
-    return {f"train.{name}": _as_override(value) for name, value in settings.items()}
+    return {f"train.{name}": value_name(value) for name, value in settings.items()}
 
-
-def _as_override(value: Any) -> str:
-    """A value as a command line writes it (``true``, ``null``, ``1e-3``, ``[a,b]``)."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(_as_override(v) for v in value) + "]"
-    return str(value)
 
 
 def train(pe: Component = None, *, ffn: Component = None, norm_layer: Component = None,
@@ -252,10 +243,12 @@ def compare(vary: str, values: Sequence[Any], *, baseline: Any = None, steps: in
     config group such as ``"pe"`` or a key such as ``"train.lr"``), tested against
     ``baseline`` (default the first value), paired by seed; ``settings``: training settings by
     name, as ``train``'s; ``.table``: comparison.csv."""
+    from transformer_lab.routines.study import value_name
+
     return _launch("compare", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
                    {"block": block, "arch": arch, "routine.vary.key": vary,
-                    "routine.vary.values": _as_override(list(values)),
-                    "routine.baseline": None if baseline is None else _as_override(baseline),
+                    "routine.vary.values": value_name(list(values)),
+                    "routine.baseline": None if baseline is None else value_name(baseline),
                     "routine.steps": steps, "routine.seeds": seeds,
                     **_training(settings, leave_out=("steps", "checkpoint", "checkpoint_every"))},
                    overrides, out, config_dir)
