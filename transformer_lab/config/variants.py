@@ -49,7 +49,7 @@ def with_value(spec: RunSpec, key: str, value: Any) -> RunSpec:
     return _read(spec, _with_value(spec.source, key, value))
 
 
-def merged(spec: RunSpec, patch: Mapping[str, Any] | None) -> RunSpec:
+def merged(spec: RunSpec, patch: Mapping[str, Any]) -> RunSpec:
     """``spec`` with ``patch`` (nested keys) merged over its config (interpolations live);
     ``patch["routine"]`` replaces the routine."""
     return _read(spec, _merged(spec.source, patch))
@@ -83,7 +83,11 @@ def choices(spec: RunSpec, group: str) -> list[str]:
 
 def is_group(spec: RunSpec, key: str) -> bool:
     """True when ``key`` names a config group, not a key."""
-    return "." not in key and bool(group_choices(key, user_config_dirs(spec.source)))
+    return _is_group(spec.source, key)
+
+
+def _is_group(cfg: DictConfig, key: str) -> bool:
+    return "." not in key and bool(group_choices(key, user_config_dirs(cfg)))
 
 
 def _with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
@@ -94,7 +98,7 @@ def _with_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
 
 
 def _with_value(cfg: DictConfig, key: str, value: Any) -> DictConfig:
-    if "." not in key and group_choices(key, user_config_dirs(cfg)):
+    if _is_group(cfg, key):
         path = choice_file(key, str(value), user_config_dirs(cfg))
         if path is not None and _package(path) == "_global_":
             return _with_global_choice(cfg, key, str(value))
@@ -140,12 +144,9 @@ def _with_global_choice(cfg: DictConfig, group: str, choice: str) -> DictConfig:
     return variant
 
 
-def _merged(cfg: DictConfig, patch: DictConfig | Mapping[str, Any] | None) -> DictConfig:
+def _merged(cfg: DictConfig, patch: Mapping[str, Any]) -> DictConfig:
     variant = copy.deepcopy(cfg)
-    if patch is None:
-        return variant
-    patch = OmegaConf.create(OmegaConf.to_container(patch) if isinstance(patch, DictConfig)
-                             else dict(patch))
+    patch = OmegaConf.create(dict(patch))
     with open_dict(variant):
         if "routine" in patch:
             variant.routine = patch.pop("routine")
