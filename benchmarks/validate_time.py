@@ -129,8 +129,7 @@ def steps_to_solve(pes: list[str], archs: list[str], seeds: int, extra: list[str
             for seed in range(seeds):
                 spec = RunSpec.of(compose(["experiment=reverse_task", *PES[pe],
                                            f"arch={arch}", f"seed={seed}", *extra]))
-                run = train_reversal(spec, "chosen", seed, int(spec.routine.max_steps), None,
-                                     "reverse_task")
+                run = train_reversal(spec, "chosen", seed, int(spec.routine.max_steps), None)
                 result = run.result
                 solved.append(result.solved_step)
                 matches.append(result.best_exact_match or 0.0)

@@ -132,7 +132,7 @@ def test_the_control_takes_the_chosen_pes_steps_on_its_schedule(spec_for, max_st
     from transformer_lab.routines.reverse_task import train_reversal
 
     alone = train_reversal(spec_for(*common, "pe=none", f"routine.max_steps={max_steps}")[0],
-                           "nope_control", 0, control.result.steps, None, "x")
+                           "nope_control", 0, control.result.steps, None)
     assert alone.result.train_losses == control.result.train_losses
     assert alone.result.best_exact_match == control.result.best_exact_match
 

@@ -203,8 +203,8 @@ def _training(settings: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict
     from dataclasses import fields
 
     from transformer_lab.app.arguments import nearest
+    from transformer_lab.config.schema import value_name
     from transformer_lab.config.spec import TrainSettings
-    from transformer_lab.routines.study import value_name
 
     names = [f.name for f in fields(TrainSettings)
              if f.name not in ("d_model", "optimizer", *leave_out)]
@@ -243,7 +243,7 @@ def compare(vary: str, values: Sequence[Any], *, baseline: Any = None, steps: in
     config group such as ``"pe"`` or a key such as ``"train.lr"``), tested against
     ``baseline`` (default the first value), paired by seed; ``settings``: training settings by
     name, as ``train``'s; ``.table``: comparison.csv."""
-    from transformer_lab.routines.study import value_name
+    from transformer_lab.config.schema import value_name
 
     return _launch("compare", {"pe": pe, "ffn": ffn, "norm_layer": norm_layer},
                    {"block": block, "arch": arch, "routine.vary.key": vary,

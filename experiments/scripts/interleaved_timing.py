@@ -14,7 +14,6 @@ from pathlib import Path
 
 import torch
 
-from transformer_lab.routines.variants import train_settings
 from transformer_lab.training.trainer import Trainer
 
 
@@ -59,11 +58,13 @@ def build_trainer(overrides: list[str]) -> Trainer:
     """The Trainer (seed 0) of the task and model that ``overrides`` compose."""
     from transformer_lab.config.compose import compose
     from transformer_lab.config.instantiate import build_task
+    from transformer_lab.config.spec import RunSpec
     from transformer_lab.model import build_model
 
-    cfg = compose(overrides)
-    task = build_task(cfg)  # also fills in cfg.model.vocab_size, as the pre-flight does
-    return Trainer(build_model(cfg, seed=0), task, train_settings(cfg), seed=0)
+    spec = RunSpec.of(compose(overrides))
+    task = build_task(spec)  # its vocabulary is the model's, as in the pre-flight
+    return Trainer(build_model(spec.with_vocab(task.vocab_size).model, seed=0), task,
+                   spec.train, seed=0)
 
 
 def time_variants(setting: list[str], variants: dict[Hashable, list[str]], rounds: int,

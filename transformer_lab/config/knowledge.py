@@ -7,14 +7,12 @@ import inspect
 from collections.abc import Mapping
 from typing import Any
 
-from omegaconf import DictConfig, ListConfig, OmegaConf
-
 from transformer_lab.config.instantiate import HYDRA_KEYS, given_component, locate
 
 # Keys of a config node that are not constructor arguments.
 _NOT_ARGUMENTS = ("name", "_target_", "_partial_", *HYDRA_KEYS)
 
-Node = DictConfig | Mapping[str, Any]
+Node = Mapping[str, Any]
 
 
 def component_class(node: Node | None) -> type | None:
@@ -47,16 +45,7 @@ def declared(node: Node | None, attribute: str, **extra: Any) -> Any:
     method = getattr(cls, attribute, None) if cls is not None else None
     if method is None or not callable(method) or isinstance(method, type):
         return method
-    arguments = {}  # the node's constructor keywords, interpolations resolved where they do
-    for key in node:
-        if key not in _NOT_ARGUMENTS:
-            try:
-                value = node[key]
-                arguments[key] = (OmegaConf.to_container(value, resolve=True)
-                                  if isinstance(value, DictConfig | ListConfig) else value)
-            except Exception:
-                continue
-    arguments.update(extra)
+    arguments = {k: v for k, v in node.items() if k not in _NOT_ARGUMENTS} | extra
     try:
         signature = inspect.signature(method)
     except (TypeError, ValueError):

@@ -84,7 +84,8 @@ class Rule:
                               f"instead: {key}=<{self.describe()}>")
         if value is not _ABSENT and not (value is None and self.nullable) \
                 and (value is None or not self.fits(value)):
-            raise ConfigError(f"{key}={_shown(value)} is not valid; it must be {self.describe()}")
+            raise ConfigError(f"{key}={value_name(value)} is not valid; it must be "
+                              f"{self.describe()}")
 
 
 def int_rule(low: float | None = None, **kw: Any) -> Rule:
@@ -190,12 +191,15 @@ def _value(cfg: DictConfig, key: str) -> Any:
     return OmegaConf.to_container(value, resolve=True) if isinstance(value, ListConfig) else value
 
 
-def _shown(value: Any) -> str:
+def value_name(value: Any) -> str:
+    """A value as written on a command line: ``rope``, ``0.001``, ``true``, ``null``."""
     if isinstance(value, bool):
         return str(value).lower()
-    if isinstance(value, list):
-        return "[" + ",".join(_shown(v) for v in value) + "]"
-    return "null" if value is None else str(value)
+    if value is None:
+        return "null"
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(value_name(v) for v in value) + "]"
+    return str(value)
 
 
 def check_schema(cfg: DictConfig) -> None:

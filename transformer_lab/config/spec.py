@@ -46,10 +46,6 @@ class Component(ConfigNode):
         name = self.node.get("name")
         return None if name is None else str(name)
 
-    @property
-    def target(self) -> str:
-        return str(self.node.get("_target_"))
-
     def build(self, **kwargs: Any) -> Any:
         """The object the node describes (``config.instantiate``: one-line ``ConfigError``)."""
         from transformer_lab.config.instantiate import instantiate_component
@@ -83,7 +79,7 @@ class ModelSpec:
     norm_layer: Component
     ffn: Component
     causal: bool = False
-    vocab_size: int | None = None  # None until the task gives it (``RunSpec.with_task``)
+    vocab_size: int | None = None  # None until the task gives it (``RunSpec.with_vocab``)
     attn_bias: bool = True
     ffn_bias: bool = True
     n_kv_heads: int | None = None

@@ -49,6 +49,11 @@ def with_value(spec: RunSpec, key: str, value: Any) -> RunSpec:
     return _read(spec, _with_value(spec.source, key, value))
 
 
+def pe_spec(spec: RunSpec, name: str) -> RunSpec:
+    """``spec`` with ``pe=name`` (the run's own pe node, overrides included, when it is that)."""
+    return spec if spec.model.pe.name == name else with_choice(spec, "pe", name)
+
+
 def merged(spec: RunSpec, patch: Mapping[str, Any]) -> RunSpec:
     """``spec`` with ``patch`` (nested keys) merged over its config (interpolations live);
     ``patch["routine"]`` replaces the routine."""

@@ -13,7 +13,7 @@ from transformer_lab.config.instantiate import instantiate_component
 from transformer_lab.config.knowledge import declared
 from transformer_lab.config.schema import POSITIVE, POSITIVE_INT, Rule
 from transformer_lab.config.spec import RunSpec
-from transformer_lab.config.variants import choices, with_choice
+from transformer_lab.config.variants import choices, pe_spec
 from transformer_lab.errors import ConfigError
 from transformer_lab.measures.properties import (
     Rotary,
@@ -240,11 +240,6 @@ PROPERTY_CHECKS: dict[str, Check] = {
     "permutation": equivariance_checks,  # rows permutation_equivariant / pe_breaks_permutation
                                          # and swap_attention
 }
-
-
-def pe_spec(spec: RunSpec, name: str) -> RunSpec:
-    """``spec`` with ``pe=name`` (the run's own pe node, overrides included, when it is that)."""
-    return spec if spec.model.pe.name == name else with_choice(spec, "pe", name)
 
 
 

@@ -21,7 +21,7 @@ from transformer_lab.components.positional.rope_scaling import ROPE_SCALINGS
 from transformer_lab.config.instantiate import build_task, instantiate_component
 from transformer_lab.config.schema import COUNT, POSITIVE_INT, Rule, int_rule, number_rule
 from transformer_lab.config.spec import Component, RunSpec
-from transformer_lab.config.variants import as_list, merged, with_choice, with_value
+from transformer_lab.config.variants import as_list, merged, pe_spec, with_value
 from transformer_lab.errors import ConfigError, Diverged
 from transformer_lab.measures.statistics import (
     VERDICT_COLUMNS,
@@ -163,7 +163,7 @@ def make_plan(spec: RunSpec) -> Plan:
     specs = {}
     for pe in pes:  # ``spec`` when it has that PE, else with its choice file
         try:
-            specs[pe] = spec if spec.model.pe.name == pe else with_choice(spec, "pe", pe)
+            specs[pe] = pe_spec(spec, pe)
         except ConfigError as exc:
             raise ConfigError(f"routine.pes: {exc}") from None
     train_len = r.get("train_len") or spec.task["seq_len"]
@@ -310,9 +310,9 @@ def _study_one_model(spec: RunSpec, plan: Plan, tasks: Mapping[int, Task], pe: s
                      ) -> tuple[list[dict[str, Any]], int]:
     """Train one model at ``plan.train_len``; evaluate it at every length and scaling, each
     row written to ``table`` as soon as it exists."""
-    node = plan.pe_specs[pe].model.pe
     train_task = tasks[plan.train_len]
     spec_pe = training_spec(plan, pe, train_task)
+    node = spec_pe.model.pe
     init_seed, data_seed = spec.seed_sources(seed)
     model = build_model(spec_pe.model, seed=init_seed)
     steps = spec.train.steps
@@ -357,7 +357,7 @@ def _study_one_model(spec: RunSpec, plan: Plan, tasks: Mapping[int, Task], pe: s
                    "factor": settings.get("factor"),
                    "base": settings.get("base", node.get("base")) if supports_scaling(node)
                    else None}
-            scaled = scaled_model(model, spec_pe.model.pe, settings)
+            scaled = scaled_model(model, node, settings)
             emit(row, scaled, finetune_steps=0)
             if plan.finetune_steps and length > plan.train_len:
                 tuned = copy.deepcopy(scaled)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from transformer_lab.config.schema import Rule
 from transformer_lab.config.spec import RunSpec
+from transformer_lab.config.variants import as_list
 from transformer_lab.errors import ConfigError
 from transformer_lab.mutants import MUTANTS, Mutant, built_in_negatives, mutant_config
 from transformer_lab.results.check_rows import CheckRow, Stopwatch
@@ -101,7 +102,7 @@ def suite(spec: RunSpec) -> list[Candidate]:
                        for name, group, arch, overrides in built_in_negatives()]
     only = spec.routine.get("only")
     if only:
-        names = set(str(only).split(",")) if isinstance(only, str) else set(only)
+        names = set(as_list(only))
         unknown = names - {c.name for c in candidates}
         if unknown:
             raise ConfigError(f"routine.only: {', '.join(sorted(unknown))} not in the suite; "

@@ -120,15 +120,15 @@ def exact_match(run: SeedRun) -> float:
     return run.result.best_exact_match or 0.0
 
 
-def train_reversal(spec: RunSpec, role: str, seed: int, budget: int, log: CsvLog | None,
-                   stage: str) -> SeedRun:
+def train_reversal(spec: RunSpec, role: str, seed: int, budget: int,
+                   log: CsvLog | None) -> SeedRun:
     """``spec`` trained with ``seed`` until solved or ``budget`` steps (the schedule planned for
     ``routine.max_steps``)."""
     target, task = float(spec.routine.target), build_task(spec)
     init_seed, data_seed = spec.seed_sources(seed)
     model = build_model(spec.with_vocab(task.vocab_size).model, seed=init_seed)
     trainer = Trainer(model, task, spec.train, data_seed,
-                      TaggedLog(log, stage=stage, variant=pe_label(spec), seed=seed))
+                      TaggedLog(log, stage=STAGE, variant=pe_label(spec), seed=seed))
     result = trainer.fit(budget, target_exact_match=target, horizon=int(spec.routine.max_steps))
     tags = {"pe": pe_label(spec), "arch": arch_name(spec), "target": target,
             "expected": expected_outcome(spec)}
@@ -153,7 +153,7 @@ def reversal_runs(spec: RunSpec, log: CsvLog | None = None
         return chosen[seed].result.solved_step or chosen[seed].result.steps
 
     def train_one(role: str, seed: int) -> SeedRun:
-        run = train_reversal(specs[role], role, seed, budget(role, seed), log, STAGE)
+        run = train_reversal(specs[role], role, seed, budget(role, seed), log)
         if role == "chosen":
             chosen[seed] = run
         return run

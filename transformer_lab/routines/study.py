@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from transformer_lab.config.schema import value_name
 from transformer_lab.config.spec import RunSpec
 from transformer_lab.config.variants import as_list
 from transformer_lab.errors import ConfigError
@@ -22,17 +23,6 @@ ALPHA = 0.05          # the verdicts' false-positive rate (over all variants tog
 ANYTIME, GROUP_SEQUENTIAL = "anytime", "group"  # the two sequential designs
 # Keys that are no variant of a run: what runs, the samples, Hydra's own, where it writes.
 UNVARIED = ("routine", "seed", "hydra", "experiment", "out_root", "config_dirs", "force")
-
-
-def value_name(value: Any) -> str:
-    """A value as written on a command line: ``rope``, ``0.001``, ``true``, ``null``."""
-    if isinstance(value, bool):
-        return str(value).lower()
-    if value is None:
-        return "null"
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(value_name(v) for v in value) + "]"
-    return str(value)
 
 
 @dataclass(frozen=True)
