@@ -200,14 +200,11 @@ def _launch(experiment: str, groups: dict[str, Component],
 def _training(settings: dict[str, Any], leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     """Training settings by name (``lr=1e-3``: a ``TrainSettings`` field, as the CLI's
     ``--lr``) as their overrides; ``ConfigError`` naming an unknown one and the nearest."""
-    from dataclasses import fields
-
     from transformer_lab.app.arguments import nearest
     from transformer_lab.config.schema import value_name
-    from transformer_lab.config.spec import TrainSettings
+    from transformer_lab.config.spec import user_train_fields
 
-    names = [f.name for f in fields(TrainSettings)
-             if f.name not in ("d_model", "optimizer", *leave_out)]
+    names = [f.name for f in user_train_fields() if f.name not in leave_out]
     for name in settings:
         if name not in names:
             guess = nearest(name, names)
@@ -254,17 +251,6 @@ def compare(vary: str, values: Sequence[Any], *, baseline: Any = None, steps: in
                    overrides, out, config_dir)
 
 
-@contextmanager
-def _trusted(trust_code: bool) -> Iterator[None]:
-    """``trust_code`` as the CLI's ``--trust-code``: the run's recorded components may be
-    imported, from the working directory too."""
-    from transformer_lab.app.hydra_app import working_directory_importable
-    from transformer_lab.config.registry import trusting_code
-
-    with trusting_code(trust_code), working_directory_importable():
-        yield
-
-
 def sample(run_dir: str | Path, prompt: str | None = None, *, tokens: int = 100,
            greedy: bool = False, temperature: float | None = None, top_k: int | None = None,
            top_p: float | None = None, num_samples: int = 1, seed: int | None = None,
@@ -273,12 +259,13 @@ def sample(run_dir: str | Path, prompt: str | None = None, *, tokens: int = 100,
     """Continuations of ``prompt`` by the model a run kept (``tlab sample RUN_DIR``): one
     string per sample, the prompt left out; the same ``seed``, the same continuations (None:
     a fresh one)."""
+    from transformer_lab.app.hydra_app import trusted
     from transformer_lab.routines.sample import Sampling
     from transformer_lab.routines.sample import sample as sample_run
 
     sampling = Sampling.from_options(tokens, greedy, temperature, top_k, seed, top_p,
                                      num_samples)
-    with _trusted(trust_code):
+    with trusted(trust_code):
         return sample_run(Path(run_dir), prompt, sampling, variant, model_seed).texts
 
 
@@ -286,9 +273,10 @@ def export(run_dir: str | Path, to_hf: str | Path, *, variant: str | None = None
            model_seed: int | None = None, trust_code: bool = False) -> Path:
     """Write the model a run kept as a Hugging Face causal LM with its tokenizer into the new
     folder ``to_hf`` (``tlab export RUN_DIR --to-hf DIR``); the folder."""
+    from transformer_lab.app.hydra_app import trusted
     from transformer_lab.routines.export import export_run
 
-    with _trusted(trust_code):
+    with trusted(trust_code):
         return export_run(Path(run_dir), Path(to_hf), variant, model_seed).out_dir
 
 

@@ -251,5 +251,16 @@ def working_directory_importable() -> Iterator[None]:
             sys.path.remove(cwd)
 
 
+@contextmanager
+def trusted(trust_code: bool) -> Iterator[None]:
+    """With ``--trust-code`` (``trust_code=True``): a run's config may name its recorded user
+    components, and the working directory is importable."""
+    from transformer_lab.config.registry import trusting_code
+
+    with trusting_code(trust_code), working_directory_importable() if trust_code \
+            else contextlib.nullcontext():
+        yield
+
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from inspect import Parameter, Signature
 from pathlib import Path
@@ -38,18 +38,6 @@ def usage_errors() -> Iterator[None]:
         yield
     except ConfigError as exc:
         refuse(str(exc))
-
-
-@contextmanager
-def trusted(trust_code: bool) -> Iterator[None]:
-    """With ``--trust-code``: a run's config may name its recorded user components, and the
-    working directory is importable."""
-    from transformer_lab.app.hydra_app import working_directory_importable
-    from transformer_lab.config.registry import trusting_code
-
-    with trusting_code(trust_code), working_directory_importable() if trust_code \
-            else nullcontext():
-        yield
 
 
 def hydra_list(text: str | None) -> str | None:
@@ -166,16 +154,13 @@ def refuse_unknown_options(context: typer.Context, overrides: list[str]) -> None
 # --- The training settings as options: one per field of config.spec.TrainSettings ------
 
 TRAINING_PANEL = "Training settings (train.*)"
-_NOT_OPTIONS = ("d_model", "optimizer")  # the model's width; the optimizer group (--optimizer)
 
 
 def train_settings_fields() -> list[tuple[str, str]]:
     """``(name, annotation)`` of each ``TrainSettings`` field a user sets (imports no torch)."""
-    from dataclasses import fields
+    from transformer_lab.config.spec import user_train_fields
 
-    from transformer_lab.config.spec import TrainSettings
-
-    return [(f.name, str(f.type)) for f in fields(TrainSettings) if f.name not in _NOT_OPTIONS]
+    return [(f.name, str(f.type)) for f in user_train_fields()]
 
 
 def _number_or_null(kind: type) -> Callable[[str], str]:

@@ -11,7 +11,6 @@ from transformer_lab.cli.common import ConfigDir, usage_errors
 def list_choices(config_dir: ConfigDir = None) -> None:
     """Print every available choice of every config group, your own config tree's
     (--config-dir) included, then the choices each command runs with by default."""
-    from rich import box
     from rich.table import Table
 
     from transformer_lab.app.arguments import user_config_dirs_of
@@ -21,7 +20,7 @@ def list_choices(config_dir: ConfigDir = None) -> None:
         group_choices,
         old_group_folder_notes,
     )
-    from transformer_lab.results.console import print_table, print_warning
+    from transformer_lab.results.console import print_table, print_warning, result_table
 
     with usage_errors():  # the message of any command's --config-dir
         user_dirs = user_config_dirs_of(["--config-dir", str(config_dir)] if config_dir else [])
@@ -37,9 +36,8 @@ def list_choices(config_dir: ConfigDir = None) -> None:
     first = next(iter(defaults.values()))
     varying = [g for g in first if len({d.get(g) for d in defaults.values()}) > 1]
     shared = " ".join(f"{g}={first[g]}" for g in first if g not in varying)
-    table = Table(title="each command's defaults (tlab run: validate's)",
-                  caption=f"every command: {shared}", box=box.SIMPLE_HEAD, show_edge=False,
-                  padding=(0, 1, 0, 0))
+    table = result_table("each command's defaults (tlab run: validate's)",
+                         f"every command: {shared}")
     for column in ["command", *varying]:
         table.add_column(column, no_wrap=True)
     for command, choices in defaults.items():

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from transformer_lab.cli.common import TrustCode, trusted, usage_errors
+from transformer_lab.cli.common import TrustCode, usage_errors
 
 RunPath = Annotated[Path, typer.Argument(
     help="A run directory (tlab train, tlab compare) or one of its weights files.",
@@ -67,6 +67,7 @@ def sample(
     compare); stderr says which model was used and the seed. Greedy, or sampled with
     --temperature/--top-k/--top-p; past the model's context window (a learned position
     table) the context is cropped to it."""
+    from transformer_lab.app.hydra_app import trusted
     from transformer_lab.results.console import err_console
     from transformer_lab.routines.sample import Sampling
     from transformer_lab.routines.sample import sample as sample_run
@@ -105,6 +106,7 @@ def export(
     BLOOM where one of them computes the run's model, else with the run's own code beside the
     weights (modeling_tlab.py: from_pretrained(OUT_DIR, trust_remote_code=True), no tlab
     needed). The console says which and why."""
+    from transformer_lab.app.hydra_app import trusted
     from transformer_lab.results.console import console
     from transformer_lab.routines.export import export_run
 

@@ -198,6 +198,12 @@ class TrainSettings:
         return cls(d_model=int(d_model), optimizer=optimizer, **values)  # type: ignore[arg-type]
 
 
+def user_train_fields() -> list[Any]:
+    """The ``TrainSettings`` fields a user sets as ``train.*`` (the CLI's options, the Python
+    API's keywords): all but the model's width and the optimiser (its own group)."""
+    return [f for f in fields(TrainSettings) if f.name not in ("d_model", "optimizer")]
+
+
 @dataclass(frozen=True)
 class RunSpec:
     """One run: the model, the task, the training (with the optimiser), the routine and the

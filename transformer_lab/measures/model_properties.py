@@ -878,9 +878,12 @@ def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
     ends = {end for step in steps for _, end, compared in decoding_spans(max_len, step)
             if compared}
     scope = ""
+    def full_forwards(model: nn.Module) -> dict[int, torch.Tensor]:
+        """end -> logits (end, V) of the full forward over the first end tokens."""
+        return {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+
     with evaluating(model):
-        # end -> logits (end, V) of the full forward over the first end tokens
-        full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+        full = full_forwards(model)
         longest = full[max_len]  # (L, V)
         if not bool(torch.isfinite(longest).all()):
             return PropertyResult(name, False, float("nan"), RELATIVE_TOLERANCE,
@@ -891,7 +894,7 @@ def cached_decoding(model: nn.Module, vocab_size: int, max_len: int,
                 float(relative_change(logits - longest[:end], longest[:end]).max())
                 > RELATIVE_TOLERANCE for end, logits in full.items()):
             model, scope = first_layer_only(model), FIRST_LAYER_NOTE
-            full = {end: model(tokens[:, :end]).float()[0] for end in sorted(ends)}
+            full = full_forwards(model)
         results = [_first_mismatch(model, tokens, step, full) for step in steps]
     worst = max(w for w, _ in results)
     mismatches = [m for _, m in results if m is not None]

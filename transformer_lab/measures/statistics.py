@@ -129,7 +129,8 @@ def probability_of_improvement(variant: Sequence[float] | np.ndarray,
                                resamples: int = BOOTSTRAP_RESAMPLES, seed: int = 0) -> Improvement:
     """P(a random seed of the variant beats a random seed of the baseline) of rliable (Agarwal et
     al. 2021) over pairs of *different* seeds, a tie counting 1/2, with a percentile bootstrap
-    interval over seeds resampled as pairs (docs/statistics.md)."""
+    interval over seeds resampled as pairs (same-seed pairs share weights and batches; README,
+    "Verdicts": ``p_improvement``)."""
     x, y, _ = _finite_pairs(variant, baseline)
     n = len(x)
     if n < 2:

@@ -20,18 +20,17 @@ class Mutant:
     """One broken component and the routine's step/check expected to catch it."""
 
     name: str
-    group: str  # pe | ffn (formerly activation) | norm_layer | block
+    group: str  # pe | ffn | norm_layer | block
     target: str  # the _target_
     arch: str  # encoder | decoder
     expected: str  # preflight | step1:<check> | step2 | step3[:check] | harmless
     settings: dict[str, Any] = field(default_factory=dict)
-    partial: bool = False  # a partial node (d_model -> module); a norm_layer's always is
 
     def node(self) -> dict[str, Any]:
         """The config node that replaces ``cfg[group]``."""
         node = {"name": self.name, "_target_": self.target, **self.settings}
-        partial = self.partial or self.group == "norm_layer"
-        return {**node, "_partial_": True} if partial else node
+        # a norm_layer node is a partial (d_model -> module)
+        return {**node, "_partial_": True} if self.group == "norm_layer" else node
 
 
 # (name, group, class in transformer_lab.mutants, arch, expected, settings), in the order of the

@@ -316,11 +316,7 @@ class RunDirectory:
 
     def write_config(self) -> None:
         """Save the resolved config (unresolved if an interpolation cannot be resolved)."""
-        try:
-            text = OmegaConf.to_yaml(self.cfg, resolve=True)
-        except Exception:
-            text = OmegaConf.to_yaml(self.cfg)
-        (self.path / "config.yaml").write_text(text)
+        (self.path / "config.yaml").write_text(OmegaConf.to_yaml(plain_config(self.cfg)))
 
     def write_info(self) -> None:
         (self.path / "run.json").write_text(json.dumps(self.info, indent=2, default=str))

@@ -17,6 +17,7 @@ from transformer_lab.training.checkpoint import (
     choose_model,
     load_trained,
 )
+from transformer_lab.training.optimizers import first_line
 
 DEFAULT_TEXT_PROMPT = "\n"  # a text's usual separator; a char vocabulary without it: its first
 
@@ -117,7 +118,7 @@ def continue_prompt(trained: TrainedModel, ids: torch.Tensor,
                                      top_k=sampling.top_k, top_p=sampling.top_p,
                                      generator=generator)  # (N, tokens)
     except (ValueError, IndexError) as exc:  # e.g. a PE of your own that cannot go further
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0].split(";")[0]
+        first = first_line(exc).split(";")[0]
         raise ConfigError(f"the model cannot continue the prompt ({ids.shape[1]} tokens) by "
                           f"--tokens {sampling.tokens} (model.max_len="
                           f"{trained.spec.model.max_len}, pe={trained.spec.model.pe.name}): "

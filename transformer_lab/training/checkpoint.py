@@ -15,12 +15,8 @@ from torch import nn
 
 from transformer_lab.config.registry import check_saved_config, user_components
 from transformer_lab.config.spec import RunSpec
-from transformer_lab.data.tokenizer import (
-    Tokenizer,
-    atomic_write,
-    tokenizer_from_spec,
-    tokenizer_spec,
-)
+from transformer_lab.data.corpus import atomic_write
+from transformer_lab.data.tokenizer import Tokenizer, tokenizer_from_spec, tokenizer_spec
 from transformer_lab.errors import ConfigError
 from transformer_lab.model import TransformerModel, build_model
 from transformer_lab.results.run_directory import MODELS_DIR, WEIGHTS_FILE

@@ -12,7 +12,6 @@ from torch import nn
 from transformer_lab.config.spec import OptimizerSettings
 from transformer_lab.errors import ConfigError
 
-# Keys of an optimizer node that tlab reads itself (not constructor keywords).
 # Constructor parameters tlab fills in itself.
 _FILLED_IN = ("self", "params", "lr")
 
